@@ -1,0 +1,241 @@
+//! The REST API (axum): dataplanes and their readiness, sources, health.
+//!
+//! Handlers only read snapshots: the catalog, each dataplane's watch value,
+//! and the source snapshot. They never write state.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::dataplane::DataplaneId;
+use crate::readiness::Timestamp;
+use crate::registry::{DataplaneState, Registry};
+use crate::source::{FileError, Loaded};
+
+/// What the API reads.
+#[derive(Debug, Clone)]
+pub struct ApiState {
+    pub registry: Registry,
+    pub sources: watch::Receiver<Arc<Loaded>>,
+    /// Set once both listeners are bound and the dataplanes are loaded.
+    pub ready: Arc<AtomicBool>,
+    /// Extra lines for `/readyz`'s body (e.g. warnings about the setup).
+    pub notes: Arc<Vec<String>>,
+}
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/api/v1/dataplanes", get(list_dataplanes))
+        .route("/api/v1/dataplanes/{mesh}/{name}", get(get_dataplane))
+        .route("/api/v1/sources", get(sources))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .fallback(|| async {
+            error(
+                StatusCode::NOT_FOUND,
+                "no such endpoint; see the README's REST API reference",
+            )
+        })
+        .with_state(state)
+}
+
+/// One dataplane as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DataplaneItem {
+    pub mesh: String,
+    pub name: String,
+    pub address: IpAddr,
+    pub connection: ConnectionItem,
+    pub inbounds: Vec<InboundItem>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConnectionItem {
+    pub connected: bool,
+    pub connected_at: Option<Timestamp>,
+    pub last_report_at: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InboundItem {
+    pub port: u16,
+    pub service_port: u16,
+    pub service_address: IpAddr,
+    pub tags: BTreeMap<String, String>,
+    pub health: HealthItem,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthItem {
+    pub ready: bool,
+    pub status: String,
+    pub since: Timestamp,
+    pub last_report_at: Option<Timestamp>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct List<T> {
+    pub items: Vec<T>,
+}
+
+impl DataplaneItem {
+    /// The API view of a dataplane's state; `None` for a deleted one.
+    pub fn from_state(state: &DataplaneState) -> Option<DataplaneItem> {
+        let defined = state.defined.as_ref()?;
+        let dp = &defined.dataplane;
+        Some(DataplaneItem {
+            mesh: dp.id.mesh.clone(),
+            name: dp.id.name.clone(),
+            address: dp.address,
+            connection: ConnectionItem {
+                connected: state.connection.stream.is_some(),
+                connected_at: state.connection.connected_at,
+                last_report_at: state.health.last_report_at,
+            },
+            inbounds: dp
+                .inbounds
+                .iter()
+                .zip(&state.health.inbounds)
+                .map(|(inbound, health)| InboundItem {
+                    port: inbound.port,
+                    service_port: inbound.service_port,
+                    service_address: inbound.service_address,
+                    tags: inbound.tags.clone(),
+                    health: HealthItem {
+                        ready: health.status.is_ready(),
+                        status: health.status.as_str().to_string(),
+                        since: health.since,
+                        last_report_at: health.last_report_at,
+                    },
+                })
+                .collect(),
+        })
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.inbounds.iter().all(|i| i.health.ready)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    mesh: Option<String>,
+    ready: Option<bool>,
+}
+
+async fn list_dataplanes(
+    State(s): State<ApiState>,
+    Query(q): Query<ListQuery>,
+) -> Json<List<DataplaneItem>> {
+    // The catalog is a BTreeMap keyed by (mesh, name): already sorted.
+    let items = s
+        .registry
+        .catalog()
+        .iter()
+        .filter(|(id, _)| q.mesh.as_ref().is_none_or(|m| &id.mesh == m))
+        .filter_map(|(_, h)| DataplaneItem::from_state(&h.state()))
+        .filter(|item| q.ready.is_none_or(|r| item.is_ready() == r))
+        .collect();
+    Json(List { items })
+}
+
+async fn get_dataplane(
+    State(s): State<ApiState>,
+    Path((mesh, name)): Path<(String, String)>,
+) -> Response {
+    let id = DataplaneId::new(mesh, name);
+    match s
+        .registry
+        .get(&id)
+        .and_then(|h| DataplaneItem::from_state(&h.state()))
+    {
+        Some(item) => Json(item).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            &format!("dataplane {id} not found; GET /api/v1/dataplanes lists the known ones"),
+        ),
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourcesView {
+    pub dir: String,
+    pub files: Vec<SourceFile>,
+    /// Files failing now.
+    pub errors: usize,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceFile {
+    pub path: String,
+    /// The dataplanes in force from this file (its last good ones when broken).
+    pub dataplanes: Vec<String>,
+    pub error: Option<FileErrorItem>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct FileErrorItem {
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl From<&FileError> for FileErrorItem {
+    fn from(e: &FileError) -> Self {
+        FileErrorItem {
+            line: e.line,
+            message: e.message.clone(),
+        }
+    }
+}
+
+async fn sources(State(s): State<ApiState>) -> Json<SourcesView> {
+    let loaded = s.sources.borrow().clone();
+    Json(SourcesView {
+        dir: loaded.dir.display().to_string(),
+        errors: loaded.error_count(),
+        files: loaded
+            .files
+            .iter()
+            .map(|(path, f)| SourceFile {
+                path: path.display().to_string(),
+                dataplanes: f
+                    .dataplanes
+                    .iter()
+                    .map(|d| d.dataplane.id.to_string())
+                    .collect(),
+                error: f.error.as_ref().map(FileErrorItem::from),
+            })
+            .collect(),
+    })
+}
+
+async fn readyz(State(s): State<ApiState>) -> Response {
+    if !s.ready.load(Ordering::Acquire) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: starting\n").into_response();
+    }
+    let mut body = String::from("ready\n");
+    for note in s.notes.iter() {
+        body.push_str(note);
+        body.push('\n');
+    }
+    body.into_response()
+}
+
+fn error(code: StatusCode, message: &str) -> Response {
+    (code, Json(serde_json::json!({ "error": message }))).into_response()
+}

@@ -1,0 +1,42 @@
+//! Time as a dependency: the system clock in production, a manual one in tests.
+
+use std::sync::{Arc, Mutex};
+
+use chrono::Utc;
+
+use crate::readiness::Timestamp;
+
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    fn now(&self) -> Timestamp;
+}
+
+/// The wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        Utc::now()
+    }
+}
+
+/// A clock that moves only when told to.
+#[derive(Debug, Clone)]
+pub struct ManualClock(Arc<Mutex<Timestamp>>);
+
+impl ManualClock {
+    pub fn new(start: Timestamp) -> Self {
+        ManualClock(Arc::new(Mutex::new(start)))
+    }
+
+    pub fn advance(&self, by: std::time::Duration) {
+        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *t += chrono::Duration::from_std(by).unwrap_or(chrono::Duration::MAX);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,382 @@
+//! Server configuration: defaults <- file (TOML or YAML) <- `HDSD_*` environment.
+//!
+//! Loading is I/O (figment reads the file and the environment); validation is a
+//! pure function over the loaded value so that `hdsd validate` and `hdsd serve`
+//! report exactly the same problems.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml, Yaml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use crate::probe::ProbeSettings;
+
+/// The whole configuration of one hdsd process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub hds: HdsConfig,
+    pub api: ApiConfig,
+    pub dataplanes: DataplanesConfig,
+    /// Directory for hdsd's own state (keys, revocations, readiness store).
+    pub state_dir: PathBuf,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HdsConfig {
+    /// Address of the gRPC HDS listener Envoys connect to.
+    pub listen: SocketAddr,
+    /// How often Envoy sends health reports (`HealthCheckSpecifier.interval`).
+    #[serde(with = "humantime_serde")]
+    pub report_interval: Duration,
+    /// How long a stream for a dataplane hdsd does not know is kept open
+    /// waiting for its definition to appear.
+    #[serde(with = "humantime_serde")]
+    pub unknown_dataplane_grace: Duration,
+    /// Check defaults, overridable per inbound with `serviceProbe`.
+    pub check: CheckConfig,
+    /// Probe every inbound (true), or only inbounds with a `serviceProbe` (false,
+    /// Kuma's behaviour).
+    pub probe_all_inbounds: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckConfig {
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Defaults to `interval` when not set.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub no_traffic_interval: Option<Duration>,
+    pub healthy_threshold: u32,
+    pub unhealthy_threshold: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataplanesConfig {
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A tracing filter (`info`, `hdsd=debug`); `RUST_LOG` wins when set.
+    pub level: String,
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            hds: HdsConfig::default(),
+            api: ApiConfig::default(),
+            dataplanes: DataplanesConfig::default(),
+            state_dir: PathBuf::from("./hdsd-data"),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for HdsConfig {
+    fn default() -> Self {
+        HdsConfig {
+            listen: "0.0.0.0:5678".parse().expect("valid literal"),
+            report_interval: Duration::from_secs(5),
+            unknown_dataplane_grace: Duration::from_secs(30),
+            check: CheckConfig::default(),
+            probe_all_inbounds: true,
+        }
+    }
+}
+
+impl Default for CheckConfig {
+    fn default() -> Self {
+        CheckConfig {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            no_traffic_interval: None,
+            healthy_threshold: 1,
+            unhealthy_threshold: 2,
+        }
+    }
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: "127.0.0.1:5680".parse().expect("valid literal"),
+        }
+    }
+}
+
+impl Default for DataplanesConfig {
+    fn default() -> Self {
+        DataplanesConfig {
+            dir: PathBuf::from("./dataplanes"),
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: "info".to_string(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+impl CheckConfig {
+    /// The effective check defaults for every probed inbound.
+    pub fn probe_settings(&self) -> ProbeSettings {
+        ProbeSettings {
+            interval: self.interval,
+            timeout: self.timeout,
+            no_traffic_interval: self.no_traffic_interval.unwrap_or(self.interval),
+            healthy_threshold: self.healthy_threshold,
+            unhealthy_threshold: self.unhealthy_threshold,
+        }
+    }
+}
+
+/// A configuration that could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path} does not exist; pass an existing file to --config or omit it to use the defaults")]
+    Missing { path: PathBuf },
+    #[error("config file {path}: unsupported extension; use .toml, .yaml or .yml")]
+    Extension { path: PathBuf },
+    #[error("invalid configuration: {0}")]
+    Parse(String),
+}
+
+/// The smallest report interval hdsd accepts: Envoy would flood the server below it.
+pub const MIN_REPORT_INTERVAL: Duration = Duration::from_millis(100);
+
+impl Config {
+    /// Loads the configuration: defaults, then the optional file, then `HDSD_*`
+    /// variables (`__` separates nesting levels: `HDSD_HDS__REPORT_INTERVAL=10s`).
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        Self::load_with_env(file, Env::prefixed("HDSD_").split("__"))
+    }
+
+    fn load_with_env(file: Option<&Path>, env: Env) -> Result<Config, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::Missing {
+                    path: path.to_path_buf(),
+                });
+            }
+            figment = match path.extension().and_then(|e| e.to_str()) {
+                Some("toml") => figment.merge(Toml::file(path)),
+                Some("yaml" | "yml") => figment.merge(Yaml::file(path)),
+                _ => {
+                    return Err(ConfigError::Extension {
+                        path: path.to_path_buf(),
+                    })
+                }
+            };
+        }
+        figment
+            .merge(env)
+            .extract()
+            .map_err(|e| ConfigError::Parse(describe_figment_error(e)))
+    }
+
+    /// Every problem with the values, each with its own message.
+    pub fn validate(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.hds.report_interval < MIN_REPORT_INTERVAL {
+            problems.push(format!(
+                "hds.report_interval is {}, below the minimum of 100ms; Envoy reports at this rate, so raise it",
+                humantime::format_duration(self.hds.report_interval)
+            ));
+        }
+        if self.hds.unknown_dataplane_grace.is_zero() {
+            problems.push(
+                "hds.unknown_dataplane_grace must be > 0 (e.g. 30s): it is how long an unknown dataplane may wait for its file"
+                    .to_string(),
+            );
+        }
+        for e in self.hds.check.probe_settings().validate() {
+            problems.push(format!("hds.check: {e}"));
+        }
+        problems
+    }
+}
+
+fn describe_figment_error(e: figment::Error) -> String {
+    e.into_iter()
+        .map(|e| {
+            let mut s = e.to_string();
+            if !e.path.is_empty() && !s.contains(&e.path.join(".")) {
+                s = format!("{}: {s}", e.path.join("."));
+            }
+            if let Some(src) = &e.metadata.and_then(|m| m.source.map(|s| s.to_string())) {
+                s.push_str(&format!(" (from {src})"));
+            }
+            s
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The complete default configuration, with a comment for every key.
+pub const DEFAULTS_TOML: &str = r#"# hdsd configuration. Every key is shown with its default.
+# Environment variables override the file: HDSD_<SECTION>__<KEY>, e.g.
+# HDSD_HDS__REPORT_INTERVAL=10s. Durations take units: 250ms, 5s, 1m.
+
+# Directory for hdsd's own state (signing keys, revocation list, readiness store).
+state_dir = "./hdsd-data"
+
+[hds]
+# Address of the gRPC HDS listener Envoys connect to.
+listen = "0.0.0.0:5678"
+# How often Envoy sends its health reports (HealthCheckSpecifier.interval). >= 100ms.
+report_interval = "5s"
+# How long a stream from an unknown dataplane waits for its file before NOT_FOUND.
+unknown_dataplane_grace = "30s"
+# Probe every inbound (true), or only inbounds that have a serviceProbe (false, Kuma's behaviour).
+probe_all_inbounds = true
+
+[hds.check]
+# Time between two TCP probes of an inbound's application.
+interval = "1s"
+# How long a probe may take; must be <= interval and <= no_traffic_interval.
+timeout = "1s"
+# HDS clusters carry no traffic, so this is Envoy's real probe cadence.
+# Defaults to `interval` when not set.
+# no_traffic_interval = "1s"
+# Consecutive successes before an inbound is healthy again.
+healthy_threshold = 1
+# Consecutive failures before an inbound is unhealthy.
+unhealthy_threshold = 2
+
+[api]
+# Address of the REST API (and /healthz, /readyz).
+listen = "127.0.0.1:5680"
+
+[dataplanes]
+# Directory of Dataplane YAML files (*.yaml, *.yml), watched for changes.
+dir = "./dataplanes"
+
+[log]
+# Log filter: error, warn, info, debug, trace, or a tracing directive. RUST_LOG wins when set.
+level = "info"
+# text or json.
+format = "text"
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn no_env() -> Env {
+        Env::prefixed("HDSD_TEST_UNUSED_PREFIX_")
+    }
+
+    fn load_str(ext: &str, text: &str) -> Result<Config, ConfigError> {
+        let mut f = tempfile::Builder::new().suffix(ext).tempfile().unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        Config::load_with_env(Some(f.path()), no_env())
+    }
+
+    #[test]
+    fn defaults_text_is_the_defaults() {
+        let c = load_str(".toml", DEFAULTS_TOML).unwrap();
+        assert_eq!(c, Config::default());
+        assert!(c.validate().is_empty());
+    }
+
+    #[test]
+    fn yaml_file_and_durations() {
+        let c = load_str(
+            ".yaml",
+            "hds:\n  report_interval: 250ms\n  check:\n    interval: 2s\n    no_traffic_interval: 3s\n",
+        )
+        .unwrap();
+        assert_eq!(c.hds.report_interval, Duration::from_millis(250));
+        let p = c.hds.check.probe_settings();
+        assert_eq!(p.interval, Duration::from_secs(2));
+        assert_eq!(p.no_traffic_interval, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn no_traffic_interval_defaults_to_interval() {
+        let c = load_str(
+            ".toml",
+            "[hds.check]\ninterval = \"7s\"\ntimeout = \"1s\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.hds.check.probe_settings().no_traffic_interval,
+            Duration::from_secs(7)
+        );
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = load_str(".toml", "[hds]\nreport_intervall = \"5s\"\n").unwrap_err();
+        assert!(e.to_string().contains("report_intervall"), "{e}");
+    }
+
+    #[test]
+    fn env_overrides_file() {
+        // figment::Jail isolates the environment for the duration of the closure.
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("c.toml", "[hds]\nreport_interval = \"7s\"\n")?;
+            jail.set_env("HDSD_HDS__REPORT_INTERVAL", "10s");
+            jail.set_env("HDSD_API__LISTEN", "127.0.0.1:9999");
+            let c = Config::load(Some(Path::new("c.toml"))).unwrap();
+            assert_eq!(c.hds.report_interval, Duration::from_secs(10));
+            assert_eq!(c.api.listen.port(), 9999);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn missing_file_and_bad_extension() {
+        let e =
+            Config::load_with_env(Some(Path::new("/nonexistent/x.toml")), no_env()).unwrap_err();
+        assert!(matches!(e, ConfigError::Missing { .. }));
+        let e = load_str(".ini", "x=1").unwrap_err();
+        assert!(e.to_string().contains(".toml, .yaml or .yml"), "{e}");
+    }
+
+    #[test]
+    fn validation_lists_every_problem() {
+        let mut c = Config::default();
+        c.hds.report_interval = Duration::from_millis(50);
+        c.hds.check.timeout = Duration::from_secs(5);
+        c.hds.check.unhealthy_threshold = 0;
+        let problems = c.validate();
+        // timeout breaks two rules (> interval, > no_traffic_interval).
+        assert_eq!(problems.len(), 4, "{problems:#?}");
+        assert!(problems[0].contains("report_interval"));
+        assert!(problems.iter().any(|p| p.contains("timeout")));
+        assert!(problems.iter().any(|p| p.contains("unhealthy_threshold")));
+    }
+}

@@ -1,0 +1,404 @@
+//! The gRPC `HealthDiscoveryService`: a thin pump between an Envoy's stream
+//! and its dataplane's task. It checks the protocol, resolves the node id,
+//! sends specifiers when they change, and forwards reports.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::health::v3::health_check_request_or_endpoint_health_response::RequestType;
+use envoy_types::pb::envoy::service::health::v3::health_discovery_service_server::{
+    HealthDiscoveryService, HealthDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::health::v3::{
+    HealthCheckRequest, HealthCheckRequestOrEndpointHealthResponse, HealthCheckSpecifier,
+};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Request, Response, Status, Streaming};
+use tracing::Instrument;
+
+use crate::dataplane::DataplaneId;
+use crate::registry::{Command, DataplaneHandle, DataplaneState, Registry, StreamId};
+use crate::specifier::Specifier;
+
+/// What the service needs to know besides the registry.
+#[derive(Debug, Clone)]
+pub struct HdsSettings {
+    pub unknown_dataplane_grace: Duration,
+    pub report_interval: Duration,
+    /// Shown in NOT_FOUND messages: where dataplane files go.
+    pub dataplanes_dir: String,
+}
+
+#[derive(Debug)]
+pub struct HdsService {
+    registry: Registry,
+    settings: Arc<HdsSettings>,
+    next_stream: AtomicU64,
+    /// Becomes true when hdsd shuts down: every stream ends.
+    drain: watch::Receiver<bool>,
+}
+
+impl HdsService {
+    pub fn new(registry: Registry, settings: HdsSettings, drain: watch::Receiver<bool>) -> Self {
+        HdsService {
+            registry,
+            settings: Arc::new(settings),
+            next_stream: AtomicU64::new(1),
+            drain,
+        }
+    }
+
+    pub fn into_server(self) -> HealthDiscoveryServiceServer<Self> {
+        HealthDiscoveryServiceServer::new(self)
+    }
+}
+
+type SpecifierStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<HealthCheckSpecifier, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl HealthDiscoveryService for HdsService {
+    type StreamHealthCheckStream = SpecifierStream;
+
+    async fn stream_health_check(
+        &self,
+        request: Request<Streaming<HealthCheckRequestOrEndpointHealthResponse>>,
+    ) -> Result<Response<Self::StreamHealthCheckStream>, Status> {
+        let peer = request.remote_addr();
+        let stream_id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(4);
+        let session = Session {
+            id: stream_id,
+            peer,
+            registry: self.registry.clone(),
+            settings: self.settings.clone(),
+            out: tx,
+        };
+        let mut drain = self.drain.clone();
+        let out = session.out.clone();
+        let inbound = request.into_inner();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = session.run(inbound) => {}
+                () = drained(&mut drain) => {
+                    let _ = out.send(Err(Status::unavailable("hdsd is shutting down; reconnect"))).await;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn fetch_health_check(
+        &self,
+        request: Request<HealthCheckRequestOrEndpointHealthResponse>,
+    ) -> Result<Response<HealthCheckSpecifier>, Status> {
+        let id = match request.into_inner().request_type {
+            Some(RequestType::HealthCheckRequest(r)) => node_id(&r)?,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "FetchHealthCheck needs a HealthCheckRequest with node.id set",
+                ))
+            }
+        };
+        let handle = self
+            .registry
+            .get(&id)
+            .ok_or_else(|| not_found(&id, &self.settings))?;
+        Ok(Response::new(
+            current_specifier(&handle.state(), &self.settings).message,
+        ))
+    }
+}
+
+/// The dataplane id in a `HealthCheckRequest`, or INVALID_ARGUMENT saying what is missing.
+pub fn node_id(request: &HealthCheckRequest) -> Result<DataplaneId, Status> {
+    let id = request.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
+    if id.is_empty() {
+        return Err(Status::invalid_argument(
+            "HealthCheckRequest has no node.id; set node.id to <mesh>.<name> (e.g. default.web-01) in the Envoy bootstrap",
+        ));
+    }
+    id.parse()
+        .map_err(|e: crate::dataplane::BadNodeId| Status::invalid_argument(e.to_string()))
+}
+
+fn not_found(id: &DataplaneId, settings: &HdsSettings) -> Status {
+    Status::not_found(format!(
+        "dataplane {id} is not registered; create {dir}/{name}.yaml containing\n\
+         type: Dataplane\nmesh: {mesh}\nname: {name}\nnetworking:\n  address: <this machine's IP>\n  inbound:\n  - port: <Envoy's port for the app>\n    servicePort: <the app's port>\n    serviceAddress: 127.0.0.1\n\
+         (hdsd picks it up without a restart)",
+        dir = settings.dataplanes_dir,
+        mesh = id.mesh,
+        name = id.name,
+    ))
+}
+
+fn current_specifier(state: &DataplaneState, settings: &HdsSettings) -> Specifier {
+    match &state.defined {
+        Some(d) => (*d.specifier).clone(),
+        None => Specifier::empty(settings.report_interval),
+    }
+}
+
+/// Why a stream ended.
+#[derive(Debug)]
+enum End {
+    /// The client closed its side (or went away).
+    Closed,
+    /// End the stream with this status.
+    Status(Status),
+}
+
+impl From<Status> for End {
+    fn from(s: Status) -> Self {
+        End::Status(s)
+    }
+}
+
+/// One HDS stream.
+struct Session {
+    id: StreamId,
+    peer: Option<SocketAddr>,
+    registry: Registry,
+    settings: Arc<HdsSettings>,
+    out: mpsc::Sender<Result<HealthCheckSpecifier, Status>>,
+}
+
+impl Session {
+    async fn run(self, mut inbound: Streaming<HealthCheckRequestOrEndpointHealthResponse>) {
+        let peer = self.peer.map(|p| p.to_string()).unwrap_or_default();
+        let id = match self.first_request(&mut inbound).await {
+            Ok(id) => id,
+            Err(end) => return self.finish(end, &peer).await,
+        };
+        let span = tracing::info_span!("stream", mesh = %id.mesh, name = %id.name, peer = %peer, stream = self.id);
+        async {
+            let end = self.serve(&id, &mut inbound).await;
+            self.finish(end, &peer).await;
+        }
+        .instrument(span)
+        .await;
+    }
+
+    async fn first_request(
+        &self,
+        inbound: &mut Streaming<HealthCheckRequestOrEndpointHealthResponse>,
+    ) -> Result<DataplaneId, End> {
+        match inbound.message().await {
+            Ok(Some(msg)) => match msg.request_type {
+                Some(RequestType::HealthCheckRequest(r)) => Ok(node_id(&r)?),
+                Some(RequestType::EndpointHealthResponse(_)) => Err(Status::failed_precondition(
+                    "a health report arrived before any HealthCheckRequest; the first message of a stream must be a HealthCheckRequest with node.id",
+                )
+                .into()),
+                None => Err(Status::invalid_argument(
+                    "the first message has neither a HealthCheckRequest nor a report; send a HealthCheckRequest with node.id",
+                )
+                .into()),
+            },
+            Ok(None) => Err(End::Closed),
+            Err(status) => Err(End::Status(status)),
+        }
+    }
+
+    /// Serves a resolved dataplane until the stream ends.
+    async fn serve(
+        &self,
+        id: &DataplaneId,
+        inbound: &mut Streaming<HealthCheckRequestOrEndpointHealthResponse>,
+    ) -> End {
+        let grace = self.settings.unknown_dataplane_grace;
+        let mut handle = match self.resolve(id, grace, inbound).await {
+            Ok(h) => h,
+            Err(end) => return end,
+        };
+        loop {
+            match self.pump(id, &handle, inbound).await {
+                Pump::End(end) => return end,
+                Pump::Removed => {
+                    tracing::info!("dataplane deleted; sent an empty specifier, waiting {} for it to come back", humantime::format_duration(grace));
+                    handle = match self.resolve(id, grace, inbound).await {
+                        Ok(h) => h,
+                        Err(end) => return end,
+                    };
+                }
+            }
+        }
+    }
+
+    /// Waits (at most `grace`) for the dataplane to be defined.
+    async fn resolve(
+        &self,
+        id: &DataplaneId,
+        grace: Duration,
+        inbound: &mut Streaming<HealthCheckRequestOrEndpointHealthResponse>,
+    ) -> Result<DataplaneHandle, End> {
+        if let Some(h) = self.registry.get_defined(id) {
+            return Ok(h);
+        }
+        tracing::warn!(
+            "unknown dataplane; waiting up to {} for {}/{}.yaml",
+            humantime::format_duration(grace),
+            self.settings.dataplanes_dir,
+            id.name
+        );
+        let deadline = Instant::now() + grace;
+        let found = self.registry.wait_for(id, deadline);
+        tokio::pin!(found);
+        loop {
+            tokio::select! {
+                found = &mut found => {
+                    return found.ok_or_else(|| not_found(id, &self.settings).into());
+                }
+                msg = inbound.message() => match msg {
+                    Ok(Some(m)) => {
+                        if let Some(RequestType::HealthCheckRequest(r)) = &m.request_type {
+                            check_same_node(id, r)?;
+                        }
+                        // Reports without a specifier have nothing to match; drop them.
+                    }
+                    Ok(None) => return Err(End::Closed),
+                    Err(status) => return Err(End::Status(status)),
+                }
+            }
+        }
+    }
+
+    /// Pumps messages for one incarnation of the dataplane, then detaches.
+    async fn pump(
+        &self,
+        id: &DataplaneId,
+        handle: &DataplaneHandle,
+        inbound: &mut Streaming<HealthCheckRequestOrEndpointHealthResponse>,
+    ) -> Pump {
+        let result = self.pump_attached(id, handle, inbound).await;
+        handle.send(Command::Detach { stream: self.id }).await;
+        result
+    }
+
+    async fn pump_attached(
+        &self,
+        id: &DataplaneId,
+        handle: &DataplaneHandle,
+        inbound: &mut Streaming<HealthCheckRequestOrEndpointHealthResponse>,
+    ) -> Pump {
+        let mut state = handle.subscribe();
+        if !handle
+            .send(Command::Attach {
+                stream: self.id,
+                peer: self.peer,
+            })
+            .await
+        {
+            return Pump::Removed;
+        }
+        tracing::info!("stream attached");
+        let mut sent_version = 0;
+        // The first request was already read: answer it.
+        let snapshot = state.borrow_and_update().clone();
+        if let Err(end) = self.send_specifier(&snapshot).await {
+            return Pump::End(end);
+        }
+        sent_version = sent_version.max(snapshot.version);
+        loop {
+            tokio::select! {
+                changed = state.changed() => {
+                    if changed.is_err() {
+                        return Pump::Removed;
+                    }
+                    let snapshot = state.borrow_and_update().clone();
+                    if snapshot.connection.stream != Some(self.id) && snapshot.connection.stream.is_some() {
+                        let by = snapshot.connection.peer.map(|p| format!(" from {p}")).unwrap_or_default();
+                        return Pump::End(End::Status(Status::new(
+                            Code::Aborted,
+                            format!("replaced by a newer stream for dataplane {id}{by}"),
+                        )));
+                    }
+                    if snapshot.version != sent_version {
+                        if let Err(end) = self.send_specifier(&snapshot).await {
+                            return Pump::End(end);
+                        }
+                        sent_version = snapshot.version;
+                        if snapshot.defined.is_none() {
+                            return Pump::Removed;
+                        }
+                    }
+                }
+                msg = inbound.message() => match msg {
+                    Ok(Some(m)) => match m.request_type {
+                        Some(RequestType::HealthCheckRequest(r)) => {
+                            if let Err(s) = check_same_node(id, &r) {
+                                return Pump::End(s.into());
+                            }
+                            // Envoy forgets its specifier on reconnect: always answer.
+                            let snapshot = state.borrow().clone();
+                            if let Err(end) = self.send_specifier(&snapshot).await {
+                                return Pump::End(end);
+                            }
+                            sent_version = snapshot.version;
+                        }
+                        Some(RequestType::EndpointHealthResponse(report)) => {
+                            if !handle.send(Command::Report { stream: self.id, report: Box::new(report) }).await {
+                                return Pump::Removed;
+                            }
+                        }
+                        None => {
+                            return Pump::End(Status::invalid_argument("a message with neither a HealthCheckRequest nor a report").into());
+                        }
+                    },
+                    Ok(None) => return Pump::End(End::Closed),
+                    Err(status) => return Pump::End(End::Status(status)),
+                }
+            }
+        }
+    }
+
+    async fn send_specifier(&self, state: &DataplaneState) -> Result<(), End> {
+        let spec = current_specifier(state, &self.settings);
+        tracing::debug!(
+            clusters = spec.targets.len(),
+            version = state.version,
+            "sending specifier"
+        );
+        self.out
+            .send(Ok(spec.message))
+            .await
+            .map_err(|_| End::Closed)
+    }
+
+    async fn finish(&self, end: End, peer: &str) {
+        match end {
+            End::Closed => tracing::info!(peer, "stream closed by the client"),
+            End::Status(status) => {
+                tracing::warn!(peer, code = ?status.code(), "ending stream: {}", status.message());
+                let _ = self.out.send(Err(status)).await;
+            }
+        }
+    }
+}
+
+enum Pump {
+    End(End),
+    /// The dataplane was deleted; an empty specifier was sent.
+    Removed,
+}
+
+fn check_same_node(id: &DataplaneId, request: &HealthCheckRequest) -> Result<(), Status> {
+    let other = node_id(request)?;
+    if &other != id {
+        return Err(Status::invalid_argument(format!(
+            "this stream belongs to {id}; a HealthCheckRequest for {other} must use its own stream"
+        )));
+    }
+    Ok(())
+}
+
+/// Completes when the drain flag becomes true (or its sender is gone).
+async fn drained(drain: &mut watch::Receiver<bool>) {
+    let _ = drain.wait_for(|d| *d).await;
+}

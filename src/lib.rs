@@ -1,0 +1,23 @@
+//! hdsd: a management server for Envoy's Health Discovery Service (HDS).
+//!
+//! The pure core: [`dataplane`] (the resource), [`probe`] (check settings and
+//! their rules), [`specifier`] (dataplane -> `HealthCheckSpecifier`) and
+//! [`readiness`] (reports -> per-inbound status). State: [`source`] (files ->
+//! definitions) and [`registry`] (one writer per dataplane). Edges: [`hds`]
+//! (gRPC), [`api`] (REST), [`server`] (wiring).
+#![forbid(unsafe_code)]
+#![deny(rust_2018_idioms)]
+
+pub mod api;
+pub mod bootstrap;
+pub mod clock;
+pub mod config;
+pub mod dataplane;
+pub mod hds;
+pub mod probe;
+pub mod readiness;
+pub mod registry;
+pub mod server;
+pub mod source;
+pub mod specifier;
+pub mod status;

@@ -1,0 +1,230 @@
+//! The `hdsd` command line.
+#![forbid(unsafe_code)]
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use hdsd::bootstrap::{bootstrap_yaml, BootstrapParams};
+use hdsd::config::{Config, LogFormat, DEFAULTS_TOML};
+use hdsd::dataplane::DataplaneId;
+use hdsd::server;
+use hdsd::source::{self, Loaded};
+
+#[derive(Parser)]
+#[command(
+    name = "hdsd",
+    version,
+    about = "A management server for Envoy's Health Discovery Service"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server.
+    Serve {
+        /// Config file (.toml, .yaml or .yml); HDSD_* variables override it.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Check the config and every dataplane file; exit 1 listing every problem.
+    Validate {
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Configuration helpers.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Print the readiness table from a running hdsd.
+    Status {
+        /// hdsd's REST API.
+        #[arg(long, default_value = "http://127.0.0.1:5680", env = "HDSD_API")]
+        api: String,
+        /// Refresh the table in place every second.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Print an Envoy bootstrap that connects a dataplane to hdsd.
+    Bootstrap {
+        #[arg(long)]
+        mesh: String,
+        #[arg(long)]
+        name: String,
+        /// hdsd's HDS address, HOST:PORT.
+        #[arg(long, default_value = "127.0.0.1:5678")]
+        server: String,
+        /// File holding the dataplane token.
+        #[arg(long, conflicts_with = "token")]
+        token_file: Option<PathBuf>,
+        /// The dataplane token.
+        #[arg(long)]
+        token: Option<String>,
+        /// Envoy's admin port (bound on 127.0.0.1).
+        #[arg(long, default_value_t = 9901)]
+        admin_port: u16,
+        /// CA certificate to verify hdsd's TLS certificate (turns TLS on).
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// Write to this file instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the complete default configuration, with a comment per key.
+    Defaults,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Serve { config } => serve(config.as_deref()),
+        Command::Validate { config } => validate(config.as_deref()),
+        Command::Config {
+            command: ConfigCommand::Defaults,
+        } => {
+            print!("{DEFAULTS_TOML}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { api, watch } => status(&api, watch),
+        Command::Bootstrap {
+            mesh,
+            name,
+            server,
+            token_file,
+            token,
+            admin_port,
+            ca,
+            out,
+        } => {
+            let token = match token_file {
+                Some(path) => Some(
+                    std::fs::read_to_string(&path)
+                        .with_context(|| format!("cannot read --token-file {}", path.display()))?
+                        .trim()
+                        .to_string(),
+                ),
+                None => token,
+            };
+            let id: DataplaneId = format!("{mesh}.{name}").parse()?;
+            let yaml = bootstrap_yaml(&BootstrapParams {
+                id,
+                server,
+                token,
+                admin_port,
+                ca,
+            })?;
+            match out {
+                Some(path) => std::fs::write(&path, yaml)
+                    .with_context(|| format!("cannot write {}", path.display()))?,
+                None => print!("{yaml}"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn init_logging(config: &Config) {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&config.log.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match config.log.format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn serve(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let config = Config::load(config_path)?;
+    init_logging(&config);
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(server::run(config, shutdown_signal()))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot listen for SIGTERM: {e}");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+    }
+}
+
+fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let config = Config::load(config_path)?;
+    let mut problems = config.validate();
+    let settings = server::specifier_settings(&config);
+    let mut dataplanes = 0;
+    if problems.is_empty() {
+        match source::load(&config.dataplanes.dir, &Loaded::default(), &settings) {
+            Ok(loaded) => {
+                dataplanes = loaded.dataplanes.len();
+                problems.extend(loaded.problems());
+            }
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    if problems.is_empty() {
+        println!(
+            "ok: configuration valid, {dataplanes} dataplanes in {}",
+            config.dataplanes.dir.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    for p in &problems {
+        eprintln!("{p}");
+    }
+    eprintln!("{} problem(s) found", problems.len());
+    Ok(ExitCode::from(1))
+}
+
+fn status(api: &str, watch: bool) -> anyhow::Result<ExitCode> {
+    if !watch {
+        let items = hdsd::status::fetch(api)?;
+        print!("{}", hdsd::status::render_now(&items));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut stdout = std::io::stdout();
+    loop {
+        let screen = match hdsd::status::fetch(api) {
+            Ok(items) => hdsd::status::render_now(&items),
+            Err(e) => format!("{e}\n"),
+        };
+        // Home the cursor and clear the screen, then draw: refresh in place.
+        write!(stdout, "\x1b[H\x1b[2J{screen}")?;
+        stdout.flush()?;
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,461 @@
+//! Readiness: reports folded into per-inbound health. Pure functions over
+//! plain data; the caller passes the time.
+//!
+//! - An inbound whose probe target first appears in a specifier is `pending`
+//!   (NOT ready) until a report contains it.
+//! - HEALTHY -> `healthy`, UNHEALTHY -> `unhealthy`, TIMEOUT -> `timeout`;
+//!   DRAINING, DEGRADED and UNKNOWN keep their own names and are not ready.
+//! - An inbound nobody probes (`hds.probe_all_inbounds = false` and no
+//!   `serviceProbe`) is `not_probed` and ready: nothing says it is not.
+
+use chrono::{DateTime, Utc};
+use envoy_types::pb::envoy::config::core::v3::HealthStatus;
+use envoy_types::pb::envoy::service::health::v3::EndpointHealthResponse;
+use serde::Serialize;
+
+use crate::dataplane::Dataplane;
+use crate::specifier::{endpoint_addr, Specifier};
+
+pub type Timestamp = DateTime<Utc>;
+
+/// The health of one inbound, as its Envoy last reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pending,
+    Healthy,
+    Unhealthy,
+    Timeout,
+    Draining,
+    Degraded,
+    Unknown,
+    NotProbed,
+}
+
+impl Status {
+    pub const ALL: [Status; 8] = [
+        Status::Pending,
+        Status::Healthy,
+        Status::Unhealthy,
+        Status::Timeout,
+        Status::Draining,
+        Status::Degraded,
+        Status::Unknown,
+        Status::NotProbed,
+    ];
+
+    pub fn is_ready(self) -> bool {
+        matches!(self, Status::Healthy | Status::NotProbed)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Healthy => "healthy",
+            Status::Unhealthy => "unhealthy",
+            Status::Timeout => "timeout",
+            Status::Draining => "draining",
+            Status::Degraded => "degraded",
+            Status::Unknown => "unknown",
+            Status::NotProbed => "not_probed",
+        }
+    }
+
+    /// Envoy's reported status (the raw enum value) as an inbound status.
+    pub fn from_envoy(value: i32) -> Status {
+        match HealthStatus::try_from(value) {
+            Ok(HealthStatus::Healthy) => Status::Healthy,
+            Ok(HealthStatus::Unhealthy) => Status::Unhealthy,
+            Ok(HealthStatus::Timeout) => Status::Timeout,
+            Ok(HealthStatus::Draining) => Status::Draining,
+            Ok(HealthStatus::Degraded) => Status::Degraded,
+            Ok(HealthStatus::Unknown) | Err(_) => Status::Unknown,
+        }
+    }
+}
+
+/// One inbound's health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InboundHealth {
+    pub status: Status,
+    /// When `status` last changed.
+    pub since: Timestamp,
+    /// The last report that covered this inbound.
+    pub last_report_at: Option<Timestamp>,
+}
+
+impl InboundHealth {
+    fn new(status: Status, now: Timestamp) -> Self {
+        InboundHealth {
+            status,
+            since: now,
+            last_report_at: None,
+        }
+    }
+}
+
+/// The health of every inbound of one dataplane, in definition order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Health {
+    pub inbounds: Vec<InboundHealth>,
+    /// The last report of any kind from this dataplane.
+    pub last_report_at: Option<Timestamp>,
+}
+
+/// What a fold did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FoldOutcome {
+    /// Some inbound's status changed (watchers should wake).
+    pub changed: bool,
+    /// Inbounds that became ready / stopped being ready.
+    pub became_ready: u32,
+    pub became_not_ready: u32,
+    /// Endpoints the current specifier does not have (left from an older one).
+    pub unknown_endpoints: u32,
+}
+
+/// The health of a (re)defined dataplane. An inbound keeps its state when it
+/// existed before (same address and port) and is probed at the same target;
+/// an inbound whose probe target is new is `pending`.
+pub fn rebase(
+    previous: Option<(&Dataplane, &Specifier, &Health)>,
+    dataplane: &Dataplane,
+    specifier: &Specifier,
+    now: Timestamp,
+) -> Health {
+    let inbounds = dataplane
+        .inbounds
+        .iter()
+        .enumerate()
+        .map(|(i, inbound)| {
+            let target = specifier.target_of_inbound[i].map(|t| specifier.targets[t].endpoint);
+            let before = previous.and_then(|(dp, spec, health)| {
+                let j = dp
+                    .inbounds
+                    .iter()
+                    .position(|o| o.address == inbound.address && o.port == inbound.port)?;
+                let old_target = spec.target_of_inbound[j].map(|t| spec.targets[t].endpoint);
+                (old_target == target).then_some(health.inbounds[j])
+            });
+            match (before, target) {
+                (Some(kept), _) => kept,
+                (None, Some(_)) => InboundHealth::new(Status::Pending, now),
+                (None, None) => InboundHealth::new(Status::NotProbed, now),
+            }
+        })
+        .collect();
+    Health {
+        inbounds,
+        last_report_at: previous.and_then(|(_, _, h)| h.last_report_at),
+    }
+}
+
+/// Folds one report into `health`. Reads `cluster_endpoints_health`; only when
+/// it is empty falls back to the deprecated flat `endpoints_health`, matching
+/// by address.
+pub fn fold_report(
+    health: &mut Health,
+    specifier: &Specifier,
+    report: &EndpointHealthResponse,
+    now: Timestamp,
+) -> FoldOutcome {
+    let mut outcome = FoldOutcome::default();
+    health.last_report_at = Some(now);
+    let mut apply = |target: Option<usize>, status: i32| {
+        let Some(t) = target else {
+            outcome.unknown_endpoints += 1;
+            return;
+        };
+        let status = Status::from_envoy(status);
+        for &i in &specifier.targets[t].inbounds {
+            let inbound = &mut health.inbounds[i];
+            inbound.last_report_at = Some(now);
+            if inbound.status != status {
+                match (inbound.status.is_ready(), status.is_ready()) {
+                    (false, true) => outcome.became_ready += 1,
+                    (true, false) => outcome.became_not_ready += 1,
+                    _ => {}
+                }
+                inbound.status = status;
+                inbound.since = now;
+                outcome.changed = true;
+            }
+        }
+    };
+    if !report.cluster_endpoints_health.is_empty() {
+        for cluster in &report.cluster_endpoints_health {
+            for locality in &cluster.locality_endpoints_health {
+                for eh in &locality.endpoints_health {
+                    let target = eh
+                        .endpoint
+                        .as_ref()
+                        .and_then(endpoint_addr)
+                        .and_then(|addr| specifier.target(&cluster.cluster_name, addr));
+                    apply(target, eh.health_status);
+                }
+            }
+        }
+    } else {
+        #[allow(deprecated)]
+        for eh in &report.endpoints_health {
+            let target = eh
+                .endpoint
+                .as_ref()
+                .and_then(endpoint_addr)
+                .and_then(|addr| specifier.target_by_endpoint(addr));
+            apply(target, eh.health_status);
+        }
+    }
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::{DataplaneId, Inbound};
+    use crate::probe::ProbeSettings;
+    use crate::specifier::{build, endpoint, SpecifierSettings};
+    use chrono::TimeZone;
+    use envoy_types::pb::envoy::service::health::v3::{
+        ClusterEndpointsHealth, EndpointHealth, LocalityEndpointsHealth,
+    };
+    use std::collections::BTreeMap;
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    const H: i32 = HealthStatus::Healthy as i32;
+    const U: i32 = HealthStatus::Unhealthy as i32;
+    const T: i32 = HealthStatus::Timeout as i32;
+
+    fn t(s: i64) -> Timestamp {
+        Utc.timestamp_opt(1_700_000_000 + s, 0).unwrap()
+    }
+
+    fn settings(probe_all_inbounds: bool) -> SpecifierSettings {
+        SpecifierSettings {
+            defaults: ProbeSettings {
+                interval: Duration::from_secs(1),
+                timeout: Duration::from_secs(1),
+                no_traffic_interval: Duration::from_secs(1),
+                healthy_threshold: 1,
+                unhealthy_threshold: 2,
+            },
+            report_interval: Duration::from_secs(5),
+            probe_all_inbounds,
+        }
+    }
+
+    /// Inbounds given as (port, servicePort).
+    fn dataplane(inbounds: &[(u16, u16)]) -> Dataplane {
+        Dataplane {
+            id: DataplaneId::new("default", "web-01"),
+            address: "127.0.0.1".parse().unwrap(),
+            inbounds: inbounds
+                .iter()
+                .map(|&(port, service_port)| Inbound {
+                    port,
+                    address: "127.0.0.1".parse().unwrap(),
+                    service_address: "127.0.0.1".parse().unwrap(),
+                    service_port,
+                    tags: BTreeMap::new(),
+                    probe: None,
+                })
+                .collect(),
+        }
+    }
+
+    /// A report in Envoy 1.40's shape: (cluster, servicePort, status).
+    fn report(entries: &[(&str, u16, i32)]) -> EndpointHealthResponse {
+        EndpointHealthResponse {
+            cluster_endpoints_health: entries
+                .iter()
+                .map(|&(cluster, port, status)| ClusterEndpointsHealth {
+                    cluster_name: cluster.to_string(),
+                    locality_endpoints_health: vec![LocalityEndpointsHealth {
+                        locality: None,
+                        endpoints_health: vec![EndpointHealth {
+                            endpoint: Some(endpoint(SocketAddr::from(([127, 0, 0, 1], port)))),
+                            health_status: status,
+                            health_metadata: None,
+                        }],
+                    }],
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn statuses(h: &Health) -> Vec<Status> {
+        h.inbounds.iter().map(|i| i.status).collect()
+    }
+
+    #[test]
+    fn report_sequences_to_states() {
+        use Status::*;
+        let dp = dataplane(&[(10001, 8080), (10002, 9090)]);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let a = "probe_127.0.0.1:8080";
+        let b = "probe_127.0.0.1:9090";
+        // (reports in order, expected statuses after the last one)
+        let table: Vec<(Vec<Vec<(&str, u16, i32)>>, Vec<Status>)> = vec![
+            (vec![], vec![Pending, Pending]),
+            (vec![vec![]], vec![Pending, Pending]),
+            (vec![vec![(a, 8080, H)]], vec![Healthy, Pending]),
+            (
+                vec![vec![(a, 8080, H), (b, 9090, U)]],
+                vec![Healthy, Unhealthy],
+            ),
+            (
+                vec![vec![(a, 8080, U)], vec![(a, 8080, H)]],
+                vec![Healthy, Pending],
+            ),
+            (
+                vec![vec![(a, 8080, H)], vec![(a, 8080, T)]],
+                vec![Timeout, Pending],
+            ),
+            (
+                vec![vec![(a, 8080, HealthStatus::Draining as i32)]],
+                vec![Draining, Pending],
+            ),
+            (
+                vec![vec![(a, 8080, HealthStatus::Degraded as i32)]],
+                vec![Degraded, Pending],
+            ),
+            (
+                vec![vec![(a, 8080, HealthStatus::Unknown as i32)]],
+                vec![Unknown, Pending],
+            ),
+            (vec![vec![(a, 8080, 99)]], vec![Unknown, Pending]),
+            // An endpoint under the wrong cluster name is not this target.
+            (vec![vec![(b, 8080, H)]], vec![Pending, Pending]),
+        ];
+        for (reports, expected) in table {
+            let mut h = rebase(None, &dp, &spec, t(0));
+            for (n, r) in reports.iter().enumerate() {
+                fold_report(&mut h, &spec, &report(r), t(n as i64 + 1));
+            }
+            assert_eq!(statuses(&h), expected, "after {reports:?}");
+            let ready: Vec<bool> = h.inbounds.iter().map(|i| i.status.is_ready()).collect();
+            let expected_ready: Vec<bool> = expected.iter().map(|s| s.is_ready()).collect();
+            assert_eq!(ready, expected_ready);
+        }
+    }
+
+    #[test]
+    fn since_moves_only_on_change_and_outcome_counts() {
+        let dp = dataplane(&[(10001, 8080)]);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let mut h = rebase(None, &dp, &spec, t(0));
+        assert_eq!(h.inbounds[0].since, t(0));
+        assert_eq!(h.inbounds[0].last_report_at, None);
+        let a = "probe_127.0.0.1:8080";
+        let o = fold_report(&mut h, &spec, &report(&[(a, 8080, H)]), t(5));
+        assert_eq!(
+            (o.changed, o.became_ready, o.became_not_ready),
+            (true, 1, 0)
+        );
+        let o = fold_report(&mut h, &spec, &report(&[(a, 8080, H)]), t(10));
+        assert_eq!(o, FoldOutcome::default());
+        assert_eq!(h.inbounds[0].since, t(5));
+        assert_eq!(h.inbounds[0].last_report_at, Some(t(10)));
+        assert_eq!(h.last_report_at, Some(t(10)));
+        let o = fold_report(&mut h, &spec, &report(&[(a, 8080, U)]), t(15));
+        assert_eq!(
+            (o.changed, o.became_ready, o.became_not_ready),
+            (true, 0, 1)
+        );
+        assert_eq!(h.inbounds[0].since, t(15));
+    }
+
+    #[test]
+    fn shared_target_updates_every_inbound() {
+        let dp = dataplane(&[(10001, 8080), (10002, 8080)]);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let mut h = rebase(None, &dp, &spec, t(0));
+        fold_report(
+            &mut h,
+            &spec,
+            &report(&[("probe_127.0.0.1:8080", 8080, H)]),
+            t(1),
+        );
+        assert_eq!(statuses(&h), vec![Status::Healthy, Status::Healthy]);
+    }
+
+    #[test]
+    fn unknown_clusters_and_endpoints_are_counted() {
+        let dp = dataplane(&[(10001, 8080)]);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let mut h = rebase(None, &dp, &spec, t(0));
+        let o = fold_report(
+            &mut h,
+            &spec,
+            &report(&[
+                ("probe_127.0.0.1:7070", 7070, H),
+                ("probe_127.0.0.1:8080", 8081, H),
+            ]),
+            t(1),
+        );
+        assert_eq!(o.unknown_endpoints, 2);
+        assert!(!o.changed);
+        assert_eq!(statuses(&h), vec![Status::Pending]);
+    }
+
+    #[test]
+    #[allow(deprecated)]
+    fn flat_endpoints_health_only_when_clusters_are_empty() {
+        let dp = dataplane(&[(10001, 8080)]);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let flat = EndpointHealth {
+            endpoint: Some(endpoint(SocketAddr::from(([127, 0, 0, 1], 8080)))),
+            health_status: U,
+            health_metadata: None,
+        };
+        let mut h = rebase(None, &dp, &spec, t(0));
+        let old_envoy = EndpointHealthResponse {
+            endpoints_health: vec![flat.clone()],
+            cluster_endpoints_health: vec![],
+        };
+        fold_report(&mut h, &spec, &old_envoy, t(1));
+        assert_eq!(statuses(&h), vec![Status::Unhealthy]);
+        let mut both = report(&[("probe_127.0.0.1:8080", 8080, H)]);
+        both.endpoints_health = vec![flat];
+        fold_report(&mut h, &spec, &both, t(2));
+        assert_eq!(statuses(&h), vec![Status::Healthy]);
+    }
+
+    #[test]
+    fn rebase_keeps_unchanged_inbounds_and_resets_changed_targets() {
+        let before = dataplane(&[(10001, 8080), (10002, 9090)]);
+        let spec_before = build(&before, &settings(true)).unwrap();
+        let mut h = rebase(None, &before, &spec_before, t(0));
+        fold_report(
+            &mut h,
+            &spec_before,
+            &report(&[
+                ("probe_127.0.0.1:8080", 8080, H),
+                ("probe_127.0.0.1:9090", 9090, H),
+            ]),
+            t(1),
+        );
+        // Inbound 10002 changes its servicePort; 10003 is new; 10001 is unchanged.
+        let after = dataplane(&[(10001, 8080), (10002, 9191), (10003, 7070)]);
+        let spec_after = build(&after, &settings(true)).unwrap();
+        let h2 = rebase(Some((&before, &spec_before, &h)), &after, &spec_after, t(9));
+        assert_eq!(
+            statuses(&h2),
+            vec![Status::Healthy, Status::Pending, Status::Pending]
+        );
+        assert_eq!(h2.inbounds[0].since, t(1));
+        assert_eq!(h2.inbounds[1].since, t(9));
+        assert_eq!(h2.last_report_at, Some(t(1)));
+    }
+
+    #[test]
+    fn not_probed_inbounds_are_ready() {
+        let dp = dataplane(&[(10001, 8080)]);
+        let spec = build(&dp, &settings(false)).unwrap();
+        let h = rebase(None, &dp, &spec, t(0));
+        assert_eq!(statuses(&h), vec![Status::NotProbed]);
+        assert!(h.inbounds[0].status.is_ready());
+    }
+}

@@ -1,0 +1,182 @@
+//! `hdsd status`: the readiness table, read from the REST API.
+
+use std::fmt::Write as _;
+
+use chrono::Utc;
+
+use crate::api::{DataplaneItem, List};
+use crate::readiness::Timestamp;
+
+/// Why the API could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read {url}: {message}; is hdsd running, and is --api its api.listen address?")]
+pub struct FetchError {
+    pub url: String,
+    pub message: String,
+}
+
+/// Fetches every dataplane from the API at `base` (e.g. `http://127.0.0.1:5680`).
+pub fn fetch(base: &str) -> Result<Vec<DataplaneItem>, FetchError> {
+    let url = format!("{}/api/v1/dataplanes", base.trim_end_matches('/'));
+    let err = |message: String| FetchError {
+        url: url.clone(),
+        message,
+    };
+    let mut response = ureq::get(&url).call().map_err(|e| err(e.to_string()))?;
+    let list: List<DataplaneItem> = response
+        .body_mut()
+        .read_json()
+        .map_err(|e| err(e.to_string()))?;
+    Ok(list.items)
+}
+
+/// Renders the table: one line per inbound.
+pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
+    let mut rows = vec![[
+        "DATAPLANE".to_string(),
+        "CONNECTED".into(),
+        "INBOUND".into(),
+        "SERVICE".into(),
+        "STATUS".into(),
+        "READY".into(),
+        "SINCE".into(),
+        "LAST REPORT".into(),
+    ]];
+    for d in items {
+        let id = format!("{}.{}", d.mesh, d.name);
+        if d.inbounds.is_empty() {
+            rows.push([
+                id.clone(),
+                yes_no(d.connection.connected),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                ago(d.connection.last_report_at, now),
+            ]);
+        }
+        for i in &d.inbounds {
+            let service = i
+                .tags
+                .get("kuma.io/service")
+                .cloned()
+                .unwrap_or_else(|| "-".into());
+            rows.push([
+                id.clone(),
+                yes_no(d.connection.connected),
+                format!("{}", i.port),
+                format!(
+                    "{service} ({}:{})",
+                    fmt_ip(i.service_address),
+                    i.service_port
+                ),
+                i.health.status.clone(),
+                yes_no(i.health.ready),
+                ago(Some(i.health.since), now),
+                ago(i.health.last_report_at, now),
+            ]);
+        }
+    }
+    let widths: Vec<usize> = (0..8)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in &rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    let inbounds: usize = items.iter().map(|d| d.inbounds.len()).sum();
+    let ready: usize = items
+        .iter()
+        .flat_map(|d| &d.inbounds)
+        .filter(|i| i.health.ready)
+        .count();
+    let connected = items.iter().filter(|d| d.connection.connected).count();
+    let _ = writeln!(
+        out,
+        "\n{} dataplanes ({connected} connected), {ready}/{inbounds} inbounds ready",
+        items.len()
+    );
+    out
+}
+
+fn fmt_ip(ip: std::net::IpAddr) -> String {
+    match ip {
+        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+        v4 => v4.to_string(),
+    }
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.to_string()
+}
+
+fn ago(t: Option<Timestamp>, now: Timestamp) -> String {
+    match t {
+        None => "never".into(),
+        Some(t) => {
+            let d = (now - t).to_std().unwrap_or_default();
+            let secs = d.as_secs();
+            if secs < 1 {
+                format!("{}ms ago", d.as_millis())
+            } else if secs < 120 {
+                format!("{secs}s ago")
+            } else {
+                format!("{}m ago", secs / 60)
+            }
+        }
+    }
+}
+
+/// `render` at the current time.
+pub fn render_now(items: &[DataplaneItem]) -> String {
+    render(items, Utc::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ConnectionItem, HealthItem, InboundItem};
+    use chrono::TimeZone;
+
+    #[test]
+    fn table_has_a_line_per_inbound_and_a_summary() {
+        let t0 = Utc.timestamp_opt(1_700_000_000, 0).unwrap();
+        let item = DataplaneItem {
+            mesh: "default".into(),
+            name: "web-01".into(),
+            address: "127.0.0.1".parse().unwrap(),
+            connection: ConnectionItem {
+                connected: true,
+                connected_at: Some(t0),
+                last_report_at: Some(t0),
+            },
+            inbounds: vec![InboundItem {
+                port: 10001,
+                service_port: 8080,
+                service_address: "127.0.0.1".parse().unwrap(),
+                tags: [("kuma.io/service".to_string(), "web".to_string())].into(),
+                health: HealthItem {
+                    ready: false,
+                    status: "pending".into(),
+                    since: t0,
+                    last_report_at: None,
+                },
+            }],
+        };
+        let out = render(&[item], t0 + chrono::Duration::seconds(3));
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("DATAPLANE"));
+        assert!(lines[1].contains("default.web-01"));
+        assert!(lines[1].contains("web (127.0.0.1:8080)"));
+        assert!(lines[1].contains("pending"));
+        assert!(lines[1].contains("3s ago"));
+        assert!(lines[1].contains("never"));
+        assert!(out.contains("1 dataplanes (1 connected), 0/1 inbounds ready"));
+    }
+}
