@@ -9,6 +9,7 @@
 #![deny(rust_2018_idioms)]
 
 pub mod api;
+pub mod auth;
 pub mod bootstrap;
 pub mod clock;
 pub mod config;

@@ -1,0 +1,533 @@
+//! Signing keys: generation, the on-disk layout, and the [`KeyRing`] that
+//! holds every key this server trusts.
+//!
+//! # Layout
+//!
+//! Keys live in `<state_dir>/keys/`:
+//!
+//! * `<kid>.key.pem`: the Ed25519 private key, PKCS#8 PEM, mode 0600;
+//! * `<kid>.pub.pem`: its public key, SPKI PEM.
+//!
+//! A `<kid>.pub.pem` without a private key is loaded as a verify-only key
+//! (useful to keep accepting tokens of a key whose private half was retired).
+//! A `<kid>.key.pem` without a public file is fine: the public key is derived.
+//! Other files in the directory are ignored.
+//!
+//! # Key ids
+//!
+//! [`KeyRing::generate`] names keys `k<YYYYMMDDTHHMMSSZ>-<6 hex>`, the UTC
+//! creation time then a random suffix, e.g. `k20260101T120000Z-3fa9c2`. Kids
+//! sort lexicographically by creation time, so the *newest* local private key
+//! (the one that signs) is the greatest kid. Two keys made within the same
+//! second order by their random suffix. Kids of keys copied in by hand can be
+//! anything; they take part in the same lexicographic ordering.
+//!
+//! # Rotation
+//!
+//! `hdsd token keygen` (a new, newer key: new tokens are signed with it), then
+//! reissue the tokens, then delete the old key's two files. While both keys
+//! are present, tokens of either verify; once the old files are gone, tokens
+//! signed by it are rejected as [`Rejection::UnknownKey`](super::Rejection).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
+use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
+use ed25519_dalek::{SigningKey, VerifyingKey};
+use jsonwebtoken::{DecodingKey, EncodingKey};
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+
+/// Name of the key directory inside the state directory.
+pub const KEYS_DIR: &str = "keys";
+/// File-name suffix of a private key (`<kid>.key.pem`).
+pub const PRIVATE_SUFFIX: &str = ".key.pem";
+/// File-name suffix of a public key (`<kid>.pub.pem`).
+pub const PUBLIC_SUFFIX: &str = ".pub.pem";
+
+/// An additional trusted public key from the configuration
+/// (`auth.public_keys = [{kid, path}]`), e.g. the key of another hdsd that
+/// issues tokens for the same dataplanes. Verify-only: never used to sign.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtraPublicKey {
+    /// The key id that tokens signed by this key carry in their `kid` header.
+    pub kid: String,
+    /// An Ed25519 public key in SPKI PEM (`-----BEGIN PUBLIC KEY-----`).
+    pub path: PathBuf,
+}
+
+/// A key pair written by [`KeyRing::generate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GeneratedKey {
+    /// The new key id.
+    pub kid: String,
+    /// `<state_dir>/keys/<kid>.key.pem` (mode 0600).
+    pub private_path: PathBuf,
+    /// `<state_dir>/keys/<kid>.pub.pem`.
+    pub public_path: PathBuf,
+}
+
+/// Why keys could not be generated or loaded. The messages name the file and
+/// what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// A file-system operation failed.
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        /// What was being done, e.g. "read", "create".
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// [`KeyRing::generate`] found a file with the new key's name.
+    #[error("key file {path} already exists; refusing to overwrite it")]
+    AlreadyExists {
+        /// The existing file.
+        path: PathBuf,
+    },
+    /// A private key file is not an Ed25519 PKCS#8 PEM key.
+    #[error("{path} is not an Ed25519 private key in PKCS#8 PEM (-----BEGIN PRIVATE KEY-----): {detail}")]
+    BadPrivateKey {
+        /// The file.
+        path: PathBuf,
+        /// The parser's complaint.
+        detail: String,
+    },
+    /// A public key file is not an Ed25519 SPKI PEM key, or is a weak key.
+    #[error("{path} is not a usable Ed25519 public key in SPKI PEM (-----BEGIN PUBLIC KEY-----): {detail}")]
+    BadPublicKey {
+        /// The file.
+        path: PathBuf,
+        /// The parser's complaint.
+        detail: String,
+    },
+    /// `<kid>.pub.pem` is not the public half of `<kid>.key.pem`.
+    #[error("{public} is not the public key of {private}; delete {public} (it is re-derived from the private key) or restore the right one")]
+    KeyMismatch {
+        /// The private key file.
+        private: PathBuf,
+        /// The public key file that does not match.
+        public: PathBuf,
+    },
+    /// Two trusted keys claim the same kid.
+    #[error("key id {kid:?} is used by both {first} and {second}; every key needs its own kid")]
+    DuplicateKid {
+        /// The kid.
+        kid: String,
+        /// Where it was seen first.
+        first: PathBuf,
+        /// Where it was seen again.
+        second: PathBuf,
+    },
+    /// A configured kid is empty or contains characters a kid may not.
+    #[error(
+        "key id {kid:?} for {path} is invalid: use 1-128 printable ASCII characters, no spaces"
+    )]
+    InvalidKid {
+        /// The kid.
+        kid: String,
+        /// The key file it names.
+        path: PathBuf,
+    },
+    /// PEM/DER encoding of a freshly generated key failed (should not happen).
+    #[error("cannot encode the new key: {0}")]
+    Encode(String),
+}
+
+/// A key that verifies tokens.
+#[derive(Clone)]
+struct Verifier {
+    key: DecodingKey,
+    source: PathBuf,
+}
+
+/// The key that signs new tokens.
+struct Signer {
+    kid: String,
+    key: EncodingKey,
+}
+
+/// The loaded keys: every trusted public key by kid, and the newest local
+/// private key (if any) for signing.
+pub struct KeyRing {
+    keys_dir: PathBuf,
+    verifiers: BTreeMap<String, Verifier>,
+    signer: Option<Signer>,
+    warnings: Vec<String>,
+}
+
+impl fmt::Debug for KeyRing {
+    /// Kids only: never key material.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyRing")
+            .field("keys_dir", &self.keys_dir)
+            .field("kids", &self.kids())
+            .field("signing_kid", &self.signing_kid())
+            .finish()
+    }
+}
+
+impl KeyRing {
+    /// A ring with no keys: verifies nothing, signs nothing.
+    pub fn empty(state_dir: &Path) -> KeyRing {
+        KeyRing {
+            keys_dir: state_dir.join(KEYS_DIR),
+            verifiers: BTreeMap::new(),
+            signer: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Loads `<state_dir>/keys/*.{key,pub}.pem` and the `extra` public keys.
+    ///
+    /// A missing keys directory gives an empty local set (not an error). Any
+    /// unreadable or invalid key file, a public file that does not match its
+    /// private key, or a kid used twice is an error: a server should not start
+    /// with a key set other than the one the operator meant.
+    pub fn load(state_dir: &Path, extra: &[ExtraPublicKey]) -> Result<KeyRing, KeyError> {
+        let mut ring = KeyRing::empty(state_dir);
+        let (privates, publics) = list_key_files(&ring.keys_dir)?;
+
+        let mut newest: Option<(String, SigningKey)> = None;
+        for (kid, path) in &privates {
+            let signing = read_private(path)?;
+            let derived = signing.verifying_key();
+            if let Some(pub_path) = publics.get(kid) {
+                if read_public(pub_path)? != derived {
+                    return Err(KeyError::KeyMismatch {
+                        private: path.clone(),
+                        public: pub_path.clone(),
+                    });
+                }
+            }
+            if let Some(mode) = loose_mode(path) {
+                ring.warnings.push(format!(
+                    "private key {} has mode {mode:04o}: other users may read it; run `chmod 600 {}`",
+                    path.display(),
+                    path.display()
+                ));
+            }
+            ring.verifiers.insert(
+                kid.clone(),
+                Verifier {
+                    key: DecodingKey::from_ed_der(derived.as_bytes()),
+                    source: path.clone(),
+                },
+            );
+            // BTreeMap iteration is in kid order: the last one is the newest.
+            newest = Some((kid.clone(), signing));
+        }
+        for (kid, path) in &publics {
+            if privates.contains_key(kid) {
+                continue;
+            }
+            let key = read_public(path)?;
+            ring.insert_verifier(kid, key, path)?;
+        }
+        for extra in extra {
+            if !valid_kid(&extra.kid) {
+                return Err(KeyError::InvalidKid {
+                    kid: extra.kid.clone(),
+                    path: extra.path.clone(),
+                });
+            }
+            let key = read_public(&extra.path)?;
+            ring.insert_verifier(&extra.kid, key, &extra.path)?;
+        }
+
+        if let Some((kid, signing)) = newest {
+            let der = signing
+                .to_pkcs8_der()
+                .map_err(|e| KeyError::Encode(e.to_string()))?;
+            ring.signer = Some(Signer {
+                kid,
+                key: EncodingKey::from_ed_der(der.as_bytes()),
+            });
+        }
+        Ok(ring)
+    }
+
+    /// Creates a new key pair under `<state_dir>/keys/` (creating the
+    /// directory with mode 0700 if needed) and returns its kid and paths.
+    /// Once loaded, it is the newest key, so it signs new tokens. Never
+    /// overwrites an existing file.
+    pub fn generate(state_dir: &Path, now: DateTime<Utc>) -> Result<GeneratedKey, KeyError> {
+        let mut suffix = [0u8; 3];
+        rand::rngs::OsRng.fill_bytes(&mut suffix);
+        let kid = format!("k{}-{}", now.format("%Y%m%dT%H%M%SZ"), hex(&suffix));
+        generate_with_kid(state_dir, &kid)
+    }
+
+    /// Generates a key only if `<state_dir>/keys/` holds no private key yet
+    /// (first start). Returns the new key, or `None` when one already exists.
+    /// Does not validate existing keys: [`KeyRing::load`] does.
+    pub fn ensure(state_dir: &Path, now: DateTime<Utc>) -> Result<Option<GeneratedKey>, KeyError> {
+        let (privates, _) = list_key_files(&state_dir.join(KEYS_DIR))?;
+        if privates.is_empty() {
+            KeyRing::generate(state_dir, now).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Every trusted kid (local and extra), sorted.
+    pub fn kids(&self) -> Vec<String> {
+        self.verifiers.keys().cloned().collect()
+    }
+
+    /// The kid that [`KeyRing::issue`] signs with: the newest local private key.
+    pub fn signing_kid(&self) -> Option<&str> {
+        self.signer.as_ref().map(|s| s.kid.as_str())
+    }
+
+    /// Where the public key of `kid` was loaded from, if it is trusted.
+    pub fn key_source(&self, kid: &str) -> Option<&Path> {
+        self.verifiers.get(kid).map(|v| v.source.as_path())
+    }
+
+    /// `<state_dir>/keys`, where local keys are read and written.
+    pub fn keys_dir(&self) -> &Path {
+        &self.keys_dir
+    }
+
+    /// Non-fatal problems found while loading (e.g. a private key readable by
+    /// other users), for the server to log.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    pub(super) fn signer(&self) -> Option<(&str, &EncodingKey)> {
+        self.signer.as_ref().map(|s| (s.kid.as_str(), &s.key))
+    }
+
+    pub(super) fn decoding_key(&self, kid: &str) -> Option<&DecodingKey> {
+        self.verifiers.get(kid).map(|v| &v.key)
+    }
+
+    fn insert_verifier(
+        &mut self,
+        kid: &str,
+        key: VerifyingKey,
+        path: &Path,
+    ) -> Result<(), KeyError> {
+        if let Some(existing) = self.verifiers.get(kid) {
+            return Err(KeyError::DuplicateKid {
+                kid: kid.to_string(),
+                first: existing.source.clone(),
+                second: path.to_path_buf(),
+            });
+        }
+        self.verifiers.insert(
+            kid.to_string(),
+            Verifier {
+                key: DecodingKey::from_ed_der(key.as_bytes()),
+                source: path.to_path_buf(),
+            },
+        );
+        Ok(())
+    }
+}
+
+/// Writes a new key pair named `kid`; fails with [`KeyError::AlreadyExists`]
+/// rather than overwrite.
+pub(super) fn generate_with_kid(state_dir: &Path, kid: &str) -> Result<GeneratedKey, KeyError> {
+    let dir = state_dir.join(KEYS_DIR);
+    create_private_dir(&dir)?;
+    let private_path = dir.join(format!("{kid}{PRIVATE_SUFFIX}"));
+    let public_path = dir.join(format!("{kid}{PUBLIC_SUFFIX}"));
+    if public_path.exists() {
+        return Err(KeyError::AlreadyExists { path: public_path });
+    }
+
+    let signing = SigningKey::generate(&mut rand::rngs::OsRng);
+    let private_pem = signing
+        .to_pkcs8_pem(LineEnding::LF)
+        .map_err(|e| KeyError::Encode(e.to_string()))?;
+    let public_pem = signing
+        .verifying_key()
+        .to_public_key_pem(LineEnding::LF)
+        .map_err(|e| KeyError::Encode(e.to_string()))?;
+
+    write_new(&private_path, private_pem.as_bytes(), 0o600)?;
+    if let Err(e) = write_new(&public_path, public_pem.as_bytes(), 0o644) {
+        // Leave no half-written pair behind.
+        let _ = fs::remove_file(&private_path);
+        return Err(e);
+    }
+    Ok(GeneratedKey {
+        kid: kid.to_string(),
+        private_path,
+        public_path,
+    })
+}
+
+/// `(private kid -> path, public kid -> path)` in `dir`; both empty if `dir`
+/// does not exist.
+#[allow(clippy::type_complexity)]
+fn list_key_files(
+    dir: &Path,
+) -> Result<(BTreeMap<String, PathBuf>, BTreeMap<String, PathBuf>), KeyError> {
+    let mut privates = BTreeMap::new();
+    let mut publics = BTreeMap::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((privates, publics)),
+        Err(source) => {
+            return Err(KeyError::Io {
+                action: "read directory",
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+    };
+    for entry in entries {
+        let entry = entry.map_err(|source| KeyError::Io {
+            action: "read directory",
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        let path = entry.path();
+        if !path.is_file() {
+            continue;
+        }
+        if let Some(kid) = name.strip_suffix(PRIVATE_SUFFIX) {
+            if !kid.is_empty() {
+                privates.insert(kid.to_string(), path);
+            }
+        } else if let Some(kid) = name.strip_suffix(PUBLIC_SUFFIX) {
+            if !kid.is_empty() {
+                publics.insert(kid.to_string(), path);
+            }
+        }
+    }
+    Ok((privates, publics))
+}
+
+fn read_to_string(path: &Path) -> Result<String, KeyError> {
+    fs::read_to_string(path).map_err(|source| KeyError::Io {
+        action: "read",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn read_private(path: &Path) -> Result<SigningKey, KeyError> {
+    let pem = zeroize::Zeroizing::new(read_to_string(path)?);
+    SigningKey::from_pkcs8_pem(&pem).map_err(|e| KeyError::BadPrivateKey {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })
+}
+
+fn read_public(path: &Path) -> Result<VerifyingKey, KeyError> {
+    let pem = read_to_string(path)?;
+    let key = VerifyingKey::from_public_key_pem(&pem).map_err(|e| KeyError::BadPublicKey {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })?;
+    if key.is_weak() {
+        return Err(KeyError::BadPublicKey {
+            path: path.to_path_buf(),
+            detail: "weak (small-order) key".into(),
+        });
+    }
+    Ok(key)
+}
+
+/// A kid from configuration: 1-128 visible ASCII characters.
+fn valid_kid(kid: &str) -> bool {
+    !kid.is_empty() && kid.len() <= 128 && kid.bytes().all(|b| b.is_ascii_graphic())
+}
+
+pub(super) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+#[cfg(unix)]
+fn create_private_dir(dir: &Path) -> Result<(), KeyError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| KeyError::Io {
+            action: "create directory",
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+#[cfg(not(unix))]
+fn create_private_dir(dir: &Path) -> Result<(), KeyError> {
+    fs::create_dir_all(dir).map_err(|source| KeyError::Io {
+        action: "create directory",
+        path: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// Creates `path` (which must not exist) with `mode` and writes `contents`.
+fn write_new(path: &Path, contents: &[u8], mode: u32) -> Result<(), KeyError> {
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(mode);
+    }
+    #[cfg(not(unix))]
+    let _ = mode;
+    let mut file = options.open(path).map_err(|source| {
+        if source.kind() == io::ErrorKind::AlreadyExists {
+            KeyError::AlreadyExists {
+                path: path.to_path_buf(),
+            }
+        } else {
+            KeyError::Io {
+                action: "create",
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    })?;
+    file.write_all(contents)
+        .and_then(|()| file.sync_all())
+        .map_err(|source| KeyError::Io {
+            action: "write",
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// The file's permission bits if group or others have any access.
+#[cfg(unix)]
+fn loose_mode(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    (mode & 0o077 != 0).then_some(mode)
+}
+
+#[cfg(not(unix))]
+fn loose_mode(_path: &Path) -> Option<u32> {
+    None
+}
