@@ -344,6 +344,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API returns its own error type
     fn env_overrides_file() {
         // figment::Jail isolates the environment for the duration of the closure.
         figment::Jail::expect_with(|jail| {

@@ -48,7 +48,7 @@ enum Command {
     /// Print the readiness table from a running hdsd.
     Status {
         /// hdsd's REST API.
-        #[arg(long, default_value = "http://127.0.0.1:5680", env = "HDSD_API")]
+        #[arg(long, default_value = "http://127.0.0.1:5680")]
         api: String,
         /// Refresh the table in place every second.
         #[arg(long)]

@@ -297,7 +297,8 @@ mod tests {
         let a = "probe_127.0.0.1:8080";
         let b = "probe_127.0.0.1:9090";
         // (reports in order, expected statuses after the last one)
-        let table: Vec<(Vec<Vec<(&str, u16, i32)>>, Vec<Status>)> = vec![
+        type Reports<'a> = Vec<Vec<(&'a str, u16, i32)>>;
+        let table: Vec<(Reports<'_>, Vec<Status>)> = vec![
             (vec![], vec![Pending, Pending]),
             (vec![vec![]], vec![Pending, Pending]),
             (vec![vec![(a, 8080, H)]], vec![Healthy, Pending]),

