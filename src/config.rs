@@ -23,7 +23,43 @@ pub struct Config {
     pub dataplanes: DataplanesConfig,
     /// Directory for hdsd's own state (keys, revocations, readiness store).
     pub state_dir: PathBuf,
+    pub auth: AuthConfig,
     pub log: LogConfig,
+}
+
+/// How dataplanes prove who they are.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    pub mode: AuthMode,
+    /// The longest validity `hdsd token issue` grants.
+    #[serde(with = "humantime_serde")]
+    pub max_token_validity: Duration,
+    /// The revocation list (one token id per line); default `<state_dir>/revoked-tokens`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revocations: Option<PathBuf>,
+    /// Public keys of other issuers whose tokens are accepted.
+    pub public_keys: Vec<crate::auth::ExtraPublicKey>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// Every stream must present a valid dataplane token.
+    Token,
+    /// No authentication: any client may claim any dataplane. For trusted networks only.
+    None,
+}
+
+/// PEM files that turn TLS on for a listener.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Require client certificates signed by this CA (mutual TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,6 +79,9 @@ pub struct HdsConfig {
     /// Probe every inbound (true), or only inbounds with a `serviceProbe` (false,
     /// Kuma's behaviour).
     pub probe_all_inbounds: bool,
+    /// TLS for the HDS listener; plaintext when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -63,6 +102,11 @@ pub struct CheckConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ApiConfig {
     pub listen: SocketAddr,
+    /// TLS for the REST API; plaintext when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+    /// Static bearer tokens for the REST API (required when it listens beyond loopback).
+    pub tokens: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -93,6 +137,7 @@ impl Default for Config {
             api: ApiConfig::default(),
             dataplanes: DataplanesConfig::default(),
             state_dir: PathBuf::from("./hdsd-data"),
+            auth: AuthConfig::default(),
             log: LogConfig::default(),
         }
     }
@@ -106,7 +151,28 @@ impl Default for HdsConfig {
             unknown_dataplane_grace: Duration::from_secs(30),
             check: CheckConfig::default(),
             probe_all_inbounds: true,
+            tls: None,
         }
+    }
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            mode: AuthMode::Token,
+            max_token_validity: Duration::from_secs(8760 * 3600),
+            revocations: None,
+            public_keys: Vec::new(),
+        }
+    }
+}
+
+impl AuthConfig {
+    /// The revocation list in force.
+    pub fn revocations_path(&self, state_dir: &Path) -> PathBuf {
+        self.revocations
+            .clone()
+            .unwrap_or_else(|| state_dir.join("revoked-tokens"))
     }
 }
 
@@ -126,6 +192,8 @@ impl Default for ApiConfig {
     fn default() -> Self {
         ApiConfig {
             listen: "127.0.0.1:5680".parse().expect("valid literal"),
+            tls: None,
+            tokens: Vec::new(),
         }
     }
 }
@@ -223,6 +291,32 @@ impl Config {
         for e in self.hds.check.probe_settings().validate() {
             problems.push(format!("hds.check: {e}"));
         }
+        if self.auth.max_token_validity.is_zero() {
+            problems.push("auth.max_token_validity must be > 0 (e.g. 8760h)".to_string());
+        }
+        if !self.api.listen.ip().is_loopback() && self.api.tokens.is_empty() {
+            problems.push(format!(
+                "api.listen is {}, reachable from other machines, but api.tokens is empty; add at least one bearer token to api.tokens (or HDSD_API__TOKENS) or listen on 127.0.0.1",
+                self.api.listen
+            ));
+        }
+        for (key, tls) in [("hds.tls", &self.hds.tls), ("api.tls", &self.api.tls)] {
+            let Some(tls) = tls else { continue };
+            for (field, path) in [
+                ("cert", Some(&tls.cert)),
+                ("key", Some(&tls.key)),
+                ("client_ca", tls.client_ca.as_ref()),
+            ] {
+                if let Some(path) = path {
+                    if !path.is_file() {
+                        problems.push(format!(
+                            "{key}.{field}: {} is not a readable file",
+                            path.display()
+                        ));
+                    }
+                }
+            }
+        }
         problems
     }
 }
@@ -274,9 +368,34 @@ healthy_threshold = 1
 # Consecutive failures before an inbound is unhealthy.
 unhealthy_threshold = 2
 
+# TLS for the HDS listener (PEM files, reloaded when they change). Plaintext when absent.
+# [hds.tls]
+# cert = "/etc/hdsd/tls/server.pem"
+# key = "/etc/hdsd/tls/server.key"
+# Require client certificates signed by this CA (mutual TLS).
+# client_ca = "/etc/hdsd/tls/clients-ca.pem"
+
+[auth]
+# "token": every Envoy must present a dataplane token (gRPC metadata `authorization`).
+# "none": no authentication; any client may claim any dataplane (trusted networks only).
+mode = "token"
+# The longest validity `hdsd token issue --valid-for` may grant.
+max_token_validity = "365days"
+# Revoked token ids, one per line; default: <state_dir>/revoked-tokens. Reloaded while running.
+# revocations = "./hdsd-data/revoked-tokens"
+# Public keys of other issuers whose tokens are accepted, e.g.
+# public_keys = [{ kid = "issuer-1", path = "/etc/hdsd/issuer-1.pub.pem" }]
+public_keys = []
+
 [api]
-# Address of the REST API (and /healthz, /readyz).
+# Address of the REST API, /metrics, /healthz and /readyz.
 listen = "127.0.0.1:5680"
+# Static bearer tokens for the REST API; required when api.listen is not loopback.
+tokens = []
+# TLS for the REST API, same keys as [hds.tls].
+# [api.tls]
+# cert = "/etc/hdsd/tls/api.pem"
+# key = "/etc/hdsd/tls/api.key"
 
 [dataplanes]
 # Directory of Dataplane YAML files (*.yaml, *.yml), watched for changes.

@@ -60,6 +60,8 @@ pub struct HdsdOptions {
     pub check_timeout: &'static str,
     pub unhealthy_threshold: u32,
     pub grace: &'static str,
+    /// `auth.mode`: "none" unless a test is about tokens.
+    pub auth_mode: &'static str,
     /// Extra TOML appended to the config file.
     pub extra: String,
 }
@@ -72,6 +74,7 @@ impl Default for HdsdOptions {
             check_timeout: "100ms",
             unhealthy_threshold: 2,
             grace: "30s",
+            auth_mode: "none",
             extra: String::new(),
         }
     }
@@ -116,7 +119,7 @@ impl Hdsd {
     fn spawn(&mut self) {
         let o = &self.options;
         let config = format!(
-            "state_dir = {state:?}\n\n[hds]\nlisten = \"{hds}\"\nreport_interval = \"{ri}\"\nunknown_dataplane_grace = \"{grace}\"\n\n[hds.check]\ninterval = \"{ci}\"\ntimeout = \"{ct}\"\nunhealthy_threshold = {ut}\n\n[api]\nlisten = \"{api}\"\n\n[dataplanes]\ndir = {dps:?}\n\n[log]\nlevel = \"info,hdsd=debug\"\n\n{extra}\n",
+            "state_dir = {state:?}\n\n[hds]\nlisten = \"{hds}\"\nreport_interval = \"{ri}\"\nunknown_dataplane_grace = \"{grace}\"\n\n[hds.check]\ninterval = \"{ci}\"\ntimeout = \"{ct}\"\nunhealthy_threshold = {ut}\n\n[api]\nlisten = \"{api}\"\n\n[dataplanes]\ndir = {dps:?}\n\n[auth]\nmode = \"{auth}\"\n\n[log]\nlevel = \"info,hdsd=debug\"\n\n{extra}\n",
             state = self.dir.path().join("state").display().to_string(),
             hds = self.hds,
             ri = o.report_interval,
@@ -126,6 +129,7 @@ impl Hdsd {
             ut = o.unhealthy_threshold,
             api = self.api,
             dps = self.dataplanes_dir().display().to_string(),
+            auth = o.auth_mode,
             extra = o.extra,
         );
         std::fs::write(self.config_path(), config).unwrap();
