@@ -30,13 +30,24 @@ pub struct ApiState {
     pub ready: Arc<AtomicBool>,
     /// Extra lines for `/readyz`'s body (e.g. warnings about the setup).
     pub notes: Arc<Vec<String>>,
+    /// Renders `/metrics`; absent when metrics are off (tests of the router alone).
+    pub metrics: Option<crate::metrics::Scrape>,
+    /// Bearer tokens that `/api/*` requires; empty means open (loopback only).
+    pub tokens: Arc<Vec<String>>,
 }
 
 pub fn router(state: ApiState) -> Router {
-    Router::new()
+    let api = Router::new()
         .route("/api/v1/dataplanes", get(list_dataplanes))
         .route("/api/v1/dataplanes/{mesh}/{name}", get(get_dataplane))
         .route("/api/v1/sources", get(sources))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_token,
+        ));
+    Router::new()
+        .merge(api)
+        .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .fallback(|| async {
@@ -234,6 +245,62 @@ async fn readyz(State(s): State<ApiState>) -> Response {
         body.push('\n');
     }
     body.into_response()
+}
+
+async fn metrics(State(s): State<ApiState>) -> Response {
+    match s.metrics {
+        Some(scrape) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            scrape.render(),
+        )
+            .into_response(),
+        None => error(StatusCode::NOT_FOUND, "metrics are not enabled"),
+    }
+}
+
+/// `/api/*` needs `Authorization: Bearer <one of api.tokens>` when tokens are configured.
+async fn require_token(
+    State(s): State<ApiState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if s.tokens.is_empty() {
+        return next.run(request).await;
+    }
+    let presented = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    match presented {
+        Some(t)
+            if s.tokens
+                .iter()
+                .any(|known| constant_time_eq(known.as_bytes(), t.as_bytes())) =>
+        {
+            next.run(request).await
+        }
+        Some(_) => error(
+            StatusCode::UNAUTHORIZED,
+            "invalid API token; use one of api.tokens",
+        ),
+        None => error(
+            StatusCode::UNAUTHORIZED,
+            "this API needs a token: send `Authorization: Bearer <token>` with one of api.tokens",
+        ),
+    }
+}
+
+/// Compares without an early exit, so timing does not reveal a token's prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn error(code: StatusCode, message: &str) -> Response {

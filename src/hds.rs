@@ -21,7 +21,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::Instrument;
 
+use crate::auth::{authorize, Claims, Gate, Rejection};
+use crate::clock::Clock;
 use crate::dataplane::DataplaneId;
+use crate::metrics::{self as m, ActiveStream, CloseReason};
 use crate::registry::{Command, DataplaneHandle, DataplaneState, Registry, StreamId};
 use crate::specifier::Specifier;
 
@@ -38,19 +41,36 @@ pub struct HdsSettings {
 pub struct HdsService {
     registry: Registry,
     settings: Arc<HdsSettings>,
+    gate: Arc<Gate>,
+    clock: Arc<dyn Clock>,
     next_stream: AtomicU64,
     /// Becomes true when hdsd shuts down: every stream ends.
     drain: watch::Receiver<bool>,
 }
 
 impl HdsService {
-    pub fn new(registry: Registry, settings: HdsSettings, drain: watch::Receiver<bool>) -> Self {
+    pub fn new(
+        registry: Registry,
+        settings: HdsSettings,
+        gate: Arc<Gate>,
+        clock: Arc<dyn Clock>,
+        drain: watch::Receiver<bool>,
+    ) -> Self {
         HdsService {
             registry,
             settings: Arc::new(settings),
+            gate,
+            clock,
             next_stream: AtomicU64::new(1),
             drain,
         }
+    }
+
+    /// Checks the token a request carries, before any message is trusted.
+    fn admit<T>(&self, request: &Request<T>) -> Result<Option<Claims>, Status> {
+        self.gate
+            .authenticate(request.metadata(), self.clock.now())
+            .map_err(|r| refuse(&r, request.remote_addr(), None))
     }
 
     pub fn into_server(self) -> HealthDiscoveryServiceServer<Self> {
@@ -69,6 +89,13 @@ impl HealthDiscoveryService for HdsService {
         &self,
         request: Request<Streaming<HealthCheckRequestOrEndpointHealthResponse>>,
     ) -> Result<Response<Self::StreamHealthCheckStream>, Status> {
+        let claims = match self.admit(&request) {
+            Ok(claims) => claims,
+            Err(status) => {
+                m::stream_closed(CloseReason::Unauthenticated);
+                return Err(status);
+            }
+        };
         let peer = request.remote_addr();
         let stream_id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(4);
@@ -77,15 +104,20 @@ impl HealthDiscoveryService for HdsService {
             peer,
             registry: self.registry.clone(),
             settings: self.settings.clone(),
+            gate: self.gate.clone(),
+            clock: self.clock.clone(),
+            claims,
             out: tx,
         };
         let mut drain = self.drain.clone();
         let out = session.out.clone();
         let inbound = request.into_inner();
         tokio::spawn(async move {
+            let _active = ActiveStream::new();
             tokio::select! {
                 () = session.run(inbound) => {}
                 () = drained(&mut drain) => {
+                    m::stream_closed(CloseReason::Shutdown);
                     let _ = out.send(Err(Status::unavailable("hdsd is shutting down; reconnect"))).await;
                 }
             }
@@ -97,6 +129,8 @@ impl HealthDiscoveryService for HdsService {
         &self,
         request: Request<HealthCheckRequestOrEndpointHealthResponse>,
     ) -> Result<Response<HealthCheckSpecifier>, Status> {
+        let claims = self.admit(&request)?;
+        let peer = request.remote_addr();
         let id = match request.into_inner().request_type {
             Some(RequestType::HealthCheckRequest(r)) => node_id(&r)?,
             _ => {
@@ -107,12 +141,43 @@ impl HealthDiscoveryService for HdsService {
         };
         let handle = self
             .registry
-            .get(&id)
+            .get_defined(&id)
             .ok_or_else(|| not_found(&id, &self.settings))?;
+        if let Some(claims) = &claims {
+            authorize_for(claims, &id, &handle.state()).map_err(|r| refuse(&r, peer, Some(&id)))?;
+        }
         Ok(Response::new(
             current_specifier(&handle.state(), &self.settings).message,
         ))
     }
+}
+
+/// Logs and counts an authentication or authorization failure; the status
+/// carries the short message only, the detail goes to the log.
+fn refuse(r: &Rejection, peer: Option<SocketAddr>, node: Option<&DataplaneId>) -> Status {
+    metrics::counter!(m::AUTH_FAILURES, "reason" => r.reason()).increment(1);
+    tracing::warn!(
+        peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
+        node = %node.map(|n| n.to_string()).unwrap_or_default(),
+        reason = r.reason(),
+        "stream refused: {}",
+        r.detail()
+    );
+    r.to_status()
+}
+
+/// The token must name this dataplane, and its tags must be on its inbounds.
+fn authorize_for(
+    claims: &Claims,
+    id: &DataplaneId,
+    state: &DataplaneState,
+) -> Result<(), Rejection> {
+    let tags: Vec<_> = state
+        .defined
+        .iter()
+        .flat_map(|d| d.dataplane.inbounds.iter().map(|i| &i.tags))
+        .collect();
+    authorize(claims, &id.mesh, &id.name, &tags)
 }
 
 /// The dataplane id in a `HealthCheckRequest`, or INVALID_ARGUMENT saying what is missing.
@@ -166,6 +231,10 @@ struct Session {
     peer: Option<SocketAddr>,
     registry: Registry,
     settings: Arc<HdsSettings>,
+    gate: Arc<Gate>,
+    clock: Arc<dyn Clock>,
+    /// The verified token, when auth is on.
+    claims: Option<Claims>,
     out: mpsc::Sender<Result<HealthCheckSpecifier, Status>>,
 }
 
@@ -191,7 +260,21 @@ impl Session {
     ) -> Result<DataplaneId, End> {
         match inbound.message().await {
             Ok(Some(msg)) => match msg.request_type {
-                Some(RequestType::HealthCheckRequest(r)) => Ok(node_id(&r)?),
+                Some(RequestType::HealthCheckRequest(r)) => {
+                    metrics::counter!(m::HEALTH_CHECK_REQUESTS).increment(1);
+                    let id = node_id(&r)?;
+                    // Bind the token to the node id before anything else happens.
+                    if let Some(c) = &self.claims {
+                        if c.mesh != id.mesh || c.name != id.name {
+                            let r = Rejection::WrongIdentity {
+                                token: c.identity(),
+                                node: id.to_string(),
+                            };
+                            return Err(refuse(&r, self.peer, Some(&id)).into());
+                        }
+                    }
+                    Ok(id)
+                }
                 Some(RequestType::EndpointHealthResponse(_)) => Err(Status::failed_precondition(
                     "a health report arrived before any HealthCheckRequest; the first message of a stream must be a HealthCheckRequest with node.id",
                 )
@@ -218,6 +301,11 @@ impl Session {
             Err(end) => return end,
         };
         loop {
+            if let Some(c) = &self.claims {
+                if let Err(r) = authorize_for(c, id, &handle.state()) {
+                    return refuse(&r, self.peer, Some(id)).into();
+                }
+            }
             match self.pump(id, &handle, inbound).await {
                 Pump::End(end) => return end,
                 Pump::Removed => {
@@ -255,9 +343,11 @@ impl Session {
                 found = &mut found => {
                     return found.ok_or_else(|| not_found(id, &self.settings).into());
                 }
+                end = self.token_invalidated() => return Err(end),
                 msg = inbound.message() => match msg {
-                    Ok(Some(m)) => {
-                        if let Some(RequestType::HealthCheckRequest(r)) = &m.request_type {
+                    Ok(Some(msg)) => {
+                        if let Some(RequestType::HealthCheckRequest(r)) = &msg.request_type {
+                            metrics::counter!(m::HEALTH_CHECK_REQUESTS).increment(1);
                             check_same_node(id, r)?;
                         }
                         // Reports without a specifier have nothing to match; drop them.
@@ -329,9 +419,11 @@ impl Session {
                         }
                     }
                 }
+                end = self.token_invalidated() => return Pump::End(end),
                 msg = inbound.message() => match msg {
-                    Ok(Some(m)) => match m.request_type {
+                    Ok(Some(msg)) => match msg.request_type {
                         Some(RequestType::HealthCheckRequest(r)) => {
+                            metrics::counter!(m::HEALTH_CHECK_REQUESTS).increment(1);
                             if let Err(s) = check_same_node(id, &r) {
                                 return Pump::End(s.into());
                             }
@@ -343,6 +435,7 @@ impl Session {
                             sent_version = snapshot.version;
                         }
                         Some(RequestType::EndpointHealthResponse(report)) => {
+                            metrics::counter!(m::REPORTS).increment(1);
                             if !handle.send(Command::Report { stream: self.id, report: Box::new(report) }).await {
                                 return Pump::Removed;
                             }
@@ -368,13 +461,47 @@ impl Session {
         self.out
             .send(Ok(spec.message))
             .await
-            .map_err(|_| End::Closed)
+            .map_err(|_| End::Closed)?;
+        metrics::counter!(m::SPECIFIERS_SENT).increment(1);
+        Ok(())
+    }
+
+    /// Completes when the stream's token expires or is revoked; never when
+    /// auth is off.
+    async fn token_invalidated(&self) -> End {
+        let Some(claims) = &self.claims else {
+            return std::future::pending().await;
+        };
+        let left = (claims.exp - self.clock.now().timestamp()).max(0);
+        let expiry = Instant::now() + Duration::from_secs(left.unsigned_abs());
+        let mut reloads = self.gate.subscribe();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(expiry) => {
+                    let r = Rejection::Expired { at: claims.expires_at().unwrap_or_default() };
+                    return refuse(&r, self.peer, None).into();
+                }
+                changed = reloads.changed() => {
+                    if changed.is_err() {
+                        return std::future::pending().await;
+                    }
+                    if self.gate.is_revoked(&claims.jti) {
+                        let r = Rejection::Revoked { jti: claims.jti.clone() };
+                        return refuse(&r, self.peer, None).into();
+                    }
+                }
+            }
+        }
     }
 
     async fn finish(&self, end: End, peer: &str) {
         match end {
-            End::Closed => tracing::info!(peer, "stream closed by the client"),
+            End::Closed => {
+                m::stream_closed(CloseReason::Ok);
+                tracing::info!(peer, "stream closed by the client");
+            }
             End::Status(status) => {
+                m::stream_closed(CloseReason::from_code(status.code()));
                 tracing::warn!(peer, code = ?status.code(), "ending stream: {}", status.message());
                 let _ = self.out.send(Err(status)).await;
             }

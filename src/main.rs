@@ -40,6 +40,14 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Dataplane tokens: create keys, issue, inspect and revoke tokens.
+    Token {
+        /// Config file; tokens use its state_dir and auth settings.
+        #[arg(long, short, global = true)]
+        config: Option<PathBuf>,
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
     /// Configuration helpers.
     Config {
         #[command(subcommand)]
@@ -82,6 +90,36 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+enum TokenCommand {
+    /// Create a new signing key pair under <state_dir>/keys (never overwrites).
+    Keygen,
+    /// Print a token for one dataplane, signed with the newest key.
+    Issue {
+        #[arg(long)]
+        mesh: String,
+        #[arg(long)]
+        name: String,
+        /// How long the token is valid (at most auth.max_token_validity).
+        #[arg(long, default_value = "720h", value_parser = humantime::parse_duration)]
+        valid_for: Duration,
+        /// A tag the dataplane must carry on one of its inbounds (repeatable): k=v.
+        #[arg(long = "tag", value_parser = parse_tag)]
+        tags: Vec<(String, String)>,
+    },
+    /// Print a token's claims and whether this server would accept it.
+    Inspect { token: String },
+    /// Revoke a token by its id (jti); running servers end its streams within a second.
+    Revoke { jti: String },
+}
+
+fn parse_tag(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("tag {s:?} is not key=value")),
+    }
+}
+
+#[derive(Subcommand)]
 enum ConfigCommand {
     /// Print the complete default configuration, with a comment per key.
     Defaults,
@@ -109,6 +147,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { api, watch } => status(&api, watch),
+        Command::Token { config, command } => token(config.as_deref(), command),
         Command::Bootstrap {
             mesh,
             name,
@@ -227,4 +266,61 @@ fn status(api: &str, watch: bool) -> anyhow::Result<ExitCode> {
         stdout.flush()?;
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+fn token(config_path: Option<&Path>, command: TokenCommand) -> anyhow::Result<ExitCode> {
+    use hdsd::auth::{inspect, KeyRing, Revocations};
+    let config = Config::load(config_path)?;
+    let now = chrono::Utc::now();
+    let state_dir = &config.state_dir;
+    let revocations = config.auth.revocations_path(state_dir);
+    match command {
+        TokenCommand::Keygen => {
+            let key = KeyRing::generate(state_dir, now)?;
+            println!("created key {}", key.kid);
+            println!(
+                "  private: {} (keep it secret; mode 0600)",
+                key.private_path.display()
+            );
+            println!("  public:  {}", key.public_path.display());
+            println!("new tokens are signed with it; tokens of older keys stay valid until their key files are removed");
+        }
+        TokenCommand::Issue {
+            mesh,
+            name,
+            valid_for,
+            tags,
+        } => {
+            let ring = KeyRing::load(state_dir, &config.auth.public_keys)?;
+            let token = ring.issue(
+                &mesh,
+                &name,
+                valid_for,
+                config.auth.max_token_validity,
+                tags.into_iter().collect(),
+                now,
+            )?;
+            println!("{token}");
+        }
+        TokenCommand::Inspect { token } => {
+            let ring = KeyRing::load(state_dir, &config.auth.public_keys)?;
+            let revoked = Revocations::load(&revocations)?;
+            let inspection = inspect(&ring, &revoked, token.trim(), now);
+            println!("{inspection}");
+            if !inspection.accepted() {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        TokenCommand::Revoke { jti } => {
+            if Revocations::revoke(&revocations, &jti)? {
+                println!(
+                    "revoked {jti} (in {}); running hdsd servers end its streams within a second",
+                    revocations.display()
+                );
+            } else {
+                println!("{jti} was already revoked");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

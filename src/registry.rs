@@ -215,7 +215,16 @@ async fn run_dataplane(
 ) {
     while let Some(command) = commands.recv().await {
         let now = clock.now();
-        state.send_if_modified(|s| apply(s, command, now).notify);
+        let is_report = matches!(command, Command::Report { .. });
+        let started = std::time::Instant::now();
+        let mut applied = Applied::default();
+        state.send_if_modified(|s| {
+            applied = apply(s, command, now);
+            applied.notify
+        });
+        if is_report {
+            crate::metrics::report_folded(&applied.fold, started.elapsed());
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! together and runs them until shutdown.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,12 +12,14 @@ use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
 
 use crate::api::{self, ApiState};
-use crate::clock::SystemClock;
-use crate::config::Config;
+use crate::auth::Gate;
+use crate::clock::{Clock, SystemClock};
+use crate::config::{AuthMode, Config};
 use crate::hds::{HdsService, HdsSettings};
 use crate::registry::Registry;
 use crate::source::{self, Loaded};
 use crate::specifier::SpecifierSettings;
+use crate::tls::TlsListener;
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +41,10 @@ pub enum ServeError {
     Hds(#[from] tonic::transport::Error),
     #[error("API listener failed: {0}")]
     Api(std::io::Error),
+    #[error("cannot set up dataplane authentication: {0}")]
+    Auth(#[from] crate::auth::GateError),
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
 }
 
 /// How long a graceful shutdown may take before the process exits anyway.
@@ -74,7 +81,39 @@ pub async fn run(
     let (sources_tx, sources_rx) = watch::channel(Arc::new(initial));
     let watcher = tokio::spawn(source::watch(dir.clone(), settings, sources_tx));
 
-    let registry = Registry::spawn(sources_rx.clone(), Arc::new(SystemClock));
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let registry = Registry::spawn(sources_rx.clone(), clock.clone());
+    let gate = Arc::new(Gate::new(&config, clock.now())?);
+    tokio::spawn(gate.clone().watch());
+    let mut notes = Vec::new();
+    if config.auth.mode == AuthMode::None {
+        let note = "WARNING: auth.mode is \"none\": any client that reaches the HDS port can claim any dataplane and forge its readiness";
+        tracing::warn!("{note}");
+        notes.push(note.to_string());
+    }
+    let scrape = crate::metrics::Scrape {
+        handle: crate::metrics::install()?,
+        registry: registry.clone(),
+        sources: sources_rx.clone(),
+        process: Arc::new(metrics_process::Collector::default()),
+    };
+    scrape.process.describe();
+
+    let tls_error = |e: crate::tls::TlsError| ServeError::Config(vec![e.to_string()]);
+    let hds_tls = (config.hds.tls.as_ref())
+        .map(|t| crate::tls::ServerTls::load_and_watch("hds.tls", t, crate::tls::Alpn::Grpc))
+        .transpose()
+        .map_err(tls_error)?;
+    let api_tls = (config.api.tls.as_ref())
+        .map(|t| crate::tls::ServerTls::load_and_watch("api.tls", t, crate::tls::Alpn::Http))
+        .transpose()
+        .map_err(tls_error)?;
+    if config.auth.mode == crate::config::AuthMode::Token
+        && hds_tls.is_none()
+        && !config.hds.listen.ip().is_loopback()
+    {
+        tracing::warn!(listen = %config.hds.listen, "dataplane tokens travel in plaintext; set hds.tls");
+    }
 
     let hds_listener = TcpListener::bind(config.hds.listen)
         .await
@@ -101,20 +140,29 @@ pub async fn run(
             report_interval: config.hds.report_interval,
             dataplanes_dir: dir.display().to_string(),
         },
+        gate,
+        clock,
         drain_rx.clone(),
     );
-    let hds = {
+    let hds: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> = {
         let mut drain = drain_rx.clone();
-        tonic::transport::Server::builder()
+        let server = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-            .add_service(service.into_server())
-            .serve_with_incoming_shutdown(
+            .add_service(service.into_server());
+        let signal = async move {
+            let _ = drain.wait_for(|d| *d).await;
+        };
+        match hds_tls {
+            Some(tls) => {
+                let incoming = TlsListener::new(hds_listener, tls).map_err(ServeError::Api)?;
+                Box::pin(server.serve_with_incoming_shutdown(incoming, signal))
+            }
+            None => Box::pin(server.serve_with_incoming_shutdown(
                 TcpIncoming::from(hds_listener).with_nodelay(Some(true)),
-                async move {
-                    let _ = drain.wait_for(|d| *d).await;
-                },
-            )
+                signal,
+            )),
+        }
     };
 
     let ready = Arc::new(AtomicBool::new(false));
@@ -122,13 +170,27 @@ pub async fn run(
         registry,
         sources: sources_rx,
         ready: ready.clone(),
-        notes: Arc::new(Vec::new()),
+        notes: Arc::new(notes),
+        metrics: Some(scrape),
+        tokens: Arc::new(config.api.tokens.clone()),
     };
-    let api = {
+    let api: Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = {
         let mut drain = drain_rx.clone();
-        axum::serve(api_listener, api::router(api_state)).with_graceful_shutdown(async move {
+        let router = api::router(api_state);
+        let signal = async move {
             let _ = drain.wait_for(|d| *d).await;
-        })
+        };
+        match api_tls {
+            Some(tls) => {
+                let listener = TlsListener::new(api_listener, tls).map_err(ServeError::Api)?;
+                let serve = axum::serve(listener, router).with_graceful_shutdown(signal);
+                Box::pin(async move { serve.await })
+            }
+            None => {
+                let serve = axum::serve(api_listener, router).with_graceful_shutdown(signal);
+                Box::pin(async move { serve.await })
+            }
+        }
     };
 
     ready.store(true, Ordering::Release);

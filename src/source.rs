@@ -146,7 +146,10 @@ fn parse_file(
     dataplanes
         .into_iter()
         .map(|dp| {
-            let specifier = build(&dp, settings).map_err(|e| FileError {
+            let started = std::time::Instant::now();
+            let built = build(&dp, settings);
+            crate::metrics::specifier_built(built.is_ok(), started.elapsed());
+            let specifier = built.map_err(|e| FileError {
                 line: None,
                 message: format!("dataplane {}: {e}", dp.id),
             })?;

@@ -16,11 +16,13 @@
 //! [`token_from_metadata`], [`KeyRing::verify`], then [`authorize`] against
 //! the node id and the dataplane's inbound tags.
 
+pub mod gate;
 pub mod keys;
 pub mod rejection;
 pub mod revocation;
 pub mod token;
 
+pub use gate::{Gate, GateError};
 pub use keys::{ExtraPublicKey, GeneratedKey, KeyError, KeyRing};
 pub use rejection::{authorize, token_from_metadata, Rejection, AUTHORIZATION};
 pub use revocation::{RevocationError, Revocations};

@@ -1,0 +1,174 @@
+//! The running server's authentication gate: the key ring and the revocation
+//! list in force, reloaded from disk when they change, and the checks a
+//! stream goes through.
+//!
+//! One writer (the reload task) stores new snapshots with `ArcSwap`; streams
+//! read them lock-free and watch a version number to re-check their token
+//! when the revocation list changes.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use chrono::{DateTime, Utc};
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::watch;
+use tonic::metadata::MetadataMap;
+
+use super::{
+    token_from_metadata, Claims, ExtraPublicKey, KeyError, KeyRing, Rejection, Revocations,
+};
+use crate::config::{AuthMode, Config};
+
+/// Why the gate could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error(transparent)]
+    Keys(#[from] KeyError),
+    #[error(transparent)]
+    Revocations(#[from] super::RevocationError),
+}
+
+/// What the server checks tokens against.
+#[derive(Debug)]
+pub struct Gate {
+    mode: AuthMode,
+    state_dir: PathBuf,
+    extra_keys: Vec<ExtraPublicKey>,
+    revocations_path: PathBuf,
+    ring: ArcSwap<KeyRing>,
+    revoked: ArcSwap<Revocations>,
+    /// Bumped after every reload: streams re-check their token.
+    version: watch::Sender<u64>,
+}
+
+impl Gate {
+    /// Builds the gate for `config`: with token auth, creates the first key if
+    /// none exists (logging its path) and loads keys and revocations.
+    pub fn new(config: &Config, now: DateTime<Utc>) -> Result<Gate, GateError> {
+        let mode = config.auth.mode;
+        let state_dir = config.state_dir.clone();
+        let revocations_path = config.auth.revocations_path(&state_dir);
+        let (ring, revoked) = match mode {
+            AuthMode::None => (KeyRing::empty(&state_dir), Revocations::default()),
+            AuthMode::Token => {
+                if let Some(created) = KeyRing::ensure(&state_dir, now)? {
+                    tracing::info!(
+                        kid = %created.kid,
+                        private_key = %created.private_path.display(),
+                        "no signing key found: created one; issue tokens with `hdsd token issue`"
+                    );
+                }
+                let ring = KeyRing::load(&state_dir, &config.auth.public_keys)?;
+                for w in ring.warnings() {
+                    tracing::warn!("{w}");
+                }
+                (ring, Revocations::load(&revocations_path)?)
+            }
+        };
+        Ok(Gate {
+            mode,
+            state_dir,
+            extra_keys: config.auth.public_keys.clone(),
+            revocations_path,
+            ring: ArcSwap::from_pointee(ring),
+            revoked: ArcSwap::from_pointee(revoked),
+            version: watch::channel(0).0,
+        })
+    }
+
+    pub fn mode(&self) -> AuthMode {
+        self.mode
+    }
+
+    /// Checks the token of a stream that is opening. `Ok(None)` when auth is off.
+    pub fn authenticate(
+        &self,
+        metadata: &MetadataMap,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Claims>, Rejection> {
+        if self.mode == AuthMode::None {
+            return Ok(None);
+        }
+        let token = token_from_metadata(metadata)?;
+        self.ring
+            .load()
+            .verify(&token, &self.revoked.load(), now)
+            .map(Some)
+    }
+
+    /// Whether the token with this id has been revoked since it was checked.
+    pub fn is_revoked(&self, jti: &str) -> bool {
+        self.revoked.load().contains(jti)
+    }
+
+    /// Wakes when keys or revocations were reloaded.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// Reloads keys and revocations; a failure keeps the previous ones.
+    pub fn reload(&self) {
+        match Revocations::load(&self.revocations_path) {
+            Ok(r) => {
+                if **self.revoked.load() != r {
+                    tracing::info!(revoked = r.len(), file = %self.revocations_path.display(), "revocation list reloaded");
+                    self.revoked.store(Arc::new(r));
+                }
+            }
+            Err(e) => tracing::error!("{e}; keeping the previous revocation list"),
+        }
+        match KeyRing::load(&self.state_dir, &self.extra_keys) {
+            Ok(ring) => {
+                if ring.kids() != self.ring.load().kids() {
+                    tracing::info!(keys = ?ring.kids(), "signing keys reloaded");
+                }
+                self.ring.store(Arc::new(ring));
+            }
+            Err(e) => tracing::error!("{e}; keeping the previous keys"),
+        }
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Watches the keys directory and the revocation list and reloads on change.
+    /// Returns when the watcher cannot be set up (logged) or never with auth on.
+    pub async fn watch(self: Arc<Self>) {
+        if self.mode == AuthMode::None {
+            return;
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+            let _ = tx.send(e.is_ok());
+        });
+        let mut watcher = match watcher {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::error!("cannot watch keys and revocations for changes: {e}; restart hdsd after changing them");
+                return;
+            }
+        };
+        let keys_dir = self.ring.load().keys_dir().to_path_buf();
+        for dir in [keys_dir.as_path(), parent(&self.revocations_path)] {
+            if let Err(e) = std::fs::create_dir_all(dir)
+                .map_err(notify::Error::io)
+                .and_then(|_| watcher.watch(dir, RecursiveMode::NonRecursive))
+            {
+                tracing::error!(dir = %dir.display(), "cannot watch for changes: {e}; restart hdsd after changing files there");
+            }
+        }
+        while rx.recv().await.is_some() {
+            // Coalesce a burst of events.
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
+            while let Ok(Some(_)) = tokio::time::timeout_at(deadline, rx.recv()).await {}
+            self.reload();
+        }
+    }
+}
+
+fn parent(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}

@@ -1,0 +1,300 @@
+//! Prometheus metrics: names, descriptions, buckets, and the scrape handler.
+//!
+//! Counters and histograms are recorded where things happen; gauges that
+//! describe the fleet (dataplanes, inbounds by status, failing files) are
+//! computed from snapshots at scrape time, so they can never drift. No label
+//! carries a dataplane or inbound name: cardinality is bounded.
+
+use std::sync::Arc;
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::readiness::{FoldOutcome, Status};
+use crate::registry::Registry;
+use crate::source::Loaded;
+
+pub const STREAMS_ACTIVE: &str = "hdsd_streams_active";
+pub const STREAMS_CLOSED: &str = "hdsd_streams_closed_total";
+pub const HEALTH_CHECK_REQUESTS: &str = "hdsd_health_check_requests_total";
+pub const REPORTS: &str = "hdsd_reports_total";
+pub const REPORT_PROCESSING: &str = "hdsd_report_processing_seconds";
+pub const REPORT_UNKNOWN_ENDPOINTS: &str = "hdsd_report_unknown_endpoints_total";
+pub const SPECIFIERS_SENT: &str = "hdsd_specifiers_sent_total";
+pub const SPECIFIER_GENERATION: &str = "hdsd_specifier_generation_seconds";
+pub const SPECIFIER_GENERATION_ERRORS: &str = "hdsd_specifier_generation_errors_total";
+pub const DATAPLANES: &str = "hdsd_dataplanes";
+pub const INBOUNDS: &str = "hdsd_inbounds";
+pub const READINESS_TRANSITIONS: &str = "hdsd_readiness_transitions_total";
+pub const AUTH_FAILURES: &str = "hdsd_auth_failures_total";
+pub const SOURCE_ERRORS: &str = "hdsd_dataplane_source_errors";
+pub const BUILD_INFO: &str = "hdsd_build_info";
+
+/// Why a stream ended: the `reason` label of `hdsd_streams_closed_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    Ok,
+    Unauthenticated,
+    PermissionDenied,
+    NotFound,
+    Invalid,
+    Stale,
+    Replaced,
+    Shutdown,
+    Error,
+}
+
+impl CloseReason {
+    pub const ALL: [CloseReason; 9] = [
+        CloseReason::Ok,
+        CloseReason::Unauthenticated,
+        CloseReason::PermissionDenied,
+        CloseReason::NotFound,
+        CloseReason::Invalid,
+        CloseReason::Stale,
+        CloseReason::Replaced,
+        CloseReason::Shutdown,
+        CloseReason::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::Ok => "ok",
+            CloseReason::Unauthenticated => "unauthenticated",
+            CloseReason::PermissionDenied => "permission_denied",
+            CloseReason::NotFound => "not_found",
+            CloseReason::Invalid => "invalid",
+            CloseReason::Stale => "stale",
+            CloseReason::Replaced => "replaced",
+            CloseReason::Shutdown => "shutdown",
+            CloseReason::Error => "error",
+        }
+    }
+
+    /// The reason for a stream ended with this gRPC status.
+    pub fn from_code(code: tonic::Code) -> CloseReason {
+        use tonic::Code;
+        match code {
+            Code::Ok | Code::Cancelled => CloseReason::Ok,
+            Code::Unauthenticated => CloseReason::Unauthenticated,
+            Code::PermissionDenied => CloseReason::PermissionDenied,
+            Code::NotFound => CloseReason::NotFound,
+            Code::InvalidArgument | Code::FailedPrecondition => CloseReason::Invalid,
+            Code::Aborted => CloseReason::Replaced,
+            _ => CloseReason::Error,
+        }
+    }
+}
+
+pub fn stream_closed(reason: CloseReason) {
+    counter!(STREAMS_CLOSED, "reason" => reason.as_str()).increment(1);
+}
+
+/// Keeps `hdsd_streams_active` right on every exit path.
+#[derive(Debug)]
+pub struct ActiveStream(());
+
+impl ActiveStream {
+    pub fn new() -> Self {
+        gauge!(STREAMS_ACTIVE).increment(1.0);
+        ActiveStream(())
+    }
+}
+
+impl Default for ActiveStream {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for ActiveStream {
+    fn drop(&mut self) {
+        gauge!(STREAMS_ACTIVE).decrement(1.0);
+    }
+}
+
+/// Records one folded report.
+pub fn report_folded(fold: &FoldOutcome, took: std::time::Duration) {
+    metrics::histogram!(REPORT_PROCESSING).record(took.as_secs_f64());
+    if fold.unknown_endpoints > 0 {
+        counter!(REPORT_UNKNOWN_ENDPOINTS).increment(u64::from(fold.unknown_endpoints));
+    }
+    if fold.became_ready > 0 {
+        counter!(READINESS_TRANSITIONS, "to" => "ready").increment(u64::from(fold.became_ready));
+    }
+    if fold.became_not_ready > 0 {
+        counter!(READINESS_TRANSITIONS, "to" => "not_ready")
+            .increment(u64::from(fold.became_not_ready));
+    }
+}
+
+/// Records one specifier build.
+pub fn specifier_built(ok: bool, took: std::time::Duration) {
+    metrics::histogram!(SPECIFIER_GENERATION).record(took.as_secs_f64());
+    if !ok {
+        counter!(SPECIFIER_GENERATION_ERRORS).increment(1);
+    }
+}
+
+/// Report folding takes microseconds.
+const REPORT_BUCKETS: &[f64] = &[
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2,
+];
+/// Specifier generation: microseconds for a small dataplane, milliseconds for a huge one.
+const GENERATION_BUCKETS: &[f64] = &[
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 2.5e-2, 0.1, 1.0,
+];
+
+/// Why the recorder could not be installed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot set up metrics: {0}")]
+pub struct MetricsError(String);
+
+static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+
+/// Installs the Prometheus recorder (once per process) and describes every metric.
+pub fn install() -> Result<PrometheusHandle, MetricsError> {
+    if let Some(h) = HANDLE.get() {
+        return Ok(h.clone());
+    }
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(REPORT_PROCESSING.into()), REPORT_BUCKETS)
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(SPECIFIER_GENERATION.into()),
+                GENERATION_BUCKETS,
+            )
+        })
+        .map_err(|e| MetricsError(e.to_string()))?
+        .install_recorder()
+        .map_err(|e| MetricsError(e.to_string()))?;
+    describe();
+    Ok(HANDLE.get_or_init(|| handle).clone())
+}
+
+fn describe() {
+    describe_gauge!(
+        STREAMS_ACTIVE,
+        "HDS streams currently open (authenticated or waiting for their first message)."
+    );
+    describe_counter!(STREAMS_CLOSED, "HDS streams ended, by reason (ok: the client closed it; others: hdsd ended it with that status).");
+    describe_counter!(
+        HEALTH_CHECK_REQUESTS,
+        "HealthCheckRequest messages received from Envoys."
+    );
+    describe_counter!(
+        REPORTS,
+        "EndpointHealthResponse health reports received from Envoys."
+    );
+    describe_histogram!(
+        REPORT_PROCESSING,
+        Unit::Seconds,
+        "Time to fold one health report into readiness."
+    );
+    describe_counter!(
+        REPORT_UNKNOWN_ENDPOINTS,
+        "Reported endpoints that the dataplane's current specifier does not contain (ignored)."
+    );
+    describe_counter!(
+        SPECIFIERS_SENT,
+        "HealthCheckSpecifier messages sent to Envoys."
+    );
+    describe_histogram!(
+        SPECIFIER_GENERATION,
+        Unit::Seconds,
+        "Time to build one dataplane's HealthCheckSpecifier."
+    );
+    describe_counter!(
+        SPECIFIER_GENERATION_ERRORS,
+        "Dataplane definitions whose specifier could not be built (invalid probe settings)."
+    );
+    describe_gauge!(
+        DATAPLANES,
+        "Known dataplanes, by whether an Envoy stream is attached."
+    );
+    describe_gauge!(
+        INBOUNDS,
+        "Inbounds of known dataplanes, by readiness status (ready: healthy and not_probed)."
+    );
+    describe_counter!(
+        READINESS_TRANSITIONS,
+        "Inbounds that became ready or stopped being ready."
+    );
+    describe_counter!(
+        AUTH_FAILURES,
+        "HDS streams refused by authentication or authorization, by reason."
+    );
+    describe_gauge!(
+        SOURCE_ERRORS,
+        "Dataplane files that fail to load now (their last good definitions stay in force)."
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; the version label says which hdsd is running."
+    );
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    for reason in CloseReason::ALL {
+        counter!(STREAMS_CLOSED, "reason" => reason.as_str()).absolute(0);
+    }
+    for to in ["ready", "not_ready"] {
+        counter!(READINESS_TRANSITIONS, "to" => to).absolute(0);
+    }
+    for name in [
+        HEALTH_CHECK_REQUESTS,
+        REPORTS,
+        REPORT_UNKNOWN_ENDPOINTS,
+        SPECIFIERS_SENT,
+        SPECIFIER_GENERATION_ERRORS,
+    ] {
+        counter!(name).absolute(0);
+    }
+}
+
+/// Renders `/metrics`: refreshes the fleet gauges and process metrics from
+/// snapshots, then renders every metric.
+#[derive(Clone)]
+pub struct Scrape {
+    pub handle: PrometheusHandle,
+    pub registry: Registry,
+    pub sources: tokio::sync::watch::Receiver<Arc<Loaded>>,
+    pub process: Arc<metrics_process::Collector>,
+}
+
+impl std::fmt::Debug for Scrape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scrape").finish_non_exhaustive()
+    }
+}
+
+impl Scrape {
+    pub fn render(&self) -> String {
+        let mut connected = 0u64;
+        let mut disconnected = 0u64;
+        let mut by_status = [0u64; Status::ALL.len()];
+        for handle in self.registry.catalog().values() {
+            let state = handle.subscribe();
+            let state = state.borrow();
+            if state.defined.is_none() {
+                continue;
+            }
+            if state.connection.stream.is_some() {
+                connected += 1;
+            } else {
+                disconnected += 1;
+            }
+            for inbound in &state.health.inbounds {
+                if let Some(i) = Status::ALL.iter().position(|s| *s == inbound.status) {
+                    by_status[i] += 1;
+                }
+            }
+        }
+        gauge!(DATAPLANES, "connected" => "true").set(connected as f64);
+        gauge!(DATAPLANES, "connected" => "false").set(disconnected as f64);
+        for (status, n) in Status::ALL.iter().zip(by_status) {
+            gauge!(INBOUNDS, "status" => status.as_str()).set(n as f64);
+        }
+        gauge!(SOURCE_ERRORS).set(self.sources.borrow().error_count() as f64);
+        self.process.collect();
+        self.handle.render()
+    }
+}
