@@ -252,22 +252,3 @@ fn broken_file_next_to_good_ones() {
     assert!(dp.connection.connected);
     assert!(hdsd.log().contains("dataplane file rejected"));
 }
-
-/// Decodes %XX escapes (Envoy percent-encodes gRPC status messages in its log).
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}

@@ -4,6 +4,8 @@
 //! panics (then it prints the processes' logs).
 #![allow(dead_code)] // each test file uses a different part of the harness
 
+pub mod grpc;
+
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -402,5 +404,87 @@ impl App {
 impl Drop for App {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Decodes %XX escapes (Envoy percent-encodes gRPC status messages in its log).
+pub fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl Envoy {
+    /// The decoded messages of HDS streams hdsd closed, from Envoy's log.
+    pub fn hds_closures(&self) -> Vec<String> {
+        self.log()
+            .lines()
+            .map(percent_decode)
+            .filter(|l| l.contains("StreamHealthCheck gRPC config stream closed"))
+            .collect()
+    }
+
+    /// Waits until Envoy logs an HDS stream closed by hdsd with `needle` in it.
+    pub fn wait_closure(&self, needle: &str, timeout: Duration) -> String {
+        wait_for(
+            &format!("Envoy to log a closed HDS stream with {needle:?}"),
+            timeout,
+            || {
+                let all = self.hds_closures();
+                all.iter()
+                    .find(|l| l.contains(needle))
+                    .cloned()
+                    .ok_or_else(|| format!("{all:?}"))
+            },
+        )
+    }
+}
+
+impl Hdsd {
+    /// Runs `hdsd <args> --config <this server's config>` and returns stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_hdsd"))
+            .args(args)
+            .arg("--config")
+            .arg(self.config_path())
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run hdsd");
+        assert!(
+            out.status.success(),
+            "hdsd {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Issues a token for `mesh.name` with this server's keys.
+    pub fn issue_token(&self, id: &str, valid_for: &str) -> String {
+        let id: DataplaneId = id.parse().unwrap();
+        self.cli(&[
+            "token",
+            "issue",
+            "--mesh",
+            &id.mesh,
+            "--name",
+            &id.name,
+            "--valid-for",
+            valid_for,
+        ])
+        .trim()
+        .to_string()
     }
 }

@@ -1,0 +1,212 @@
+//! Dataplane tokens with real Envoy 1.40: who is served, who is refused, and
+//! why, without harming the dataplanes that are served.
+
+mod support;
+
+use std::time::Duration;
+
+use chrono::Utc;
+use hdsd::auth::KeyRing;
+use support::*;
+
+const CONNECT: Duration = Duration::from_secs(20);
+
+fn token_server() -> Hdsd {
+    Hdsd::start(HdsdOptions {
+        auth_mode: "token",
+        ..HdsdOptions::default()
+    })
+}
+
+/// A dataplane with one healthy app, plus its served Envoy.
+fn served(hdsd: &Hdsd, name: &str) -> (App, Envoy) {
+    let app = App::start();
+    hdsd.write_dataplane(
+        &format!("{name}.yaml"),
+        &dataplane_yaml(name, &[(10001, app.port)]),
+    );
+    let id = format!("default.{name}");
+    let token = hdsd.issue_token(&id, "1h");
+    let envoy = Envoy::start(hdsd.hds, &id, Some(&token));
+    hdsd.wait_inbound(&id, 10001, "healthy", CONNECT);
+    (app, envoy)
+}
+
+fn assert_never_connected(hdsd: &Hdsd, id: &str) {
+    let dp = hdsd.dataplane(id).unwrap();
+    assert!(!dp.connection.connected, "{dp:?}");
+    assert_eq!(
+        dp.connection.connected_at, None,
+        "the stream never reached the registry: {dp:?}"
+    );
+    assert_eq!(dp.inbounds[0].health.status, "pending");
+}
+
+#[test]
+fn each_bad_token_is_refused_with_its_status_and_others_are_unaffected() {
+    let hdsd = token_server();
+    let (_good_app, _good) = served(&hdsd, "good");
+    let victim_app = App::start();
+    hdsd.write_dataplane(
+        "victim.yaml",
+        &dataplane_yaml("victim", &[(10001, victim_app.port)]),
+    );
+
+    let valid = hdsd.issue_token("default.victim", "1h");
+    let other = hdsd.issue_token("default.good", "1h");
+    // Expired: signed with this server's key an hour and a half ago, valid for an hour.
+    let ring = KeyRing::load(&hdsd.dir.path().join("state"), &[]).unwrap();
+    let expired = ring
+        .issue(
+            "default",
+            "victim",
+            Duration::from_secs(3600),
+            Duration::from_secs(8760 * 3600),
+            Default::default(),
+            Utc::now() - chrono::Duration::minutes(90),
+        )
+        .unwrap();
+    // Bad signature: a valid token with its signature altered.
+    let (head, sig) = valid.rsplit_once('.').unwrap();
+    let flipped = if sig.starts_with('A') { "B" } else { "A" };
+    let bad_signature = format!("{head}.{flipped}{}", &sig[1..]);
+    // Unknown kid: a key this server has never seen.
+    let stranger = tempfile::tempdir().unwrap();
+    KeyRing::generate(stranger.path(), Utc::now()).unwrap();
+    let unknown_kid = KeyRing::load(stranger.path(), &[])
+        .unwrap()
+        .issue(
+            "default",
+            "victim",
+            Duration::from_secs(3600),
+            Duration::from_secs(8760 * 3600),
+            Default::default(),
+            Utc::now(),
+        )
+        .unwrap();
+
+    let cases: Vec<(Option<&str>, &str, &str)> = vec![
+        (
+            None,
+            "16, ",
+            "no dataplane token: issue one with `hdsd token issue",
+        ),
+        (
+            Some(&other),
+            "7, ",
+            "token for default.good cannot be used by default.victim",
+        ),
+        (Some(&expired), "16, ", "token expired at "),
+        (Some(&bad_signature), "16, ", "invalid token signature"),
+        (Some(&unknown_kid), "16, ", "unknown signing key"),
+    ];
+    for (token, code, message) in cases {
+        let envoy = Envoy::start(hdsd.hds, "default.victim", token);
+        let line = envoy.wait_closure(message, CONNECT);
+        assert!(
+            line.contains(&format!("closed: {code}")),
+            "status {code}for {message}: {line}"
+        );
+        drop(envoy);
+        assert_never_connected(&hdsd, "default.victim");
+    }
+    // The served dataplane never noticed.
+    let good = hdsd.dataplane("default.good").unwrap();
+    assert!(good.connection.connected);
+    assert_eq!(good.inbounds[0].health.status, "healthy");
+    // Details stay in the server log, not in the client's message.
+    assert!(hdsd.log().contains("stream refused"));
+
+    // And the right token works.
+    let _envoy = Envoy::start(hdsd.hds, "default.victim", Some(&valid));
+    hdsd.wait_inbound("default.victim", 10001, "healthy", CONNECT);
+}
+
+#[test]
+fn a_token_revoked_while_connected_ends_the_stream_within_a_second() {
+    let hdsd = token_server();
+    let app = App::start();
+    hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
+    let token = hdsd.issue_token("default.web", "1h");
+    let envoy = Envoy::start(hdsd.hds, "default.web", Some(&token));
+    hdsd.wait_inbound("default.web", 10001, "healthy", CONNECT);
+
+    let inspected = hdsd.cli(&["token", "inspect", &token]);
+    let jti = inspected
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("jti:"))
+        .expect("inspect prints the jti")
+        .trim()
+        .to_string();
+    let revoked_at = std::time::Instant::now();
+    hdsd.cli(&["token", "revoke", &jti]);
+    wait_for("the stream to end", Duration::from_secs(1), || {
+        let dp = hdsd.dataplane("default.web")?;
+        if dp.connection.connected {
+            Err(format!("{:?}", dp.connection))
+        } else {
+            Ok(())
+        }
+    });
+    assert!(revoked_at.elapsed() <= Duration::from_millis(1500));
+    envoy.wait_closure("token revoked", CONNECT);
+    // Envoy keeps reconnecting with the same token: refused every time.
+    wait_for("a refused reconnect", CONNECT, || {
+        let n = envoy
+            .hds_closures()
+            .iter()
+            .filter(|l| l.contains("token revoked"))
+            .count();
+        if n >= 2 {
+            Ok(())
+        } else {
+            Err(format!("{n} refusals"))
+        }
+    });
+    assert!(!hdsd.dataplane("default.web").unwrap().connection.connected);
+}
+
+#[test]
+fn key_rotation_old_and_new_tokens_work_until_the_old_key_is_removed() {
+    let hdsd = token_server();
+    let a = App::start();
+    let b = App::start();
+    hdsd.write_dataplane("old.yaml", &dataplane_yaml("old", &[(10001, a.port)]));
+    hdsd.write_dataplane("new.yaml", &dataplane_yaml("new", &[(10001, b.port)]));
+    let keys = hdsd.dir.path().join("state/keys");
+    let old_token = hdsd.issue_token("default.old", "1h");
+    let old_kids: Vec<_> = std::fs::read_dir(&keys)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(
+        old_kids.len(),
+        2,
+        "the first start created one key pair: {old_kids:?}"
+    );
+
+    // Add a key: new tokens are signed with it.
+    hdsd.cli(&["token", "keygen"]);
+    let new_token = hdsd.issue_token("default.new", "1h");
+    let old_envoy = Envoy::start(hdsd.hds, "default.old", Some(&old_token));
+    let _new_envoy = Envoy::start(hdsd.hds, "default.new", Some(&new_token));
+    hdsd.wait_inbound("default.old", 10001, "healthy", CONNECT);
+    hdsd.wait_inbound("default.new", 10001, "healthy", CONNECT);
+    drop(old_envoy);
+
+    // Remove the old key: its tokens are refused, the new key's still work.
+    for f in &old_kids {
+        std::fs::remove_file(f).unwrap();
+    }
+    wait_for("the key ring to reload", Duration::from_secs(5), || {
+        if hdsd.log().contains("signing keys reloaded") {
+            Ok(())
+        } else {
+            Err("not yet".into())
+        }
+    });
+    let refused = Envoy::start(hdsd.hds, "default.old", Some(&old_token));
+    refused.wait_closure("unknown signing key", CONNECT);
+    assert!(hdsd.dataplane("default.new").unwrap().connection.connected);
+}
