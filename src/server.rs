@@ -197,7 +197,7 @@ pub async fn run(
     tracing::info!(hds = %hds_addr, api = %api_addr, "hdsd listening");
 
     let hds = tokio::spawn(hds);
-    let api = tokio::spawn(async move { api.await });
+    let api = tokio::spawn(api);
     tokio::select! {
         () = shutdown => {}
         r = watcher => {
