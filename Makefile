@@ -11,12 +11,16 @@ setup:
 build:
 	$(CARGO) build --release --bins
 
+# ARGS are passed to the demo, e.g. make demo ARGS=--once (see ./scripts/demo.py --help).
 demo: setup build
-	./scripts/demo.sh $(ARGS)
+	ENVOY_BIN="$$(./scripts/setup.sh)" ./scripts/demo.py $(ARGS)
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
+# The demo story runs last, non-interactively, with the debug hdsd that
+# `cargo test` has just built (no extra release build).
 test: setup lint
 	ENVOY_BIN="$$(./scripts/setup.sh)" $(CARGO) test --all-targets -- --test-threads=2
+	ENVOY_BIN="$$(./scripts/setup.sh)" ./scripts/demo.py --once --hdsd "$${CARGO_TARGET_DIR:-target}/debug/hdsd"

@@ -1,0 +1,724 @@
+#!/usr/bin/env python3
+"""hdsd's demo: hdsd with token auth, two real Envoys and three tiny apps on this machine.
+
+    make demo                      # or: ./scripts/demo.py
+    ./scripts/demo.py --once       # the same story, non-interactive: PASS/FAIL per step
+
+In a fresh work directory (.demo/) it creates a signing key, issues one token
+per dataplane and writes the Envoy bootstraps (all through docker/hdsd-init.sh,
+the recipe docker-compose.yml uses too), then starts hdsd (examples/hdsd.toml,
+dataplanes from examples/dataplanes/), the demo apps and one Envoy per
+dataplane, each with its log in .demo/logs/. Then it tells the story, every step
+waiting on hdsd's REST API with a deadline:
+
+  (a) every inbound becomes ready;
+  (b) the web app stops: its inbound turns not ready within the documented
+      worst-case detection time, the others stay ready;
+  (c) the web app starts again: its inbound is ready again;
+  (d) a third Envoy claims to be backend-01 with web-01's token: hdsd refuses it
+      and keeps backend-01's own Envoy.
+
+Interactive (default): prints where to look, runs the story, then shows the
+live table (`hdsd status --watch`) until Ctrl-C. --once: prints PASS/FAIL per
+step and exits non-zero if a step did not happen as said.
+
+Ctrl-C, SIGTERM, a failure or an exception stops every process the demo
+started (each runs in its own process group) and checks that none is left.
+Python 3 standard library only.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Every path handed to a child is relative to ROOT (the children run there).
+WORK = Path(".demo")
+CONFIG = Path("examples/hdsd.toml")
+EXAMPLE_DATAPLANES = Path("examples/dataplanes")
+INIT_SCRIPT = Path("docker/hdsd-init.sh")
+DEFAULT_HDSD = Path("target/release/hdsd")
+
+MESH = "default"
+WEB, BACKEND = "web-01", "backend-01"
+# The servicePort values in examples/dataplanes/, in --app-ports order.
+EXAMPLE_APP_PORTS = (18081, 18082, 18083)
+# Envoy's public inbound ports in examples/dataplanes/ (identify the inbounds).
+WEB_INBOUND, API_INBOUND, ADMIN_INBOUND = 10081, 10082, 10083
+
+POLL = 0.05  # seconds between two looks at the REST API
+# What "within the documented worst case" tolerates on top of it: one API poll,
+# the API round trip and process scheduling.
+MEASUREMENT_SLACK = 0.5
+
+
+class DemoError(Exception):
+    """A step did not happen as said, or the demo could not be set up."""
+
+
+class Interrupted(Exception):
+    """SIGTERM or SIGHUP: stop like Ctrl-C."""
+
+
+# ---------------------------------------------------------------- output
+
+def say(text=""):
+    print(text, flush=True)
+
+
+def step_line(text):
+    say(f"\n>>> {text}")
+
+
+def tail(path, lines=25):
+    try:
+        text = (ROOT / path).read_text(errors="replace").splitlines()
+    except OSError:
+        return f"    ({path} not readable)"
+    return "\n".join("    " + line for line in text[-lines:]) or "    (empty)"
+
+
+# ---------------------------------------------------------------- config
+
+def parse_duration(text):
+    """humantime-style durations as hdsd takes them: 500ms, 1s, 2m, 1h 30m."""
+    units = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "secs": 1.0, "m": 60.0, "min": 60.0,
+             "mins": 60.0, "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "d": 86400.0, "day": 86400.0, "days": 86400.0}
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]+)", text.strip())
+    if not parts or re.sub(r"[\d.\sa-z]", "", text):
+        raise DemoError(f"cannot read duration {text!r} in {CONFIG}")
+    total = 0.0
+    for number, unit in parts:
+        if unit not in units:
+            raise DemoError(f"unknown duration unit {unit!r} in {text!r} ({CONFIG})")
+        total += float(number) * units[unit]
+    return total
+
+
+def read_toml(path):
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:
+        return read_toml_minimal(path)
+    with open(ROOT / path, "rb") as f:
+        return tomllib.load(f)
+
+
+def read_toml_minimal(path):
+    """Enough TOML for examples/hdsd.toml on Python < 3.11: [a.b] tables, key = "str" | int."""
+    data = {}
+    table = data
+    for line in (ROOT / path).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"\[([\w.]+)\]", line)
+        if m:
+            table = data
+            for key in m.group(1).split("."):
+                table = table.setdefault(key, {})
+            continue
+        m = re.fullmatch(r"(\w+)\s*=\s*(.+)", line)
+        if m:
+            value = m.group(2).strip()
+            if value.startswith('"'):
+                value = value.strip('"')
+            elif re.fullmatch(r"\d+", value):
+                value = int(value)
+            table[m.group(1)] = value
+    return data
+
+
+class Settings:
+    """The check settings in force, from examples/hdsd.toml and hdsd's defaults."""
+
+    def __init__(self, path):
+        doc = read_toml(path)
+        hds = doc.get("hds", {})
+        check = hds.get("check", {})
+        # Defaults as `hdsd config defaults` prints them.
+        self.report_interval = parse_duration(hds.get("report_interval", "5s"))
+        self.interval = parse_duration(check.get("interval", "1s"))
+        self.timeout = parse_duration(check.get("timeout", "1s"))
+        self.no_traffic_interval = parse_duration(check.get("no_traffic_interval", check.get("interval", "1s")))
+        self.healthy_threshold = int(check.get("healthy_threshold", 1))
+        self.unhealthy_threshold = int(check.get("unhealthy_threshold", 2))
+        self.auth_mode = doc.get("auth", {}).get("mode", "token")
+
+    def worst_case_detection(self):
+        """unhealthy_threshold x no_traffic_interval + timeout + report_interval (src/probe.rs)."""
+        return self.unhealthy_threshold * self.no_traffic_interval + self.timeout + self.report_interval
+
+    def worst_case_recovery(self):
+        """The same bound for the way back: healthy_threshold probes."""
+        return self.healthy_threshold * self.no_traffic_interval + self.timeout + self.report_interval
+
+    def formula(self):
+        return (f"unhealthy_threshold {self.unhealthy_threshold} x no_traffic_interval {fmt_s(self.no_traffic_interval)}"
+                f" + timeout {fmt_s(self.timeout)} + report_interval {fmt_s(self.report_interval)}")
+
+
+def fmt_s(seconds):
+    if seconds < 1 and seconds * 1000 == int(seconds * 1000):
+        return f"{int(seconds * 1000)}ms"
+    return f"{seconds:g}s"
+
+
+# ---------------------------------------------------------------- processes
+
+class Proc:
+    """A child in its own session (so its own process group), logging to a file."""
+
+    def __init__(self, name, argv, log, env):
+        self.name = name
+        self.argv = [str(a) for a in argv]
+        self.log = log
+        (ROOT / log).parent.mkdir(parents=True, exist_ok=True)
+        with open(ROOT / log, "ab") as out:
+            self.popen = subprocess.Popen(
+                self.argv,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.pid = self.popen.pid
+        self.pgid = self.pid  # start_new_session: the child leads its own group
+        self.expected_running = True
+
+    def running(self):
+        return self.popen.poll() is None
+
+    def group_alive(self):
+        try:
+            os.killpg(self.pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+    def signal_group(self, sig):
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Supervisor:
+    """Starts children and stops every one of them, whatever happens."""
+
+    def __init__(self, env):
+        self.env = env
+        self.procs = []
+
+    def start(self, name, argv, log):
+        # NO_COLOR: plain logs in the files.
+        proc = Proc(name, argv, log, dict(self.env, NO_COLOR="1"))
+        self.procs.append(proc)
+        return proc
+
+    def run(self, name, argv, log, timeout=60):
+        """Runs a short command to completion (in its own group, stopped on interrupt)."""
+        proc = self.start(name, argv, log)
+        proc.expected_running = False
+        try:
+            code = proc.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise DemoError(f"{name} did not finish within {timeout}s; its log ({log}):\n{tail(log)}") from None
+        if code != 0:
+            raise DemoError(f"{name} failed (exit {code}); its log ({log}):\n{tail(log)}")
+        return (ROOT / log).read_text(errors="replace")
+
+    def check_running(self):
+        """Fails when a process that should be running has exited."""
+        for p in self.procs:
+            if p.expected_running and not p.running():
+                raise DemoError(
+                    f"{p.name} exited unexpectedly (exit {p.popen.returncode}); its log ({p.log}):\n{tail(p.log)}")
+
+    def stop(self, proc, grace=5.0):
+        """SIGTERM to the process group, SIGKILL after `grace`; reaps the child."""
+        proc.expected_running = False
+        if proc.running() or proc.group_alive():
+            proc.signal_group(signal.SIGTERM)
+            try:
+                proc.popen.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.signal_group(signal.SIGKILL)
+                proc.popen.wait(timeout=5)
+        # Anything the leader left behind in its group goes too.
+        if proc.group_alive():
+            proc.signal_group(signal.SIGKILL)
+            deadline = time.monotonic() + 2
+            while proc.group_alive() and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+    def stop_all(self):
+        """Stops every child, newest first; returns the ones still alive (should be none)."""
+        live = [p for p in self.procs if p.running() or p.group_alive()]
+        for p in live:
+            p.expected_running = False
+            p.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for p in reversed(live):
+            try:
+                p.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in reversed(live):
+            self.stop(p, grace=0.0)
+        for p in self.procs:
+            p.popen.poll()
+        return [p for p in self.procs if p.running() or p.group_alive()]
+
+
+# ---------------------------------------------------------------- helpers
+
+def port_free(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # Like the servers we start: a port in TIME_WAIT is free, one with a listener is not.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def accepting(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def http_get(url, timeout=1.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read().decode(errors="replace")
+
+
+def get_json(url):
+    status, body = http_get(url)
+    return json.loads(body)
+
+
+def strip_ansi(text):
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def percent_decode(text):
+    return urllib.parse.unquote(text)
+
+
+class Deadline(DemoError):
+    pass
+
+
+def wait_until(sup, what, timeout, check):
+    """Polls `check` until it returns (True, value); returns (seconds, value).
+
+    `check` returns (done, observation). Fails after `timeout` naming what was
+    awaited and the last observation, or as soon as a child that should be
+    running has died."""
+    start = time.monotonic()
+    last = "nothing yet"
+    while True:
+        try:
+            done, last = check()
+        except (OSError, ValueError, urllib.error.URLError) as e:
+            done, last = False, f"{type(e).__name__}: {e}"
+        elapsed = time.monotonic() - start
+        if done:
+            return elapsed, last
+        sup.check_running()
+        if elapsed > timeout:
+            raise Deadline(f"timed out after {timeout:g}s waiting for {what}; last seen: {last}")
+        time.sleep(POLL)
+
+
+# ---------------------------------------------------------------- the demo
+
+class Demo:
+    def __init__(self, args):
+        self.args = args
+        self.once = args.once
+        self.settings = Settings(CONFIG)
+        self.hdsd = Path(args.hdsd)
+        self.api = f"http://127.0.0.1:{args.api_port}"
+        self.hds = f"127.0.0.1:{args.hds_port}"
+        self.app_ports = dict(zip(("web", "backend-api", "backend-admin"), args.app_ports))
+        self.admin_ports = dict(zip((WEB, BACKEND, "intruder"), args.admin_ports))
+        self.results = []  # (step, passed, seconds, note)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HDSD_")}
+        env.update({
+            "HDSD_STATE_DIR": str(WORK / "state"),
+            "HDSD_DATAPLANES__DIR": str(WORK / "dataplanes"),
+            "HDSD_HDS__LISTEN": self.hds,
+            "HDSD_API__LISTEN": f"127.0.0.1:{args.api_port}",
+        })
+        self.sup = Supervisor(env)
+        self.apps = {}
+        self.envoys = {}
+
+    # -- setup
+
+    def init_argv(self):
+        """The docker/hdsd-init.sh invocation (compose's hdsd-init runs the same script)."""
+        return ["sh", str(INIT_SCRIPT), "--hdsd", str(self.hdsd), "--config", str(CONFIG),
+                "--server", self.hds, "--out", str(WORK / "bootstrap"), "--valid-for", "24h",
+                f"{MESH}.{WEB}:{self.admin_ports[WEB]}", f"{MESH}.{BACKEND}:{self.admin_ports[BACKEND]}"]
+
+    def preflight(self):
+        if not (ROOT / self.hdsd).is_file():
+            raise DemoError(f"no hdsd binary at {self.hdsd}: build it with `cargo build --release --bins` "
+                            "(`make demo` does), or pass --hdsd PATH")
+        self.envoy = find_envoy()
+        if self.settings.auth_mode != "token":
+            raise DemoError(f"{CONFIG} sets auth.mode = {self.settings.auth_mode!r}; the demo shows token auth")
+        wanted = [(self.args.hds_port, "hdsd HDS (--hds-port)"), (self.args.api_port, "hdsd REST API (--api-port)")]
+        wanted += [(p, f"demo app {n} (--app-ports)") for n, p in self.app_ports.items()]
+        wanted += [(p, f"Envoy admin of {n} (--admin-ports)") for n, p in self.admin_ports.items()]
+        ports = [p for p, _ in wanted]
+        if len(set(ports)) != len(ports):
+            raise DemoError(f"the demo's ports must all differ: {ports}")
+        busy = [f"  127.0.0.1:{p} for the {what}" for p, what in wanted if not port_free(p)]
+        if busy:
+            raise DemoError(
+                "these ports are in use (another demo still running? see `ss -ltnp`):\n" + "\n".join(busy)
+                + "\nstop what holds them or choose other ports with the options named above (./scripts/demo.py --help)")
+
+    def prepare(self):
+        work = ROOT / WORK
+        if work.exists():
+            shutil.rmtree(work)
+        for sub in ("logs", "dataplanes", "bootstrap", "state"):
+            (work / sub).mkdir(parents=True)
+        # The example dataplanes, with the app ports this run uses.
+        mapping = dict(zip(EXAMPLE_APP_PORTS, self.args.app_ports))
+        files = sorted((ROOT / EXAMPLE_DATAPLANES).glob("*.yaml"))
+        seen = set()
+        for f in files:
+            def swap(m):
+                seen.add(int(m.group(2)))
+                return f"{m.group(1)}{mapping.get(int(m.group(2)), int(m.group(2)))}"
+            text = re.sub(r"(servicePort:\s*)(\d+)", swap, f.read_text())
+            (work / "dataplanes" / f.name).write_text(text)
+        if seen != set(EXAMPLE_APP_PORTS):
+            raise DemoError(f"{EXAMPLE_DATAPLANES}/ uses servicePorts {sorted(seen)}; the demo expects "
+                            f"{list(EXAMPLE_APP_PORTS)}: update EXAMPLE_APP_PORTS in scripts/demo.py")
+        self.sup.run("hdsd validate", [self.hdsd, "validate", "--config", CONFIG], WORK / "logs/hdsd-validate.log")
+        # Key, tokens and bootstraps: the same script as docker-compose.yml's hdsd-init.
+        self.sup.run("docker/hdsd-init.sh", self.init_argv(), WORK / "logs/hdsd-init.log")
+        # The intruder: claims to be backend-01 but holds web-01's (valid) token.
+        self.sup.run("hdsd bootstrap (intruder)",
+                     [self.hdsd, "bootstrap", "--mesh", MESH, "--name", BACKEND, "--server", self.hds,
+                      "--token-file", WORK / f"bootstrap/tokens/{MESH}.{WEB}.jwt",
+                      "--admin-port", self.admin_ports["intruder"], "--out", WORK / "bootstrap/intruder.yaml"],
+                     WORK / "logs/hdsd-bootstrap-intruder.log")
+        say(f"    key, tokens and bootstraps made by {INIT_SCRIPT} in {WORK}/bootstrap/ (log: {WORK}/logs/hdsd-init.log)")
+
+    def start_hdsd(self):
+        self.hdsd_proc = self.sup.start("hdsd", [self.hdsd, "serve", "--config", CONFIG], WORK / "logs/hdsd.log")
+        secs, _ = wait_until(self.sup, "hdsd /readyz", 20, lambda: (http_get(self.api + "/readyz")[0] == 200, "not ready"))
+        say(f"    hdsd is up in {secs:.1f}s (pid {self.hdsd_proc.pid}): HDS on {self.hds}, API on {self.api}")
+
+    def start_app(self, key):
+        port = self.app_ports[key]
+        proc = self.sup.start(f"app {key}", [sys.executable, "scripts/demo_app.py", "--port", port, "--name", key],
+                              WORK / f"logs/app-{key}.log")
+        wait_until(self.sup, f"app {key} on 127.0.0.1:{port}", 10, lambda: (accepting(port), "not accepting"))
+        self.apps[key] = proc
+        return proc
+
+    def start_envoy(self, key, bootstrap):
+        return self.sup.start(f"envoy {key}",
+                              [self.envoy, "-c", bootstrap, "--use-dynamic-base-id", "--log-level", "info"],
+                              WORK / f"logs/envoy-{key}.log")
+
+    # -- API views
+
+    def dataplanes(self):
+        return {f"{d['mesh']}.{d['name']}": d for d in get_json(self.api + "/api/v1/dataplanes")["items"]}
+
+    def inbound(self, dps, name, port):
+        for i in dps[f"{MESH}.{name}"]["inbounds"]:
+            if i["port"] == port:
+                return i
+        raise DemoError(f"{MESH}.{name} has no inbound {port}")
+
+    def readiness(self):
+        dps = self.dataplanes()
+        return {(name, i["port"]): (i["health"]["ready"], i["health"]["status"])
+                for name in (WEB, BACKEND) for i in dps.get(f"{MESH}.{name}", {"inbounds": []})["inbounds"]}
+
+    # -- the story
+
+    def record(self, step, passed, seconds, note):
+        self.results.append((step, passed, seconds, note))
+        if self.once:
+            say(f"    {'PASS' if passed else 'FAIL'} {step}: {note}")
+        else:
+            say(f"    {note}")
+        if not passed:
+            raise DemoError(f"step {step} did not happen as said: {note}")
+
+    def step_a(self):
+        step_line("(a) hdsd sends each Envoy its health checks; Envoy probes the apps and reports: "
+                  "waiting for all 3 inbounds to be ready")
+        t0 = time.monotonic()
+        self.envoys[WEB] = self.start_envoy(WEB, WORK / f"bootstrap/{MESH}.{WEB}.yaml")
+        self.envoys[BACKEND] = self.start_envoy(BACKEND, WORK / f"bootstrap/{MESH}.{BACKEND}.yaml")
+
+        def all_ready():
+            r = self.readiness()
+            return len(r) == 3 and all(ready for ready, _ in r.values()), r
+        wait_until(self.sup, "every inbound ready", 30, all_ready)
+        secs = time.monotonic() - t0
+        self.record("a", True, secs, f"all 3 inbounds ready {secs:.1f}s after starting the Envoys")
+
+    def step_b(self):
+        s = self.settings
+        worst = s.worst_case_detection()
+        step_line(f"(b) stopping the web app (127.0.0.1:{self.app_ports['web']}): "
+                  f"web-01's inbound must turn not ready within {fmt_s(worst)} ({s.formula()})")
+        self.sup.stop(self.apps["web"])
+        secs, seen = wait_until(
+            self.sup, "web-01's inbound to be not ready", worst + 10,
+            lambda: (lambda i: (not i["health"]["ready"], i["health"]))(self.inbound(self.dataplanes(), WEB, WEB_INBOUND)))
+        others = self.readiness()
+        still = [k for k in ((BACKEND, API_INBOUND), (BACKEND, ADMIN_INBOUND)) if not others.get(k, (False,))[0]]
+        within = secs <= worst + MEASUREMENT_SLACK
+        note = (f"web-01:{WEB_INBOUND} not ready ({seen['status']}) {secs:.1f}s after the app stopped; "
+                f"documented worst case {fmt_s(worst)}"
+                + (" - within it" if within else f" - {secs - worst:.1f}s OVER it"))
+        if still:
+            note += f"; but backend inbounds {still} are not ready either"
+        else:
+            note += "; backend-01's 2 inbounds stay ready"
+        self.record("b", within and not still, secs, note)
+
+    def step_c(self):
+        bound = self.settings.worst_case_recovery()
+        step_line(f"(c) starting the web app again: web-01's inbound becomes ready "
+                  f"(expected within {fmt_s(bound)}: healthy_threshold x no_traffic_interval + timeout + report_interval)")
+        self.start_app("web")
+        t0 = time.monotonic()
+        wait_until(self.sup, "web-01's inbound to be ready", bound + 10,
+                   lambda: (lambda i: (i["health"]["ready"], i["health"]))(self.inbound(self.dataplanes(), WEB, WEB_INBOUND)))
+        secs = time.monotonic() - t0
+        self.record("c", True, secs, f"web-01:{WEB_INBOUND} ready again {secs:.1f}s after the app started")
+
+    def step_d(self):
+        step_line(f"(d) a third Envoy claims to be {MESH}.{BACKEND} but holds {MESH}.{WEB}'s token: "
+                  "hdsd must refuse it and keep backend-01's own Envoy")
+        before = self.dataplanes()[f"{MESH}.{BACKEND}"]["connection"]
+        if not before["connected"]:
+            raise DemoError(f"backend-01 is not connected before the intruder starts: {before}")
+        log = WORK / "logs/envoy-intruder.log"
+        t0 = time.monotonic()
+        intruder = self.start_envoy("intruder", WORK / "bootstrap/intruder.yaml")
+        marker = "StreamHealthCheck gRPC config stream closed"
+
+        def refused():
+            text = (ROOT / log).read_text(errors="replace")
+            lines = [percent_decode(line) for line in text.splitlines() if marker in line]
+            return bool(lines), (lines[0] if lines else "no such line in the Envoy log yet")
+        secs, line = wait_until(self.sup, "the intruder Envoy to be refused", 20, refused)
+        after = self.dataplanes()[f"{MESH}.{BACKEND}"]["connection"]
+        self.sup.stop(intruder)
+        # Envoy appends the response's details in braces ({via_upstream}).
+        m = re.search(r"closed: (\d+), (.*?)(\{[a-z_]+\})?$", line)
+        code, reason = (int(m.group(1)), m.group(2).strip()) if m else (None, line)
+        names = {7: "PERMISSION_DENIED", 16: "UNAUTHENTICATED"}
+        refused_ok = code in names
+        kept = after["connected"] and after["connectedAt"] == before["connectedAt"]
+        say(f"    Envoy log (percent-decoded): {marker}: {code}, {reason}")
+        for entry in strip_ansi((ROOT / WORK / "logs/hdsd.log").read_text(errors="replace")).splitlines():
+            if "cannot be used by" in entry or ("ending stream" in entry and "token" in entry):
+                say(f"    hdsd log: {entry.strip()}")
+                break
+        metric = self.auth_failures()
+        if metric:
+            say(f"    /metrics: {metric}")
+        note = (f"refused after {secs:.1f}s with {names.get(code, f'gRPC status {code}')}: \"{reason}\"; "
+                + (f"hdsd lists no connection for it: backend-01 is still served by its own Envoy "
+                   f"(connected since {after['connectedAt']})" if kept
+                   else f"but backend-01's connection changed: before {before}, after {after}"))
+        self.record("d", refused_ok and kept, secs, note)
+
+    def auth_failures(self):
+        try:
+            status, body = http_get(self.api + "/metrics")
+        except (OSError, urllib.error.URLError):
+            return None
+        if status != 200:
+            return None
+        lines = [line for line in body.splitlines() if line.startswith("hdsd_auth_failures_total")]
+        return ", ".join(lines) or None
+
+    # -- modes
+
+    def where_to_look(self):
+        say("Where to look (in another terminal) while the story runs:")
+        say(f"  {self.hdsd} status --watch --api {self.api}")
+        say(f"  curl -s {self.api}/api/v1/dataplanes")
+        say(f"  curl -s {self.api}/metrics")
+        say(f"  logs: {WORK}/logs/ (hdsd.log, envoy-*.log, app-*.log)")
+
+    def run(self):
+        say(f"hdsd demo: hdsd (token auth) + Envoy {WEB} + Envoy {BACKEND} + 3 apps; work dir {WORK}/")
+        self.preflight()
+        if not self.once:
+            self.where_to_look()
+        step_line("setting up: signing key, tokens, bootstraps, hdsd, the 3 demo apps")
+        self.prepare()
+        self.start_hdsd()
+        for key in self.app_ports:
+            self.start_app(key)
+        say("    apps: " + ", ".join(f"{k} 127.0.0.1:{p}" for k, p in self.app_ports.items()))
+        for step in (self.step_a, self.step_b, self.step_c, self.step_d):
+            step()
+        if self.once:
+            return
+        step_line("the story is over: the live table (`hdsd status --watch`) follows in 3s; "
+                  "stop and start apps by hand to see it change. Ctrl-C stops everything")
+        time.sleep(3)
+        watch = subprocess.Popen([str(self.hdsd), "status", "--watch", "--api", self.api],
+                                 cwd=ROOT, env=self.sup.env, start_new_session=True)
+        self.sup.procs.append(_Adopted("hdsd status --watch", watch))
+        watch.wait()
+        raise DemoError(f"`hdsd status --watch` exited ({watch.returncode})")
+
+
+class _Adopted(Proc):
+    """A Popen started elsewhere (for its terminal output), stopped like the others."""
+
+    def __init__(self, name, popen):  # noqa: super().__init__ deliberately not called
+        self.name, self.popen, self.pid, self.pgid = name, popen, popen.pid, popen.pid
+        self.log = "(terminal)"
+        self.expected_running = False
+
+
+def find_envoy():
+    env = os.environ.get("ENVOY_BIN")
+    if env:
+        if not os.access(env, os.X_OK):
+            raise DemoError(f"ENVOY_BIN={env} is not an executable file")
+        return env
+    try:
+        out = subprocess.run(["./scripts/setup.sh"], cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise DemoError(f"./scripts/setup.sh failed ({e}); it installs Envoy: run it and read its errors") from None
+    lines = out.strip().splitlines()
+    if not lines or not os.access(lines[-1], os.X_OK):
+        raise DemoError(f"./scripts/setup.sh did not print an Envoy binary path on its last line: {out!r}")
+    return lines[-1]
+
+
+def ports(count):
+    def parse(text):
+        try:
+            values = [int(p) for p in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ports") from None
+        if len(values) != count or not all(0 < p < 65536 for p in values):
+            raise argparse.ArgumentTypeError(f"{text!r}: give exactly {count} ports in 1-65535")
+        return values
+    return parse
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Ports are on 127.0.0.1; each must be free.")
+    p.add_argument("--once", action="store_true", help="run the story non-interactively: PASS/FAIL per step, exit 1 on a failure")
+    p.add_argument("--hdsd", default=str(DEFAULT_HDSD), help=f"hdsd binary, relative to the repository (default {DEFAULT_HDSD})")
+    p.add_argument("--hds-port", type=int, default=15678, help="hdsd's HDS port (default 15678)")
+    p.add_argument("--api-port", type=int, default=15680, help="hdsd's REST API port (default 15680)")
+    p.add_argument("--app-ports", type=ports(3), default=list(EXAMPLE_APP_PORTS),
+                   help="web,backend-api,backend-admin app ports (default 18081,18082,18083)")
+    p.add_argument("--admin-ports", type=ports(3), default=[19901, 19902, 19903],
+                   help="Envoy admin ports of web-01,backend-01,the intruder (default 19901,19902,19903)")
+    p.add_argument("--print-init-args", action="store_true",
+                   help="print the docker/hdsd-init.sh command line the demo runs, as JSON, and exit (used by tests/compose.rs)")
+    return p.parse_args(argv)
+
+
+def main(argv):
+    args = parse_args(argv)
+    if args.print_init_args:
+        demo = Demo(args)
+        print(json.dumps({"cwd": ".", "env": {k: v for k, v in demo.sup.env.items() if k.startswith("HDSD_")},
+                          "argv": demo.init_argv()}))
+        return 0
+
+    def interrupt(signum, _frame):
+        raise Interrupted(signal.Signals(signum).name)
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGHUP, interrupt)
+
+    demo = None
+    code = 1
+    started = time.monotonic()
+    try:
+        demo = Demo(args)
+        demo.run()
+        code = 0
+    except DemoError as e:
+        say(f"\nFAILED: {e}")
+        if demo is not None and demo.sup.procs:
+            say(f"hdsd log (last lines, {WORK}/logs/hdsd.log):\n{tail(WORK / 'logs/hdsd.log')}")
+    except (KeyboardInterrupt, Interrupted) as e:
+        say(f"\ninterrupted ({e or 'SIGINT'}): stopping everything")
+        code = 130
+    except BaseException:
+        say("\nunexpected error: stopping everything")
+        raise
+    finally:
+        # No second Ctrl-C may cut the cleanup short.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        if demo is not None:
+            left = demo.sup.stop_all()
+            if left:
+                say("STILL RUNNING after SIGTERM and SIGKILL: "
+                    + ", ".join(f"{p.name} (pid {p.pid})" for p in left))
+                code = code or 1
+            else:
+                say(f"stopped all {len(demo.sup.procs)} processes the demo started; none is left running")
+            if args.once:
+                summarize(demo, code, time.monotonic() - started)
+    return code
+
+
+def summarize(demo, code, total):
+    say("\nstep  result  seconds  what happened")
+    done = {r[0]: r for r in demo.results}
+    for step in "abcd":
+        if step in done:
+            _, passed, secs, note = done[step]
+            say(f"({step})   {'PASS' if passed else 'FAIL'}    {secs:6.1f}   {note}")
+        else:
+            say(f"({step})   {'FAIL' if code else 'SKIP'}       -   not reached")
+    passed = sum(1 for r in demo.results if r[1])
+    verdict = "PASS" if code == 0 and passed == 4 else "FAIL"
+    say(f"demo story: {verdict}, {passed} of 4 steps as said, {total:.1f}s in all; logs in {WORK}/logs/")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
