@@ -75,13 +75,16 @@ pub fn bootstrap(p: &BootstrapParams) -> Result<Value, BootstrapError> {
             "name": "envoy.transport_sockets.tls",
             "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                "sni": host,
                 "common_tls_context": {
                     "alpn_protocols": ["h2"],
                     "validation_context": {"trusted_ca": {"filename": ca.display().to_string()}}
                 }
             }
         });
+        // SNI carries host names only (RFC 6066): an IP literal is not sent.
+        if discovery == "STRICT_DNS" {
+            cluster["transport_socket"]["typed_config"]["sni"] = json!(host);
+        }
     }
     let mut grpc_service = json!({"envoy_grpc": {"cluster_name": HDSD_CLUSTER}});
     if let Some(token) = &p.token {
@@ -155,6 +158,18 @@ mod tests {
         let c = &b["static_resources"]["clusters"][0];
         assert_eq!(c["type"], "STRICT_DNS");
         assert_eq!(c["transport_socket"]["typed_config"]["sni"], "hdsd.example");
+    }
+
+    #[test]
+    fn tls_to_an_ip_address_sends_no_sni() {
+        let p = BootstrapParams {
+            ca: Some("/etc/hdsd/ca.pem".into()),
+            ..params()
+        };
+        let b = bootstrap(&p).unwrap();
+        let tls = &b["static_resources"]["clusters"][0]["transport_socket"]["typed_config"];
+        assert_eq!(tls["common_tls_context"]["alpn_protocols"], json!(["h2"]));
+        assert!(tls.get("sni").is_none(), "{tls}");
     }
 
     #[test]

@@ -187,7 +187,7 @@ fn parse_certs(
         let hint = if contains(bytes, b"PRIVATE KEY-----") {
             " (it holds a private key: are cert and key swapped?)"
         } else if !contains(bytes, b"-----BEGIN ") {
-            " (it is not PEM; convert DER with `openssl x509 -inform der -in FILE -out FILE.pem`)"
+            " (it is not PEM; if it is DER, convert it with `openssl x509 -inform der -in FILE -out FILE.pem`)"
         } else {
             ""
         };
