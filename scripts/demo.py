@@ -575,7 +575,8 @@ class Demo:
 
     def where_to_look(self):
         say("Where to look (in another terminal) while the story runs:")
-        say(f"  {self.hdsd} status --watch --api {self.api}")
+        binary = str(self.hdsd) if self.hdsd.is_absolute() else f"./{self.hdsd}"
+        say(f"  {binary} status --watch --api {self.api}")
         say(f"  curl -s {self.api}/api/v1/dataplanes")
         say(f"  curl -s {self.api}/metrics")
         say(f"  logs: {WORK}/logs/ (hdsd.log, envoy-*.log, app-*.log)")
@@ -591,12 +592,19 @@ class Demo:
         for key in self.app_ports:
             self.start_app(key)
         say("    apps: " + ", ".join(f"{k} 127.0.0.1:{p}" for k, p in self.app_ports.items()))
-        for step in (self.step_a, self.step_b, self.step_c, self.step_d):
-            step()
+        for letter, step in (("a", self.step_a), ("b", self.step_b), ("c", self.step_c), ("d", self.step_d)):
+            try:
+                step()
+            except DemoError as e:
+                if not any(r[0] == letter for r in self.results):
+                    self.results.append((letter, False, None, str(e).splitlines()[0]))
+                    if self.once:
+                        say(f"    FAIL {letter}: {str(e).splitlines()[0]}")
+                raise
         if self.once:
             return
-        step_line("the story is over: the live table (`hdsd status --watch`) follows in 3s; "
-                  "stop and start apps by hand to see it change. Ctrl-C stops everything")
+        step_line(f"the story is over: the live table (`hdsd status --watch`) follows in 3s. In another terminal, "
+                  f"`kill {self.apps['web'].pid}` stops the web app: watch web-01 turn not ready. Ctrl-C stops everything")
         time.sleep(3)
         watch = subprocess.Popen([str(self.hdsd), "status", "--watch", "--api", self.api],
                                  cwd=ROOT, env=self.sup.env, start_new_session=True)
@@ -684,7 +692,7 @@ def main(argv):
         if demo is not None and demo.sup.procs:
             say(f"hdsd log (last lines, {WORK}/logs/hdsd.log):\n{tail(WORK / 'logs/hdsd.log')}")
     except (KeyboardInterrupt, Interrupted) as e:
-        say(f"\ninterrupted ({e or 'SIGINT'}): stopping everything")
+        say(f"\ninterrupted ({str(e) or 'SIGINT'}): stopping everything")
         code = 130
     except BaseException:
         say("\nunexpected error: stopping everything")
@@ -701,7 +709,7 @@ def main(argv):
                 code = code or 1
             else:
                 say(f"stopped all {len(demo.sup.procs)} processes the demo started; none is left running")
-            if args.once:
+            if args.once and demo.results:
                 summarize(demo, code, time.monotonic() - started)
     return code
 
@@ -712,9 +720,10 @@ def summarize(demo, code, total):
     for step in "abcd":
         if step in done:
             _, passed, secs, note = done[step]
-            say(f"({step})   {'PASS' if passed else 'FAIL'}    {secs:6.1f}   {note}")
+            shown = "     -" if secs is None else f"{secs:6.1f}"
+            say(f"({step})   {'PASS' if passed else 'FAIL'}    {shown}   {note}")
         else:
-            say(f"({step})   {'FAIL' if code else 'SKIP'}       -   not reached")
+            say(f"({step})   ----         -   not run")
     passed = sum(1 for r in demo.results if r[1])
     verdict = "PASS" if code == 0 and passed == 4 else "FAIL"
     say(f"demo story: {verdict}, {passed} of 4 steps as said, {total:.1f}s in all; logs in {WORK}/logs/")
