@@ -680,10 +680,16 @@ fn describe_handshake_error(tls: &ServerTls, e: &io::Error) -> (bool, String) {
     };
     use rustls::Error as E;
     let text = match rustls_error {
-        E::InvalidMessage(_) | E::InappropriateMessage { .. } => format!(
-            "{rustls_error}: the client does not speak TLS (plaintext gRPC or HTTP?); \
-             configure TLS on the client (for Envoy: a bootstrap made with --ca) or remove {section}"
-        ),
+        E::InvalidMessage(_) | E::InappropriateMessage { .. } => match tls.inner.alpn {
+            Alpn::Grpc => format!(
+                "{rustls_error}: the client does not speak TLS (plaintext gRPC?); configure TLS \
+                 on the client (for Envoy: `hdsd bootstrap --ca`) or remove {section}"
+            ),
+            Alpn::Http => format!(
+                "{rustls_error}: the client does not speak TLS (plain http://?); use https:// \
+                 or remove {section}"
+            ),
+        },
         E::NoApplicationProtocol => format!(
             "{rustls_error}: the client offered none of the protocols this listener serves ({}); \
              Envoy must set alpn_protocols: [h2] in its UpstreamTlsContext",
