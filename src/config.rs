@@ -23,6 +23,9 @@ pub struct Config {
     pub dataplanes: DataplanesConfig,
     /// Directory for hdsd's own state (keys, revocations, readiness store).
     pub state_dir: PathBuf,
+    /// How long a graceful shutdown may take before hdsd exits anyway.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
     pub auth: AuthConfig,
     pub log: LogConfig,
 }
@@ -82,6 +85,32 @@ pub struct HdsConfig {
     /// TLS for the HDS listener; plaintext when absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsConfig>,
+    /// A report older than this no longer counts: its inbounds are `stale`,
+    /// and a stream silent this long is ended. Default: 3 x report_interval.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub stale_after: Option<Duration>,
+    /// HTTP/2 keepalive pings from the server to notice dead TCP peers.
+    pub keepalive: KeepaliveConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeepaliveConfig {
+    /// Time between pings on an otherwise idle connection.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// How long to wait for a ping's answer before closing the connection.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for KeepaliveConfig {
+    fn default() -> Self {
+        KeepaliveConfig {
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -137,6 +166,7 @@ impl Default for Config {
             api: ApiConfig::default(),
             dataplanes: DataplanesConfig::default(),
             state_dir: PathBuf::from("./hdsd-data"),
+            shutdown_timeout: Duration::from_secs(10),
             auth: AuthConfig::default(),
             log: LogConfig::default(),
         }
@@ -152,6 +182,8 @@ impl Default for HdsConfig {
             check: CheckConfig::default(),
             probe_all_inbounds: true,
             tls: None,
+            stale_after: None,
+            keepalive: KeepaliveConfig::default(),
         }
     }
 }
@@ -212,6 +244,13 @@ impl Default for LogConfig {
             level: "info".to_string(),
             format: LogFormat::Text,
         }
+    }
+}
+
+impl HdsConfig {
+    /// `stale_after`, or its default of three report intervals.
+    pub fn stale_after(&self) -> Duration {
+        self.stale_after.unwrap_or(self.report_interval * 3)
     }
 }
 
@@ -291,6 +330,23 @@ impl Config {
         for e in self.hds.check.probe_settings().validate() {
             problems.push(format!("hds.check: {e}"));
         }
+        let stale_after = self.hds.stale_after();
+        if stale_after < self.hds.report_interval * 2 {
+            problems.push(format!(
+                "hds.stale_after is {}, below 2 x hds.report_interval ({}): one late report would make healthy inbounds stale; raise it",
+                humantime::format_duration(stale_after),
+                humantime::format_duration(self.hds.report_interval * 2)
+            ));
+        }
+        if self.hds.keepalive.interval.is_zero() || self.hds.keepalive.timeout.is_zero() {
+            problems.push(
+                "hds.keepalive.interval and hds.keepalive.timeout must be > 0 (e.g. 30s and 10s)"
+                    .to_string(),
+            );
+        }
+        if self.shutdown_timeout.is_zero() {
+            problems.push("shutdown_timeout must be > 0 (e.g. 10s)".to_string());
+        }
         if self.auth.max_token_validity.is_zero() {
             problems.push("auth.max_token_validity must be > 0 (e.g. 8760h)".to_string());
         }
@@ -344,6 +400,8 @@ pub const DEFAULTS_TOML: &str = r#"# hdsd configuration. Every key is shown with
 
 # Directory for hdsd's own state (signing keys, revocation list, readiness store).
 state_dir = "./hdsd-data"
+# How long a graceful shutdown (SIGTERM, SIGINT) may take before hdsd exits anyway.
+shutdown_timeout = "10s"
 
 [hds]
 # Address of the gRPC HDS listener Envoys connect to.
@@ -354,6 +412,16 @@ report_interval = "5s"
 unknown_dataplane_grace = "30s"
 # Probe every inbound (true), or only inbounds that have a serviceProbe (false, Kuma's behaviour).
 probe_all_inbounds = true
+# A report older than this no longer counts: its inbounds turn `stale` (not ready) and a
+# stream silent this long is ended so that Envoy reconnects. >= 2 x report_interval.
+# Default: 3 x report_interval.
+# stale_after = "15s"
+
+[hds.keepalive]
+# HTTP/2 pings from hdsd so that dead TCP peers are noticed even with no report due.
+interval = "30s"
+# How long a ping may go unanswered before the connection is closed.
+timeout = "10s"
 
 [hds.check]
 # Time between two TCP probes of an inbound's application.

@@ -33,6 +33,8 @@ use crate::specifier::Specifier;
 pub struct HdsSettings {
     pub unknown_dataplane_grace: Duration,
     pub report_interval: Duration,
+    /// A stream with no report for this long is ended (`hds.stale_after`).
+    pub stale_after: Duration,
     /// Shown in NOT_FOUND messages: where dataplane files go.
     pub dataplanes_dir: String,
 }
@@ -217,6 +219,8 @@ enum End {
     Closed,
     /// End the stream with this status.
     Status(Status),
+    /// End a stream that stopped reporting (counted as `stale`).
+    Stale(Status),
 }
 
 impl From<Status> for End {
@@ -389,6 +393,8 @@ impl Session {
         }
         tracing::info!("stream attached");
         let mut sent_version = 0;
+        let stale_after = self.settings.stale_after;
+        let mut report_due_by = Instant::now() + stale_after;
         // The first request was already read: answer it.
         let snapshot = state.borrow_and_update().clone();
         if let Err(end) = self.send_specifier(&snapshot).await {
@@ -420,6 +426,12 @@ impl Session {
                     }
                 }
                 end = self.token_invalidated() => return Pump::End(end),
+                () = tokio::time::sleep_until(report_due_by) => {
+                    return Pump::End(End::Stale(Status::unavailable(format!(
+                        "no health report for {}; reconnect and send a HealthCheckRequest",
+                        humantime::format_duration(stale_after)
+                    ))));
+                }
                 msg = inbound.message() => match msg {
                     Ok(Some(msg)) => match msg.request_type {
                         Some(RequestType::HealthCheckRequest(r)) => {
@@ -436,6 +448,7 @@ impl Session {
                         }
                         Some(RequestType::EndpointHealthResponse(report)) => {
                             metrics::counter!(m::REPORTS).increment(1);
+                            report_due_by = Instant::now() + stale_after;
                             if !handle.send(Command::Report { stream: self.id, report: Box::new(report) }).await {
                                 return Pump::Removed;
                             }
@@ -495,13 +508,18 @@ impl Session {
     }
 
     async fn finish(&self, end: End, peer: &str) {
+        let stale = matches!(end, End::Stale(_));
         match end {
             End::Closed => {
                 m::stream_closed(CloseReason::Ok);
                 tracing::info!(peer, "stream closed by the client");
             }
-            End::Status(status) => {
-                m::stream_closed(CloseReason::from_code(status.code()));
+            End::Status(status) | End::Stale(status) => {
+                m::stream_closed(if stale {
+                    CloseReason::Stale
+                } else {
+                    CloseReason::from_code(status.code())
+                });
                 tracing::warn!(peer, code = ?status.code(), "ending stream: {}", status.message());
                 let _ = self.out.send(Err(status)).await;
             }

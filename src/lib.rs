@@ -23,4 +23,5 @@ pub mod server;
 pub mod source;
 pub mod specifier;
 pub mod status;
+pub mod store;
 pub mod tls;

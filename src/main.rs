@@ -202,8 +202,14 @@ fn serve(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     let config = Config::load(config_path)?;
     init_logging(&config);
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    runtime.block_on(server::run(config, shutdown_signal()))?;
-    Ok(ExitCode::SUCCESS)
+    match runtime.block_on(server::run(config, shutdown_signal())) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("error: {e}");
+            Ok(ExitCode::from(e.exit_code()))
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -119,6 +119,11 @@ pub fn report_folded(fold: &FoldOutcome, took: std::time::Duration) {
     if fold.unknown_endpoints > 0 {
         counter!(REPORT_UNKNOWN_ENDPOINTS).increment(u64::from(fold.unknown_endpoints));
     }
+    transitions(fold);
+}
+
+/// Counts inbounds that became ready or not ready.
+pub fn transitions(fold: &FoldOutcome) {
     if fold.became_ready > 0 {
         counter!(READINESS_TRANSITIONS, "to" => "ready").increment(u64::from(fold.became_ready));
     }
@@ -233,6 +238,7 @@ fn describe() {
         "Always 1; the version label says which hdsd is running."
     );
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    gauge!(STREAMS_ACTIVE).set(0.0);
     for reason in CloseReason::ALL {
         counter!(STREAMS_CLOSED, "reason" => reason.as_str()).absolute(0);
     }

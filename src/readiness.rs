@@ -5,6 +5,8 @@
 //!   (NOT ready) until a report contains it.
 //! - HEALTHY -> `healthy`, UNHEALTHY -> `unhealthy`, TIMEOUT -> `timeout`;
 //!   DRAINING, DEGRADED and UNKNOWN keep their own names and are not ready.
+//! - An inbound whose last report is older than `stale_after` is `stale`
+//!   (not ready): the report can no longer be trusted ([`expire`]).
 //! - An inbound nobody probes (`hds.probe_all_inbounds = false` and no
 //!   `serviceProbe`) is `not_probed` and ready: nothing says it is not.
 
@@ -30,10 +32,12 @@ pub enum Status {
     Degraded,
     Unknown,
     NotProbed,
+    /// The last report is older than `hds.stale_after`.
+    Stale,
 }
 
 impl Status {
-    pub const ALL: [Status; 8] = [
+    pub const ALL: [Status; 9] = [
         Status::Pending,
         Status::Healthy,
         Status::Unhealthy,
@@ -42,6 +46,7 @@ impl Status {
         Status::Degraded,
         Status::Unknown,
         Status::NotProbed,
+        Status::Stale,
     ];
 
     pub fn is_ready(self) -> bool {
@@ -58,7 +63,13 @@ impl Status {
             Status::Degraded => "degraded",
             Status::Unknown => "unknown",
             Status::NotProbed => "not_probed",
+            Status::Stale => "stale",
         }
+    }
+
+    /// Parses [`Status::as_str`]'s output.
+    pub fn from_name(name: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| s.as_str() == name)
     }
 
     /// Envoy's reported status (the raw enum value) as an inbound status.
@@ -207,6 +218,50 @@ pub fn fold_report(
         }
     }
     outcome
+}
+
+/// Marks every inbound whose last report is older than `stale_after` as
+/// `stale`. Pending and not-probed inbounds are left alone (they have no
+/// report to distrust). `since` is the moment the report went stale.
+pub fn expire(health: &mut Health, now: Timestamp, stale_after: chrono::Duration) -> FoldOutcome {
+    let mut outcome = FoldOutcome::default();
+    for inbound in &mut health.inbounds {
+        let Some(last) = inbound.last_report_at else {
+            continue;
+        };
+        if matches!(
+            inbound.status,
+            Status::Stale | Status::Pending | Status::NotProbed
+        ) {
+            continue;
+        }
+        let stale_at = last + stale_after;
+        if stale_at <= now {
+            if inbound.status.is_ready() {
+                outcome.became_not_ready += 1;
+            }
+            inbound.status = Status::Stale;
+            inbound.since = stale_at;
+            outcome.changed = true;
+        }
+    }
+    outcome
+}
+
+/// When [`expire`] next has something to do, if ever.
+pub fn next_expiry(health: &Health, stale_after: chrono::Duration) -> Option<Timestamp> {
+    health
+        .inbounds
+        .iter()
+        .filter(|i| {
+            !matches!(
+                i.status,
+                Status::Stale | Status::Pending | Status::NotProbed
+            )
+        })
+        .filter_map(|i| i.last_report_at)
+        .min()
+        .map(|t| t + stale_after)
 }
 
 #[cfg(test)]
@@ -449,6 +504,63 @@ mod tests {
         assert_eq!(h2.inbounds[0].since, t(1));
         assert_eq!(h2.inbounds[1].since, t(9));
         assert_eq!(h2.last_report_at, Some(t(1)));
+    }
+
+    #[test]
+    fn reports_go_stale_after_the_window_and_recover_on_the_next_report() {
+        let dp = dataplane(&[(10001, 8080), (10002, 9090)]);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let window = chrono::Duration::seconds(15);
+        let mut h = rebase(None, &dp, &spec, t(0));
+        assert_eq!(
+            next_expiry(&h, window),
+            None,
+            "pending inbounds never go stale"
+        );
+        fold_report(
+            &mut h,
+            &spec,
+            &report(&[("probe_127.0.0.1:8080", 8080, H)]),
+            t(1),
+        );
+        assert_eq!(next_expiry(&h, window), Some(t(16)));
+        // Not before the window...
+        let o = expire(&mut h, t(15), window);
+        assert!(!o.changed);
+        assert_eq!(statuses(&h), vec![Status::Healthy, Status::Pending]);
+        // ...but at it: stale, not ready, since the moment it went stale.
+        let o = expire(&mut h, t(20), window);
+        assert_eq!((o.changed, o.became_not_ready), (true, 1));
+        assert_eq!(statuses(&h), vec![Status::Stale, Status::Pending]);
+        assert!(!h.inbounds[0].status.is_ready());
+        assert_eq!(h.inbounds[0].since, t(16));
+        assert_eq!(next_expiry(&h, window), None);
+        assert!(!expire(&mut h, t(30), window).changed, "stale stays stale");
+        // The next report is the truth again.
+        let o = fold_report(
+            &mut h,
+            &spec,
+            &report(&[("probe_127.0.0.1:8080", 8080, H)]),
+            t(31),
+        );
+        assert_eq!(o.became_ready, 1);
+        assert_eq!(statuses(&h), vec![Status::Healthy, Status::Pending]);
+    }
+
+    #[test]
+    fn unhealthy_reports_go_stale_too() {
+        let dp = dataplane(&[(10001, 8080)]);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let mut h = rebase(None, &dp, &spec, t(0));
+        fold_report(
+            &mut h,
+            &spec,
+            &report(&[("probe_127.0.0.1:8080", 8080, U)]),
+            t(1),
+        );
+        let o = expire(&mut h, t(100), chrono::Duration::seconds(15));
+        assert_eq!((o.changed, o.became_not_ready), (true, 0));
+        assert_eq!(statuses(&h), vec![Status::Stale]);
     }
 
     #[test]

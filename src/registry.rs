@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::health::v3::EndpointHealthResponse;
 use tokio::sync::{mpsc, watch};
@@ -19,8 +20,9 @@ use tokio::time::Instant;
 
 use crate::clock::Clock;
 use crate::dataplane::DataplaneId;
-use crate::readiness::{fold_report, rebase, FoldOutcome, Health, Timestamp};
+use crate::readiness::{expire, fold_report, next_expiry, rebase, FoldOutcome, Health, Timestamp};
 use crate::source::{Defined, Loaded};
+use crate::store::{restore, snapshot, StoreHandle, StoredHealth};
 
 /// Identifies one HDS stream for the lifetime of the process.
 pub type StreamId = u64;
@@ -102,9 +104,9 @@ const COMMAND_QUEUE: usize = 64;
 
 impl Registry {
     /// Starts the registry task, fed by the source's snapshots.
-    pub fn spawn(sources: watch::Receiver<Arc<Loaded>>, clock: Arc<dyn Clock>) -> Registry {
+    pub fn spawn(sources: watch::Receiver<Arc<Loaded>>, options: RegistryOptions) -> Registry {
         let (tx, rx) = watch::channel(Arc::new(Catalog::new()));
-        tokio::spawn(run_registry(sources, tx, clock));
+        tokio::spawn(run_registry(sources, tx, options));
         Registry { catalog: rx }
     }
 
@@ -141,10 +143,23 @@ impl Registry {
     }
 }
 
+/// How the registry's dataplane tasks behave.
+#[derive(Debug)]
+pub struct RegistryOptions {
+    pub clock: Arc<dyn Clock>,
+    /// A report older than this no longer counts (`hds.stale_after`).
+    pub stale_after: Duration,
+    /// The shortest gap between two stored last-report times of one dataplane.
+    pub report_interval: Duration,
+    pub store: Option<StoreHandle>,
+    /// State loaded from the store at start, by dataplane.
+    pub restored: BTreeMap<DataplaneId, StoredHealth>,
+}
+
 async fn run_registry(
     mut sources: watch::Receiver<Arc<Loaded>>,
     catalog_tx: watch::Sender<Arc<Catalog>>,
-    clock: Arc<dyn Clock>,
+    mut options: RegistryOptions,
 ) {
     let mut current: BTreeMap<DataplaneId, (Defined, DataplaneHandle)> = BTreeMap::new();
     loop {
@@ -170,11 +185,18 @@ async fn run_registry(
                     tracing::info!(dataplane = %id, "dataplane definition changed");
                 }
                 None => {
-                    let handle = spawn_dataplane(defined.clone(), clock.clone());
+                    let restored = options.restored.remove(id);
+                    let handle = spawn_dataplane(defined.clone(), restored, &options);
                     current.insert(id.clone(), (defined.clone(), handle));
                     tracing::info!(dataplane = %id, file = %defined.file.display(), "dataplane added");
                     changed = true;
                 }
+            }
+        }
+        // Stored state of dataplanes that no longer exist is dropped.
+        if let Some(store) = &options.store {
+            for (id, _) in std::mem::take(&mut options.restored) {
+                store.put(id, None);
             }
         }
         if changed {
@@ -190,9 +212,18 @@ async fn run_registry(
     }
 }
 
-fn spawn_dataplane(defined: Defined, clock: Arc<dyn Clock>) -> DataplaneHandle {
-    let now = clock.now();
-    let health = rebase(None, &defined.dataplane, &defined.specifier, now);
+fn spawn_dataplane(
+    defined: Defined,
+    restored: Option<StoredHealth>,
+    options: &RegistryOptions,
+) -> DataplaneHandle {
+    let now = options.clock.now();
+    let id = defined.dataplane.id.clone();
+    let fresh = rebase(None, &defined.dataplane, &defined.specifier, now);
+    let health = match &restored {
+        Some(stored) => restore(stored, &defined.dataplane, &defined.specifier, fresh),
+        None => fresh,
+    };
     let (state_tx, state_rx) = watch::channel(DataplaneState {
         defined: Some(defined),
         version: 1,
@@ -200,31 +231,119 @@ fn spawn_dataplane(defined: Defined, clock: Arc<dyn Clock>) -> DataplaneHandle {
         connection: Connection::default(),
     });
     let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
-    tokio::spawn(run_dataplane(commands_rx, state_tx, clock));
+    let task = DataplaneTask {
+        id,
+        state: state_tx,
+        clock: options.clock.clone(),
+        stale_after: chrono::Duration::from_std(options.stale_after)
+            .unwrap_or(chrono::Duration::MAX),
+        report_interval: chrono::Duration::from_std(options.report_interval)
+            .unwrap_or(chrono::Duration::MAX),
+        store: options.store.clone(),
+        stored_report_at: restored.and_then(|r| r.last_report_at),
+    };
+    tokio::spawn(task.run(commands_rx));
     DataplaneHandle {
         commands: commands_tx,
         state: state_rx,
     }
 }
 
-/// The dataplane's task: applies commands until every handle is gone.
-async fn run_dataplane(
-    mut commands: mpsc::Receiver<Command>,
+/// The single writer of one dataplane's state.
+struct DataplaneTask {
+    id: DataplaneId,
     state: watch::Sender<DataplaneState>,
     clock: Arc<dyn Clock>,
-) {
-    while let Some(command) = commands.recv().await {
-        let now = clock.now();
+    stale_after: chrono::Duration,
+    report_interval: chrono::Duration,
+    store: Option<StoreHandle>,
+    /// The last report time written to the store.
+    stored_report_at: Option<Timestamp>,
+}
+
+impl DataplaneTask {
+    /// Applies commands and expires stale reports until every handle is gone.
+    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        // State restored from the store may already be stale.
+        self.expire();
+        loop {
+            let expiry = next_expiry(&self.state.borrow().health, self.stale_after).map(|at| {
+                let wait = (at - self.clock.now()).to_std().unwrap_or_default();
+                Instant::now() + wait
+            });
+            tokio::select! {
+                command = commands.recv() => match command {
+                    Some(command) => self.command(command),
+                    None => return,
+                },
+                () = sleep_until_some(expiry) => self.expire(),
+            }
+        }
+    }
+
+    fn command(&mut self, command: Command) {
+        let now = self.clock.now();
         let is_report = matches!(command, Command::Report { .. });
+        let redefines = matches!(command, Command::Define(_) | Command::Remove);
         let started = std::time::Instant::now();
         let mut applied = Applied::default();
-        state.send_if_modified(|s| {
+        self.state.send_if_modified(|s| {
             applied = apply(s, command, now);
             applied.notify
         });
         if is_report {
             crate::metrics::report_folded(&applied.fold, started.elapsed());
         }
+        self.persist(applied.fold.changed || (redefines && applied.notify));
+    }
+
+    fn expire(&mut self) {
+        let now = self.clock.now();
+        let mut outcome = FoldOutcome::default();
+        self.state.send_if_modified(|s| {
+            outcome = expire(&mut s.health, now, self.stale_after);
+            outcome.changed
+        });
+        if outcome.changed {
+            crate::metrics::transitions(&outcome);
+            self.persist(true);
+        }
+    }
+
+    /// Writes the state on a transition, and the last report time at most
+    /// once per report interval: never once per report.
+    fn persist(&mut self, transition: bool) {
+        let Some(store) = &self.store else { return };
+        let state = self.state.borrow();
+        let Some(defined) = &state.defined else {
+            // Deleted: forget it.
+            store.put(self.id.clone(), None);
+            return;
+        };
+        let last = state.health.last_report_at;
+        let report_due = match (last, self.stored_report_at) {
+            (Some(now), Some(before)) => now - before >= self.report_interval,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if transition || report_due {
+            store.put(
+                defined.dataplane.id.clone(),
+                Some(snapshot(
+                    &defined.dataplane,
+                    &defined.specifier,
+                    &state.health,
+                )),
+            );
+            self.stored_report_at = last;
+        }
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -5,7 +5,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -16,9 +15,10 @@ use crate::auth::Gate;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{AuthMode, Config};
 use crate::hds::{HdsService, HdsSettings};
-use crate::registry::Registry;
+use crate::registry::{Registry, RegistryOptions};
 use crate::source::{self, Loaded};
 use crate::specifier::SpecifierSettings;
+use crate::store::{ReadinessStore, RedbStore, StoreHandle};
 use crate::tls::TlsListener;
 
 /// Why the server could not start or stopped with an error.
@@ -41,14 +41,29 @@ pub enum ServeError {
     Hds(#[from] tonic::transport::Error),
     #[error("API listener failed: {0}")]
     Api(std::io::Error),
+    #[error("{0} stopped unexpectedly")]
+    Stopped(&'static str),
     #[error("cannot set up dataplane authentication: {0}")]
     Auth(#[from] crate::auth::GateError),
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
+    #[error("{0}; check that state_dir is writable, or move the file aside")]
+    Store(#[from] crate::store::StoreError),
 }
 
-/// How long a graceful shutdown may take before the process exits anyway.
-pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+impl ServeError {
+    /// The process exit code: 1 when hdsd could not start (fix the setup),
+    /// 2 when it failed while running.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ServeError::Hds(_)
+            | ServeError::Api(_)
+            | ServeError::Watch(_)
+            | ServeError::Stopped(_) => 2,
+            _ => 1,
+        }
+    }
+}
 
 /// The server-wide specifier settings of a configuration.
 pub fn specifier_settings(config: &Config) -> SpecifierSettings {
@@ -82,7 +97,21 @@ pub async fn run(
     let watcher = tokio::spawn(source::watch(dir.clone(), settings, sources_tx));
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let registry = Registry::spawn(sources_rx.clone(), clock.clone());
+    let store_path = config.state_dir.join("readiness.redb");
+    let store: Arc<dyn ReadinessStore> = Arc::new(RedbStore::open(&store_path)?);
+    let restored = store.load()?;
+    tracing::info!(file = %store_path.display(), dataplanes = restored.len(), "readiness state restored");
+    let store = StoreHandle::spawn(store);
+    let registry = Registry::spawn(
+        sources_rx.clone(),
+        RegistryOptions {
+            clock: clock.clone(),
+            stale_after: config.hds.stale_after(),
+            report_interval: config.hds.report_interval,
+            store: Some(store.clone()),
+            restored,
+        },
+    );
     let gate = Arc::new(Gate::new(&config, clock.now())?);
     tokio::spawn(gate.clone().watch());
     let mut notes = Vec::new();
@@ -138,6 +167,7 @@ pub async fn run(
         HdsSettings {
             unknown_dataplane_grace: config.hds.unknown_dataplane_grace,
             report_interval: config.hds.report_interval,
+            stale_after: config.hds.stale_after(),
             dataplanes_dir: dir.display().to_string(),
         },
         gate,
@@ -147,8 +177,8 @@ pub async fn run(
     let hds: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> = {
         let mut drain = drain_rx.clone();
         let server = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .http2_keepalive_interval(Some(config.hds.keepalive.interval))
+            .http2_keepalive_timeout(Some(config.hds.keepalive.timeout))
             .add_service(service.into_server());
         let signal = async move {
             let _ = drain.wait_for(|d| *d).await;
@@ -196,35 +226,48 @@ pub async fn run(
     ready.store(true, Ordering::Release);
     tracing::info!(hds = %hds_addr, api = %api_addr, "hdsd listening");
 
-    let hds = tokio::spawn(hds);
-    let api = tokio::spawn(api);
-    tokio::select! {
-        () = shutdown => {}
-        r = watcher => {
-            if let Ok(Err(e)) = r { return Err(e.into()); }
-        }
+    let mut hds = tokio::spawn(hds);
+    let mut api = tokio::spawn(api);
+    let failure = tokio::select! {
+        () = shutdown => None,
+        r = watcher => match r {
+            Ok(Err(e)) => Some(ServeError::Watch(e)),
+            _ => Some(ServeError::Stopped("the dataplane file watcher")),
+        },
+        r = &mut hds => Some(match r {
+            Ok(Err(e)) => ServeError::Hds(e),
+            _ => ServeError::Stopped("the HDS listener"),
+        }),
+        r = &mut api => Some(match r {
+            Ok(Err(e)) => ServeError::Api(e),
+            _ => ServeError::Stopped("the API listener"),
+        }),
+    };
+    if let Some(e) = &failure {
+        tracing::error!("{e}; shutting down");
     }
-    tracing::info!("shutting down: ending streams so Envoys reconnect elsewhere");
+    tracing::info!("shutting down: ending streams (GOAWAY) so Envoys reconnect elsewhere");
     let _ = drain_tx.send(true);
-    let stopped = tokio::time::timeout(SHUTDOWN_TIMEOUT, async {
-        let h = hds.await;
-        let a = api.await;
-        (h, a)
+    let shutdown_timeout = config.shutdown_timeout;
+    let graceful = tokio::time::timeout(shutdown_timeout, async {
+        if !hds.is_finished() {
+            let _ = hds.await;
+        }
+        if !api.is_finished() {
+            let _ = api.await;
+        }
+        store.flush().await;
     })
     .await;
-    match stopped {
-        Ok((Ok(Err(e)), _)) => Err(e.into()),
-        Ok((_, Ok(Err(e)))) => Err(ServeError::Api(e)),
-        Ok(_) => {
-            tracing::info!("stopped");
-            Ok(())
-        }
-        Err(_) => {
-            tracing::warn!(
-                "shutdown took longer than {}s; exiting anyway",
-                SHUTDOWN_TIMEOUT.as_secs()
-            );
-            Ok(())
-        }
+    match graceful {
+        Ok(()) => tracing::info!("stopped; readiness state flushed"),
+        Err(_) => tracing::warn!(
+            "shutdown took longer than shutdown_timeout ({}); exiting anyway",
+            humantime::format_duration(shutdown_timeout)
+        ),
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }

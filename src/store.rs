@@ -1,0 +1,387 @@
+//! The readiness store: per-inbound status, `since` and last report time
+//! survive a restart of hdsd, so readiness does not flap while Envoys
+//! reconnect.
+//!
+//! Writes are rare by construction: a dataplane's task sends its state only on
+//! a status transition, plus its last report time at most once per report
+//! interval. One writer task coalesces those updates and commits them as one
+//! transaction per flush (at most every [`FLUSH_INTERVAL`]).
+//!
+//! The engine is redb (pure Rust, ACID, crash-safe, no C toolchain) behind
+//! the [`ReadinessStore`] trait, so a shared store for several hdsd instances
+//! can replace it later.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::dataplane::{Dataplane, DataplaneId};
+use crate::readiness::{Health, InboundHealth, Status, Timestamp};
+use crate::specifier::Specifier;
+
+/// What is kept of one dataplane.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredHealth {
+    pub inbounds: Vec<StoredInbound>,
+    pub last_report_at: Option<Timestamp>,
+}
+
+/// What is kept of one inbound, with what identifies it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredInbound {
+    pub address: IpAddr,
+    pub port: u16,
+    /// The probe target the status was reported for.
+    pub target: Option<SocketAddr>,
+    pub status: String,
+    pub since: Timestamp,
+    pub last_report_at: Option<Timestamp>,
+}
+
+/// The stored form of a dataplane's health.
+pub fn snapshot(dataplane: &Dataplane, specifier: &Specifier, health: &Health) -> StoredHealth {
+    StoredHealth {
+        inbounds: dataplane
+            .inbounds
+            .iter()
+            .zip(&health.inbounds)
+            .enumerate()
+            .map(|(i, (inbound, h))| StoredInbound {
+                address: inbound.address,
+                port: inbound.port,
+                target: specifier.target_of_inbound[i].map(|t| specifier.targets[t].endpoint),
+                status: h.status.as_str().to_string(),
+                since: h.since,
+                last_report_at: h.last_report_at,
+            })
+            .collect(),
+        last_report_at: health.last_report_at,
+    }
+}
+
+/// Takes the stored state of every inbound that is still probed at the same
+/// target; the others keep `fresh`'s state (pending / not probed).
+pub fn restore(
+    stored: &StoredHealth,
+    dataplane: &Dataplane,
+    specifier: &Specifier,
+    fresh: Health,
+) -> Health {
+    let mut health = fresh;
+    for (i, inbound) in dataplane.inbounds.iter().enumerate() {
+        let target = specifier.target_of_inbound[i].map(|t| specifier.targets[t].endpoint);
+        if target.is_none() {
+            continue;
+        }
+        let found = stored
+            .inbounds
+            .iter()
+            .find(|s| s.address == inbound.address && s.port == inbound.port && s.target == target);
+        if let Some(s) = found {
+            if let Some(status) = Status::from_name(&s.status) {
+                health.inbounds[i] = InboundHealth {
+                    status,
+                    since: s.since,
+                    last_report_at: s.last_report_at,
+                };
+            }
+        }
+    }
+    health.last_report_at = stored.last_report_at;
+    health
+}
+
+/// A store failure. Never fatal: hdsd keeps serving from memory.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("readiness store {path}: {message}")]
+    Engine { path: PathBuf, message: String },
+}
+
+/// Where readiness state is kept.
+pub trait ReadinessStore: Send + Sync + Debug + 'static {
+    /// Everything stored, by dataplane.
+    fn load(&self) -> Result<BTreeMap<DataplaneId, StoredHealth>, StoreError>;
+    /// Applies a batch atomically: `Some` upserts, `None` deletes.
+    fn write(&self, batch: &[(DataplaneId, Option<StoredHealth>)]) -> Result<(), StoreError>;
+}
+
+const TABLE: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("readiness");
+
+/// The embedded redb store, one file under `state_dir`.
+#[derive(Debug)]
+pub struct RedbStore {
+    db: Database,
+    path: PathBuf,
+}
+
+impl RedbStore {
+    /// Opens (or creates) the store. A file that cannot be opened as a store
+    /// is moved aside (`<file>.corrupt-<time>`) with a log line, and an empty
+    /// store takes its place: the state refills within one report interval.
+    pub fn open(path: &Path) -> Result<RedbStore, StoreError> {
+        let err = |message: String| StoreError::Engine {
+            path: path.to_path_buf(),
+            message,
+        };
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| err(format!("cannot create its directory: {e}")))?;
+        }
+        let db = match Database::create(path) {
+            Ok(db) => db,
+            Err(e) if path.exists() => {
+                let aside = path.with_extension(format!(
+                    "redb.corrupt-{}",
+                    chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
+                ));
+                tracing::error!(
+                    file = %path.display(),
+                    moved_to = %aside.display(),
+                    "readiness store is unreadable ({e}); moved it aside and starting empty: readiness refills from the next reports"
+                );
+                std::fs::rename(path, &aside)
+                    .map_err(|e| err(format!("cannot move the corrupt file aside: {e}")))?;
+                Database::create(path).map_err(|e| err(e.to_string()))?
+            }
+            Err(e) => return Err(err(e.to_string())),
+        };
+        let store = RedbStore {
+            db,
+            path: path.to_path_buf(),
+        };
+        // Make sure the table exists so that reads of a new store succeed.
+        store.write(&[])?;
+        Ok(store)
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Engine {
+            path: self.path.clone(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl ReadinessStore for RedbStore {
+    fn load(&self) -> Result<BTreeMap<DataplaneId, StoredHealth>, StoreError> {
+        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = tx.open_table(TABLE).map_err(|e| self.err(e))?;
+        let mut out = BTreeMap::new();
+        for entry in table.iter().map_err(|e| self.err(e))? {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            let Ok(id) = key.value().parse::<DataplaneId>() else {
+                continue;
+            };
+            match serde_json::from_slice::<StoredHealth>(value.value()) {
+                Ok(h) => {
+                    out.insert(id, h);
+                }
+                Err(e) => {
+                    tracing::warn!(dataplane = %id, "ignoring an unreadable stored readiness entry: {e}")
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn write(&self, batch: &[(DataplaneId, Option<StoredHealth>)]) -> Result<(), StoreError> {
+        let tx = self.db.begin_write().map_err(|e| self.err(e))?;
+        {
+            let mut table = tx.open_table(TABLE).map_err(|e| self.err(e))?;
+            for (id, value) in batch {
+                let key = id.to_string();
+                match value {
+                    Some(h) => {
+                        let bytes = serde_json::to_vec(h).map_err(|e| self.err(e))?;
+                        table
+                            .insert(key.as_str(), bytes.as_slice())
+                            .map_err(|e| self.err(e))?;
+                    }
+                    None => {
+                        table.remove(key.as_str()).map_err(|e| self.err(e))?;
+                    }
+                }
+            }
+        }
+        tx.commit().map_err(|e| self.err(e))
+    }
+}
+
+/// The longest a change waits before it is written.
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(200);
+
+enum Message {
+    Put(DataplaneId, Option<StoredHealth>),
+    Flush(oneshot::Sender<()>),
+}
+
+/// Sends updates to the store's writer task. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct StoreHandle {
+    tx: mpsc::UnboundedSender<Message>,
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Message::Put(id, v) => write!(f, "Put({id}, {})", v.is_some()),
+            Message::Flush(_) => f.write_str("Flush"),
+        }
+    }
+}
+
+impl StoreHandle {
+    /// Starts the writer task for `store`.
+    pub fn spawn(store: Arc<dyn ReadinessStore>) -> StoreHandle {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run_writer(store, rx));
+        StoreHandle { tx }
+    }
+
+    /// Queues the state of one dataplane (`None`: it was deleted).
+    pub fn put(&self, id: DataplaneId, value: Option<StoredHealth>) {
+        let _ = self.tx.send(Message::Put(id, value));
+    }
+
+    /// Writes everything queued so far; returns when it is on disk.
+    pub async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Message::Flush(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+async fn run_writer(store: Arc<dyn ReadinessStore>, mut rx: mpsc::UnboundedReceiver<Message>) {
+    let mut pending: BTreeMap<DataplaneId, Option<StoredHealth>> = BTreeMap::new();
+    let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
+    loop {
+        let Some(first) = rx.recv().await else { break };
+        let deadline = tokio::time::Instant::now() + FLUSH_INTERVAL;
+        let mut next = Some(first);
+        // Coalesce until the deadline, or at once when someone waits for a flush.
+        loop {
+            match next.take() {
+                Some(Message::Put(id, v)) => {
+                    pending.insert(id, v);
+                }
+                Some(Message::Flush(done)) => {
+                    waiters.push(done);
+                    break;
+                }
+                None => {}
+            }
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(m)) => next = Some(m),
+                _ => break,
+            }
+        }
+        write_batch(&store, &mut pending).await;
+        for w in waiters.drain(..) {
+            let _ = w.send(());
+        }
+    }
+    write_batch(&store, &mut pending).await;
+}
+
+async fn write_batch(
+    store: &Arc<dyn ReadinessStore>,
+    pending: &mut BTreeMap<DataplaneId, Option<StoredHealth>>,
+) {
+    if pending.is_empty() {
+        return;
+    }
+    let batch: Vec<_> = std::mem::take(pending).into_iter().collect();
+    let count = batch.len();
+    let store = store.clone();
+    match tokio::task::spawn_blocking(move || store.write(&batch)).await {
+        Ok(Ok(())) => tracing::debug!(dataplanes = count, "readiness store: wrote batch"),
+        Ok(Err(e)) => {
+            tracing::error!("{e}; readiness will be rebuilt from reports after a restart")
+        }
+        Err(e) => tracing::error!("readiness store writer failed: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn t(s: i64) -> Timestamp {
+        chrono::Utc.timestamp_opt(1_700_000_000 + s, 0).unwrap()
+    }
+
+    fn stored(status: &str) -> StoredHealth {
+        StoredHealth {
+            inbounds: vec![StoredInbound {
+                address: "127.0.0.1".parse().unwrap(),
+                port: 10001,
+                target: Some("127.0.0.1:8080".parse().unwrap()),
+                status: status.into(),
+                since: t(1),
+                last_report_at: Some(t(2)),
+            }],
+            last_report_at: Some(t(2)),
+        }
+    }
+
+    #[test]
+    fn round_trip_upsert_and_delete() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("readiness.redb");
+        let a = DataplaneId::new("default", "a");
+        let b = DataplaneId::new("default", "b");
+        {
+            let store = RedbStore::open(&path).unwrap();
+            assert!(store.load().unwrap().is_empty());
+            store
+                .write(&[
+                    (a.clone(), Some(stored("healthy"))),
+                    (b.clone(), Some(stored("unhealthy"))),
+                ])
+                .unwrap();
+            store.write(&[(b.clone(), None)]).unwrap();
+        }
+        let store = RedbStore::open(&path).unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.len(), 1);
+        assert_eq!(loaded[&a], stored("healthy"));
+    }
+
+    #[test]
+    fn a_corrupt_file_is_moved_aside_and_the_store_starts_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("readiness.redb");
+        std::fs::write(&path, b"this is not a database, it is a sandwich").unwrap();
+        let store = RedbStore::open(&path).unwrap();
+        assert!(store.load().unwrap().is_empty());
+        let aside: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
+            .collect();
+        assert_eq!(aside.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_writer_coalesces_and_flushes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ReadinessStore> =
+            Arc::new(RedbStore::open(&dir.path().join("r.redb")).unwrap());
+        let handle = StoreHandle::spawn(store.clone());
+        let a = DataplaneId::new("default", "a");
+        handle.put(a.clone(), Some(stored("unhealthy")));
+        handle.put(a.clone(), Some(stored("healthy")));
+        handle.flush().await;
+        assert_eq!(store.load().unwrap()[&a], stored("healthy"));
+    }
+}
