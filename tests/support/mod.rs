@@ -62,6 +62,8 @@ pub struct HdsdOptions {
     pub check_timeout: &'static str,
     pub unhealthy_threshold: u32,
     pub grace: &'static str,
+    /// `hds.stale_after`, when not the default.
+    pub stale_after: Option<String>,
     /// `auth.mode`: "none" unless a test is about tokens.
     pub auth_mode: &'static str,
     /// Extra TOML appended to the config file.
@@ -76,6 +78,7 @@ impl Default for HdsdOptions {
             check_timeout: "100ms",
             unhealthy_threshold: 2,
             grace: "30s",
+            stale_after: None,
             auth_mode: "none",
             extra: String::new(),
         }
@@ -121,7 +124,7 @@ impl Hdsd {
     fn spawn(&mut self) {
         let o = &self.options;
         let config = format!(
-            "state_dir = {state:?}\n\n[hds]\nlisten = \"{hds}\"\nreport_interval = \"{ri}\"\nunknown_dataplane_grace = \"{grace}\"\n\n[hds.check]\ninterval = \"{ci}\"\ntimeout = \"{ct}\"\nunhealthy_threshold = {ut}\n\n[api]\nlisten = \"{api}\"\n\n[dataplanes]\ndir = {dps:?}\n\n[auth]\nmode = \"{auth}\"\n\n[log]\nlevel = \"info,hdsd=debug\"\n\n{extra}\n",
+            "state_dir = {state:?}\n\n[hds]\nlisten = \"{hds}\"\nreport_interval = \"{ri}\"\nunknown_dataplane_grace = \"{grace}\"\n{stale}\n[hds.check]\ninterval = \"{ci}\"\ntimeout = \"{ct}\"\nunhealthy_threshold = {ut}\n\n[api]\nlisten = \"{api}\"\n\n[dataplanes]\ndir = {dps:?}\n\n[auth]\nmode = \"{auth}\"\n\n[log]\nlevel = \"info,hdsd=debug\"\n\n{extra}\n",
             state = self.dir.path().join("state").display().to_string(),
             hds = self.hds,
             ri = o.report_interval,
@@ -132,6 +135,11 @@ impl Hdsd {
             api = self.api,
             dps = self.dataplanes_dir().display().to_string(),
             auth = o.auth_mode,
+            stale = o
+                .stale_after
+                .as_ref()
+                .map(|s| format!("stale_after = \"{s}\"\n"))
+                .unwrap_or_default(),
             extra = o.extra,
         );
         std::fs::write(self.config_path(), config).unwrap();
@@ -235,6 +243,32 @@ impl Hdsd {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
+    }
+
+    /// Kills hdsd with SIGKILL and starts it again: same ports, files and state.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Sends SIGTERM and waits (at most `timeout`) for hdsd to exit.
+    pub fn terminate(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let ok = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -TERM {}", self.pid());
+        let child = self.child.as_mut().expect("running");
+        let status = wait_for("hdsd to exit", timeout, || {
+            child
+                .try_wait()
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "still running".to_string())
+        });
+        self.child = None;
+        status
     }
 }
 
