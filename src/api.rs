@@ -34,6 +34,10 @@ pub struct ApiState {
     pub metrics: Option<crate::metrics::Scrape>,
     /// Bearer tokens that `/api/*` requires; empty means open (loopback only).
     pub tokens: Arc<Vec<String>>,
+    /// Verifies dataplane tokens for `/api/v1/bootstrap`; `None` without token auth.
+    pub gate: Option<Arc<crate::auth::Gate>>,
+    /// The HDS listener's port, the default for bootstraps.
+    pub hds_port: u16,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -47,6 +51,8 @@ pub fn router(state: ApiState) -> Router {
         ));
     Router::new()
         .merge(api)
+        // Authenticated by the dataplane token itself, not by api.tokens.
+        .route("/api/v1/bootstrap", get(bootstrap))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -245,6 +251,78 @@ async fn readyz(State(s): State<ApiState>) -> Response {
         body.push('\n');
     }
     body.into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct BootstrapQuery {
+    /// hdsd's HDS address as the Envoy will reach it; default: this request's host and the HDS port.
+    server: Option<String>,
+    admin_port: Option<u16>,
+    /// Path of the CA file on the Envoy's machine (turns TLS on).
+    ca: Option<std::path::PathBuf>,
+}
+
+/// The Envoy bootstrap for the identity in the caller's dataplane token.
+async fn bootstrap(
+    State(s): State<ApiState>,
+    headers: axum::http::HeaderMap,
+    Query(q): Query<BootstrapQuery>,
+) -> Response {
+    let Some(gate) = &s.gate else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bootstraps by token need auth.mode = \"token\"; without tokens use `hdsd bootstrap --mesh M --name N`",
+        );
+    };
+    let token = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim())
+        .map(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+                .unwrap_or(v)
+                .trim()
+        });
+    let Some(token) = token.filter(|t| !t.is_empty()) else {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "send the dataplane token as `Authorization: Bearer <token>` (issue one with `hdsd token issue`)",
+        );
+    };
+    let claims = match gate.verify(token, chrono::Utc::now()) {
+        Ok(c) => c,
+        Err(r) => {
+            metrics::counter!(crate::metrics::AUTH_FAILURES, "reason" => r.reason()).increment(1);
+            tracing::warn!(reason = r.reason(), "bootstrap refused: {}", r.detail());
+            return error(StatusCode::UNAUTHORIZED, &r.to_string());
+        }
+    };
+    let server = q.server.unwrap_or_else(|| {
+        let host = headers
+            .get(axum::http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.parse::<axum::http::uri::Authority>().ok())
+            .map(|a| a.host().to_string())
+            .unwrap_or_else(|| "127.0.0.1".to_string());
+        format!("{host}:{}", s.hds_port)
+    });
+    let params = crate::bootstrap::BootstrapParams {
+        id: DataplaneId::new(claims.mesh, claims.name),
+        server,
+        token: Some(token.to_string()),
+        admin_port: q.admin_port.unwrap_or(9901),
+        ca: q.ca,
+    };
+    match crate::bootstrap::bootstrap_yaml(&params) {
+        Ok(yaml) => (
+            [(axum::http::header::CONTENT_TYPE, "application/yaml")],
+            yaml,
+        )
+            .into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+    }
 }
 
 async fn metrics(State(s): State<ApiState>) -> Response {

@@ -170,7 +170,7 @@ pub async fn run(
             stale_after: config.hds.stale_after(),
             dataplanes_dir: dir.display().to_string(),
         },
-        gate,
+        gate.clone(),
         clock,
         drain_rx.clone(),
     );
@@ -203,6 +203,8 @@ pub async fn run(
         notes: Arc::new(notes),
         metrics: Some(scrape),
         tokens: Arc::new(config.api.tokens.clone()),
+        gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
+        hds_port: hds_addr.port(),
     };
     let api: Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = {
         let mut drain = drain_rx.clone();

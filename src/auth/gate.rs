@@ -98,6 +98,11 @@ impl Gate {
             .map(Some)
     }
 
+    /// Verifies a token given as text (e.g. from an HTTP header).
+    pub fn verify(&self, token: &str, now: DateTime<Utc>) -> Result<Claims, Rejection> {
+        self.ring.load().verify(token, &self.revoked.load(), now)
+    }
+
     /// Whether the token with this id has been revoked since it was checked.
     pub fn is_revoked(&self, jti: &str) -> bool {
         self.revoked.load().contains(jti)
