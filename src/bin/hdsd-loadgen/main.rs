@@ -1,0 +1,65 @@
+//! `hdsd-loadgen`: simulated Envoys for load tests of hdsd (see BENCHMARKS.md).
+//!
+//! - `gen-dataplanes` writes Dataplane files for hdsd to serve;
+//! - `run` connects N simulated Envoy 1.40 HDS clients and measures;
+//! - `null-server` is an HDS server that does nothing but answer: the
+//!   transport's ceiling to compare hdsd with.
+//!
+//! Targets loopback addresses only; every phase is bounded in time.
+#![forbid(unsafe_code)]
+
+mod envoy;
+mod gen;
+mod null;
+mod run;
+mod stats;
+mod sys;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "hdsd-loadgen",
+    version,
+    about = "Load generator for hdsd: simulated Envoy HDS clients, dataplane files, a null HDS server"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Simulate Envoys against an HDS server and print what was measured.
+    Run(run::Args),
+    /// Write Dataplane YAML files (and a manifest for `run`).
+    GenDataplanes(gen::Args),
+    /// An HDS server that answers every HealthCheckRequest with a fixed specifier, nothing else.
+    NullServer(null::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::GenDataplanes(args) => gen::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(args))),
+        Command::NullServer(args) => runtime()
+            .and_then(|rt| rt.block_on(null::run(args)))
+            .map(|()| ExitCode::SUCCESS),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
