@@ -210,12 +210,13 @@ impl AuthConfig {
 
 impl Default for CheckConfig {
     fn default() -> Self {
+        let d = ProbeSettings::default();
         CheckConfig {
-            interval: Duration::from_secs(1),
-            timeout: Duration::from_secs(1),
+            interval: d.interval,
+            timeout: d.timeout,
             no_traffic_interval: None,
-            healthy_threshold: 1,
-            unhealthy_threshold: 2,
+            healthy_threshold: d.healthy_threshold,
+            unhealthy_threshold: d.unhealthy_threshold,
         }
     }
 }

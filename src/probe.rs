@@ -19,6 +19,20 @@ pub struct ProbeSettings {
     pub unhealthy_threshold: u32,
 }
 
+impl Default for ProbeSettings {
+    /// hdsd's documented check defaults: 1s interval and timeout, the
+    /// no-traffic interval equal to the interval, thresholds 1 and 2.
+    fn default() -> Self {
+        ProbeSettings {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            no_traffic_interval: Duration::from_secs(1),
+            healthy_threshold: 1,
+            unhealthy_threshold: 2,
+        }
+    }
+}
+
 pub const MIN_DURATION: Duration = Duration::from_millis(1);
 pub const MAX_DURATION: Duration = Duration::from_secs(3600);
 
@@ -98,13 +112,7 @@ mod tests {
     use super::*;
 
     fn ok() -> ProbeSettings {
-        ProbeSettings {
-            interval: Duration::from_secs(1),
-            timeout: Duration::from_secs(1),
-            no_traffic_interval: Duration::from_secs(1),
-            healthy_threshold: 1,
-            unhealthy_threshold: 2,
-        }
+        ProbeSettings::default()
     }
 
     #[test]

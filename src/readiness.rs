@@ -268,7 +268,6 @@ pub fn next_expiry(health: &Health, stale_after: chrono::Duration) -> Option<Tim
 mod tests {
     use super::*;
     use crate::dataplane::{DataplaneId, Inbound};
-    use crate::probe::ProbeSettings;
     use crate::specifier::{build, endpoint, SpecifierSettings};
     use chrono::TimeZone;
     use envoy_types::pb::envoy::service::health::v3::{
@@ -276,7 +275,6 @@ mod tests {
     };
     use std::collections::BTreeMap;
     use std::net::SocketAddr;
-    use std::time::Duration;
 
     const H: i32 = HealthStatus::Healthy as i32;
     const U: i32 = HealthStatus::Unhealthy as i32;
@@ -288,15 +286,8 @@ mod tests {
 
     fn settings(probe_all_inbounds: bool) -> SpecifierSettings {
         SpecifierSettings {
-            defaults: ProbeSettings {
-                interval: Duration::from_secs(1),
-                timeout: Duration::from_secs(1),
-                no_traffic_interval: Duration::from_secs(1),
-                healthy_threshold: 1,
-                unhealthy_threshold: 2,
-            },
-            report_interval: Duration::from_secs(5),
             probe_all_inbounds,
+            ..SpecifierSettings::default()
         }
     }
 

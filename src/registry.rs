@@ -428,7 +428,6 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
 mod tests {
     use super::*;
     use crate::dataplane::parse_documents;
-    use crate::probe::ProbeSettings;
     use crate::readiness::Status;
     use crate::specifier::{build, endpoint, SpecifierSettings};
     use chrono::{TimeZone, Utc};
@@ -436,7 +435,6 @@ mod tests {
     use envoy_types::pb::envoy::service::health::v3::{
         ClusterEndpointsHealth, EndpointHealth, LocalityEndpointsHealth,
     };
-    use std::time::Duration;
 
     fn t(s: i64) -> Timestamp {
         Utc.timestamp_opt(1_700_000_000 + s, 0).unwrap()
@@ -445,17 +443,7 @@ mod tests {
     fn defined(service_port: u16) -> Defined {
         let text = format!("type: Dataplane\nmesh: default\nname: a\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: {service_port}\n");
         let dp = parse_documents(&text).unwrap().remove(0);
-        let settings = SpecifierSettings {
-            defaults: ProbeSettings {
-                interval: Duration::from_secs(1),
-                timeout: Duration::from_secs(1),
-                no_traffic_interval: Duration::from_secs(1),
-                healthy_threshold: 1,
-                unhealthy_threshold: 2,
-            },
-            report_interval: Duration::from_secs(5),
-            probe_all_inbounds: true,
-        };
+        let settings = SpecifierSettings::default();
         Defined {
             specifier: Arc::new(build(&dp, &settings).unwrap()),
             dataplane: Arc::new(dp),

@@ -274,20 +274,9 @@ pub fn log_problems(loaded: &Loaded, before: &Loaded) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::ProbeSettings;
 
     fn settings() -> SpecifierSettings {
-        SpecifierSettings {
-            defaults: ProbeSettings {
-                interval: Duration::from_secs(1),
-                timeout: Duration::from_secs(1),
-                no_traffic_interval: Duration::from_secs(1),
-                healthy_threshold: 1,
-                unhealthy_threshold: 2,
-            },
-            report_interval: Duration::from_secs(5),
-            probe_all_inbounds: true,
-        }
+        SpecifierSettings::default()
     }
 
     fn doc(name: &str, service_port: u16) -> String {

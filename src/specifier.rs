@@ -30,6 +30,17 @@ pub struct SpecifierSettings {
     pub probe_all_inbounds: bool,
 }
 
+impl Default for SpecifierSettings {
+    /// The defaults of `hdsd config defaults`: 5s reports, every inbound probed.
+    fn default() -> Self {
+        SpecifierSettings {
+            defaults: ProbeSettings::default(),
+            report_interval: Duration::from_secs(5),
+            probe_all_inbounds: true,
+        }
+    }
+}
+
 /// One probed application endpoint and the inbounds that share it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeTarget {
