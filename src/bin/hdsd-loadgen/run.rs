@@ -157,6 +157,8 @@ struct Ctx {
     storm_target: AtomicUsize,
     storm_served: AtomicUsize,
     storm_done_at: Mutex<Option<Instant>>,
+    storm_started: Mutex<Option<Instant>>,
+    storm_times: Mutex<Vec<f64>>,
     churn_pending: Mutex<HashMap<usize, (u16, Instant)>>,
     churn_latencies: Mutex<Vec<f64>>,
 }
@@ -187,6 +189,12 @@ impl Ctx {
     }
 
     fn storm_served(&self) {
+        if let Some(at) = *self.storm_started.lock().unwrap() {
+            self.storm_times
+                .lock()
+                .unwrap()
+                .push(at.elapsed().as_secs_f64());
+        }
         let n = self.storm_served.fetch_add(1, Ordering::AcqRel) + 1;
         if n == self.storm_target.load(Ordering::Acquire) {
             *self.storm_done_at.lock().unwrap() = Some(Instant::now());
@@ -769,11 +777,14 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         storm_target: AtomicUsize::new(usize::MAX),
         storm_served: AtomicUsize::new(0),
         storm_done_at: Mutex::new(None),
+        storm_started: Mutex::new(None),
+        storm_times: Mutex::new(Vec::new()),
         churn_pending: Mutex::new(HashMap::new()),
         churn_latencies: Mutex::new(Vec::new()),
     });
 
     // Phase 1: connect.
+    let overflows_before = sys::listen_overflows();
     let baseline = proc_sample(args.server_pid);
     for (conn, chunk) in dps.chunks(args.streams_per_connection).enumerate() {
         tokio::spawn(run_group(chunk.to_vec(), conn, ctx.clone()));
@@ -864,6 +875,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         ctx.storm_target.store(target, Ordering::Release);
         let cpu0 = proc_sample(args.server_pid);
         let at = Instant::now();
+        *ctx.storm_started.lock().unwrap() = Some(at);
         ctx.control.send_modify(|c| c.epoch += 1);
         let ok = wait_until(Duration::from_secs(120), || {
             ctx.storm_served.load(Ordering::Acquire) >= target
@@ -879,6 +891,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             "dataplanes": target,
             "served_again": ctx.storm_served.load(Ordering::Acquire),
             "all_served_within_s": if ok { json!(done) } else { Value::Null },
+            "served_after": summary(&ctx.storm_times.lock().unwrap()),
             "server_cpu_seconds": match (cpu0, cpu1) {
                 (Some(a), Some(b)) => json!(round3(b.cpu_seconds - a.cpu_seconds)),
                 _ => Value::Null,
@@ -921,6 +934,10 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         "invalid_specifiers": invalid,
         "invalid_examples": ctx.invalid_examples.lock().unwrap().clone(),
         "stream_failures": ctx.failures.lock().unwrap().clone(),
+        "listen_queue_overflows": match (overflows_before, sys::listen_overflows()) {
+            (Some(a), Some(b)) => json!(b - a),
+            _ => Value::Null,
+        },
         "reports_sent": reports,
         "reports_per_s": round3(reports as f64 / window),
         "expected_reports_per_s": expected_rate,

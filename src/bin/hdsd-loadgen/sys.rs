@@ -105,6 +105,23 @@ fn clock_ticks() -> u64 {
     })
 }
 
+/// The kernel's count of SYNs dropped because a listen queue was full
+/// (`TcpExt: ListenOverflows`): each one costs the client a 1 s retransmit.
+pub fn listen_overflows() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/net/netstat").ok()?;
+    let mut lines = text.lines();
+    while let (Some(names), Some(values)) = (lines.next(), lines.next()) {
+        if !names.starts_with("TcpExt:") {
+            continue;
+        }
+        let i = names
+            .split_whitespace()
+            .position(|n| n == "ListenOverflows")?;
+        return values.split_whitespace().nth(i)?.parse().ok();
+    }
+    None
+}
+
 /// The machine, for the results: cores, memory, CPU model.
 pub fn machine() -> serde_json::Value {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();

@@ -1,0 +1,225 @@
+//! Smoke test of `hdsd-loadgen` (kept under a minute): 500 simulated Envoys
+//! against a real hdsd for about ten seconds, then against the null server.
+//! It checks what the loadgen measured and what hdsd's API shows.
+
+mod support;
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{free_port, wait_for};
+
+const LOADGEN: &str = env!("CARGO_BIN_EXE_hdsd-loadgen");
+const DATAPLANES: u64 = 500;
+
+/// Kills the child when dropped (also when an assertion fails).
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads the first stdout line of `child` within `timeout`.
+fn first_line(child: &mut Child, timeout: Duration) -> String {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    rx.recv_timeout(timeout)
+        .expect("the loadgen printed nothing in time")
+}
+
+fn loadgen(args: &[&str]) -> Running {
+    Running(
+        Command::new(LOADGEN)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start hdsd-loadgen"),
+    )
+}
+
+fn start_hdsd(dir: &Path, hds: u16, api: u16) -> Running {
+    let config = dir.join("hdsd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = {state:?}\n[hds]\nlisten = \"127.0.0.1:{hds}\"\nreport_interval = \"1s\"\n[api]\nlisten = \"127.0.0.1:{api}\"\n[dataplanes]\ndir = {dps:?}\n[auth]\nmode = \"none\"\n[log]\nlevel = \"warn\"\n",
+            state = dir.join("state").display().to_string(),
+            dps = dir.join("dataplanes").display().to_string(),
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.join("hdsd.log")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_hdsd"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env_remove("RUST_LOG")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start hdsd");
+    let hdsd = Running(child);
+    let url = format!("http://127.0.0.1:{api}/readyz");
+    wait_for("hdsd /readyz", Duration::from_secs(20), || {
+        ureq::get(&url)
+            .call()
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    });
+    hdsd
+}
+
+fn num(v: &Value, path: &str) -> f64 {
+    let mut cur = v;
+    for key in path.split('.') {
+        cur = &cur[key];
+    }
+    cur.as_f64()
+        .unwrap_or_else(|| panic!("{path} is not a number in {v}"))
+}
+
+#[test]
+fn loadgen_against_hdsd_and_null_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let dataplanes = dir.path().join("dataplanes");
+    let out = Command::new(LOADGEN)
+        .args([
+            "gen-dataplanes",
+            "--count",
+            "500",
+            "--inbounds",
+            "2",
+            "--dir",
+        ])
+        .arg(&dataplanes)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    let (hds, api) = (free_port(), free_port());
+    let hdsd = start_hdsd(dir.path(), hds, api);
+    let pid = hdsd.0.id().to_string();
+    let hds_addr = format!("127.0.0.1:{hds}");
+    let api_url = format!("http://127.0.0.1:{api}");
+    let mut run = loadgen(&[
+        "run",
+        "--hds",
+        &hds_addr,
+        "--api",
+        &api_url,
+        "--server-pid",
+        &pid,
+        "--dataplanes-dir",
+        dataplanes.to_str().unwrap(),
+        "--warmup",
+        "1s",
+        "--duration",
+        "8s",
+        "--source-ips",
+        "4",
+        "--linger",
+        "40s",
+        "--json",
+    ]);
+    let line = first_line(&mut run.0, Duration::from_secs(45));
+    let r: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+
+    assert_eq!(num(&r, "connected"), DATAPLANES as f64, "{r}");
+    assert_eq!(num(&r, "invalid_specifiers"), 0.0, "{r}");
+    assert!(num(&r, "first_specifier_all_s") < 20.0, "{r}");
+    // 500 dataplanes reporting every second.
+    let rate = num(&r, "reports_per_s");
+    assert!((400.0..=600.0).contains(&rate), "reports/s {rate}: {r}");
+    assert_eq!(num(&r, "expected_reports_per_s"), 500.0, "{r}");
+    assert!(num(&r, "readiness_propagation.samples") > 0.0, "{r}");
+    assert!(num(&r, "server.rss_steady_mib") > 0.0, "{r}");
+    assert!(num(&r, "server.cpu_seconds_steady") > 0.0, "{r}");
+
+    // hdsd's own view: all 500 connected and (after the loadgen settled) healthy.
+    let list = format!("{api_url}/api/v1/dataplanes");
+    wait_for(
+        "all 500 dataplanes connected and healthy in hdsd's API",
+        Duration::from_secs(10),
+        || {
+            let v: Value = ureq::get(&list)
+                .call()
+                .map_err(|e| e.to_string())?
+                .body_mut()
+                .read_json()
+                .map_err(|e| e.to_string())?;
+            let items = v["items"].as_array().ok_or("no items")?;
+            let connected = items
+                .iter()
+                .filter(|d| d["connection"]["connected"] == true)
+                .count();
+            let healthy = items
+                .iter()
+                .filter(|d| {
+                    d["inbounds"].as_array().is_some_and(|i| {
+                        i.len() == 2 && i.iter().all(|i| i["health"]["status"] == "healthy")
+                    })
+                })
+                .count();
+            if items.len() == 500 && connected == 500 && healthy == 500 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} items, {connected} connected, {healthy} healthy",
+                    items.len()
+                ))
+            }
+        },
+    );
+    drop(run);
+    drop(hdsd);
+
+    // The null server answers the same simulated Envoys.
+    let null_port = free_port();
+    let null_addr = format!("127.0.0.1:{null_port}");
+    let mut null = loadgen(&[
+        "null-server",
+        "--listen",
+        &null_addr,
+        "--report-interval",
+        "1s",
+        "--stats-every",
+        "0s",
+    ]);
+    let banner = first_line(&mut null.0, Duration::from_secs(10));
+    assert!(banner.contains("listening"), "{banner}");
+    let out = Command::new(LOADGEN)
+        .args([
+            "run",
+            "--hds",
+            &null_addr,
+            "--count",
+            "100",
+            "--warmup",
+            "1s",
+            "--duration",
+            "3s",
+            "--json",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(num(&r, "connected"), 100.0, "{r}");
+    assert_eq!(num(&r, "invalid_specifiers"), 0.0, "{r}");
+    let rate = num(&r, "reports_per_s");
+    assert!((80.0..=120.0).contains(&rate), "reports/s {rate}: {r}");
+}
