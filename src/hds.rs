@@ -397,10 +397,9 @@ impl Session {
         let mut report_due_by = Instant::now() + stale_after;
         // The first request was already read: answer it.
         let snapshot = state.borrow_and_update().clone();
-        if let Err(end) = self.send_specifier(&snapshot).await {
-            return Pump::End(end);
+        if let Err(pump) = self.react(id, &snapshot, &mut sent_version, true).await {
+            return pump;
         }
-        sent_version = sent_version.max(snapshot.version);
         loop {
             tokio::select! {
                 changed = state.changed() => {
@@ -408,21 +407,8 @@ impl Session {
                         return Pump::Removed;
                     }
                     let snapshot = state.borrow_and_update().clone();
-                    if snapshot.connection.stream != Some(self.id) && snapshot.connection.stream.is_some() {
-                        let by = snapshot.connection.peer.map(|p| format!(" from {p}")).unwrap_or_default();
-                        return Pump::End(End::Status(Status::new(
-                            Code::Aborted,
-                            format!("replaced by a newer stream for dataplane {id}{by}"),
-                        )));
-                    }
-                    if snapshot.version != sent_version {
-                        if let Err(end) = self.send_specifier(&snapshot).await {
-                            return Pump::End(end);
-                        }
-                        sent_version = snapshot.version;
-                        if snapshot.defined.is_none() {
-                            return Pump::Removed;
-                        }
+                    if let Err(pump) = self.react(id, &snapshot, &mut sent_version, false).await {
+                        return pump;
                     }
                 }
                 end = self.token_invalidated() => return Pump::End(end),
@@ -440,11 +426,10 @@ impl Session {
                                 return Pump::End(s.into());
                             }
                             // Envoy forgets its specifier on reconnect: always answer.
-                            let snapshot = state.borrow().clone();
-                            if let Err(end) = self.send_specifier(&snapshot).await {
-                                return Pump::End(end);
+                            let snapshot = state.borrow_and_update().clone();
+                            if let Err(pump) = self.react(id, &snapshot, &mut sent_version, true).await {
+                                return pump;
                             }
-                            sent_version = snapshot.version;
                         }
                         Some(RequestType::EndpointHealthResponse(report)) => {
                             metrics::counter!(m::REPORTS).increment(1);
@@ -462,6 +447,43 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Acts on a state snapshot: ends a replaced stream, sends the specifier
+    /// when it changed (or always, when `answer` a request), and reports a
+    /// deleted dataplane once its empty specifier is sent.
+    async fn react(
+        &self,
+        id: &DataplaneId,
+        snapshot: &DataplaneState,
+        sent_version: &mut u64,
+        answer: bool,
+    ) -> Result<(), Pump> {
+        // Stream ids grow: a larger owner is a newer stream, which wins. A
+        // smaller one is an older stream whose Attach ours has not overtaken yet.
+        if snapshot
+            .connection
+            .stream
+            .is_some_and(|owner| owner > self.id)
+        {
+            let by = snapshot
+                .connection
+                .peer
+                .map(|p| format!(" from {p}"))
+                .unwrap_or_default();
+            return Err(Pump::End(End::Status(Status::new(
+                Code::Aborted,
+                format!("replaced by a newer stream for dataplane {id}{by}"),
+            ))));
+        }
+        if answer || snapshot.version != *sent_version {
+            self.send_specifier(snapshot).await.map_err(Pump::End)?;
+            *sent_version = snapshot.version;
+        }
+        if snapshot.defined.is_none() {
+            return Err(Pump::Removed);
+        }
+        Ok(())
     }
 
     async fn send_specifier(&self, state: &DataplaneState) -> Result<(), End> {

@@ -387,6 +387,10 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
             }
         }
         Command::Attach { stream, peer } => {
+            // Stream ids grow: an older stream never takes over from a newer one.
+            if s.connection.stream.is_some_and(|owner| owner > stream) {
+                return Applied::default();
+            }
             s.connection = Connection {
                 stream: Some(stream),
                 peer,
@@ -522,6 +526,32 @@ mod tests {
         assert!(apply(&mut s, Command::Detach { stream: 2 }, t(6)).notify);
         assert_eq!(s.connection.stream, None);
         assert_eq!(s.connection.connected_at, Some(t(2)));
+    }
+
+    #[test]
+    fn an_older_stream_never_takes_over_from_a_newer_one() {
+        let mut s = state(defined(8080));
+        apply(
+            &mut s,
+            Command::Attach {
+                stream: 5,
+                peer: None,
+            },
+            t(1),
+        );
+        assert!(
+            !apply(
+                &mut s,
+                Command::Attach {
+                    stream: 3,
+                    peer: None
+                },
+                t(2)
+            )
+            .notify
+        );
+        assert_eq!(s.connection.stream, Some(5));
+        assert_eq!(s.connection.connected_at, Some(t(1)));
     }
 
     #[test]

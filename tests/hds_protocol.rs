@@ -586,7 +586,6 @@ fn connection_info_follows_the_stream() {
 /// picks a ready branch at random, so several requests are kept in flight
 /// while the file goes away, over several attempts.
 #[test]
-#[ignore = "bug: src/hds.rs pump_attached: a HealthCheckRequest answered after a removal sets sent_version to the removal's version, so the removal branch never returns Pump::Removed; the stream stays on the deleted incarnation and never gets the specifier again"]
 fn a_request_racing_a_deletion_still_gets_the_specifier_when_the_file_returns() {
     let hdsd = start("20s");
     let client = GrpcClient::connect(hdsd.hds);
