@@ -33,7 +33,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Simulate Envoys against an HDS server and print what was measured.
-    Run(run::Args),
+    Run(Box<run::Args>),
     /// Write Dataplane YAML files (and a manifest for `run`).
     GenDataplanes(gen::Args),
     /// An HDS server that answers every HealthCheckRequest with a fixed specifier, nothing else.
@@ -44,7 +44,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::GenDataplanes(args) => gen::run(args).map(|()| ExitCode::SUCCESS),
-        Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(args))),
+        Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(*args))),
         Command::NullServer(args) => runtime()
             .and_then(|rt| rt.block_on(null::run(args)))
             .map(|()| ExitCode::SUCCESS),
