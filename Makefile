@@ -1,7 +1,7 @@
 # The two commands a newcomer needs:
 #   make demo   - hdsd with real Envoys and demo apps on this machine
 #   make test   - every test (installs Envoy and Prometheus first)
-.PHONY: demo test setup lint build
+.PHONY: demo test setup lint build bench
 
 CARGO ?= cargo
 
@@ -24,3 +24,8 @@ lint:
 test: setup lint
 	ENVOY_BIN="$$(./scripts/setup.sh)" $(CARGO) test --all-targets -- --test-threads=2
 	ENVOY_BIN="$$(./scripts/setup.sh)" ./scripts/demo.py --once --hdsd "$${CARGO_TARGET_DIR:-target}/debug/hdsd"
+
+# Load scenarios and micro-benchmarks (BENCHMARKS.md); SCENARIOS picks some, e.g.
+# make bench SCENARIOS="steady10k storm10k".
+bench:
+	./scripts/bench.sh $(SCENARIOS)

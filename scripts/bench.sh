@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Load scenarios of BENCHMARKS.md: a release hdsd (auth.mode = "none",
+# hds.report_interval = 5s, state and dataplanes in a temp dir) against
+# hdsd-loadgen on this machine, plus the criterion micro-benchmarks.
+#
+#   scripts/bench.sh                  # every scenario
+#   scripts/bench.sh steady10k storm10k   # some of them
+#
+# Scenarios: steady10k steady50k saturation storm10k churn micro
+# Results: one JSON file per scenario in $OUT (default target/bench-results).
+# Knobs: DURATION_10K (default 300s), DURATION_50K (120s), SATURATION_DURATION (30s),
+#        SATURATION_DATAPLANES (1000), STREAMS_PER_CONNECTION_50K (4: see BENCHMARKS.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TARGET=${CARGO_TARGET_DIR:-target}
+OUT=${OUT:-$TARGET/bench-results}
+BIN=$TARGET/release
+HDS=127.0.0.1:25678
+API=127.0.0.1:25680
+NULL=127.0.0.1:25679
+mkdir -p "$OUT"
+
+scenarios=("$@")
+if [ ${#scenarios[@]} -eq 0 ]; then
+  scenarios=(steady10k steady50k saturation storm10k churn micro)
+fi
+
+if pgrep -f 'cargo test' >/dev/null; then
+  echo "bench: warning: a cargo test is running; timings will be off" >&2
+fi
+
+cargo build --release --bins >&2
+
+{
+  echo "nproc: $(nproc)"
+  echo "memory: $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  echo "kernel: $(uname -r)"
+  echo "RLIMIT_NOFILE (soft/hard): $(ulimit -Sn)/$(ulimit -Hn)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+} | tee "$OUT/machine.txt" >&2
+
+WORK=$(mktemp -d)
+HDSD_PID=""
+NULL_PID=""
+cleanup() {
+  [ -n "$HDSD_PID" ] && kill "$HDSD_PID" 2>/dev/null || true
+  [ -n "$NULL_PID" ] && kill "$NULL_PID" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# gen DIR COUNT: COUNT dataplanes x 2 inbounds, 100 per file.
+gen() {
+  rm -rf "$1"
+  "$BIN/hdsd-loadgen" gen-dataplanes --count "$2" --inbounds 2 --per-file 100 --dir "$1" >&2
+}
+
+# start_hdsd DIR: hdsd serving DIR/dataplanes, state in DIR/state; sets HDSD_PID.
+start_hdsd() {
+  local dir=$1
+  cat >"$dir/hdsd.toml" <<EOF
+state_dir = "$dir/state"
+[hds]
+listen = "$HDS"
+report_interval = "5s"
+[api]
+listen = "$API"
+[dataplanes]
+dir = "$dir/dataplanes"
+[auth]
+mode = "none"
+EOF
+  "$BIN/hdsd" serve --config "$dir/hdsd.toml" >"$dir/hdsd.log" 2>&1 &
+  HDSD_PID=$!
+  for _ in $(seq 1 600); do
+    if curl -sf "http://$API/readyz" >/dev/null 2>&1; then
+      return 0
+    fi
+    kill -0 "$HDSD_PID" 2>/dev/null || { cat "$dir/hdsd.log" >&2; return 1; }
+    sleep 0.2
+  done
+  echo "bench: hdsd did not become ready" >&2
+  return 1
+}
+
+stop_hdsd() {
+  kill "$HDSD_PID" 2>/dev/null || true
+  wait "$HDSD_PID" 2>/dev/null || true
+  HDSD_PID=""
+}
+
+# loadgen NAME ARGS...: runs `hdsd-loadgen run` against hdsd, JSON to $OUT/NAME.json.
+loadgen() {
+  local name=$1
+  shift
+  echo "bench: $name: hdsd-loadgen run $*" >&2
+  "$BIN/hdsd-loadgen" run --hds "$HDS" --api "http://$API" --server-pid "$HDSD_PID" \
+    --label "$name" --json "$@" >"$OUT/$name.json" || echo "bench: $name: loadgen exited with $?" >&2
+}
+
+for s in "${scenarios[@]}"; do
+  case "$s" in
+  steady10k)
+    d=$WORK/steady10k && mkdir -p "$d" && gen "$d/dataplanes" 10000
+    start_hdsd "$d"
+    loadgen steady10k --dataplanes-dir "$d/dataplanes" --duration "${DURATION_10K:-300s}"
+    stop_hdsd
+    ;;
+  steady50k)
+    d=$WORK/steady50k && mkdir -p "$d" && gen "$d/dataplanes" 50000
+    start_hdsd "$d"
+    loadgen steady50k --dataplanes-dir "$d/dataplanes" --duration "${DURATION_50K:-120s}" \
+      --streams-per-connection "${STREAMS_PER_CONNECTION_50K:-4}" --source-ips 64
+    stop_hdsd
+    ;;
+  saturation)
+    n=${SATURATION_DATAPLANES:-1000}
+    d=$WORK/saturation && mkdir -p "$d" && gen "$d/dataplanes" "$n"
+    "$BIN/hdsd-loadgen" null-server --listen "$NULL" --report-interval 5s --clusters 2 --stats-every 0s >/dev/null &
+    NULL_PID=$!
+    sleep 1
+    echo "bench: saturation-null" >&2
+    "$BIN/hdsd-loadgen" run --hds "$NULL" --server-pid "$NULL_PID" --dataplanes-dir "$d/dataplanes" \
+      --rate-unlimited --warmup 5s --duration "${SATURATION_DURATION:-30s}" --label saturation-null --json \
+      >"$OUT/saturation-null.json" || true
+    kill "$NULL_PID" && wait "$NULL_PID" 2>/dev/null || true
+    NULL_PID=""
+    start_hdsd "$d"
+    loadgen saturation-hdsd --dataplanes-dir "$d/dataplanes" --rate-unlimited --warmup 5s \
+      --duration "${SATURATION_DURATION:-30s}"
+    stop_hdsd
+    python3 - "$OUT" <<'EOF'
+import json, sys
+out = sys.argv[1]
+null = json.load(open(f"{out}/saturation-null.json"))
+hdsd = json.load(open(f"{out}/saturation-hdsd.json"))
+ratio = hdsd["reports_per_s"] / null["reports_per_s"]
+summary = {"null_reports_per_s": null["reports_per_s"], "hdsd_reports_per_s": hdsd["reports_per_s"],
+           "ratio_hdsd_over_null": round(ratio, 3)}
+json.dump(summary, open(f"{out}/saturation.json", "w"))
+print("bench: saturation:", summary, file=sys.stderr)
+EOF
+    ;;
+  storm10k)
+    d=$WORK/storm10k && mkdir -p "$d" && gen "$d/dataplanes" 10000
+    start_hdsd "$d"
+    loadgen storm10k --dataplanes-dir "$d/dataplanes" --duration 10s --reconnect-storm
+    stop_hdsd
+    ;;
+  churn)
+    d=$WORK/churn && mkdir -p "$d" && gen "$d/dataplanes" 10000
+    start_hdsd "$d"
+    loadgen churn --dataplanes-dir "$d/dataplanes" --duration 10s --churn 20000 --churn-rate 1000
+    stop_hdsd
+    ;;
+  micro)
+    cargo bench --bench specifier --bench readiness 2>&1 | tee "$OUT/micro.txt" >&2
+    ;;
+  *)
+    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn micro)" >&2
+    exit 2
+    ;;
+  esac
+done
+echo "bench: results in $OUT" >&2
