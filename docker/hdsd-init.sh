@@ -30,7 +30,7 @@ out=
 valid_for=720h
 
 usage() {
-  sed -n '13,22p' "$0" >&2
+  sed -n '12,21p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 

@@ -177,6 +177,15 @@ def fmt_s(seconds):
 
 # ---------------------------------------------------------------- processes
 
+def die_with_parent():
+    """In a child before exec: get SIGTERM if the demo itself dies (even by SIGKILL). Linux only."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class Proc:
     """A child in its own session (so its own process group), logging to a file."""
 
@@ -194,6 +203,7 @@ class Proc:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=die_with_parent,
             )
         self.pid = self.popen.pid
         self.pgid = self.pid  # start_new_session: the child leads its own group
@@ -340,7 +350,7 @@ def wait_until(sup, what, timeout, check):
     while True:
         try:
             done, last = check()
-        except (OSError, ValueError, urllib.error.URLError) as e:
+        except (OSError, ValueError, KeyError, TypeError) as e:  # URLError is an OSError
             done, last = False, f"{type(e).__name__}: {e}"
         elapsed = time.monotonic() - start
         if done:
@@ -607,7 +617,8 @@ class Demo:
                   f"`kill {self.apps['web'].pid}` stops the web app: watch web-01 turn not ready. Ctrl-C stops everything")
         time.sleep(3)
         watch = subprocess.Popen([str(self.hdsd), "status", "--watch", "--api", self.api],
-                                 cwd=ROOT, env=self.sup.env, start_new_session=True)
+                                 cwd=ROOT, env=self.sup.env, start_new_session=True,
+                                 preexec_fn=die_with_parent)
         self.sup.procs.append(_Adopted("hdsd status --watch", watch))
         watch.wait()
         raise DemoError(f"`hdsd status --watch` exited ({watch.returncode})")
