@@ -22,7 +22,7 @@ lint:
 # The demo story runs last, non-interactively, with the debug hdsd that
 # `cargo test` has just built (no extra release build).
 test: setup lint
-	ENVOY_BIN="$$(./scripts/setup.sh)" $(CARGO) test --all-targets -- --test-threads=2
+	ENVOY_BIN="$$(./scripts/setup.sh)" $(CARGO) test --lib --bins --tests -- --test-threads=2
 	ENVOY_BIN="$$(./scripts/setup.sh)" ./scripts/demo.py --once --hdsd "$${CARGO_TARGET_DIR:-target}/debug/hdsd"
 
 # Load scenarios and micro-benchmarks (BENCHMARKS.md); SCENARIOS picks some, e.g.
