@@ -206,8 +206,8 @@ fn serve(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     match runtime.block_on(server::run(config, shutdown_signal())) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {
+            // Logging is set up by now: the log (stderr) carries the message once.
             tracing::error!("{e}");
-            eprintln!("error: {e}");
             Ok(ExitCode::from(e.exit_code()))
         }
     }
