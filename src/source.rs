@@ -219,6 +219,11 @@ pub async fn watch(
 ) -> Result<(), notify::Error> {
     let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        // Opening or reading a file changes nothing, and hdsd's own reads of
+        // the directory would otherwise trigger the next reload, forever.
+        if matches!(&event, Ok(e) if matches!(e.kind, notify::EventKind::Access(_))) {
+            return;
+        }
         let _ = events_tx.send(event.map(|_| ()));
     })?;
     watcher.watch(&dir, RecursiveMode::NonRecursive)?;
