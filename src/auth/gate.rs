@@ -144,6 +144,11 @@ impl Gate {
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+            // Reading a file changes nothing, and the reload's own reads would
+            // otherwise trigger the next reload, forever.
+            if matches!(&e, Ok(event) if matches!(event.kind, notify::EventKind::Access(_))) {
+                return;
+            }
             let _ = tx.send(e.is_ok());
         });
         let mut watcher = match watcher {
