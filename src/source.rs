@@ -234,6 +234,7 @@ pub async fn watch(
         // Coalesce a burst (editors write, rename and chmod in quick succession).
         let deadline = tokio::time::Instant::now() + DEBOUNCE;
         while let Ok(Some(_)) = tokio::time::timeout_at(deadline, events.recv()).await {}
+        tracing::debug!(dir = %dir.display(), "dataplanes directory changed; reloading");
         let previous = tx.borrow().clone();
         let dir2 = dir.clone();
         let loaded = tokio::task::spawn_blocking(move || load(&dir2, &previous, &settings)).await;

@@ -252,3 +252,47 @@ fn broken_file_next_to_good_ones() {
     assert!(dp.connection.connected);
     assert!(hdsd.log().contains("dataplane file rejected"));
 }
+
+#[test]
+fn an_idle_server_does_not_reload_because_of_its_own_reads() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        auth_mode: "token",
+        ..HdsdOptions::default()
+    });
+    let app = App::start();
+    hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
+    hdsd.wait_inbound("default.web", 10001, "pending", Duration::from_secs(5));
+    hdsd.cli(&["token", "revoke", "0123456789abcdef"]);
+    let reloads = || {
+        let log = hdsd.log();
+        (
+            log.matches("dataplanes directory changed; reloading")
+                .count(),
+            log.matches("keys or revocations changed; reloading")
+                .count(),
+        )
+    };
+    wait_for(
+        "both watchers to react once",
+        Duration::from_secs(5),
+        || {
+            let (d, k) = reloads();
+            if d >= 1 && k >= 1 {
+                Ok(())
+            } else {
+                Err(format!("{d} directory, {k} key reloads"))
+            }
+        },
+    );
+    // Settle: a burst may still be in flight.
+    let settled = reloads();
+    let quiet_until = std::time::Instant::now() + Duration::from_millis(1500);
+    while std::time::Instant::now() < quiet_until {
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+    let after = reloads();
+    assert!(
+        after.0 <= settled.0 + 1 && after.1 <= settled.1 + 1,
+        "no reload loop: {settled:?} -> {after:?}"
+    );
+}

@@ -115,6 +115,7 @@ impl Gate {
 
     /// Reloads keys and revocations; a failure keeps the previous ones.
     pub fn reload(&self) {
+        tracing::debug!("keys or revocations changed; reloading");
         match Revocations::load(&self.revocations_path) {
             Ok(r) => {
                 if **self.revoked.load() != r {
