@@ -21,7 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-use crate::auth::{authorize, Claims, Gate, Rejection};
+use crate::auth::{authorize, check_identity, Claims, Gate, Rejection};
 use crate::clock::Clock;
 use crate::dataplane::DataplaneId;
 use crate::metrics::{self as m, ActiveStream, CloseReason};
@@ -269,13 +269,8 @@ impl Session {
                     let id = node_id(&r)?;
                     // Bind the token to the node id before anything else happens.
                     if let Some(c) = &self.claims {
-                        if c.mesh != id.mesh || c.name != id.name {
-                            let r = Rejection::WrongIdentity {
-                                token: c.identity(),
-                                node: id.to_string(),
-                            };
-                            return Err(refuse(&r, self.peer, Some(&id)).into());
-                        }
+                        check_identity(c, &id.mesh, &id.name)
+                            .map_err(|r| refuse(&r, self.peer, Some(&id)))?;
                     }
                     Ok(id)
                 }

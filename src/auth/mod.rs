@@ -24,7 +24,7 @@ pub mod token;
 
 pub use gate::{Gate, GateError};
 pub use keys::{ExtraPublicKey, GeneratedKey, KeyError, KeyRing};
-pub use rejection::{authorize, token_from_metadata, Rejection, AUTHORIZATION};
+pub use rejection::{authorize, check_identity, token_from_metadata, Rejection, AUTHORIZATION};
 pub use revocation::{RevocationError, Revocations};
 pub use token::{inspect, Claims, Inspection, IssueError, ISSUED_AT_LEEWAY_SECS};
 

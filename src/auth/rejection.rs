@@ -205,12 +205,7 @@ pub fn authorize(
     node_name: &str,
     inbound_tags: &[&BTreeMap<String, String>],
 ) -> Result<(), Rejection> {
-    if claims.mesh != node_mesh || claims.name != node_name {
-        return Err(Rejection::WrongIdentity {
-            token: format!("{}.{}", claims.mesh, claims.name),
-            node: format!("{node_mesh}.{node_name}"),
-        });
-    }
+    check_identity(claims, node_mesh, node_name)?;
     for (tag, value) in &claims.tags {
         if !inbound_tags.iter().any(|tags| tags.get(tag) == Some(value)) {
             return Err(Rejection::TagsMismatch {
@@ -218,6 +213,18 @@ pub fn authorize(
                 value: value.clone(),
             });
         }
+    }
+    Ok(())
+}
+
+/// The first half of [`authorize`]: the token must name this node. Checked
+/// on the first request, before the dataplane (and its tags) is known.
+pub fn check_identity(claims: &Claims, node_mesh: &str, node_name: &str) -> Result<(), Rejection> {
+    if claims.mesh != node_mesh || claims.name != node_name {
+        return Err(Rejection::WrongIdentity {
+            token: format!("{}.{}", claims.mesh, claims.name),
+            node: format!("{node_mesh}.{node_name}"),
+        });
     }
     Ok(())
 }
