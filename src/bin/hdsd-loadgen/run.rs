@@ -863,7 +863,16 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     // Phase 3: churn.
     let churn_result = match (&manifest, &args.dataplanes_dir) {
         (Some(m), Some(dir)) if args.churn > 0 => {
-            Some(churn(&ctx, m, dir, args.churn, args.churn_rate).await?)
+            let cpu0 = proc_sample(args.server_pid);
+            let at = Instant::now();
+            let mut r = churn(&ctx, m, dir, args.churn, args.churn_rate).await?;
+            if let (Some(a), Some(b)) = (cpu0, proc_sample(args.server_pid)) {
+                let cpu = b.cpu_seconds - a.cpu_seconds;
+                r["server_cpu_seconds"] = json!(round3(cpu));
+                r["server_cpu_percent_of_one_core"] =
+                    json!(round3(cpu / at.elapsed().as_secs_f64() * 100.0));
+            }
+            Some(r)
         }
         _ => None,
     };
