@@ -265,7 +265,7 @@ impl Session {
         match inbound.message().await {
             Ok(Some(msg)) => match msg.request_type {
                 Some(RequestType::HealthCheckRequest(r)) => {
-                    metrics::counter!(m::HEALTH_CHECK_REQUESTS).increment(1);
+                    m::hot().health_check_requests.increment(1);
                     let id = node_id(&r)?;
                     // Bind the token to the node id before anything else happens.
                     if let Some(c) = &self.claims {
@@ -346,7 +346,7 @@ impl Session {
                 msg = inbound.message() => match msg {
                     Ok(Some(msg)) => {
                         if let Some(RequestType::HealthCheckRequest(r)) = &msg.request_type {
-                            metrics::counter!(m::HEALTH_CHECK_REQUESTS).increment(1);
+                            m::hot().health_check_requests.increment(1);
                             check_same_node(id, r)?;
                         }
                         // Reports without a specifier have nothing to match; drop them.
@@ -389,7 +389,11 @@ impl Session {
         tracing::info!("stream attached");
         let mut sent_version = 0;
         let stale_after = self.settings.stale_after;
-        let mut report_due_by = Instant::now() + stale_after;
+        // One timer for the whole stream, re-armed lazily: a report only
+        // records its time, the timer moves when it fires early.
+        let mut last_report = Instant::now();
+        let silence = tokio::time::sleep_until(last_report + stale_after);
+        tokio::pin!(silence);
         // The first request was already read: answer it.
         let snapshot = state.borrow_and_update().clone();
         if let Err(pump) = self.react(id, &snapshot, &mut sent_version, true).await {
@@ -407,7 +411,12 @@ impl Session {
                     }
                 }
                 end = self.token_invalidated() => return Pump::End(end),
-                () = tokio::time::sleep_until(report_due_by) => {
+                () = &mut silence => {
+                    let due = last_report + stale_after;
+                    if due > Instant::now() {
+                        silence.as_mut().reset(due);
+                        continue;
+                    }
                     return Pump::End(End::Stale(Status::unavailable(format!(
                         "no health report for {}; reconnect and send a HealthCheckRequest",
                         humantime::format_duration(stale_after)
@@ -416,7 +425,7 @@ impl Session {
                 msg = inbound.message() => match msg {
                     Ok(Some(msg)) => match msg.request_type {
                         Some(RequestType::HealthCheckRequest(r)) => {
-                            metrics::counter!(m::HEALTH_CHECK_REQUESTS).increment(1);
+                            m::hot().health_check_requests.increment(1);
                             if let Err(s) = check_same_node(id, &r) {
                                 return Pump::End(s.into());
                             }
@@ -427,8 +436,8 @@ impl Session {
                             }
                         }
                         Some(RequestType::EndpointHealthResponse(report)) => {
-                            metrics::counter!(m::REPORTS).increment(1);
-                            report_due_by = Instant::now() + stale_after;
+                            m::hot().reports.increment(1);
+                            last_report = Instant::now();
                             if !handle.send(Command::Report { stream: self.id, report: Box::new(report) }).await {
                                 return Pump::Removed;
                             }
@@ -492,7 +501,7 @@ impl Session {
             .send(Ok(spec.message))
             .await
             .map_err(|_| End::Closed)?;
-        metrics::counter!(m::SPECIFIERS_SENT).increment(1);
+        m::hot().specifiers_sent.increment(1);
         Ok(())
     }
 

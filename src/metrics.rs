@@ -113,11 +113,42 @@ impl Drop for ActiveStream {
     }
 }
 
+/// Handles of the metrics touched on every message, looked up once instead
+/// of in the registry per report.
+#[derive(Debug)]
+pub struct Hot {
+    pub health_check_requests: metrics::Counter,
+    pub reports: metrics::Counter,
+    pub report_processing: metrics::Histogram,
+    pub report_unknown_endpoints: metrics::Counter,
+    pub specifiers_sent: metrics::Counter,
+    pub became_ready: metrics::Counter,
+    pub became_not_ready: metrics::Counter,
+}
+
+static HOT: std::sync::OnceLock<Hot> = std::sync::OnceLock::new();
+
+/// The hot-path handles. Registered by [`install`]; before it (unit tests
+/// without a recorder) they record nothing.
+pub fn hot() -> &'static Hot {
+    HOT.get_or_init(|| Hot {
+        health_check_requests: counter!(HEALTH_CHECK_REQUESTS),
+        reports: counter!(REPORTS),
+        report_processing: metrics::histogram!(REPORT_PROCESSING),
+        report_unknown_endpoints: counter!(REPORT_UNKNOWN_ENDPOINTS),
+        specifiers_sent: counter!(SPECIFIERS_SENT),
+        became_ready: counter!(READINESS_TRANSITIONS, "to" => "ready"),
+        became_not_ready: counter!(READINESS_TRANSITIONS, "to" => "not_ready"),
+    })
+}
+
 /// Records one folded report.
 pub fn report_folded(fold: &FoldOutcome, took: std::time::Duration) {
-    metrics::histogram!(REPORT_PROCESSING).record(took.as_secs_f64());
+    let hot = hot();
+    hot.report_processing.record(took.as_secs_f64());
     if fold.unknown_endpoints > 0 {
-        counter!(REPORT_UNKNOWN_ENDPOINTS).increment(u64::from(fold.unknown_endpoints));
+        hot.report_unknown_endpoints
+            .increment(u64::from(fold.unknown_endpoints));
     }
     transitions(fold);
 }
@@ -125,10 +156,11 @@ pub fn report_folded(fold: &FoldOutcome, took: std::time::Duration) {
 /// Counts inbounds that became ready or not ready.
 pub fn transitions(fold: &FoldOutcome) {
     if fold.became_ready > 0 {
-        counter!(READINESS_TRANSITIONS, "to" => "ready").increment(u64::from(fold.became_ready));
+        hot().became_ready.increment(u64::from(fold.became_ready));
     }
     if fold.became_not_ready > 0 {
-        counter!(READINESS_TRANSITIONS, "to" => "not_ready")
+        hot()
+            .became_not_ready
             .increment(u64::from(fold.became_not_ready));
     }
 }
@@ -174,7 +206,21 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
         .install_recorder()
         .map_err(|e| MetricsError(e.to_string()))?;
     describe();
-    Ok(HANDLE.get_or_init(|| handle).clone())
+    let handle = HANDLE.get_or_init(|| handle).clone();
+    // Registered against this recorder, once.
+    hot();
+    // The recorder runs without the exporter's own HTTP listener, so its
+    // upkeep (draining histogram samples) is ours to schedule, or samples
+    // pile up between scrapes.
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
 }
 
 fn describe() {

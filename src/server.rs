@@ -65,6 +65,22 @@ impl ServeError {
     }
 }
 
+/// Accept queue of the HDS listener: a reconnect storm of thousands of Envoys
+/// queues instead of being dropped (and retried a second later) by the kernel.
+/// The kernel caps it at `net.core.somaxconn`.
+const HDS_BACKLOG: u32 = 4096;
+
+fn bind_with_backlog(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
 /// The server-wide specifier settings of a configuration.
 pub fn specifier_settings(config: &Config) -> SpecifierSettings {
     SpecifierSettings {
@@ -144,9 +160,8 @@ pub async fn run(
         tracing::warn!(listen = %config.hds.listen, "dataplane tokens travel in plaintext; set hds.tls");
     }
 
-    let hds_listener = TcpListener::bind(config.hds.listen)
-        .await
-        .map_err(|source| ServeError::Bind {
+    let hds_listener =
+        bind_with_backlog(config.hds.listen, HDS_BACKLOG).map_err(|source| ServeError::Bind {
             what: "hds.listen",
             addr: config.hds.listen,
             source,
