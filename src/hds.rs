@@ -386,7 +386,7 @@ impl Session {
         {
             return Pump::Removed;
         }
-        tracing::info!("stream attached");
+        tracing::debug!("stream attached");
         let mut sent_version = 0;
         let stale_after = self.settings.stale_after;
         // One timer for the whole stream, re-armed lazily: a report only
@@ -538,7 +538,7 @@ impl Session {
         match end {
             End::Closed => {
                 m::stream_closed(CloseReason::Ok);
-                tracing::info!(peer, "stream closed by the client");
+                tracing::debug!(peer, "stream closed by the client");
             }
             End::Status(status) | End::Stale(status) => {
                 m::stream_closed(if stale {
