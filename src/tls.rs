@@ -712,6 +712,13 @@ fn describe_handshake_error(tls: &ServerTls, e: &io::Error) -> (bool, String) {
 }
 
 fn log_handshake_error(tls: &ServerTls, peer: SocketAddr, e: &io::Error) {
+    let rejected_client_cert = matches!(
+        e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()),
+        Some(rustls::Error::NoCertificatesPresented | rustls::Error::InvalidCertificate(_))
+    );
+    if rejected_client_cert {
+        metrics::counter!(crate::metrics::AUTH_FAILURES, "reason" => "tls").increment(1);
+    }
     let (warn, reason) = describe_handshake_error(tls, e);
     if warn {
         tracing::warn!(%peer, section = tls.section(), "TLS handshake failed: {reason}");

@@ -240,6 +240,19 @@ fn mutual_tls_serves_clients_of_the_ca_and_refuses_others() {
         hdsd.log()
     );
     assert_never_reported(&hdsd, "default.stranger");
+    // Counted as an authentication failure.
+    let metrics = ureq::get(&hdsd.api_url("/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("hdsd_auth_failures_total{reason=\"tls\"}") && !l.ends_with(" 0")
+        ),
+        "{metrics}"
+    );
 
     // No client certificate at all.
     let _anon = tls_envoy(hdsd.hds, "default.anon", &ca, None);
