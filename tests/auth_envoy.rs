@@ -210,3 +210,28 @@ fn key_rotation_old_and_new_tokens_work_until_the_old_key_is_removed() {
     refused.wait_closure("unknown signing key", CONNECT);
     assert!(hdsd.dataplane("default.new").unwrap().connection.connected);
 }
+
+#[test]
+fn a_token_that_expires_while_connected_ends_the_stream_at_expiry() {
+    let hdsd = token_server();
+    let app = App::start();
+    hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
+    let token = hdsd.issue_token("default.web", "3s");
+    let envoy = Envoy::start(hdsd.hds, "default.web", Some(&token));
+    hdsd.wait_inbound("default.web", 10001, "healthy", CONNECT);
+    // The stream ends when the token expires, and every reconnect is refused.
+    let line = envoy.wait_closure("token expired at ", Duration::from_secs(10));
+    assert!(line.contains("closed: 16, "), "{line}");
+    wait_for(
+        "the dataplane to be disconnected",
+        Duration::from_secs(5),
+        || {
+            let dp = hdsd.dataplane("default.web")?;
+            if dp.connection.connected {
+                Err("still connected".into())
+            } else {
+                Ok(())
+            }
+        },
+    );
+}
