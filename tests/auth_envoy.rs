@@ -51,6 +51,7 @@ fn each_bad_token_is_refused_with_its_status_and_others_are_unaffected() {
         "victim.yaml",
         &dataplane_yaml("victim", &[(10001, victim_app.port)]),
     );
+    hdsd.wait_inbound("default.victim", 10001, "pending", Duration::from_secs(5));
 
     let valid = hdsd.issue_token("default.victim", "1h");
     let other = hdsd.issue_token("default.good", "1h");
@@ -140,14 +141,7 @@ fn a_token_revoked_while_connected_ends_the_stream_within_a_second() {
         .to_string();
     let revoked_at = std::time::Instant::now();
     hdsd.cli(&["token", "revoke", &jti]);
-    wait_for("the stream to end", Duration::from_secs(1), || {
-        let dp = hdsd.dataplane("default.web")?;
-        if dp.connection.connected {
-            Err(format!("{:?}", dp.connection))
-        } else {
-            Ok(())
-        }
-    });
+    hdsd.wait_connected("default.web", false, Duration::from_secs(1));
     assert!(revoked_at.elapsed() <= Duration::from_millis(1500));
     envoy.wait_closure("token revoked", CONNECT);
     // Envoy keeps reconnecting with the same token: refused every time.
@@ -222,16 +216,5 @@ fn a_token_that_expires_while_connected_ends_the_stream_at_expiry() {
     // The stream ends when the token expires, and every reconnect is refused.
     let line = envoy.wait_closure("token expired at ", Duration::from_secs(10));
     assert!(line.contains("closed: 16, "), "{line}");
-    wait_for(
-        "the dataplane to be disconnected",
-        Duration::from_secs(5),
-        || {
-            let dp = hdsd.dataplane("default.web")?;
-            if dp.connection.connected {
-                Err("still connected".into())
-            } else {
-                Ok(())
-            }
-        },
-    );
+    hdsd.wait_connected("default.web", false, Duration::from_secs(5));
 }

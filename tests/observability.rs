@@ -156,12 +156,7 @@ fn every_dashboard_panel_returns_data_from_a_real_prometheus() {
     hdsd.wait_inbound("default.web", 10002, "unhealthy", CONNECT);
 
     // The exposition itself passes promtool's linter.
-    let metrics = ureq::get(&hdsd.api_url("/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let metrics = hdsd.metrics();
     let (ok, out) = promtool(&["check", "metrics"], Some(&metrics));
     assert!(ok, "promtool check metrics:\n{out}");
     for name in [

@@ -505,6 +505,36 @@ impl Hdsd {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// The `/metrics` exposition text.
+    pub fn metrics(&self) -> String {
+        ureq::get(&self.api_url("/metrics"))
+            .call()
+            .expect("GET /metrics")
+            .body_mut()
+            .read_to_string()
+            .expect("metrics text")
+    }
+
+    /// The value of one exposition series, e.g. `hdsd_auth_failures_total{reason="tls"}`.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        self.metrics().lines().find_map(|l| {
+            let rest = l.strip_prefix(series)?.strip_prefix(' ')?;
+            rest.trim().parse().ok()
+        })
+    }
+
+    /// Waits until the dataplane's `connection.connected` is `connected`.
+    pub fn wait_connected(&self, id: &str, connected: bool, timeout: Duration) {
+        wait_for(&format!("{id} connected = {connected}"), timeout, || {
+            let dp = self.dataplane(id)?;
+            if dp.connection.connected == connected {
+                Ok(())
+            } else {
+                Err(format!("{:?}", dp.connection))
+            }
+        });
+    }
+
     /// Issues a token for `mesh.name` with this server's keys.
     pub fn issue_token(&self, id: &str, valid_for: &str) -> String {
         let id: DataplaneId = id.parse().unwrap();
