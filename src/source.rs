@@ -1,8 +1,10 @@
 //! The dataplane source: a directory of `*.yaml` / `*.yml` files.
 //!
-//! [`assemble`] is pure: it turns the files' texts and the previous result into
-//! the new set of dataplanes, keeping a broken file's last good definitions.
-//! [`read_dir`] and [`watch`] are the I/O around it.
+//! [`assemble`] and [`reassemble`] are pure: they turn the files' texts and
+//! the previous result into the new set of dataplanes, keeping a broken file's
+//! last good definitions. [`read_dir`] and [`watch`] are the I/O around them;
+//! the watcher re-reads only the files its events name, so a change costs
+//! what its file costs, not what the directory costs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,11 +19,20 @@ use crate::dataplane::{parse_documents, Dataplane, DataplaneId};
 use crate::specifier::{build, Specifier, SpecifierSettings};
 
 /// A dataplane as defined by a file, with its specifier already built.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Defined {
     pub dataplane: Arc<Dataplane>,
     pub specifier: Arc<Specifier>,
     pub file: PathBuf,
+}
+
+impl PartialEq for Defined {
+    /// Shared definitions (an unchanged file's) compare by pointer, cheaply.
+    fn eq(&self, other: &Self) -> bool {
+        self.file == other.file
+            && (Arc::ptr_eq(&self.dataplane, &other.dataplane) || self.dataplane == other.dataplane)
+            && (Arc::ptr_eq(&self.specifier, &other.specifier) || self.specifier == other.specifier)
+    }
 }
 
 /// What one file contributed.
@@ -30,8 +41,11 @@ pub struct FileState {
     /// The definitions in use: the file's current ones, or its last good ones
     /// when it is broken now.
     pub dataplanes: Vec<Defined>,
-    /// Why the file cannot be used now.
+    /// Why the file cannot be used now: its own problem, or a conflict with
+    /// another file.
     pub error: Option<FileError>,
+    /// The file's own problem (read, parse, validation), without conflicts.
+    parse_error: Option<FileError>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -80,31 +94,67 @@ pub fn assemble(
     previous: &Loaded,
     settings: &SpecifierSettings,
 ) -> Loaded {
-    let mut states: BTreeMap<PathBuf, FileState> = BTreeMap::new();
-    for (path, read) in files {
-        let result = read
-            .map_err(|message| FileError {
-                line: None,
-                message,
-            })
-            .and_then(|text| parse_file(&path, &text, settings));
-        let state = match result {
-            Ok(dataplanes) => FileState {
-                dataplanes,
-                error: None,
-            },
-            Err(error) => FileState {
-                dataplanes: previous
-                    .files
-                    .get(&path)
-                    .map(|f| f.dataplanes.clone())
-                    .unwrap_or_default(),
-                error: Some(error),
-            },
-        };
-        states.insert(path, state);
+    let states = files
+        .into_iter()
+        .map(|(path, read)| {
+            let state = file_state(&path, read, previous.files.get(&path), settings);
+            (path, state)
+        })
+        .collect();
+    merge(dir, states)
+}
+
+/// Like [`assemble`], for the files that changed only: `Some` is a file's new
+/// content, `None` a file that is gone. Every other file keeps its state.
+pub fn reassemble(
+    previous: &Loaded,
+    changed: BTreeMap<PathBuf, Option<FileRead>>,
+    settings: &SpecifierSettings,
+) -> Loaded {
+    let mut states = previous.files.clone();
+    for (path, read) in changed {
+        match read {
+            Some(read) => {
+                let state = file_state(&path, read, previous.files.get(&path), settings);
+                states.insert(path, state);
+            }
+            None => {
+                states.remove(&path);
+            }
+        }
     }
-    // Merge in path order: the first definition of an id wins.
+    merge(&previous.dir, states)
+}
+
+fn file_state(
+    path: &Path,
+    read: FileRead,
+    previous: Option<&FileState>,
+    settings: &SpecifierSettings,
+) -> FileState {
+    let result = read
+        .map_err(|message| FileError {
+            line: None,
+            message,
+        })
+        .and_then(|text| parse_file(path, &text, settings));
+    match result {
+        Ok(dataplanes) => FileState {
+            dataplanes,
+            error: None,
+            parse_error: None,
+        },
+        Err(error) => FileState {
+            dataplanes: previous.map(|f| f.dataplanes.clone()).unwrap_or_default(),
+            error: Some(error.clone()),
+            parse_error: Some(error),
+        },
+    }
+}
+
+/// Merges file states in path order: the first definition of an id wins, and
+/// a later one is a conflict reported on its file.
+fn merge(dir: &Path, mut states: BTreeMap<PathBuf, FileState>) -> Loaded {
     let mut dataplanes: BTreeMap<DataplaneId, Defined> = BTreeMap::new();
     for state in states.values_mut() {
         let mut duplicates = Vec::new();
@@ -120,12 +170,12 @@ pub fn assemble(
                 }
             }
         }
-        if !duplicates.is_empty() && state.error.is_none() {
-            state.error = Some(FileError {
+        state.error = state.parse_error.clone().or_else(|| {
+            (!duplicates.is_empty()).then(|| FileError {
                 line: None,
                 message: duplicates.join("; "),
-            });
-        }
+            })
+        });
     }
     Loaded {
         dir: dir.to_path_buf(),
@@ -210,6 +260,16 @@ pub fn load(
 /// How long file events are coalesced before the directory is read again.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
+/// What the file watcher reported.
+#[derive(Debug)]
+enum Seen {
+    /// These entries of the directory changed.
+    Paths(Vec<PathBuf>),
+    /// Something the events cannot pin down (an overflow, the directory
+    /// itself, a watch error): read everything again.
+    Everything,
+}
+
 /// Watches `dir` and publishes every change to `tx`, which must hold the
 /// initial load. Runs until `tx` has no receivers left.
 pub async fn watch(
@@ -219,25 +279,64 @@ pub async fn watch(
 ) -> Result<(), notify::Error> {
     let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        // Opening or reading a file changes nothing, and hdsd's own reads of
-        // the directory would otherwise trigger the next reload, forever.
-        if matches!(&event, Ok(e) if matches!(e.kind, notify::EventKind::Access(_))) {
-            return;
-        }
-        let _ = events_tx.send(event.map(|_| ()));
+        let seen = match event {
+            // Opening or reading a file changes nothing, and hdsd's own reads
+            // of the directory would otherwise trigger the next reload, forever.
+            Ok(e) if matches!(e.kind, notify::EventKind::Access(_)) => return,
+            Ok(e) if e.need_rescan() || e.paths.is_empty() => Seen::Everything,
+            Ok(e) => Seen::Paths(e.paths),
+            Err(e) => {
+                tracing::warn!(error = %e, "file watch error; reloading the dataplanes directory");
+                Seen::Everything
+            }
+        };
+        let _ = events_tx.send(seen);
     })?;
     watcher.watch(&dir, RecursiveMode::NonRecursive)?;
-    while let Some(event) = events.recv().await {
-        if let Err(e) = event {
-            tracing::warn!(error = %e, "file watch error; reloading the dataplanes directory");
-        }
+    while let Some(first) = events.recv().await {
         // Coalesce a burst (editors write, rename and chmod in quick succession).
+        let mut everything = false;
+        let mut changed = std::collections::BTreeSet::new();
+        let mut note = |seen: Seen| match seen {
+            Seen::Everything => everything = true,
+            Seen::Paths(paths) => {
+                for path in paths {
+                    match path.file_name() {
+                        Some(name) if path != dir => {
+                            changed.insert(dir.join(name));
+                        }
+                        _ => everything = true,
+                    }
+                }
+            }
+        };
+        note(first);
         let deadline = tokio::time::Instant::now() + DEBOUNCE;
-        while let Ok(Some(_)) = tokio::time::timeout_at(deadline, events.recv()).await {}
-        tracing::debug!(dir = %dir.display(), "dataplanes directory changed; reloading");
+        while let Ok(Some(seen)) = tokio::time::timeout_at(deadline, events.recv()).await {
+            note(seen);
+        }
         let previous = tx.borrow().clone();
         let dir2 = dir.clone();
-        let loaded = tokio::task::spawn_blocking(move || load(&dir2, &previous, &settings)).await;
+        let loaded = if everything {
+            tracing::debug!(dir = %dir.display(), "dataplanes directory changed; reloading");
+            tokio::task::spawn_blocking(move || load(&dir2, &previous, &settings)).await
+        } else {
+            let changed: Vec<PathBuf> = changed
+                .into_iter()
+                .filter(|p| is_dataplane_file(p))
+                .collect();
+            if changed.is_empty() {
+                continue;
+            }
+            tracing::debug!(
+                files = changed.len(),
+                "dataplanes directory changed; reloading"
+            );
+            tokio::task::spawn_blocking(move || {
+                Ok(reassemble(&previous, read_files(changed), &settings))
+            })
+            .await
+        };
         match loaded {
             Ok(Ok(loaded)) => {
                 log_problems(&loaded, &tx.borrow());
@@ -257,6 +356,22 @@ pub async fn watch(
         }
     }
     Ok(())
+}
+
+/// Reads the named files; `None` for a file that no longer exists.
+fn read_files(paths: Vec<PathBuf>) -> BTreeMap<PathBuf, Option<FileRead>> {
+    paths
+        .into_iter()
+        .map(|path| {
+            let read = match std::fs::read_to_string(&path) {
+                Ok(text) => Some(Ok(text)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(_) if path.is_dir() => None,
+                Err(e) => Some(Err(format!("cannot read file: {e}"))),
+            };
+            (path, read)
+        })
+        .collect()
 }
 
 /// Logs each file error once, when it appears or changes.
@@ -406,6 +521,91 @@ mod tests {
                 .contains("networking.inbound[0].serviceProbe: unhealthy_threshold must be >= 1"),
             "{:?}",
             l.problems()
+        );
+    }
+
+    #[test]
+    fn reassemble_touches_only_the_changed_files() {
+        let dir = Path::new("d");
+        let first = assemble(
+            dir,
+            files(&[
+                ("d/a.yaml", &doc("a", 1)),
+                ("d/b.yaml", &doc("b", 2)),
+                ("d/c.yaml", &doc("c", 3)),
+            ]),
+            &Loaded::default(),
+            &settings(),
+        );
+        let changed: BTreeMap<PathBuf, Option<FileRead>> = [
+            (PathBuf::from("d/b.yaml"), Some(Ok(doc("b", 20)))),
+            (PathBuf::from("d/c.yaml"), None),
+            (PathBuf::from("d/d.yaml"), Some(Ok(doc("d", 4)))),
+        ]
+        .into();
+        let second = reassemble(&first, changed, &settings());
+        assert_eq!(names(&second), vec!["default.a", "default.b", "default.d"]);
+        let a = DataplaneId::new("default", "a");
+        assert!(
+            Arc::ptr_eq(
+                &second.dataplanes[&a].specifier,
+                &first.dataplanes[&a].specifier
+            ),
+            "an unchanged file is not parsed again"
+        );
+        assert_eq!(
+            second.dataplanes[&DataplaneId::new("default", "b")]
+                .dataplane
+                .inbounds[0]
+                .service_port,
+            20
+        );
+        // The same as reading everything.
+        let full = assemble(
+            dir,
+            files(&[
+                ("d/a.yaml", &doc("a", 1)),
+                ("d/b.yaml", &doc("b", 20)),
+                ("d/d.yaml", &doc("d", 4)),
+            ]),
+            &Loaded::default(),
+            &settings(),
+        );
+        assert_eq!(second, full);
+    }
+
+    #[test]
+    fn a_conflict_clears_when_the_other_file_goes() {
+        let first = assemble(
+            Path::new("d"),
+            files(&[("d/a.yaml", &doc("x", 1)), ("d/b.yaml", &doc("x", 2))]),
+            &Loaded::default(),
+            &settings(),
+        );
+        assert_eq!(first.error_count(), 1);
+        let second = reassemble(
+            &first,
+            [(PathBuf::from("d/a.yaml"), None)].into(),
+            &settings(),
+        );
+        assert_eq!(second.error_count(), 0, "{:?}", second.problems());
+        assert_eq!(
+            second.dataplanes[&DataplaneId::new("default", "x")].file,
+            PathBuf::from("d/b.yaml")
+        );
+        // And a broken file keeps its last good definitions across a reassemble.
+        let third = reassemble(
+            &second,
+            [(PathBuf::from("d/b.yaml"), Some(Ok("mesh: [".into())))].into(),
+            &settings(),
+        );
+        assert_eq!(third.error_count(), 1);
+        assert_eq!(
+            third.dataplanes[&DataplaneId::new("default", "x")]
+                .dataplane
+                .inbounds[0]
+                .service_port,
+            2
         );
     }
 
