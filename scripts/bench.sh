@@ -54,7 +54,7 @@ trap cleanup EXIT
 # gen DIR COUNT: COUNT dataplanes x 2 inbounds, 100 per file.
 gen() {
   rm -rf "$1"
-  "$BIN/hdsd-loadgen" gen-dataplanes --count "$2" --inbounds 2 --per-file 100 --dir "$1" >&2
+  "$BIN/hdsd-loadgen" gen-dataplanes --count "$2" --inbounds 2 --per-file "${PER_FILE:-100}" --dir "$1" >&2
 }
 
 # start_hdsd DIR: hdsd serving DIR/dataplanes, state in DIR/state; sets HDSD_PID.
