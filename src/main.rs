@@ -61,6 +61,9 @@ enum Command {
         /// Refresh the table in place every second.
         #[arg(long)]
         watch: bool,
+        /// One of the server's api.tokens, when its API requires one.
+        #[arg(long)]
+        api_token: Option<String>,
     },
     /// Print an Envoy bootstrap that connects a dataplane to hdsd.
     Bootstrap {
@@ -146,7 +149,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{DEFAULTS_TOML}");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { api, watch } => status(&api, watch),
+        Command::Status {
+            api,
+            watch,
+            api_token,
+        } => status(&api, watch, api_token.as_deref()),
         Command::Token { config, command } => token(config.as_deref(), command),
         Command::Bootstrap {
             mesh,
@@ -264,15 +271,15 @@ fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(1))
 }
 
-fn status(api: &str, watch: bool) -> anyhow::Result<ExitCode> {
+fn status(api: &str, watch: bool, api_token: Option<&str>) -> anyhow::Result<ExitCode> {
     if !watch {
-        let items = hdsd::status::fetch(api)?;
+        let items = hdsd::status::fetch(api, api_token)?;
         print!("{}", hdsd::status::render_now(&items));
         return Ok(ExitCode::SUCCESS);
     }
     let mut stdout = std::io::stdout();
     loop {
-        let screen = match hdsd::status::fetch(api) {
+        let screen = match hdsd::status::fetch(api, api_token) {
             Ok(items) => hdsd::status::render_now(&items),
             Err(e) => format!("{e}\n"),
         };

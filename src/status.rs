@@ -15,14 +15,19 @@ pub struct FetchError {
     pub message: String,
 }
 
-/// Fetches every dataplane from the API at `base` (e.g. `http://127.0.0.1:5680`).
-pub fn fetch(base: &str) -> Result<Vec<DataplaneItem>, FetchError> {
+/// Fetches every dataplane from the API at `base` (e.g. `http://127.0.0.1:5680`),
+/// with one of the server's `api.tokens` when it requires one.
+pub fn fetch(base: &str, api_token: Option<&str>) -> Result<Vec<DataplaneItem>, FetchError> {
     let url = format!("{}/api/v1/dataplanes", base.trim_end_matches('/'));
     let err = |message: String| FetchError {
         url: url.clone(),
         message,
     };
-    let mut response = ureq::get(&url).call().map_err(|e| err(e.to_string()))?;
+    let mut request = ureq::get(&url);
+    if let Some(token) = api_token {
+        request = request.header("Authorization", &format!("Bearer {token}"));
+    }
+    let mut response = request.call().map_err(|e| err(e.to_string()))?;
     let list: List<DataplaneItem> = response
         .body_mut()
         .read_json()

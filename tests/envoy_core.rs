@@ -296,3 +296,48 @@ fn an_idle_server_does_not_reload_because_of_its_own_reads() {
         "no reload loop: {settled:?} -> {after:?}"
     );
 }
+
+#[test]
+fn api_tokens_protect_the_rest_api_but_not_metrics_and_probes() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        api_tokens: "[\"s3cret\"]",
+        ..HdsdOptions::default()
+    });
+    let get = |path: &str, token: Option<&str>| {
+        let mut request = ureq::get(&hdsd.api_url(path));
+        if let Some(t) = token {
+            request = request.header("Authorization", &format!("Bearer {t}"));
+        }
+        let mut response = request
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .call()
+            .unwrap();
+        (
+            response.status().as_u16(),
+            response.body_mut().read_to_string().unwrap(),
+        )
+    };
+    let (code, body) = get("/api/v1/dataplanes", None);
+    assert_eq!(code, 401);
+    assert!(body.contains("Authorization: Bearer"), "{body}");
+    assert_eq!(get("/api/v1/dataplanes", Some("wrong")).0, 401);
+    assert_eq!(get("/api/v1/sources", Some("s3cret")).0, 200);
+    assert_eq!(get("/api/v1/dataplanes", Some("s3cret")).0, 200);
+    for open in ["/metrics", "/healthz", "/readyz"] {
+        assert_eq!(get(open, None).0, 200, "{open}");
+    }
+    // `hdsd status` passes the token.
+    let api = format!("http://{}", hdsd.api);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hdsd"))
+        .args(["status", "--api", &api, "--api-token", "s3cret"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("0 dataplanes"));
+}

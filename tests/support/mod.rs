@@ -64,6 +64,8 @@ pub struct HdsdOptions {
     pub grace: &'static str,
     /// `hds.stale_after`, when not the default.
     pub stale_after: Option<String>,
+    /// `api.tokens`, as a TOML array (empty: the API is open).
+    pub api_tokens: &'static str,
     /// `auth.mode`: "none" unless a test is about tokens.
     pub auth_mode: &'static str,
     /// Extra TOML appended to the config file.
@@ -79,6 +81,7 @@ impl Default for HdsdOptions {
             unhealthy_threshold: 2,
             grace: "30s",
             stale_after: None,
+            api_tokens: "[]",
             auth_mode: "none",
             extra: String::new(),
         }
@@ -124,7 +127,7 @@ impl Hdsd {
     fn spawn(&mut self) {
         let o = &self.options;
         let config = format!(
-            "state_dir = {state:?}\n\n[hds]\nlisten = \"{hds}\"\nreport_interval = \"{ri}\"\nunknown_dataplane_grace = \"{grace}\"\n{stale}\n[hds.check]\ninterval = \"{ci}\"\ntimeout = \"{ct}\"\nunhealthy_threshold = {ut}\n\n[api]\nlisten = \"{api}\"\n\n[dataplanes]\ndir = {dps:?}\n\n[auth]\nmode = \"{auth}\"\n\n[log]\nlevel = \"info,hdsd=debug\"\n\n{extra}\n",
+            "state_dir = {state:?}\n\n[hds]\nlisten = \"{hds}\"\nreport_interval = \"{ri}\"\nunknown_dataplane_grace = \"{grace}\"\n{stale}\n[hds.check]\ninterval = \"{ci}\"\ntimeout = \"{ct}\"\nunhealthy_threshold = {ut}\n\n[api]\nlisten = \"{api}\"\ntokens = {api_tokens}\n\n[dataplanes]\ndir = {dps:?}\n\n[auth]\nmode = \"{auth}\"\n\n[log]\nlevel = \"info,hdsd=debug\"\n\n{extra}\n",
             state = self.dir.path().join("state").display().to_string(),
             hds = self.hds,
             ri = o.report_interval,
@@ -135,6 +138,7 @@ impl Hdsd {
             api = self.api,
             dps = self.dataplanes_dir().display().to_string(),
             auth = o.auth_mode,
+            api_tokens = o.api_tokens,
             stale = o
                 .stale_after
                 .as_ref()
