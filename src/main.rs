@@ -262,6 +262,13 @@ fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
             "ok: configuration valid, {dataplanes} dataplanes in {}",
             config.dataplanes.dir.display()
         );
+        let detection = settings
+            .defaults
+            .worst_case_detection(config.hds.report_interval);
+        println!(
+            "worst-case detection with the check defaults: {} (unhealthy_threshold x no_traffic_interval + timeout + report_interval)",
+            humantime::format_duration(detection)
+        );
         return Ok(ExitCode::SUCCESS);
     }
     for p in &problems {

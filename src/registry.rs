@@ -528,6 +528,68 @@ mod tests {
         assert_eq!(s.connection.connected_at, Some(t(2)));
     }
 
+    /// The task expires reports by itself, on the clock the test controls.
+    #[tokio::test(start_paused = true)]
+    async fn a_dataplane_task_marks_silent_inbounds_stale_on_time() {
+        use crate::clock::ManualClock;
+        let clock = ManualClock::new(t(0));
+        let d = defined(8080);
+        let id = d.dataplane.id.clone();
+        let loaded = Loaded {
+            dataplanes: [(id.clone(), d)].into(),
+            ..Default::default()
+        };
+        let (_sources, rx) = watch::channel(Arc::new(loaded));
+        let registry = Registry::spawn(
+            rx,
+            RegistryOptions {
+                clock: Arc::new(clock.clone()),
+                stale_after: Duration::from_secs(15),
+                report_interval: Duration::from_secs(5),
+                store: None,
+                restored: BTreeMap::new(),
+            },
+        );
+        let handle = registry
+            .wait_for(&id, Instant::now() + Duration::from_secs(1))
+            .await
+            .expect("the dataplane is registered");
+        let mut state = handle.subscribe();
+        handle
+            .send(Command::Attach {
+                stream: 1,
+                peer: None,
+            })
+            .await;
+        handle
+            .send(Command::Report {
+                stream: 1,
+                report: healthy(8080),
+            })
+            .await;
+        let status = |s: &DataplaneState| s.health.inbounds[0].status;
+        state
+            .wait_for(|s| status(s) == Status::Healthy)
+            .await
+            .unwrap();
+
+        // 14s later: still healthy.
+        clock.advance(Duration::from_secs(14));
+        tokio::time::advance(Duration::from_secs(14)).await;
+        tokio::task::yield_now().await;
+        assert_eq!(status(&handle.state()), Status::Healthy);
+
+        // Past 15s: stale, since the moment the window ended.
+        clock.advance(Duration::from_secs(2));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let s = state
+            .wait_for(|s| status(s) == Status::Stale)
+            .await
+            .unwrap()
+            .clone();
+        assert_eq!(s.health.inbounds[0].since, t(15));
+    }
+
     #[test]
     fn an_older_stream_never_takes_over_from_a_newer_one() {
         let mut s = state(defined(8080));
