@@ -18,20 +18,20 @@ fn token_server() -> Hdsd {
     })
 }
 
-/// A dataplane with one healthy app, plus its served Envoy.
-fn served(hdsd: &Hdsd, name: &str) -> (App, Envoy) {
+/// A dataplane with one healthy app, plus its Envoy served with a token
+/// valid for `valid_for`; returns the token too.
+fn served(hdsd: &Hdsd, name: &str, valid_for: &str) -> (App, Envoy, String) {
     let app = App::start();
     hdsd.write_dataplane(
         &format!("{name}.yaml"),
         &dataplane_yaml(name, &[(10001, app.port)]),
     );
     let id = format!("default.{name}");
-    let token = hdsd.issue_token(&id, "1h");
+    let token = hdsd.issue_token(&id, valid_for);
     let envoy = Envoy::start(hdsd.hds, &id, Some(&token));
     hdsd.wait_inbound(&id, 10001, "healthy", CONNECT);
-    (app, envoy)
+    (app, envoy, token)
 }
-
 fn assert_never_connected(hdsd: &Hdsd, id: &str) {
     let dp = hdsd.dataplane(id).unwrap();
     assert!(!dp.connection.connected, "{dp:?}");
@@ -45,7 +45,7 @@ fn assert_never_connected(hdsd: &Hdsd, id: &str) {
 #[test]
 fn each_bad_token_is_refused_with_its_status_and_others_are_unaffected() {
     let hdsd = token_server();
-    let (_good_app, _good) = served(&hdsd, "good");
+    let (_good_app, _good, _) = served(&hdsd, "good", "1h");
     let victim_app = App::start();
     hdsd.write_dataplane(
         "victim.yaml",
@@ -126,11 +126,7 @@ fn each_bad_token_is_refused_with_its_status_and_others_are_unaffected() {
 #[test]
 fn a_token_revoked_while_connected_ends_the_stream_within_a_second() {
     let hdsd = token_server();
-    let app = App::start();
-    hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
-    let token = hdsd.issue_token("default.web", "1h");
-    let envoy = Envoy::start(hdsd.hds, "default.web", Some(&token));
-    hdsd.wait_inbound("default.web", 10001, "healthy", CONNECT);
+    let (_app, envoy, token) = served(&hdsd, "web", "1h");
 
     let inspected = hdsd.cli(&["token", "inspect", &token]);
     let jti = inspected
@@ -208,11 +204,7 @@ fn key_rotation_old_and_new_tokens_work_until_the_old_key_is_removed() {
 #[test]
 fn a_token_that_expires_while_connected_ends_the_stream_at_expiry() {
     let hdsd = token_server();
-    let app = App::start();
-    hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
-    let token = hdsd.issue_token("default.web", "3s");
-    let envoy = Envoy::start(hdsd.hds, "default.web", Some(&token));
-    hdsd.wait_inbound("default.web", 10001, "healthy", CONNECT);
+    let (_app, envoy, _token) = served(&hdsd, "web", "3s");
     // The stream ends when the token expires, and every reconnect is refused.
     let line = envoy.wait_closure("token expired at ", Duration::from_secs(10));
     assert!(line.contains("closed: 16, "), "{line}");

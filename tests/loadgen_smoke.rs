@@ -5,12 +5,11 @@
 mod support;
 
 use std::io::{BufRead as _, BufReader};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{free_port, wait_for};
+use support::{free_port, wait_for, Hdsd, HdsdOptions};
 
 const LOADGEN: &str = env!("CARGO_BIN_EXE_hdsd-loadgen");
 const DATAPLANES: u64 = 500;
@@ -50,38 +49,6 @@ fn loadgen(args: &[&str]) -> Running {
     )
 }
 
-fn start_hdsd(dir: &Path, hds: u16, api: u16) -> Running {
-    let config = dir.join("hdsd.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "state_dir = {state:?}\n[hds]\nlisten = \"127.0.0.1:{hds}\"\nreport_interval = \"1s\"\n[api]\nlisten = \"127.0.0.1:{api}\"\n[dataplanes]\ndir = {dps:?}\n[auth]\nmode = \"none\"\n[log]\nlevel = \"warn\"\n",
-            state = dir.join("state").display().to_string(),
-            dps = dir.join("dataplanes").display().to_string(),
-        ),
-    )
-    .unwrap();
-    let log = std::fs::File::create(dir.join("hdsd.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_hdsd"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .env_remove("RUST_LOG")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("start hdsd");
-    let hdsd = Running(child);
-    let url = format!("http://127.0.0.1:{api}/readyz");
-    wait_for("hdsd /readyz", Duration::from_secs(20), || {
-        ureq::get(&url)
-            .call()
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    });
-    hdsd
-}
-
 fn num(v: &Value, path: &str) -> f64 {
     let mut cur = v;
     for key in path.split('.') {
@@ -93,8 +60,11 @@ fn num(v: &Value, path: &str) -> f64 {
 
 #[test]
 fn loadgen_against_hdsd_and_null_server() {
-    let dir = tempfile::tempdir().unwrap();
-    let dataplanes = dir.path().join("dataplanes");
+    let hdsd = Hdsd::start(HdsdOptions {
+        report_interval: "1s",
+        ..HdsdOptions::default()
+    });
+    let dataplanes = hdsd.dataplanes_dir();
     let out = Command::new(LOADGEN)
         .args([
             "gen-dataplanes",
@@ -108,12 +78,19 @@ fn loadgen_against_hdsd_and_null_server() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-
-    let (hds, api) = (free_port(), free_port());
-    let hdsd = start_hdsd(dir.path(), hds, api);
-    let pid = hdsd.0.id().to_string();
-    let hds_addr = format!("127.0.0.1:{hds}");
-    let api_url = format!("http://127.0.0.1:{api}");
+    // The watcher has loaded them all before the simulated Envoys connect.
+    wait_for("500 dataplanes loaded", Duration::from_secs(20), || {
+        let v = hdsd.get_json("/api/v1/dataplanes")?;
+        let n = v["items"].as_array().map_or(0, Vec::len);
+        if n == 500 {
+            Ok(())
+        } else {
+            Err(format!("{n} loaded"))
+        }
+    });
+    let pid = hdsd.pid().to_string();
+    let hds_addr = hdsd.hds.to_string();
+    let api_url = format!("http://{}", hdsd.api);
     let mut run = loadgen(&[
         "run",
         "--hds",
