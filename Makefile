@@ -13,7 +13,7 @@ build:
 
 # ARGS are passed to the demo, e.g. make demo ARGS=--once (see ./scripts/demo.py --help).
 demo: setup build
-	ENVOY_BIN="$$(./scripts/setup.sh)" ./scripts/demo.py $(ARGS)
+	ENVOY_BIN="$$(./scripts/setup.sh)" ./scripts/demo.py --hdsd "$${CARGO_TARGET_DIR:-target}/release/hdsd" $(ARGS)
 
 lint:
 	$(CARGO) fmt --all -- --check

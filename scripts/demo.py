@@ -48,7 +48,8 @@ WORK = Path(".demo")
 CONFIG = Path("examples/hdsd.toml")
 EXAMPLE_DATAPLANES = Path("examples/dataplanes")
 INIT_SCRIPT = Path("docker/hdsd-init.sh")
-DEFAULT_HDSD = Path("target/release/hdsd")
+# Cargo puts binaries under $CARGO_TARGET_DIR when it is set, as `make` does.
+DEFAULT_HDSD = Path(os.environ.get("CARGO_TARGET_DIR") or "target") / "release" / "hdsd"
 
 MESH = "default"
 WEB, BACKEND = "web-01", "backend-01"

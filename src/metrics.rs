@@ -29,6 +29,9 @@ pub const READINESS_TRANSITIONS: &str = "hdsd_readiness_transitions_total";
 pub const AUTH_FAILURES: &str = "hdsd_auth_failures_total";
 pub const SOURCE_ERRORS: &str = "hdsd_dataplane_source_errors";
 pub const BUILD_INFO: &str = "hdsd_build_info";
+pub const STREAMS_WAITING: &str = "hdsd_streams_waiting";
+pub const AUTH_SIGNING_KEYS: &str = "hdsd_auth_signing_keys";
+pub const STORE_COMMITS: &str = "hdsd_store_commits_total";
 
 /// Why a stream ended: the `reason` label of `hdsd_streams_closed_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +113,30 @@ impl Default for ActiveStream {
 impl Drop for ActiveStream {
     fn drop(&mut self) {
         gauge!(STREAMS_ACTIVE).decrement(1.0);
+    }
+}
+
+/// Keeps `hdsd_streams_waiting` right: a stream waiting for its dataplane
+/// to be defined (unknown, or deleted and within the grace).
+#[derive(Debug)]
+pub struct WaitingStream(());
+
+impl WaitingStream {
+    pub fn new() -> Self {
+        gauge!(STREAMS_WAITING).increment(1.0);
+        WaitingStream(())
+    }
+}
+
+impl Default for WaitingStream {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for WaitingStream {
+    fn drop(&mut self) {
+        gauge!(STREAMS_WAITING).decrement(1.0);
     }
 }
 
@@ -227,6 +254,18 @@ fn describe() {
     describe_gauge!(
         STREAMS_ACTIVE,
         "HDS streams currently open (authenticated or waiting for their first message)."
+    );
+    describe_gauge!(
+        STREAMS_WAITING,
+        "HDS streams waiting for their dataplane to be defined (unknown node, or deleted within the grace)."
+    );
+    describe_gauge!(
+        AUTH_SIGNING_KEYS,
+        "Signing keys whose tokens hdsd accepts now (its own and auth.public_keys); changes when the key files are reloaded."
+    );
+    describe_counter!(
+        STORE_COMMITS,
+        "Batches of readiness changes committed to the readiness store."
     );
     describe_counter!(STREAMS_CLOSED, "HDS streams ended, by reason (ok: the client closed it; others: hdsd ended it with that status).");
     describe_counter!(

@@ -35,6 +35,13 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the {what} socket passed in as LISTEN_FDS #{index} is unusable: {source}; pass listening TCP sockets (HDS first, then API), or unset LISTEN_FDS")]
+    Passed {
+        what: &'static str,
+        index: usize,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot watch the dataplanes directory: {0}")]
     Watch(#[from] notify::Error),
     #[error("HDS listener failed: {0}")]
@@ -79,6 +86,29 @@ fn bind_with_backlog(addr: std::net::SocketAddr, backlog: u32) -> std::io::Resul
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(backlog)
+}
+
+/// The listening socket passed in at `index`, if any.
+fn passed_listener(
+    passed: &mut listenfd::ListenFd,
+    index: usize,
+    what: &'static str,
+) -> Result<Option<TcpListener>, ServeError> {
+    let bad = |source: std::io::Error| ServeError::Passed {
+        what,
+        index,
+        source,
+    };
+    let Some(listener) = passed.take_tcp_listener(index).map_err(bad)? else {
+        return Ok(None);
+    };
+    listener.set_nonblocking(true).map_err(bad)?;
+    let listener = TcpListener::from_std(listener).map_err(bad)?;
+    tracing::info!(
+        addr = %listener.local_addr().map_err(bad)?,
+        "{what}: using the listening socket passed in (LISTEN_FDS)"
+    );
+    Ok(Some(listener))
 }
 
 /// The server-wide specifier settings of a configuration.
@@ -143,6 +173,7 @@ pub async fn run(
         process: Arc::new(metrics_process::Collector::default()),
     };
     scrape.process.describe();
+    metrics::gauge!(crate::metrics::AUTH_SIGNING_KEYS).set(gate.signing_keys() as f64);
 
     let tls_error = |e: crate::tls::TlsError| ServeError::Config(vec![e.to_string()]);
     let hds_tls = (config.hds.tls.as_ref())
@@ -160,19 +191,30 @@ pub async fn run(
         tracing::warn!(listen = %config.hds.listen, "dataplane tokens travel in plaintext; set hds.tls");
     }
 
-    let hds_listener =
-        bind_with_backlog(config.hds.listen, HDS_BACKLOG).map_err(|source| ServeError::Bind {
-            what: "hds.listen",
-            addr: config.hds.listen,
-            source,
-        })?;
-    let api_listener = TcpListener::bind(config.api.listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            what: "api.listen",
-            addr: config.api.listen,
-            source,
-        })?;
+    // Sockets passed in by a service manager (systemd socket activation,
+    // `LISTEN_FDS`: the first is the HDS listener, the second the API's) are
+    // used as they are; otherwise hdsd binds the configured addresses.
+    let mut passed = listenfd::ListenFd::from_env();
+    let hds_listener = match passed_listener(&mut passed, 0, "hds.listen")? {
+        Some(l) => l,
+        None => bind_with_backlog(config.hds.listen, HDS_BACKLOG).map_err(|source| {
+            ServeError::Bind {
+                what: "hds.listen",
+                addr: config.hds.listen,
+                source,
+            }
+        })?,
+    };
+    let api_listener = match passed_listener(&mut passed, 1, "api.listen")? {
+        Some(l) => l,
+        None => TcpListener::bind(config.api.listen)
+            .await
+            .map_err(|source| ServeError::Bind {
+                what: "api.listen",
+                addr: config.api.listen,
+                source,
+            })?,
+    };
     let hds_addr = hds_listener.local_addr().map_err(ServeError::Api)?;
     let api_addr = api_listener.local_addr().map_err(ServeError::Api)?;
 

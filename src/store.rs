@@ -303,7 +303,10 @@ async fn write_batch(
     let count = batch.len();
     let store = store.clone();
     match tokio::task::spawn_blocking(move || store.write(&batch)).await {
-        Ok(Ok(())) => tracing::debug!(dataplanes = count, "readiness store: wrote batch"),
+        Ok(Ok(())) => {
+            metrics::counter!(crate::metrics::STORE_COMMITS).increment(1);
+            tracing::debug!(dataplanes = count, "readiness store: wrote batch")
+        }
         Ok(Err(e)) => {
             tracing::error!("{e}; readiness will be rebuilt from reports after a restart")
         }

@@ -51,7 +51,7 @@ fn pending_until_first_report_then_ready_and_follows_the_app() {
     assert!(!dp.inbounds[0].health.ready);
 
     // It comes back on the same port: ready again.
-    let _app = App::start_on(app.port);
+    app.resume();
     hdsd.wait_inbound("default.web-01", 10001, "healthy", DETECTION);
 }
 
@@ -162,10 +162,9 @@ fn unknown_dataplane_is_served_when_its_file_appears_within_the_grace() {
     let app = App::start();
     let _envoy = Envoy::start(hdsd.hds, "default.late", None);
     wait_for("hdsd to hold the unknown stream", CONNECT, || {
-        if hdsd.log().contains("unknown dataplane; waiting up to 30s") {
-            Ok(())
-        } else {
-            Err("no log line yet".into())
+        match hdsd.metric("hdsd_streams_waiting") {
+            Some(n) if n >= 1.0 => Ok(()),
+            other => Err(format!("{other:?} streams waiting")),
         }
     });
     hdsd.write_dataplane("late.yaml", &dataplane_yaml("late", &[(10001, app.port)]));

@@ -178,16 +178,17 @@ fn a_killed_and_restarted_hdsd_never_reads_not_ready_then_detects_a_failure() {
     hdsd.wait_inbound("default.a", 10001, "healthy", CONNECT);
     hdsd.wait_inbound("default.b", 10001, "healthy", CONNECT);
     // The transitions are on disk once the store writer logged a batch after them.
-    let before = hdsd.log().matches("readiness store: wrote batch").count();
+    let commits = || hdsd.metric("hdsd_store_commits_total").unwrap_or(0.0);
+    let before = commits();
     wait_for(
         "the readiness store to be written",
         Duration::from_secs(5),
         || {
-            let n = hdsd.log().matches("readiness store: wrote batch").count();
+            let n = commits();
             if n > before {
                 Ok(())
             } else {
-                Err(format!("{n} batches"))
+                Err(format!("{n} commits"))
             }
         },
     );

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{free_port, wait_for, Hdsd, HdsdOptions};
+use support::{wait_for, Hdsd, HdsdOptions};
 
 const LOADGEN: &str = env!("CARGO_BIN_EXE_hdsd-loadgen");
 const DATAPLANES: u64 = 500;
@@ -164,12 +164,10 @@ fn loadgen_against_hdsd_and_null_server() {
     drop(hdsd);
 
     // The null server answers the same simulated Envoys.
-    let null_port = free_port();
-    let null_addr = format!("127.0.0.1:{null_port}");
     let mut null = loadgen(&[
         "null-server",
         "--listen",
-        &null_addr,
+        "127.0.0.1:0",
         "--report-interval",
         "1s",
         "--stats-every",
@@ -177,6 +175,11 @@ fn loadgen_against_hdsd_and_null_server() {
     ]);
     let banner = first_line(&mut null.0, Duration::from_secs(10));
     assert!(banner.contains("listening"), "{banner}");
+    let null_addr = banner
+        .split_whitespace()
+        .find_map(|w| w.parse::<std::net::SocketAddr>().ok())
+        .unwrap_or_else(|| panic!("no address in {banner:?}"))
+        .to_string();
     let out = Command::new(LOADGEN)
         .args([
             "run",

@@ -68,8 +68,9 @@ impl Prometheus {
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n- job_name: hdsd\n  static_configs:\n  - targets: ['{target}']\n"
         );
         std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
-        let addr = format!("127.0.0.1:{}", free_port());
-        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+        // Port 0: Prometheus logs the address it bound.
+        let log_path = dir.path().join("prometheus.log");
+        let log = std::fs::File::create(&log_path).unwrap();
         let child = Command::new("prometheus")
             .arg(format!(
                 "--config.file={}",
@@ -79,11 +80,19 @@ impl Prometheus {
                 "--storage.tsdb.path={}",
                 dir.path().join("data").display()
             ))
-            .arg(format!("--web.listen-address={addr}"))
+            .arg("--web.listen-address=127.0.0.1:0")
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .expect("prometheus is installed by scripts/setup.sh (Debian package prometheus)");
+        let addr = wait_for("Prometheus to listen", Duration::from_secs(30), || {
+            let log = std::fs::read_to_string(&log_path).map_err(|e| e.to_string())?;
+            log.lines()
+                .filter(|l| l.contains("msg=\"Listening on\""))
+                .find_map(|l| l.split("address=").nth(1))
+                .map(|a| a.trim().to_string())
+                .ok_or_else(|| "not listening yet".to_string())
+        });
         Prometheus {
             child,
             addr,
@@ -146,7 +155,7 @@ fn dashboard_queries() -> Vec<(String, String)> {
 fn every_dashboard_panel_returns_data_from_a_real_prometheus() {
     let hdsd = Hdsd::start(HdsdOptions::default());
     let app = App::start();
-    let dead_port = free_port();
+    let (dead_port, _reserved) = dead_port();
     hdsd.write_dataplane(
         "web.yaml",
         &dataplane_yaml("web", &[(10001, app.port), (10002, dead_port)]),

@@ -123,7 +123,7 @@ fn tls_envoy(hds: SocketAddr, id: &str, ca: &Path, client: Option<&Leaf>) -> Env
         id: id.parse::<DataplaneId>().unwrap(),
         server: hds.to_string(),
         token: None,
-        admin_port: free_port(),
+        admin_port: 0,
         ca: Some(ca.to_path_buf()),
     })
     .unwrap();

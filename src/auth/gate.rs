@@ -108,6 +108,11 @@ impl Gate {
         self.revoked.load().contains(jti)
     }
 
+    /// How many signing keys are trusted now.
+    pub fn signing_keys(&self) -> usize {
+        self.ring.load().kids().len()
+    }
+
     /// Wakes when keys or revocations were reloaded.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.version.subscribe()
@@ -130,6 +135,7 @@ impl Gate {
                 if ring.kids() != self.ring.load().kids() {
                     tracing::info!(keys = ?ring.kids(), "signing keys reloaded");
                 }
+                metrics::gauge!(crate::metrics::AUTH_SIGNING_KEYS).set(ring.kids().len() as f64);
                 self.ring.store(Arc::new(ring));
             }
             Err(e) => tracing::error!("{e}; keeping the previous keys"),

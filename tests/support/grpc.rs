@@ -56,13 +56,25 @@ impl GrpcClient {
 
     /// Opens a StreamHealthCheck stream; nothing is sent yet.
     pub fn open(&self) -> HdsStream {
+        self.open_with_token(None)
+    }
+
+    /// Opens a StreamHealthCheck stream carrying `token` as `authorization`
+    /// metadata (as Envoy's bootstrap sends it); nothing is sent yet.
+    pub fn open_with_token(&self, token: Option<&str>) -> HdsStream {
         let (tx, rx) = mpsc::channel::<Message>(16);
         let mut client = self.client.clone();
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        if let Some(token) = token {
+            request.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {token}").parse().expect("ASCII token"),
+            );
+        }
         let inbound = self
             .rt
             .block_on(async {
-                tokio::time::timeout(CONNECT, client.stream_health_check(ReceiverStream::new(rx)))
-                    .await
+                tokio::time::timeout(CONNECT, client.stream_health_check(request)).await
             })
             .expect("opening the stream timed out")
             .expect("open StreamHealthCheck")

@@ -1,12 +1,21 @@
 //! The integration harness: starts hdsd (the real binary), real Envoys and
-//! tiny TCP applications on free loopback ports, waits on conditions with
-//! deadlines, and kills everything it started when dropped, also when a test
-//! panics (then it prints the processes' logs).
+//! tiny TCP applications on loopback, waits on conditions with deadlines, and
+//! kills everything it started when dropped, also when a test panics (then it
+//! prints the processes' logs).
+//!
+//! No port is ever picked and handed on: every listener binds port 0 and
+//! the harness reads back what it got. hdsd's two listeners are bound by the
+//! harness and passed in (`LISTEN_FDS`, as systemd does), so a restarted hdsd
+//! has the same ports without a window in which another test could take them;
+//! Envoy's admin listener binds port 0 and writes its address to a file; an
+//! app that is stopped keeps its port reserved (bound, not listening) until
+//! it starts again.
 #![allow(dead_code)] // each test file uses a different part of the harness
 
 pub mod grpc;
 
 use std::net::{SocketAddr, TcpListener as StdListener};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -31,12 +40,26 @@ pub fn envoy_bin() -> PathBuf {
     })
 }
 
-/// A port that was free a moment ago.
-pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral port")
+/// A loopback listener on a port the kernel chose.
+pub fn listener() -> StdListener {
+    StdListener::bind("127.0.0.1:0").expect("bind an ephemeral port")
+}
+
+/// A port nobody listens on, reserved for as long as the returned socket
+/// lives: connections to it are refused, and no other test can take it.
+pub fn dead_port() -> (u16, socket2::Socket) {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket
+        .bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .expect("bind an ephemeral port");
+    let port = socket
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .expect("bound address")
+        .port();
+    (port, socket)
 }
 
 /// Polls `f` every 25 ms until it returns `Some`, or panics after `timeout`
@@ -93,6 +116,8 @@ pub struct Hdsd {
     pub dir: tempfile::TempDir,
     pub hds: SocketAddr,
     pub api: SocketAddr,
+    /// The listening sockets passed to every hdsd process of this test.
+    sockets: [StdListener; 2],
     child: Option<Child>,
     options: HdsdOptions,
 }
@@ -101,9 +126,11 @@ impl Hdsd {
     pub fn start(options: HdsdOptions) -> Hdsd {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(dir.path().join("dataplanes")).unwrap();
+        let sockets = [listener(), listener()];
         let mut hdsd = Hdsd {
-            hds: SocketAddr::from(([127, 0, 0, 1], free_port())),
-            api: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            hds: sockets[0].local_addr().unwrap(),
+            api: sockets[1].local_addr().unwrap(),
+            sockets,
             dir,
             child: None,
             options,
@@ -152,16 +179,23 @@ impl Hdsd {
             .append(true)
             .open(self.log_path())
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_hdsd"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_hdsd"));
+        command
             .arg("serve")
             .arg("--config")
             .arg(self.config_path())
             .env_remove("RUST_LOG")
+            .env_remove("LISTEN_PID")
+            .env_remove("LISTEN_FDNAMES")
+            .env("LISTEN_FDS", "2")
             .stdout(log.try_clone().unwrap())
             .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start hdsd");
+            .stdin(Stdio::null());
+        pass_fds(
+            &mut command,
+            &[self.sockets[0].as_fd(), self.sockets[1].as_fd()],
+        );
+        let child = command.spawn().expect("start hdsd");
         self.child = Some(child);
         let url = format!("http://{}/readyz", self.api);
         wait_for("hdsd /readyz", Duration::from_secs(20), || {
@@ -249,7 +283,8 @@ impl Hdsd {
         self.child.as_ref().expect("running").id()
     }
 
-    /// Kills hdsd with SIGKILL and starts it again: same ports, files and state.
+    /// Kills hdsd with SIGKILL and starts it again: same ports (the harness
+    /// holds the listening sockets), files and state.
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
@@ -313,7 +348,7 @@ impl Envoy {
             id: dp_id,
             server: hds.to_string(),
             token: token.map(str::to_string),
-            admin_port: free_port(),
+            admin_port: 0,
             ca: None,
         })
         .expect("bootstrap");
@@ -327,6 +362,8 @@ impl Envoy {
         let child = Command::new(envoy_bin())
             .arg("-c")
             .arg(&config)
+            .arg("--admin-address-path")
+            .arg(dir.path().join("admin.address"))
             .args([
                 "--use-dynamic-base-id",
                 "--log-level",
@@ -352,6 +389,19 @@ impl Envoy {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
+    }
+
+    /// The admin listener's address (bootstraps use port 0; Envoy writes
+    /// what it bound to `--admin-address-path`).
+    pub fn admin(&self) -> SocketAddr {
+        let path = self.dir.path().join("admin.address");
+        wait_for("Envoy's admin address", Duration::from_secs(20), || {
+            std::fs::read_to_string(&path)
+                .map_err(|e| e.to_string())?
+                .trim()
+                .parse()
+                .map_err(|e: std::net::AddrParseError| e.to_string())
+        })
     }
 
     /// Sends a signal by name (STOP, CONT, KILL...).
@@ -395,17 +445,49 @@ impl Drop for Envoy {
 /// A tiny TCP application: accepts connections and closes them. Stops when dropped.
 pub struct App {
     pub port: u16,
+    /// While stopped: the port, bound but not listening (connections are refused).
+    reserved: Option<socket2::Socket>,
     stop: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// A TCP socket on 127.0.0.1:`port` (0: the kernel chooses) that can share
+/// its port with the app's other socket while one of them is closing.
+fn app_socket(port: u16) -> socket2::Socket {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket.set_reuse_address(true).expect("SO_REUSEADDR");
+    socket.set_reuse_port(true).expect("SO_REUSEPORT");
+    socket
+        .bind(&SocketAddr::from(([127, 0, 0, 1], port)).into())
+        .expect("bind app port");
+    socket
+}
+
 impl App {
     pub fn start() -> App {
-        Self::start_on(free_port())
+        let socket = app_socket(0);
+        let port = socket
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .expect("bound address")
+            .port();
+        let mut app = App {
+            port,
+            reserved: Some(socket),
+            stop: None,
+            thread: None,
+        };
+        app.resume();
+        app
     }
 
-    pub fn start_on(port: u16) -> App {
-        let listener = StdListener::bind(("127.0.0.1", port)).expect("bind app port");
+    /// Listens again on the same port after [`App::stop`].
+    pub fn resume(&mut self) {
+        let socket = self.reserved.take().expect("the app is stopped");
+        socket.listen(128).expect("listen on the app port");
+        let listener: StdListener = socket.into();
         listener.set_nonblocking(true).unwrap();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || loop {
@@ -421,15 +503,16 @@ impl App {
                 Err(_) => return,
             }
         });
-        App {
-            port,
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        }
+        self.stop = Some(stop_tx);
+        self.thread = Some(thread);
     }
 
     /// Closes the listening socket: probes now fail with "connection refused".
+    /// The port stays reserved for [`App::resume`].
     pub fn stop(&mut self) {
+        if self.reserved.is_none() {
+            self.reserved = Some(app_socket(self.port));
+        }
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
@@ -443,6 +526,20 @@ impl Drop for App {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Passes `fds` to the child as fds 3, 4, ... (for `LISTEN_FDS`).
+pub fn pass_fds(command: &mut Command, fds: &[std::os::fd::BorrowedFd<'_>]) {
+    use command_fds::{CommandFdExt, FdMapping};
+    let mappings = fds
+        .iter()
+        .zip(3..)
+        .map(|(fd, child_fd)| FdMapping {
+            parent_fd: fd.try_clone_to_owned().map(OwnedFd::from).expect("dup"),
+            child_fd,
+        })
+        .collect();
+    command.fd_mappings(mappings).expect("distinct fds");
 }
 
 /// Decodes %XX escapes (Envoy percent-encodes gRPC status messages in its log).

@@ -1,0 +1,538 @@
+//! The gRPC `HealthDiscoveryService`: a thin pump between an Envoy's stream
+//! and its dataplane's task.
+//!
+//! The protocol lives in [`stream::Stream`], a state machine with no I/O.
+//! This module authenticates a stream when it opens, then runs one loop per
+//! stream that turns network messages, the dataplane's state changes, the
+//! token's validity, timers and shutdown into events for the machine, and
+//! carries out its actions (send a specifier, forward a report, attach,
+//! detach, end with a status).
+
+pub mod stream;
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::health::v3::health_check_request_or_endpoint_health_response::RequestType;
+use envoy_types::pb::envoy::service::health::v3::health_discovery_service_server::{
+    HealthDiscoveryService, HealthDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::health::v3::{
+    HealthCheckRequest, HealthCheckRequestOrEndpointHealthResponse, HealthCheckSpecifier,
+};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+
+use crate::auth::{check_identity, Claims, Gate, Rejection};
+use crate::clock::Clock;
+use crate::dataplane::DataplaneId;
+use crate::metrics::{self as m, ActiveStream, CloseReason};
+use crate::registry::{Command, DataplaneHandle, DataplaneState, Registry, StreamId};
+
+use stream::{Action, Awaiting, End, Event, Stream};
+
+/// What the service needs to know besides the registry.
+#[derive(Debug, Clone)]
+pub struct HdsSettings {
+    pub unknown_dataplane_grace: Duration,
+    pub report_interval: Duration,
+    /// A stream with no report for this long is ended (`hds.stale_after`).
+    pub stale_after: Duration,
+    /// Shown in NOT_FOUND messages: where dataplane files go.
+    pub dataplanes_dir: String,
+}
+
+#[derive(Debug)]
+pub struct HdsService {
+    registry: Registry,
+    settings: Arc<HdsSettings>,
+    gate: Arc<Gate>,
+    clock: Arc<dyn Clock>,
+    next_stream: AtomicU64,
+    /// Becomes true when hdsd shuts down: every stream ends.
+    drain: watch::Receiver<bool>,
+}
+
+impl HdsService {
+    pub fn new(
+        registry: Registry,
+        settings: HdsSettings,
+        gate: Arc<Gate>,
+        clock: Arc<dyn Clock>,
+        drain: watch::Receiver<bool>,
+    ) -> Self {
+        HdsService {
+            registry,
+            settings: Arc::new(settings),
+            gate,
+            clock,
+            next_stream: AtomicU64::new(1),
+            drain,
+        }
+    }
+
+    /// Checks the token a request carries, before any message is trusted.
+    /// The returned watch follows the token's validity from this moment on.
+    fn admit<T>(&self, request: &Request<T>) -> Result<Option<TokenWatch>, Status> {
+        // Subscribe first: a reload that lands after the check is still seen.
+        let reloads = self.gate.subscribe();
+        let claims = self
+            .gate
+            .authenticate(request.metadata(), self.clock.now())
+            .map_err(|r| refuse(&r, request.remote_addr(), None))?;
+        Ok(claims.map(|claims| TokenWatch::new(claims, self.gate.clone(), reloads, &*self.clock)))
+    }
+
+    pub fn into_server(self) -> HealthDiscoveryServiceServer<Self> {
+        HealthDiscoveryServiceServer::new(self)
+    }
+}
+
+type SpecifierStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<HealthCheckSpecifier, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl HealthDiscoveryService for HdsService {
+    type StreamHealthCheckStream = SpecifierStream;
+
+    async fn stream_health_check(
+        &self,
+        request: Request<Streaming<HealthCheckRequestOrEndpointHealthResponse>>,
+    ) -> Result<Response<Self::StreamHealthCheckStream>, Status> {
+        let token = match self.admit(&request) {
+            Ok(token) => token,
+            Err(status) => {
+                m::stream_closed(CloseReason::Unauthenticated);
+                return Err(status);
+            }
+        };
+        let peer = request.remote_addr();
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(4);
+        let claims = token.as_ref().map(|t| t.claims.clone());
+        let driver = Driver {
+            id,
+            peer,
+            machine: Stream::new(id, self.settings.clone(), claims),
+            registry: self.registry.clone(),
+            settings: self.settings.clone(),
+            token,
+            drain: self.drain.clone(),
+            out: tx,
+            attached: None,
+            resolved: None,
+            waiting_gauge: None,
+        };
+        let span = tracing::info_span!(
+            "stream",
+            mesh = tracing::field::Empty,
+            name = tracing::field::Empty,
+            peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
+            stream = id
+        );
+        let inbound = request.into_inner();
+        tokio::spawn(
+            async move {
+                let _active = ActiveStream::new();
+                driver.run(inbound).await;
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn fetch_health_check(
+        &self,
+        request: Request<HealthCheckRequestOrEndpointHealthResponse>,
+    ) -> Result<Response<HealthCheckSpecifier>, Status> {
+        let token = self.admit(&request)?;
+        let peer = request.remote_addr();
+        let id = match request.into_inner().request_type {
+            Some(RequestType::HealthCheckRequest(r)) => node_id(&r)?,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "FetchHealthCheck needs a HealthCheckRequest with node.id set",
+                ))
+            }
+        };
+        // The token's identity first: a token holder learns nothing of other dataplanes.
+        if let Some(t) = &token {
+            check_identity(&t.claims, &id.mesh, &id.name)
+                .map_err(|r| refuse(&r, peer, Some(&id)))?;
+        }
+        let handle = self
+            .registry
+            .get_defined(&id)
+            .ok_or_else(|| not_found(&id, &self.settings))?;
+        if let Some(t) = &token {
+            stream::authorize_for(&t.claims, &id, &handle.state())
+                .map_err(|r| refuse(&r, peer, Some(&id)))?;
+        }
+        Ok(Response::new(
+            stream::current_specifier(&handle.state(), &self.settings).message,
+        ))
+    }
+}
+
+/// The validity of one stream's token, followed for the stream's life: it
+/// expires at `exp`, and every reload of the gate (keys, revocations)
+/// re-checks it. One receiver for the whole stream, so no reload is missed,
+/// whatever the stream was busy with when it landed.
+#[derive(Debug)]
+struct TokenWatch {
+    claims: Claims,
+    gate: Arc<Gate>,
+    reloads: watch::Receiver<u64>,
+    expiry: Instant,
+}
+
+impl TokenWatch {
+    fn new(
+        claims: Claims,
+        gate: Arc<Gate>,
+        reloads: watch::Receiver<u64>,
+        clock: &dyn Clock,
+    ) -> TokenWatch {
+        let left = (claims.exp - clock.now().timestamp()).max(0);
+        TokenWatch {
+            expiry: Instant::now() + Duration::from_secs(left.unsigned_abs()),
+            claims,
+            gate,
+            reloads,
+        }
+    }
+
+    /// Completes when the token stops being valid. Cancel-safe.
+    async fn invalidated(&mut self) -> Rejection {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(self.expiry) => {
+                    return Rejection::Expired { at: self.claims.expires_at().unwrap_or_default() };
+                }
+                changed = self.reloads.changed() => {
+                    if changed.is_err() {
+                        return std::future::pending().await;
+                    }
+                    if self.gate.is_revoked(&self.claims.jti) {
+                        return Rejection::Revoked { jti: self.claims.jti.clone() };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Completes when the token (if any) stops being valid.
+async fn token_invalidated(token: &mut Option<TokenWatch>) -> Rejection {
+    match token {
+        Some(t) => t.invalidated().await,
+        None => std::future::pending().await,
+    }
+}
+
+type Waiting = Pin<Box<dyn std::future::Future<Output = Option<DataplaneHandle>> + Send>>;
+
+/// The attached dataplane: its task and its state.
+struct Attachment {
+    handle: DataplaneHandle,
+    state: watch::Receiver<DataplaneState>,
+}
+
+/// Runs one stream: pumps events into its [`Stream`] machine and carries out
+/// the machine's actions.
+struct Driver {
+    id: StreamId,
+    peer: Option<SocketAddr>,
+    machine: Stream,
+    registry: Registry,
+    settings: Arc<HdsSettings>,
+    token: Option<TokenWatch>,
+    drain: watch::Receiver<bool>,
+    out: mpsc::Sender<Result<HealthCheckSpecifier, Status>>,
+    /// The dataplane being served, once resolved.
+    attached: Option<Attachment>,
+    /// The dataplane just resolved, until the machine attaches to it.
+    resolved: Option<DataplaneHandle>,
+    /// Counts this stream in `hdsd_streams_waiting` while it waits.
+    waiting_gauge: Option<m::WaitingStream>,
+}
+
+/// How long a stream that is ending may wait for Envoy to take its status.
+const END_SEND_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Driver {
+    async fn run(mut self, mut inbound: Streaming<HealthCheckRequestOrEndpointHealthResponse>) {
+        let mut actions = Vec::with_capacity(4);
+        let mut pending: Option<Event> = None;
+        let mut resolve: Option<Waiting> = None;
+        // One timer for the whole stream, re-armed lazily: a report only moves
+        // the machine's deadline; the timer catches up when it fires early.
+        let far = Instant::now() + Duration::from_secs(86400 * 365);
+        let timer = tokio::time::sleep_until(far);
+        tokio::pin!(timer);
+        let mut armed = far;
+        loop {
+            let event = match pending.take() {
+                Some(event) => event,
+                None => {
+                    let deadline = self.machine.deadline().unwrap_or(far);
+                    if deadline < armed || timer.is_elapsed() {
+                        timer.as_mut().reset(deadline);
+                        armed = deadline;
+                    }
+                    tokio::select! {
+                        rejection = token_invalidated(&mut self.token) => Event::TokenInvalid(rejection),
+                        () = drained(&mut self.drain) => Event::Drain,
+                        found = wait_opt(&mut resolve) => {
+                            resolve = None;
+                            self.waiting_gauge = None;
+                            match found {
+                                Some(handle) => self.resolved(handle),
+                                None => Event::Tick,
+                            }
+                        }
+                        changed = state_changed(&mut self.attached) => match changed {
+                            Some(state) => Event::StateChanged(state),
+                            None => Event::DataplaneGone,
+                        },
+                        () = &mut timer => {
+                            armed = far;
+                            Event::Tick
+                        }
+                        msg = inbound.message() => match msg {
+                            Ok(Some(msg)) => match msg.request_type {
+                                Some(RequestType::HealthCheckRequest(r)) => {
+                                    m::hot().health_check_requests.increment(1);
+                                    Event::Request(r)
+                                }
+                                Some(RequestType::EndpointHealthResponse(r)) => {
+                                    m::hot().reports.increment(1);
+                                    Event::Report(Box::new(r))
+                                }
+                                None => Event::EmptyMessage,
+                            },
+                            Ok(None) => Event::ClientClosed,
+                            Err(status) => Event::ClientError(status),
+                        },
+                    }
+                }
+            };
+            self.machine.handle(event, Instant::now(), &mut actions);
+            for action in actions.drain(..) {
+                if let Some(next) = self.execute(action, &mut resolve).await {
+                    // A follow-up (the dataplane is already defined, its task
+                    // is gone, the token became invalid while sending...).
+                    pending = Some(next);
+                    break;
+                }
+            }
+            // Actions after an interruption are dropped: the machine decides again.
+            actions.clear();
+            if self.machine.is_ended() && pending.is_none() {
+                break;
+            }
+        }
+        // An action cut short may have left the dataplane attached.
+        if let Some(a) = self.attached.take() {
+            a.handle.send(Command::Detach { stream: self.id }).await;
+        }
+    }
+
+    /// A dataplane was found: the machine gets its current state.
+    fn resolved(&mut self, handle: DataplaneHandle) -> Event {
+        let state = handle.state();
+        self.resolved = Some(handle);
+        Event::Resolved(state)
+    }
+
+    /// Carries out one action; returns an event to handle before anything else.
+    async fn execute(&mut self, action: Action, resolve: &mut Option<Waiting>) -> Option<Event> {
+        match action {
+            Action::Resolve { id, why } => {
+                let span = tracing::Span::current();
+                span.record("mesh", tracing::field::display(&id.mesh));
+                span.record("name", tracing::field::display(&id.name));
+                if let Some(handle) = self.registry.get_defined(&id) {
+                    return Some(self.resolved(handle));
+                }
+                let grace = humantime::format_duration(self.settings.unknown_dataplane_grace);
+                match why {
+                    Awaiting::FirstRequest => tracing::warn!(
+                        "unknown dataplane; waiting up to {grace} for {}/{}.yaml",
+                        self.settings.dataplanes_dir,
+                        id.name
+                    ),
+                    Awaiting::Deleted => tracing::info!(
+                        "dataplane deleted; sent an empty specifier, waiting {grace} for it to come back"
+                    ),
+                }
+                self.waiting_gauge = Some(m::WaitingStream::new());
+                let registry = self.registry.clone();
+                let deadline = Instant::now() + self.settings.unknown_dataplane_grace;
+                *resolve = Some(Box::pin(
+                    async move { registry.wait_for(&id, deadline).await },
+                ));
+                None
+            }
+            Action::Attach => {
+                let handle = self.resolved.take()?;
+                let state = handle.subscribe();
+                let ok = handle
+                    .send(Command::Attach {
+                        stream: self.id,
+                        peer: self.peer,
+                    })
+                    .await;
+                self.attached = Some(Attachment { handle, state });
+                if !ok {
+                    return Some(Event::DataplaneGone);
+                }
+                tracing::debug!("stream attached");
+                None
+            }
+            Action::Detach => {
+                if let Some(a) = self.attached.take() {
+                    a.handle.send(Command::Detach { stream: self.id }).await;
+                }
+                None
+            }
+            Action::Send(message) => {
+                tracing::debug!(
+                    clusters = message.cluster_health_checks.len(),
+                    "sending specifier"
+                );
+                let out = self.out.clone();
+                tokio::select! {
+                    sent = out.send(Ok(*message)) => match sent {
+                        Ok(()) => {
+                            m::hot().specifiers_sent.increment(1);
+                            None
+                        }
+                        Err(_) => Some(Event::ClientClosed),
+                    },
+                    // Envoy may hold its flow-control window shut: the token
+                    // and shutdown are still watched while the send waits.
+                    rejection = token_invalidated(&mut self.token) => Some(Event::TokenInvalid(rejection)),
+                    () = drained(&mut self.drain) => Some(Event::Drain),
+                }
+            }
+            Action::Forward(report) => {
+                let Some(a) = &self.attached else { return None };
+                let command = Command::Report {
+                    stream: self.id,
+                    report,
+                };
+                let handle = a.handle.clone();
+                tokio::select! {
+                    ok = handle.send(command) => (!ok).then_some(Event::DataplaneGone),
+                    rejection = token_invalidated(&mut self.token) => Some(Event::TokenInvalid(rejection)),
+                    () = drained(&mut self.drain) => Some(Event::Drain),
+                }
+            }
+            Action::End(end) => {
+                self.finish(end).await;
+                None
+            }
+        }
+    }
+
+    async fn finish(&mut self, end: End) {
+        let peer = self.peer.map(|p| p.to_string()).unwrap_or_default();
+        let status = match end {
+            End::Closed => {
+                m::stream_closed(CloseReason::Ok);
+                tracing::debug!(peer, "stream closed by the client");
+                return;
+            }
+            End::Shutdown => {
+                m::stream_closed(CloseReason::Shutdown);
+                Status::unavailable("hdsd is shutting down; reconnect")
+            }
+            End::Stale(status) => {
+                m::stream_closed(CloseReason::Stale);
+                tracing::warn!(peer, code = ?status.code(), "ending stream: {}", status.message());
+                status
+            }
+            End::Refused { rejection, node } => {
+                let status = refuse(&rejection, self.peer, node.as_ref());
+                m::stream_closed(CloseReason::from_code(status.code()));
+                status
+            }
+            End::Status(status) => {
+                m::stream_closed(CloseReason::from_code(status.code()));
+                tracing::warn!(peer, code = ?status.code(), "ending stream: {}", status.message());
+                status
+            }
+        };
+        // A client that stopped reading must not keep this task alive.
+        let _ = tokio::time::timeout(END_SEND_TIMEOUT, self.out.send(Err(status))).await;
+    }
+}
+
+/// Completes with the pending lookup's result; never when there is none.
+async fn wait_opt(resolve: &mut Option<Waiting>) -> Option<DataplaneHandle> {
+    match resolve {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The attached dataplane's next state; `None` when its task is gone. Never
+/// completes while nothing is attached.
+async fn state_changed(attached: &mut Option<Attachment>) -> Option<DataplaneState> {
+    match attached {
+        Some(a) => match a.state.changed().await {
+            Ok(()) => Some(a.state.borrow_and_update().clone()),
+            Err(_) => None,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// Completes when the drain flag becomes true (or its sender is gone).
+async fn drained(drain: &mut watch::Receiver<bool>) {
+    let _ = drain.wait_for(|d| *d).await;
+}
+
+/// Logs and counts an authentication or authorization failure; the status
+/// carries the short message only, the detail goes to the log.
+fn refuse(r: &Rejection, peer: Option<SocketAddr>, node: Option<&DataplaneId>) -> Status {
+    metrics::counter!(m::AUTH_FAILURES, "reason" => r.reason()).increment(1);
+    tracing::warn!(
+        peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
+        node = %node.map(|n| n.to_string()).unwrap_or_default(),
+        reason = r.reason(),
+        "stream refused: {}",
+        r.detail()
+    );
+    r.to_status()
+}
+
+/// The dataplane id in a `HealthCheckRequest`, or INVALID_ARGUMENT saying what is missing.
+pub fn node_id(request: &HealthCheckRequest) -> Result<DataplaneId, Status> {
+    let id = request.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
+    if id.is_empty() {
+        return Err(Status::invalid_argument(
+            "HealthCheckRequest has no node.id; set node.id to <mesh>.<name> (e.g. default.web-01) in the Envoy bootstrap",
+        ));
+    }
+    id.parse()
+        .map_err(|e: crate::dataplane::BadNodeId| Status::invalid_argument(e.to_string()))
+}
+
+pub(crate) fn not_found(id: &DataplaneId, settings: &HdsSettings) -> Status {
+    Status::not_found(format!(
+        "dataplane {id} is not registered; create {dir}/{name}.yaml containing\n\
+         type: Dataplane\nmesh: {mesh}\nname: {name}\nnetworking:\n  address: <this machine's IP>\n  inbound:\n  - port: <Envoy's port for the app>\n    servicePort: <the app's port>\n    serviceAddress: 127.0.0.1\n\
+         (hdsd picks it up without a restart)",
+        dir = settings.dataplanes_dir,
+        mesh = id.mesh,
+        name = id.name,
+    ))
+}

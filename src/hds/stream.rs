@@ -1,0 +1,738 @@
+//! One HDS stream as a state machine: events in, actions out.
+//!
+//! The machine knows the protocol (the first message must be a
+//! `HealthCheckRequest` naming the node, a specifier answers every request and
+//! follows every change, reports go to the dataplane's task, a stream silent
+//! for `stale_after` ends, a newer stream wins, a deleted dataplane gets an
+//! empty specifier and a grace period) and nothing of tonic's transport, the
+//! registry's tasks or the clock: the driver in [`super`] turns network
+//! messages, watch notifications and timers into [`Event`]s, passes the time
+//! in, and carries out the [`Action`]s. Unit-tested without a network below.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::health::v3::{
+    EndpointHealthResponse, HealthCheckRequest, HealthCheckSpecifier,
+};
+use tokio::time::Instant;
+use tonic::{Code, Status};
+
+use crate::auth::{authorize, check_identity, Claims, Rejection};
+use crate::dataplane::DataplaneId;
+use crate::registry::{DataplaneState, StreamId};
+use crate::specifier::Specifier;
+
+use super::{node_id, not_found, HdsSettings};
+
+/// Something that happened to the stream.
+#[derive(Debug)]
+pub enum Event {
+    /// Envoy sent a `HealthCheckRequest`.
+    Request(HealthCheckRequest),
+    /// Envoy sent a health report.
+    Report(Box<EndpointHealthResponse>),
+    /// Envoy sent a message with neither a request nor a report.
+    EmptyMessage,
+    /// Envoy closed its side of the stream (or went away).
+    ClientClosed,
+    /// Reading from Envoy failed with this status.
+    ClientError(Status),
+    /// After [`Action::Resolve`]: the dataplane is defined; this is its state.
+    Resolved(DataplaneState),
+    /// The attached dataplane's state changed (specifier, status or connection).
+    StateChanged(DataplaneState),
+    /// The attached dataplane's task is gone (it was removed).
+    DataplaneGone,
+    /// Time passed: the driver's timer for [`Stream::deadline`] fired.
+    Tick,
+    /// The stream's token is no longer valid (expired, revoked, key removed).
+    TokenInvalid(Rejection),
+    /// hdsd is shutting down.
+    Drain,
+}
+
+/// Why the machine waits for a dataplane to be defined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Awaiting {
+    /// The node of the first request.
+    FirstRequest,
+    /// The attached dataplane was deleted: it may come back within the grace.
+    Deleted,
+}
+
+/// What the driver must do, in order.
+#[derive(Debug)]
+pub enum Action {
+    /// Deliver [`Event::Resolved`] once the dataplane is defined (now or later);
+    /// the machine ends the stream itself at its deadline.
+    Resolve { id: DataplaneId, why: Awaiting },
+    /// Follow the resolved dataplane's state and tell its task that this
+    /// stream now speaks for it.
+    Attach,
+    /// Send this specifier to Envoy.
+    Send(Box<HealthCheckSpecifier>),
+    /// Give this report to the dataplane's task.
+    Forward(Box<EndpointHealthResponse>),
+    /// Tell the dataplane's task this stream no longer speaks for it.
+    Detach,
+    /// End the stream.
+    End(End),
+}
+
+/// How a stream ends.
+#[derive(Debug)]
+pub enum End {
+    /// The client closed its side: nothing to send.
+    Closed,
+    /// End with this status.
+    Status(Status),
+    /// A stream that stopped reporting (counted as `stale`).
+    Stale(Status),
+    /// The token does not (or no longer) allow this stream.
+    Refused {
+        rejection: Rejection,
+        node: Option<DataplaneId>,
+    },
+    /// hdsd is shutting down.
+    Shutdown,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Waiting for the first `HealthCheckRequest`.
+    AwaitingRequest,
+    /// The node is known; waiting (until `deadline`) for its dataplane.
+    Resolving {
+        id: DataplaneId,
+        deadline: Instant,
+    },
+    /// Serving a defined dataplane.
+    Attached(Box<Attached>),
+    Ended,
+}
+
+#[derive(Debug)]
+struct Attached {
+    id: DataplaneId,
+    /// The latest state of the dataplane the driver delivered.
+    state: DataplaneState,
+    /// The specifier version last sent (0: none yet).
+    sent_version: u64,
+    last_report: Instant,
+}
+
+/// The protocol state of one HDS stream.
+#[derive(Debug)]
+pub struct Stream {
+    id: StreamId,
+    settings: Arc<HdsSettings>,
+    /// The verified token, when auth is on.
+    claims: Option<Claims>,
+    phase: Phase,
+}
+
+impl Stream {
+    pub fn new(id: StreamId, settings: Arc<HdsSettings>, claims: Option<Claims>) -> Stream {
+        Stream {
+            id,
+            settings,
+            claims,
+            phase: Phase::AwaitingRequest,
+        }
+    }
+
+    /// When the driver must deliver [`Event::Tick`] next, if ever.
+    pub fn deadline(&self) -> Option<Instant> {
+        match &self.phase {
+            Phase::Resolving { deadline, .. } => Some(*deadline),
+            Phase::Attached(a) => Some(a.last_report + self.settings.stale_after),
+            Phase::AwaitingRequest | Phase::Ended => None,
+        }
+    }
+
+    /// The dataplane this stream is for, once its first request named it.
+    pub fn node(&self) -> Option<&DataplaneId> {
+        match &self.phase {
+            Phase::Resolving { id, .. } => Some(id),
+            Phase::Attached(a) => Some(&a.id),
+            Phase::AwaitingRequest | Phase::Ended => None,
+        }
+    }
+
+    pub fn is_ended(&self) -> bool {
+        matches!(self.phase, Phase::Ended)
+    }
+
+    /// Applies one event at `now`, appending what to do to `actions`.
+    pub fn handle(&mut self, event: Event, now: Instant, actions: &mut Vec<Action>) {
+        if self.is_ended() {
+            return;
+        }
+        match event {
+            Event::ClientClosed => self.end(End::Closed, actions),
+            Event::ClientError(status) => self.end(End::Status(status), actions),
+            Event::Drain => self.end(End::Shutdown, actions),
+            Event::TokenInvalid(rejection) => {
+                let node = self.node().cloned();
+                self.end(End::Refused { rejection, node }, actions)
+            }
+            Event::Request(request) => self.request(request, now, actions),
+            Event::Report(report) => self.report(report, now, actions),
+            Event::EmptyMessage => {
+                let message = match self.phase {
+                    Phase::AwaitingRequest => "the first message has neither a HealthCheckRequest nor a report; send a HealthCheckRequest with node.id",
+                    // Ignored while the dataplane is unknown: nothing to serve yet.
+                    Phase::Resolving { .. } => return,
+                    _ => "a message with neither a HealthCheckRequest nor a report",
+                };
+                self.end(End::Status(Status::invalid_argument(message)), actions)
+            }
+            Event::Resolved(state) => self.resolved(state, now, actions),
+            Event::StateChanged(state) => {
+                if let Phase::Attached(a) = &mut self.phase {
+                    a.state = state;
+                    self.react(false, now, actions);
+                }
+            }
+            Event::DataplaneGone => {
+                if let Phase::Attached(a) = &self.phase {
+                    let id = a.id.clone();
+                    actions.push(Action::Detach);
+                    self.await_dataplane(id, Awaiting::Deleted, now, actions);
+                }
+            }
+            Event::Tick => self.tick(now, actions),
+        }
+    }
+
+    fn request(&mut self, request: HealthCheckRequest, now: Instant, actions: &mut Vec<Action>) {
+        match &self.phase {
+            Phase::AwaitingRequest => {
+                let id = match node_id(&request) {
+                    Ok(id) => id,
+                    Err(status) => return self.end(End::Status(status), actions),
+                };
+                // Bind the token to the node id before anything else happens.
+                if let Some(claims) = &self.claims {
+                    if let Err(rejection) = check_identity(claims, &id.mesh, &id.name) {
+                        let node = Some(id);
+                        return self.end(End::Refused { rejection, node }, actions);
+                    }
+                }
+                self.await_dataplane(id, Awaiting::FirstRequest, now, actions);
+            }
+            Phase::Resolving { id, .. } => {
+                if let Err(status) = check_same_node(id, &request) {
+                    self.end(End::Status(status), actions);
+                }
+            }
+            Phase::Attached(a) => {
+                if let Err(status) = check_same_node(&a.id, &request) {
+                    return self.end(End::Status(status), actions);
+                }
+                // Envoy forgets its specifier on reconnect: always answer.
+                self.react(true, now, actions);
+            }
+            Phase::Ended => {}
+        }
+    }
+
+    fn report(
+        &mut self,
+        report: Box<EndpointHealthResponse>,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) {
+        match &mut self.phase {
+            Phase::AwaitingRequest => self.end(
+                End::Status(Status::failed_precondition(
+                    "a health report arrived before any HealthCheckRequest; the first message of a stream must be a HealthCheckRequest with node.id",
+                )),
+                actions,
+            ),
+            Phase::Attached(a) => {
+                a.last_report = now;
+                actions.push(Action::Forward(report));
+            }
+            // Reports without a specifier have nothing to match; drop them.
+            Phase::Resolving { .. } | Phase::Ended => {}
+        }
+    }
+
+    fn resolved(&mut self, state: DataplaneState, now: Instant, actions: &mut Vec<Action>) {
+        let Phase::Resolving { id, .. } = &self.phase else {
+            return;
+        };
+        let id = id.clone();
+        if let Some(claims) = &self.claims {
+            if let Err(rejection) = authorize_for(claims, &id, &state) {
+                let node = Some(id);
+                return self.end(End::Refused { rejection, node }, actions);
+            }
+        }
+        self.phase = Phase::Attached(Box::new(Attached {
+            id,
+            state,
+            sent_version: 0,
+            last_report: now,
+        }));
+        actions.push(Action::Attach);
+        // The request that named the node (or the one before a deletion) is answered now.
+        self.react(true, now, actions);
+    }
+
+    /// Acts on the attached dataplane's latest state: ends a replaced stream,
+    /// sends the specifier when it changed (or always, to `answer` a request),
+    /// and waits for a deleted dataplane once its empty specifier is sent.
+    fn react(&mut self, answer: bool, now: Instant, actions: &mut Vec<Action>) {
+        let Phase::Attached(a) = &mut self.phase else {
+            return;
+        };
+        // Stream ids grow: a larger owner is a newer stream, which wins. A
+        // smaller one is an older stream whose Attach ours has not overtaken yet.
+        if a.state
+            .connection
+            .stream
+            .is_some_and(|owner| owner > self.id)
+        {
+            let by = a
+                .state
+                .connection
+                .peer
+                .map(|p| format!(" from {p}"))
+                .unwrap_or_default();
+            let status = Status::new(
+                Code::Aborted,
+                format!("replaced by a newer stream for dataplane {}{by}", a.id),
+            );
+            return self.end(End::Status(status), actions);
+        }
+        if answer || a.state.version != a.sent_version {
+            actions.push(Action::Send(Box::new(
+                current_specifier(&a.state, &self.settings).message,
+            )));
+            a.sent_version = a.state.version;
+        }
+        if a.state.defined.is_none() {
+            let id = a.id.clone();
+            actions.push(Action::Detach);
+            self.await_dataplane(id, Awaiting::Deleted, now, actions);
+        }
+    }
+
+    fn tick(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        match &self.phase {
+            Phase::Resolving { id, deadline } if now >= *deadline => {
+                let status = not_found(id, &self.settings);
+                self.end(End::Status(status), actions)
+            }
+            Phase::Attached(a) if now >= a.last_report + self.settings.stale_after => {
+                let status = Status::unavailable(format!(
+                    "no health report for {}; reconnect and send a HealthCheckRequest",
+                    humantime::format_duration(self.settings.stale_after)
+                ));
+                self.end(End::Stale(status), actions)
+            }
+            _ => {}
+        }
+    }
+
+    fn await_dataplane(
+        &mut self,
+        id: DataplaneId,
+        why: Awaiting,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) {
+        let deadline = now + self.settings.unknown_dataplane_grace;
+        self.phase = Phase::Resolving {
+            id: id.clone(),
+            deadline,
+        };
+        actions.push(Action::Resolve { id, why });
+    }
+
+    /// Ends the stream, detaching first when attached.
+    fn end(&mut self, end: End, actions: &mut Vec<Action>) {
+        if matches!(self.phase, Phase::Attached(_)) {
+            actions.push(Action::Detach);
+        }
+        self.phase = Phase::Ended;
+        actions.push(Action::End(end));
+    }
+}
+
+/// The token must name this dataplane, and its tags must be on its inbounds.
+pub(super) fn authorize_for(
+    claims: &Claims,
+    id: &DataplaneId,
+    state: &DataplaneState,
+) -> Result<(), Rejection> {
+    let tags: Vec<_> = state
+        .defined
+        .iter()
+        .flat_map(|d| d.dataplane.inbounds.iter().map(|i| &i.tags))
+        .collect();
+    authorize(claims, &id.mesh, &id.name, &tags)
+}
+
+pub(super) fn current_specifier(state: &DataplaneState, settings: &HdsSettings) -> Specifier {
+    match &state.defined {
+        Some(d) => (*d.specifier).clone(),
+        None => Specifier::empty(settings.report_interval),
+    }
+}
+
+fn check_same_node(id: &DataplaneId, request: &HealthCheckRequest) -> Result<(), Status> {
+    let other = node_id(request)?;
+    if &other != id {
+        return Err(Status::invalid_argument(format!(
+            "this stream belongs to {id}; a HealthCheckRequest for {other} must use its own stream"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use envoy_types::pb::envoy::config::core::v3::Node;
+
+    use super::*;
+    use crate::dataplane::parse_documents;
+    use crate::registry::Connection;
+    use crate::source::Defined;
+    use crate::specifier::{build, SpecifierSettings};
+
+    const WEB: &str = "type: Dataplane\nmesh: default\nname: web\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    tags: {kuma.io/service: web, team: a}\n";
+    const GRACE: Duration = Duration::from_secs(30);
+
+    fn settings(grace: Duration, stale_after: Duration) -> Arc<HdsSettings> {
+        Arc::new(HdsSettings {
+            unknown_dataplane_grace: grace,
+            report_interval: Duration::from_millis(200),
+            stale_after,
+            dataplanes_dir: "/etc/hdsd/dataplanes".into(),
+        })
+    }
+    const STALE: Duration = Duration::from_secs(15);
+
+    fn request(node: &str) -> HealthCheckRequest {
+        HealthCheckRequest {
+            node: Some(Node {
+                id: node.to_string(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn defined(yaml: &str) -> Defined {
+        let dataplane = parse_documents(yaml).unwrap().remove(0);
+        let specifier = build(&dataplane, &SpecifierSettings::default()).unwrap();
+        Defined {
+            dataplane: Arc::new(dataplane),
+            specifier: Arc::new(specifier),
+            file: "web.yaml".into(),
+        }
+    }
+
+    fn state(version: u64, owner: Option<StreamId>) -> DataplaneState {
+        let defined = defined(WEB);
+        DataplaneState {
+            health: crate::readiness::rebase(
+                None,
+                &defined.dataplane,
+                &defined.specifier,
+                chrono::Utc::now(),
+            ),
+            defined: Some(defined),
+            version,
+            connection: Connection {
+                stream: owner,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn claims(name: &str, tags: &[(&str, &str)]) -> Claims {
+        Claims {
+            mesh: "default".into(),
+            name: name.into(),
+            iat: 0,
+            exp: i64::MAX,
+            jti: "j".into(),
+            tags: tags
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        }
+    }
+
+    /// A machine for stream 5 and a clock at `t0`.
+    struct Harness {
+        stream: Stream,
+        now: Instant,
+    }
+
+    impl Harness {
+        fn new(claims: Option<Claims>) -> Harness {
+            Harness {
+                stream: Stream::new(5, settings(GRACE, STALE), claims),
+                now: Instant::now(),
+            }
+        }
+
+        fn on(&mut self, event: Event) -> Vec<Action> {
+            let mut actions = Vec::new();
+            self.stream.handle(event, self.now, &mut actions);
+            actions
+        }
+
+        fn advance(&mut self, by: Duration) -> Vec<Action> {
+            self.now += by;
+            self.on(Event::Tick)
+        }
+
+        /// First request, then the dataplane resolves at version `v`.
+        fn attached(claims: Option<Claims>) -> Harness {
+            let mut h = Harness::new(claims);
+            h.on(Event::Request(request("default.web")));
+            h.on(Event::Resolved(state(1, None)));
+            h
+        }
+    }
+
+    fn names(actions: &[Action]) -> Vec<&'static str> {
+        actions
+            .iter()
+            .map(|a| match a {
+                Action::Resolve { .. } => "resolve",
+                Action::Attach => "attach",
+                Action::Send(_) => "send",
+                Action::Forward(_) => "forward",
+                Action::Detach => "detach",
+                Action::End(_) => "end",
+            })
+            .collect()
+    }
+
+    fn ended_with(actions: &[Action]) -> (Code, String) {
+        match actions.last() {
+            Some(Action::End(End::Status(s) | End::Stale(s))) => (s.code(), s.message().into()),
+            Some(Action::End(End::Refused { rejection, .. })) => {
+                (Code::PermissionDenied, rejection.to_string())
+            }
+            other => panic!("not ended with a status: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn first_request_resolves_then_attaches_and_answers() {
+        let mut h = Harness::new(None);
+        let a = h.on(Event::Request(request("default.web")));
+        assert!(matches!(
+            &a[..],
+            [Action::Resolve { id, why: Awaiting::FirstRequest }] if id.to_string() == "default.web"
+        ));
+        assert_eq!(h.stream.deadline(), Some(h.now + GRACE));
+        let a = h.on(Event::Resolved(state(1, None)));
+        assert_eq!(names(&a), ["attach", "send"]);
+        let Action::Send(spec) = &a[1] else {
+            unreachable!()
+        };
+        assert_eq!(spec.cluster_health_checks.len(), 1);
+        assert_eq!(h.stream.deadline(), Some(h.now + STALE));
+    }
+
+    #[test]
+    fn the_first_message_must_be_a_request_with_a_node_id() {
+        let mut h = Harness::new(None);
+        let a = h.on(Event::Report(Box::default()));
+        assert_eq!(ended_with(&a).0, Code::FailedPrecondition);
+        assert!(h.stream.is_ended());
+
+        let mut h = Harness::new(None);
+        let a = h.on(Event::EmptyMessage);
+        assert_eq!(ended_with(&a).0, Code::InvalidArgument);
+
+        let mut h = Harness::new(None);
+        let a = h.on(Event::Request(HealthCheckRequest::default()));
+        let (code, message) = ended_with(&a);
+        assert_eq!(code, Code::InvalidArgument);
+        assert!(message.contains("node.id"), "{message}");
+
+        let mut h = Harness::new(None);
+        let a = h.on(Event::Request(request("nodot")));
+        assert!(ended_with(&a).1.contains("<mesh>.<name>"));
+    }
+
+    #[test]
+    fn events_after_the_end_do_nothing() {
+        let mut h = Harness::new(None);
+        h.on(Event::ClientClosed);
+        assert!(h.on(Event::Request(request("default.web"))).is_empty());
+        assert!(h.advance(GRACE * 2).is_empty());
+    }
+
+    #[test]
+    fn an_unknown_dataplane_ends_not_found_at_the_grace_deadline() {
+        let mut h = Harness::new(None);
+        h.on(Event::Request(request("default.web")));
+        // Reports and requests while waiting: dropped, and the node must stay the same.
+        assert!(h.on(Event::Report(Box::default())).is_empty());
+        assert!(h.on(Event::Request(request("default.web"))).is_empty());
+        assert!(h.advance(GRACE - Duration::from_millis(1)).is_empty());
+        let a = h.advance(Duration::from_millis(1));
+        let (code, message) = ended_with(&a);
+        assert_eq!(code, Code::NotFound);
+        assert!(
+            message.contains("/etc/hdsd/dataplanes/web.yaml"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_request_for_another_node_ends_the_stream() {
+        let mut h = Harness::new(None);
+        h.on(Event::Request(request("default.web")));
+        let a = h.on(Event::Request(request("default.other")));
+        assert!(ended_with(&a).1.contains("default.other"));
+
+        let mut h = Harness::attached(None);
+        let a = h.on(Event::Request(request("default.other")));
+        assert_eq!(names(&a), ["detach", "end"]);
+    }
+
+    #[test]
+    fn reports_are_forwarded_and_push_back_the_silence_deadline() {
+        let mut h = Harness::attached(None);
+        h.now += Duration::from_secs(10);
+        let a = h.on(Event::Report(Box::default()));
+        assert_eq!(names(&a), ["forward"]);
+        // Not stale 15 s after attaching: the report moved the deadline.
+        assert!(h.advance(Duration::from_secs(5)).is_empty());
+        assert!(h.advance(Duration::from_secs(9)).is_empty());
+        let a = h.advance(Duration::from_secs(1));
+        assert_eq!(names(&a), ["detach", "end"]);
+        assert!(
+            matches!(&a[1], Action::End(End::Stale(s)) if s.message().contains("no health report for 15s"))
+        );
+    }
+
+    #[test]
+    fn the_specifier_is_sent_on_change_and_on_every_request_only() {
+        let mut h = Harness::attached(None);
+        // Same version (a status or connection change): nothing to send.
+        assert!(h.on(Event::StateChanged(state(1, Some(5)))).is_empty());
+        assert_eq!(
+            names(&h.on(Event::StateChanged(state(2, Some(5))))),
+            ["send"]
+        );
+        // Envoy reconnected its stream state: a request is always answered.
+        assert_eq!(
+            names(&h.on(Event::Request(request("default.web")))),
+            ["send"]
+        );
+    }
+
+    #[test]
+    fn a_newer_stream_replaces_this_one_an_older_one_does_not() {
+        let mut h = Harness::attached(None);
+        assert!(h.on(Event::StateChanged(state(1, Some(4)))).is_empty());
+        let a = h.on(Event::StateChanged(state(1, Some(6))));
+        assert_eq!(names(&a), ["detach", "end"]);
+        let (code, message) = ended_with(&a);
+        assert_eq!(code, Code::Aborted);
+        assert!(message.contains("replaced by a newer stream"), "{message}");
+    }
+
+    #[test]
+    fn a_deleted_dataplane_gets_an_empty_specifier_then_the_grace() {
+        let mut h = Harness::attached(None);
+        let mut deleted = state(2, Some(5));
+        deleted.defined = None;
+        let a = h.on(Event::StateChanged(deleted));
+        assert_eq!(names(&a), ["send", "detach", "resolve"]);
+        let Action::Send(spec) = &a[0] else {
+            unreachable!()
+        };
+        assert!(spec.cluster_health_checks.is_empty());
+        assert!(matches!(
+            &a[2],
+            Action::Resolve {
+                why: Awaiting::Deleted,
+                ..
+            }
+        ));
+        // It comes back: attached again and answered.
+        let a = h.on(Event::Resolved(state(3, None)));
+        assert_eq!(names(&a), ["attach", "send"]);
+    }
+
+    #[test]
+    fn a_vanished_dataplane_task_detaches_and_waits() {
+        let mut h = Harness::attached(None);
+        let a = h.on(Event::DataplaneGone);
+        assert_eq!(names(&a), ["detach", "resolve"]);
+        let a = h.advance(GRACE);
+        assert_eq!(ended_with(&a).0, Code::NotFound);
+    }
+
+    #[test]
+    fn the_token_must_name_the_node_and_carry_its_tags() {
+        let mut h = Harness::new(Some(claims("other", &[])));
+        let a = h.on(Event::Request(request("default.web")));
+        assert!(matches!(
+            &a[..],
+            [Action::End(End::Refused {
+                rejection: Rejection::WrongIdentity { .. },
+                node: Some(_)
+            })]
+        ));
+
+        let mut h = Harness::new(Some(claims("web", &[("team", "b")])));
+        h.on(Event::Request(request("default.web")));
+        let a = h.on(Event::Resolved(state(1, None)));
+        assert!(matches!(
+            &a[..],
+            [Action::End(End::Refused {
+                rejection: Rejection::TagsMismatch { .. },
+                ..
+            })]
+        ));
+
+        let mut h = Harness::attached(Some(claims("web", &[("team", "a")])));
+        assert!(!h.stream.is_ended());
+        let a = h.on(Event::TokenInvalid(Rejection::Revoked { jti: "j".into() }));
+        assert_eq!(names(&a), ["detach", "end"]);
+    }
+
+    #[test]
+    fn a_token_invalidated_before_the_first_request_ends_the_stream() {
+        let mut h = Harness::new(Some(claims("web", &[])));
+        let a = h.on(Event::TokenInvalid(Rejection::Revoked { jti: "j".into() }));
+        assert!(matches!(
+            &a[..],
+            [Action::End(End::Refused { node: None, .. })]
+        ));
+    }
+
+    #[test]
+    fn drain_and_client_close_end_the_stream() {
+        let mut h = Harness::attached(None);
+        let a = h.on(Event::Drain);
+        assert!(matches!(
+            &a[..],
+            [Action::Detach, Action::End(End::Shutdown)]
+        ));
+        let mut h = Harness::attached(None);
+        let a = h.on(Event::ClientClosed);
+        assert!(matches!(&a[..], [Action::Detach, Action::End(End::Closed)]));
+        let mut h = Harness::new(None);
+        let a = h.on(Event::ClientError(Status::cancelled("gone")));
+        assert!(matches!(&a[..], [Action::End(End::Status(_))]));
+    }
+}
