@@ -137,54 +137,8 @@ fn assert_specifier(spec: &HealthCheckSpecifier, service_ports: &[u16]) {
     }
 }
 
-#[test]
-fn a_report_before_any_health_check_request_is_failed_precondition() {
-    let hdsd = start("30s");
-    define(&hdsd, "web-01", &[(10001, 18080)]);
-    let client = GrpcClient::connect(hdsd.hds);
-    let mut s = client.open();
-    s.send(report(&[(
-        &probe_cluster(18080),
-        18080,
-        HealthStatus::Healthy,
-    )]));
-    let status = s.expect_status(Code::FailedPrecondition, PROMPT);
-    assert!(
-        status.message().contains("first message")
-            && status.message().contains("must be a HealthCheckRequest"),
-        "{status:?}"
-    );
-    // The report counted for nothing and nobody is connected.
-    let dp = hdsd.dataplane(WEB).unwrap();
-    assert_eq!(dp.inbounds[0].health.status, "pending");
-    assert!(!dp.connection.connected);
-}
-
-#[test]
-fn missing_or_malformed_node_ids_are_invalid_argument() {
-    let hdsd = start("30s");
-    let client = GrpcClient::connect(hdsd.hds);
-
-    for (what, node) in [("no node", None), ("empty node.id", Some(""))] {
-        let mut s = client.open();
-        s.send(hc_request(node));
-        let status = s.expect_status(Code::InvalidArgument, PROMPT);
-        assert!(status.message().contains("node.id"), "{what}: {status:?}");
-    }
-
-    let mut s = client.open_as("nodot");
-    let status = s.expect_status(Code::InvalidArgument, PROMPT);
-    assert!(
-        status.message().contains("\"nodot\"") && status.message().contains("<mesh>.<name>"),
-        "{status:?}"
-    );
-
-    // A first message with neither a request nor a report.
-    let mut s = client.open();
-    s.send(Message { request_type: None });
-    let status = s.expect_status(Code::InvalidArgument, PROMPT);
-    assert!(status.message().contains("node.id"), "{status:?}");
-}
+// The first-message rules (a report first, a missing or malformed node id, an
+// empty message) are unit tests of the stream machine (src/hds/stream.rs).
 
 #[test]
 fn a_health_check_request_for_another_node_ends_the_stream() {
