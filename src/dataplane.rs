@@ -364,10 +364,12 @@ fn parse_yaml(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
     // the parser's line numbers for their errors.
     let mut headers = Vec::new();
     for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-        headers.push(Option::<Header>::deserialize(document).map_err(|e| ParseError {
-            line: e.location().map(|l| l.line()),
-            message: format!("document {}: {}", index + 1, strip_location(&e.to_string())),
-        })?);
+        headers.push(
+            Option::<Header>::deserialize(document).map_err(|e| ParseError {
+                line: e.location().map(|l| l.line()),
+                message: format!("document {}: {}", index + 1, strip_location(&e.to_string())),
+            })?,
+        );
     }
     for (index, (document, header)) in serde_yaml_ng::Deserializer::from_str(text)
         .zip(headers)
@@ -386,16 +388,15 @@ fn parse_yaml(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
 }
 
 fn parse_json(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
-    let json_error = |index: usize, first_line: usize, e: &serde_json::Error, path: String| {
-        ParseError {
+    let json_error =
+        |index: usize, first_line: usize, e: &serde_json::Error, path: String| ParseError {
             line: (e.line() > 0).then(|| first_line + e.line() - 1),
             message: format!(
                 "document {}: {path}{}",
                 index + 1,
                 strip_location(&e.to_string())
             ),
-        }
-    };
+        };
     let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Header>();
     let mut start = 0;
     let mut index = 0;
@@ -425,7 +426,11 @@ fn parse_json(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
 
 /// Sorts a document by its `type`: `Ok(true)` for a dataplane, `Ok(false)`
 /// for an empty or ignored document.
-fn classify(index: usize, header: Option<Header>, out: &mut ParsedFile) -> Result<bool, ParseError> {
+fn classify(
+    index: usize,
+    header: Option<Header>,
+    out: &mut ParsedFile,
+) -> Result<bool, ParseError> {
     let Some(header) = header else {
         return Ok(false);
     };
@@ -997,10 +1002,16 @@ networking:
     #[test]
     fn a_document_without_type_is_an_error() {
         let e = parse_file(NO_TYPE, Format::Yaml).unwrap_err();
-        assert!(e.message.contains("document 1: missing field `type`"), "{e}");
+        assert!(
+            e.message.contains("document 1: missing field `type`"),
+            "{e}"
+        );
         let k8s = "apiVersion: kuma.io/v1alpha1\nkind: Dataplane\nmetadata: {name: a}\n";
         let e = parse_file(k8s, Format::Yaml).unwrap_err();
-        assert!(e.message.contains("Kubernetes manifest (kind: Dataplane)"), "{e}");
+        assert!(
+            e.message.contains("Kubernetes manifest (kind: Dataplane)"),
+            "{e}"
+        );
         let e = parse_file("- a\n- b\n", Format::Yaml).unwrap_err();
         assert!(e.message.contains("a Kuma resource"), "{e}");
     }
@@ -1012,7 +1023,11 @@ networking:
             panic!("{parsed:?}")
         };
         assert_eq!(builtin.gateway, Some(GatewayType::Builtin));
-        assert_eq!(delegated.gateway, Some(GatewayType::Delegated), "the default");
+        assert_eq!(
+            delegated.gateway,
+            Some(GatewayType::Delegated),
+            "the default"
+        );
         for dp in [builtin, delegated] {
             assert_eq!(dp.kind(), DataplaneKind::Gateway);
             assert!(dp.inbounds.is_empty());
@@ -1075,7 +1090,8 @@ networking:
         let bad = INBOUND_FIELDS.replace("state: NotReady", "state: Draining");
         let e = parse_file(&bad, Format::Yaml).unwrap_err();
         assert!(
-            e.message.contains("state \"Draining\" is not one of Ready, NotReady, Ignored"),
+            e.message
+                .contains("state \"Draining\" is not one of Ready, NotReady, Ignored"),
             "{e}"
         );
         assert!(e.message.contains("networking.inbound[1]"), "{e}");
@@ -1084,15 +1100,26 @@ networking:
     #[test]
     fn typos_inside_the_new_blocks_are_errors() {
         for (from, to, key) in [
-            ("      name: backend\n      port: 80", "      name: backend\n      prt: 80", "prt"),
-            ("    reachableBackends:", "    reachableBackend:", "reachableBackend"),
+            (
+                "      name: backend\n      port: 80",
+                "      name: backend\n      prt: 80",
+                "prt",
+            ),
+            (
+                "    reachableBackends:",
+                "    reachableBackend:",
+                "reachableBackend",
+            ),
             ("kri: kri_", "kir: kri_", "kir"),
             ("    port: 9901", "    prt: 9901", "prt"),
         ] {
             let text = INBOUND_FIELDS.replacen(from, to, 1);
             assert_ne!(text, INBOUND_FIELDS, "{from}");
             let e = parse_file(&text, Format::Yaml).unwrap_err();
-            assert!(e.message.contains(&format!("unknown field `{key}`")), "{key}: {e}");
+            assert!(
+                e.message.contains(&format!("unknown field `{key}`")),
+                "{key}: {e}"
+            );
             assert!(e.line.is_some(), "{key}: {e}");
         }
     }
@@ -1103,7 +1130,7 @@ networking:
         assert!(e.message.contains("document 2"), "{e}");
         assert!(e.message.contains("unknown field `protocl`"), "{e}");
         assert!(e.message.contains("networking.inbound[0]"), "{e}");
-        assert_eq!(e.line, Some(11), "the inbound's line: {e}");
+        assert_eq!(e.line, Some(12), "the key's line: {e}");
     }
 
     #[test]
@@ -1137,7 +1164,7 @@ networking:
         assert!(e.message.contains("document 2"), "{e}");
         assert!(e.message.contains("networking.inbound[0]"), "{e}");
         assert!(e.message.contains("unknown field `servicePrt`"), "{e}");
-        assert_eq!(e.line, Some(11), "{e}");
+        assert_eq!(e.line, Some(12), "the key's line: {e}");
         let e = parse_file("{\"type\": \"Dataplane\",", Format::Json).unwrap_err();
         assert_eq!(e.line, Some(1), "{e}");
     }
@@ -1146,7 +1173,10 @@ networking:
     fn a_template_must_be_rendered_first() {
         let e = parse_file(TEMPLATE, Format::Yaml).unwrap_err();
         assert_eq!(e.line, Some(5), "{e}");
-        assert!(e.message.contains("{{ name }} is a template placeholder"), "{e}");
+        assert!(
+            e.message.contains("{{ name }} is a template placeholder"),
+            "{e}"
+        );
         assert!(e.message.contains("render it first"), "{e}");
         // Quoted or not, in JSON too.
         let json = JSON.replace("\"127.0.0.1\"", "\"{{ address }}\"");

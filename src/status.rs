@@ -191,7 +191,14 @@ mod tests {
                 connected_at: Some(t0),
                 last_report_at: Some(t0),
             },
-            inbounds: vec![inbound(10001, None, InboundState::Ready, "pending", false, t0)],
+            inbounds: vec![inbound(
+                10001,
+                None,
+                InboundState::Ready,
+                "pending",
+                false,
+                t0,
+            )],
             listeners: Vec::new(),
         };
         let out = render(&[item], t0 + chrono::Duration::seconds(3));
@@ -250,8 +257,22 @@ mod tests {
                 "web-01",
                 DataplaneKind::Sidecar,
                 vec![
-                    inbound(21021, Some("http-port"), InboundState::Ready, "healthy", true, t0),
-                    inbound(21022, Some("draining"), InboundState::NotReady, "healthy", false, t0),
+                    inbound(
+                        21021,
+                        Some("http-port"),
+                        InboundState::Ready,
+                        "healthy",
+                        true,
+                        t0,
+                    ),
+                    inbound(
+                        21022,
+                        Some("draining"),
+                        InboundState::NotReady,
+                        "healthy",
+                        false,
+                        t0,
+                    ),
                     inbound(21023, None, InboundState::Ignored, "ignored", true, t0),
                 ],
                 Vec::new(),
