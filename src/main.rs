@@ -260,7 +260,7 @@ fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
         }
     }
     if !ignored.is_empty() {
-        // On stderr with the problems, so stdout keeps one "ok" line per run.
+        // Beside the problems on stderr when there are any.
         if problems.is_empty() {
             println!("{ignored}");
         } else {
@@ -296,8 +296,13 @@ fn ignored_summary(loaded: &Loaded) -> String {
         return String::new();
     }
     let kinds: Vec<String> = by_type.iter().map(|(k, n)| format!("{k}: {n}")).collect();
+    let what = if total == 1 {
+        "document that is not a Dataplane"
+    } else {
+        "documents that are not Dataplanes"
+    };
     format!(
-        "ignored {total} documents that are not Dataplanes ({}); GET /api/v1/sources lists them per file",
+        "ignored {total} {what} ({}); GET /api/v1/sources lists them per file",
         kinds.join(", ")
     )
 }
