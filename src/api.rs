@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::dataplane::DataplaneId;
+use crate::dataplane::{DataplaneId, DataplaneKind, IgnoredDocument, InboundState, Listener};
 use crate::readiness::Timestamp;
 use crate::registry::{DataplaneState, Registry};
 use crate::source::{FileError, Loaded};
@@ -72,8 +72,19 @@ pub struct DataplaneItem {
     pub mesh: String,
     pub name: String,
     pub address: IpAddr,
+    /// `sidecar`, `gateway` or `zone_proxy` (the last two usually have no
+    /// inbounds: nothing to probe, ready once defined).
+    #[serde(default = "sidecar")]
+    pub kind: DataplaneKind,
     pub connection: ConnectionItem,
     pub inbounds: Vec<InboundItem>,
+    /// A zone proxy's `networking.listeners` (not probed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<Listener>,
+}
+
+fn sidecar() -> DataplaneKind {
+    DataplaneKind::Sidecar
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -87,10 +98,17 @@ pub struct ConnectionItem {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InboundItem {
+    /// Kuma's inbound `name`, when the file gives one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     pub port: u16,
     pub service_port: u16,
     pub service_address: IpAddr,
     pub tags: BTreeMap<String, String>,
+    /// The declared `state`: `Ready`, `NotReady` (never ready) or `Ignored`
+    /// (not probed, shown as `ignored`, never holds the dataplane back).
+    #[serde(default)]
+    pub state: InboundState,
     pub health: HealthItem,
 }
 
@@ -117,6 +135,8 @@ impl DataplaneItem {
             mesh: dp.id.mesh.clone(),
             name: dp.id.name.clone(),
             address: dp.address,
+            kind: dp.kind(),
+            listeners: dp.listeners.clone(),
             connection: ConnectionItem {
                 connected: state.connection.stream.is_some(),
                 connected_at: state.connection.connected_at,
@@ -127,13 +147,22 @@ impl DataplaneItem {
                 .iter()
                 .zip(&state.health.inbounds)
                 .map(|(inbound, health)| InboundItem {
+                    name: inbound.name.clone(),
                     port: inbound.port,
                     service_port: inbound.service_port,
                     service_address: inbound.service_address,
                     tags: inbound.tags.clone(),
+                    state: inbound.state,
                     health: HealthItem {
-                        ready: health.status.is_ready(),
-                        status: health.status.as_str().to_string(),
+                        ready: match inbound.state {
+                            InboundState::Ready => health.status.is_ready(),
+                            InboundState::NotReady => false,
+                            InboundState::Ignored => true,
+                        },
+                        status: match inbound.state {
+                            InboundState::Ignored => "ignored".to_string(),
+                            _ => health.status.as_str().to_string(),
+                        },
                         since: health.since,
                         last_report_at: health.last_report_at,
                     },
@@ -194,6 +223,9 @@ pub struct SourcesView {
     pub files: Vec<SourceFile>,
     /// Files failing now.
     pub errors: usize,
+    /// Documents of other resource types skipped, over all files.
+    #[serde(default)]
+    pub ignored: usize,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -202,6 +234,9 @@ pub struct SourceFile {
     pub path: String,
     /// The dataplanes in force from this file (its last good ones when broken).
     pub dataplanes: Vec<String>,
+    /// Documents that are not Dataplanes (`Mesh`, policies...): skipped.
+    #[serde(default)]
+    pub ignored: Vec<IgnoredDocument>,
     pub error: Option<FileErrorItem>,
 }
 
@@ -225,6 +260,7 @@ async fn sources(State(s): State<ApiState>) -> Json<SourcesView> {
     Json(SourcesView {
         dir: loaded.dir.display().to_string(),
         errors: loaded.error_count(),
+        ignored: loaded.ignored_by_type().values().sum(),
         files: loaded
             .files
             .iter()
@@ -235,6 +271,7 @@ async fn sources(State(s): State<ApiState>) -> Json<SourcesView> {
                     .iter()
                     .map(|d| d.dataplane.id.to_string())
                     .collect(),
+                ignored: f.ignored.clone(),
                 error: f.error.as_ref().map(FileErrorItem::from),
             })
             .collect(),

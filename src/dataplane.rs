@@ -1,8 +1,10 @@
-//! Dataplanes: Kuma's universal `Dataplane` resource, parsed from YAML.
+//! Dataplanes: Kuma's universal `Dataplane` resource, parsed from YAML or JSON.
 //!
-//! Fields Kuma defines but hdsd does not use are accepted and ignored; any
-//! other key is an error that names the key and its line. Addresses must be
-//! IP literals: Envoy may crash on a hostname in an HDS endpoint.
+//! A file may hold several resources (`kumactl apply -f` style): documents
+//! whose `type` is not `Dataplane` are skipped and listed as ignored. Fields
+//! Kuma defines but hdsd does not use are accepted and ignored; any other key
+//! is an error that names the key and its line. Addresses must be IP literals:
+//! Envoy may crash on a hostname in an HDS endpoint.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -77,6 +79,154 @@ pub struct Dataplane {
     pub id: DataplaneId,
     pub address: IpAddr,
     pub inbounds: Vec<Inbound>,
+    /// `networking.gateway`: a gateway dataplane (usually without inbounds).
+    pub gateway: Option<GatewayType>,
+    /// `networking.listeners`: a zone proxy's listeners (never probed).
+    pub listeners: Vec<Listener>,
+}
+
+/// What a dataplane is, for display: hdsd probes inbounds whatever the kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataplaneKind {
+    /// A sidecar next to an application (the classic shape).
+    Sidecar,
+    /// `networking.gateway` is set.
+    Gateway,
+    /// `networking.listeners` declares zone ingress / egress listeners.
+    ZoneProxy,
+}
+
+impl DataplaneKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DataplaneKind::Sidecar => "sidecar",
+            DataplaneKind::Gateway => "gateway",
+            DataplaneKind::ZoneProxy => "zone_proxy",
+        }
+    }
+}
+
+impl Dataplane {
+    pub fn kind(&self) -> DataplaneKind {
+        if !self.listeners.is_empty() {
+            DataplaneKind::ZoneProxy
+        } else if self.gateway.is_some() {
+            DataplaneKind::Gateway
+        } else {
+            DataplaneKind::Sidecar
+        }
+    }
+}
+
+/// `networking.gateway.type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatewayType {
+    Delegated,
+    Builtin,
+}
+
+/// One entry of `networking.listeners` (a mesh-scoped zone proxy).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listener {
+    /// `ZoneIngress` or `ZoneEgress`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub port: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// `networking.inbound[].state`, as the user declared it.
+///
+/// - `Ready` (the default): probed; ready when its checks pass.
+/// - `NotReady`: still probed (the status shows what Envoy sees), but the
+///   inbound reads not ready whatever the reports say.
+/// - `Ignored`: not probed and left out of readiness: the API shows its
+///   status as `ignored` and it never holds its dataplane back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
+pub enum InboundState {
+    #[default]
+    Ready,
+    NotReady,
+    Ignored,
+}
+
+impl InboundState {
+    const NAMES: [&'static str; 3] = ["Ready", "NotReady", "Ignored"];
+
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == InboundState::Ready
+    }
+}
+
+impl<'de> Deserialize<'de> for InboundState {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match proto_enum(d, "state", &InboundState::NAMES)? {
+            0 => Ok(InboundState::Ready),
+            1 => Ok(InboundState::NotReady),
+            _ => Ok(InboundState::Ignored),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for GatewayType {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match proto_enum(d, "gateway type", &["DELEGATED", "BUILTIN"])? {
+            0 => Ok(GatewayType::Delegated),
+            _ => Ok(GatewayType::Builtin),
+        }
+    }
+}
+
+/// A protobuf enum as Kuma reads it: by name, or by number.
+fn proto_enum<'de, D: Deserializer<'de>>(
+    d: D,
+    what: &'static str,
+    names: &'static [&'static str],
+) -> Result<usize, D::Error> {
+    struct Visitor {
+        what: &'static str,
+        names: &'static [&'static str],
+    }
+    impl Visitor {
+        fn bad<E: serde::de::Error>(&self, value: &dyn fmt::Display) -> E {
+            E::custom(format!(
+                "{} {value} is not one of {}",
+                self.what,
+                self.names.join(", ")
+            ))
+        }
+    }
+    impl serde::de::Visitor<'_> for Visitor {
+        type Value = usize;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "one of {}", self.names.join(", "))
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<usize, E> {
+            self.names
+                .iter()
+                .position(|n| *n == v)
+                .ok_or_else(|| self.bad(&format_args!("{v:?}")))
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<usize, E> {
+            usize::try_from(v)
+                .ok()
+                .filter(|i| *i < self.names.len())
+                .ok_or_else(|| self.bad(&v))
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<usize, E> {
+            match u64::try_from(v) {
+                Ok(u) => self.visit_u64(u),
+                Err(_) => Err(self.bad(&v)),
+            }
+        }
+    }
+    d.deserialize_any(Visitor { what, names })
 }
 
 /// One application port behind the dataplane's Envoy.
@@ -92,6 +242,10 @@ pub struct Inbound {
     pub tags: BTreeMap<String, String>,
     /// Per-inbound overrides of the check defaults, from `serviceProbe`.
     pub probe: Option<ProbeOverrides>,
+    /// Kuma's `name`: another way to refer to this port.
+    pub name: Option<String>,
+    /// Kuma's `state`: `Ignored` inbounds are not probed.
+    pub state: InboundState,
 }
 
 /// The fields of `serviceProbe`; unset fields take the server's defaults.
@@ -128,7 +282,7 @@ impl ProbeOverrides {
 /// Why a document could not be turned into a dataplane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParseError {
-    /// 1-based line, when the YAML parser knows it.
+    /// 1-based line, when the parser knows it.
     pub line: Option<usize>,
     pub message: String,
 }
@@ -142,37 +296,204 @@ impl fmt::Display for ParseError {
     }
 }
 
-/// Parses every `---`-separated document of one file. Empty documents are skipped.
-pub fn parse_documents(text: &str) -> Result<Vec<Dataplane>, ParseError> {
-    let mut out: Vec<Dataplane> = Vec::new();
-    for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-        let doc = match Option::<DataplaneDoc>::deserialize(document) {
-            Ok(Some(doc)) => doc,
-            Ok(None) => continue,
-            Err(e) => {
-                return Err(ParseError {
-                    line: e.location().map(|l| l.line()),
-                    message: format!("document {}: {}", index + 1, strip_location(&e.to_string())),
-                })
-            }
-        };
-        let dataplane = doc.into_dataplane().map_err(|message| ParseError {
-            line: None,
-            message: format!("document {}: {message}", index + 1),
-        })?;
-        if out.iter().any(|d| d.id == dataplane.id) {
-            return Err(ParseError {
-                line: None,
-                message: format!(
-                    "document {}: dataplane {} is defined twice in this file; remove one of the documents",
-                    index + 1,
-                    dataplane.id
-                ),
-            });
+/// The two forms Kuma reads a resource in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Yaml,
+    Json,
+}
+
+impl Format {
+    /// The format of a dataplane file, by extension: `.yaml`, `.yml`, `.json`.
+    pub fn of_path(path: &std::path::Path) -> Option<Format> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("yaml" | "yml") => Some(Format::Yaml),
+            Some("json") => Some(Format::Json),
+            _ => None,
         }
-        out.push(dataplane);
+    }
+}
+
+/// A document of another resource type (`Mesh`, a policy...): skipped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IgnoredDocument {
+    /// 1-based position in the file.
+    pub document: usize,
+    /// Its `type`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// Everything one file holds.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ParsedFile {
+    pub dataplanes: Vec<Dataplane>,
+    pub ignored: Vec<IgnoredDocument>,
+}
+
+/// Parses every `---`-separated YAML document of one file and keeps the
+/// dataplanes. Empty documents and other resource types are skipped.
+pub fn parse_documents(text: &str) -> Result<Vec<Dataplane>, ParseError> {
+    parse_file(text, Format::Yaml).map(|p| p.dataplanes)
+}
+
+/// Parses one file: YAML documents separated by `---`, or a stream of JSON
+/// objects. Documents whose `type` is not `Dataplane` are listed as ignored;
+/// a document without `type` is an error.
+pub fn parse_file(text: &str, format: Format) -> Result<ParsedFile, ParseError> {
+    if let Some((line, placeholder)) = find_template(text) {
+        return Err(ParseError {
+            line: Some(line),
+            message: format!(
+                "{placeholder} is a template placeholder: this file is a kuma-dp Dataplane template; render it first (replace every {{{{ ... }}}} with its value, as `kuma-dp run --dataplane-var` does) and put the rendered file in the dataplanes directory"
+            ),
+        });
+    }
+    let mut out = ParsedFile::default();
+    match format {
+        Format::Yaml => parse_yaml(text, &mut out)?,
+        Format::Json => parse_json(text, &mut out)?,
     }
     Ok(out)
+}
+
+fn parse_yaml(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
+    // First pass: what each document is. Second pass: the dataplanes, with
+    // the parser's line numbers for their errors.
+    let mut headers = Vec::new();
+    for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        headers.push(
+            Option::<Header>::deserialize(document).map_err(|e| ParseError {
+                line: e.location().map(|l| l.line()),
+                message: format!("document {}: {}", index + 1, strip_location(&e.to_string())),
+            })?,
+        );
+    }
+    for (index, (document, header)) in serde_yaml_ng::Deserializer::from_str(text)
+        .zip(headers)
+        .enumerate()
+    {
+        if !classify(index, header, out)? {
+            continue;
+        }
+        let doc = DataplaneDoc::deserialize(document).map_err(|e| ParseError {
+            line: e.location().map(|l| l.line()),
+            message: format!("document {}: {}", index + 1, strip_location(&e.to_string())),
+        })?;
+        add(index, doc, out)?;
+    }
+    Ok(())
+}
+
+fn parse_json(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
+    let json_error =
+        |index: usize, first_line: usize, e: &serde_json::Error, path: String| ParseError {
+            line: (e.line() > 0).then(|| first_line + e.line() - 1),
+            message: format!(
+                "document {}: {path}{}",
+                index + 1,
+                strip_location(&e.to_string())
+            ),
+        };
+    let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Header>();
+    let mut start = 0;
+    let mut index = 0;
+    while let Some(header) = stream.next() {
+        let header = header.map_err(|e| json_error(index, 1, &e, String::new()))?;
+        let end = stream.byte_offset();
+        let slice = &text[start..end];
+        let first_line = 1 + text[..start].matches('\n').count();
+        start = end;
+        if classify(index, Some(header), out)? {
+            let mut de = serde_json::Deserializer::from_str(slice);
+            let doc: DataplaneDoc = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+                let path = e.path().to_string();
+                let path = if path == "." {
+                    String::new()
+                } else {
+                    format!("{path}: ")
+                };
+                json_error(index, first_line, e.inner(), path)
+            })?;
+            add(index, doc, out)?;
+        }
+        index += 1;
+    }
+    Ok(())
+}
+
+/// Sorts a document by its `type`: `Ok(true)` for a dataplane, `Ok(false)`
+/// for an empty or ignored document.
+fn classify(
+    index: usize,
+    header: Option<Header>,
+    out: &mut ParsedFile,
+) -> Result<bool, ParseError> {
+    let Some(header) = header else {
+        return Ok(false);
+    };
+    let error = |message: String| ParseError {
+        line: None,
+        message: format!("document {}: {message}", index + 1),
+    };
+    match header.kind {
+        Some(kind) if kind == "Dataplane" => Ok(true),
+        Some(kind) if kind.is_empty() => Err(error("`type` is empty; write `type: Dataplane` (other resource types are skipped)".into())),
+        Some(kind) => {
+            out.ignored.push(IgnoredDocument {
+                document: index + 1,
+                kind,
+                name: header.name.and_then(|n| n.as_str().map(str::to_string)),
+            });
+            Ok(false)
+        }
+        None => match header.k8s_kind.as_ref().and_then(|k| k.as_str()) {
+            Some(kind) => Err(error(format!(
+                "this is a Kubernetes manifest (kind: {kind}); hdsd reads Kuma's universal format: a document with `type: Dataplane`, `mesh`, `name` and `networking`"
+            ))),
+            None => Err(error(
+                "missing field `type`; every resource needs one (`type: Dataplane` for a dataplane; other types are skipped)".into(),
+            )),
+        },
+    }
+}
+
+fn add(index: usize, doc: DataplaneDoc, out: &mut ParsedFile) -> Result<(), ParseError> {
+    let dataplane = doc.into_dataplane().map_err(|message| ParseError {
+        line: None,
+        message: format!("document {}: {message}", index + 1),
+    })?;
+    if out.dataplanes.iter().any(|d| d.id == dataplane.id) {
+        return Err(ParseError {
+            line: None,
+            message: format!(
+                "document {}: dataplane {} is defined twice in this file; remove one of the documents",
+                index + 1,
+                dataplane.id
+            ),
+        });
+    }
+    out.dataplanes.push(dataplane);
+    Ok(())
+}
+
+/// The first `{{ name }}` placeholder outside a comment: (line, placeholder).
+fn find_template(text: &str) -> Option<(usize, &str)> {
+    text.lines().enumerate().find_map(|(i, line)| {
+        if line.trim_start().starts_with('#') {
+            return None;
+        }
+        let open = line.find("{{")?;
+        let close = open + 2 + line[open + 2..].find("}}")?;
+        let inner = line[open + 2..close].trim();
+        let is_name = !inner.is_empty()
+            && inner
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        is_name.then(|| (i + 1, &line[open..close + 2]))
+    })
 }
 
 fn strip_location(s: &str) -> &str {
@@ -182,7 +503,24 @@ fn strip_location(s: &str) -> &str {
     }
 }
 
-// ---- the YAML shape (Kuma's field names) ----
+// ---- the document shapes (Kuma's field names) ----
+//
+// Followed: Kuma's `api/mesh/v1alpha1/dataplane.proto` (main branch; see the
+// README for the version). Kuma reads a resource with protojson, which also
+// takes a field's proto name: the snake_case aliases below are those names.
+
+/// The fields every resource has, read before deciding what a document is.
+#[derive(Deserialize)]
+#[serde(expecting = "a Kuma resource: a mapping with `type`, `mesh` and `name`")]
+struct Header {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    name: Option<serde_json::Value>,
+    /// Kubernetes manifests have `kind` instead of `type`.
+    #[serde(rename = "kind", default)]
+    k8s_kind: Option<serde_json::Value>,
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -200,10 +538,15 @@ struct DataplaneDoc {
     creation_time: Option<IgnoredAny>,
     #[serde(default)]
     modification_time: Option<IgnoredAny>,
+    /// Kuma's resource identifier (`kri_...`), set by the control plane.
+    #[serde(default)]
+    kri: Option<IgnoredAny>,
     #[serde(default)]
     metrics: Option<IgnoredAny>,
     #[serde(default)]
     probes: Option<IgnoredAny>,
+    #[serde(default)]
+    envoy: Option<IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -213,17 +556,19 @@ struct NetworkingDoc {
     address: IpLiteral,
     #[serde(default)]
     inbound: Vec<InboundDoc>,
+    #[serde(default)]
+    gateway: Option<GatewayDoc>,
+    #[serde(default)]
+    listeners: Vec<ListenerDoc>,
     // Defined by Kuma, unused by hdsd.
     #[serde(default)]
     advertised_address: Option<IgnoredAny>,
     #[serde(default)]
-    outbound: Option<IgnoredAny>,
+    outbound: Vec<OutboundDoc>,
+    #[serde(default, alias = "transparent_proxying")]
+    transparent_proxying: Option<TransparentProxyingDoc>,
     #[serde(default)]
-    gateway: Option<IgnoredAny>,
-    #[serde(default)]
-    transparent_proxying: Option<IgnoredAny>,
-    #[serde(default)]
-    admin: Option<IgnoredAny>,
+    admin: Option<AdminDoc>,
 }
 
 #[derive(Deserialize)]
@@ -241,13 +586,16 @@ struct InboundDoc {
     tags: BTreeMap<String, String>,
     #[serde(default)]
     service_probe: Option<ServiceProbeDoc>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    state: InboundState,
     // Defined by Kuma, unused by hdsd.
     #[serde(default)]
-    name: Option<IgnoredAny>,
+    health: Option<HealthDoc>,
+    /// The application protocol (`http`, `grpc`, `tcp`...).
     #[serde(default)]
-    health: Option<IgnoredAny>,
-    #[serde(default)]
-    state: Option<IgnoredAny>,
+    protocol: Option<IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -298,6 +646,109 @@ impl<'de> Deserialize<'de> for Port {
     }
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Kuma's fields that hdsd accepts and ignores are never read.
+struct HealthDoc {
+    #[serde(default)]
+    ready: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Kuma's fields that hdsd accepts and ignores are never read.
+struct GatewayDoc {
+    #[serde(default)]
+    tags: BTreeMap<String, String>,
+    #[serde(rename = "type", default)]
+    kind: Option<GatewayType>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Kuma's fields that hdsd accepts and ignores are never read.
+struct ListenerDoc {
+    #[serde(rename = "type")]
+    kind: String,
+    port: Port,
+    #[serde(default)]
+    address: Option<IgnoredAny>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    state: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(dead_code)] // Kuma's fields that hdsd accepts and ignores are never read.
+struct OutboundDoc {
+    #[serde(default)]
+    address: Option<IgnoredAny>,
+    #[serde(default)]
+    port: Option<IgnoredAny>,
+    #[serde(default)]
+    tags: Option<IgnoredAny>,
+    /// Deprecated by Kuma in favour of `tags`.
+    #[serde(default)]
+    service: Option<IgnoredAny>,
+    #[serde(default, alias = "backend_ref")]
+    backend_ref: Option<BackendRefDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Kuma's fields that hdsd accepts and ignores are never read.
+struct BackendRefDoc {
+    #[serde(default)]
+    kind: Option<IgnoredAny>,
+    #[serde(default)]
+    name: Option<IgnoredAny>,
+    #[serde(default)]
+    namespace: Option<IgnoredAny>,
+    #[serde(default)]
+    port: Option<IgnoredAny>,
+    #[serde(default)]
+    labels: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(dead_code)] // Kuma's fields that hdsd accepts and ignores are never read.
+struct TransparentProxyingDoc {
+    #[serde(default, alias = "redirect_port_inbound")]
+    redirect_port_inbound: Option<IgnoredAny>,
+    #[serde(default, alias = "redirect_port_outbound")]
+    redirect_port_outbound: Option<IgnoredAny>,
+    /// Removed by Kuma (one port for IPv4 and IPv6); older files still have it.
+    #[serde(default, alias = "redirect_port_inbound_v6")]
+    redirect_port_inbound_v6: Option<IgnoredAny>,
+    #[serde(default, alias = "direct_access_services")]
+    direct_access_services: Option<IgnoredAny>,
+    #[serde(default, alias = "reachable_services")]
+    reachable_services: Option<IgnoredAny>,
+    #[serde(default, alias = "ip_family_mode")]
+    ip_family_mode: Option<IgnoredAny>,
+    #[serde(default, alias = "reachable_backends")]
+    reachable_backends: Option<ReachableBackendsDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Kuma's fields that hdsd accepts and ignores are never read.
+struct ReachableBackendsDoc {
+    #[serde(default)]
+    refs: Vec<BackendRefDoc>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Kuma's fields that hdsd accepts and ignores are never read.
+struct AdminDoc {
+    #[serde(default)]
+    port: Option<IgnoredAny>,
+}
+
 impl DataplaneDoc {
     fn into_dataplane(self) -> Result<Dataplane, String> {
         if self.kind != "Dataplane" {
@@ -337,12 +788,29 @@ impl DataplaneDoc {
                     healthy_threshold: p.healthy_threshold,
                     unhealthy_threshold: p.unhealthy_threshold,
                 }),
+                name: doc.name.filter(|n| !n.is_empty()),
+                state: doc.state,
             });
         }
+        let listeners = self
+            .networking
+            .listeners
+            .into_iter()
+            .map(|l| Listener {
+                kind: l.kind,
+                port: l.port.0,
+                name: l.name.filter(|n| !n.is_empty()),
+            })
+            .collect();
         Ok(Dataplane {
             id,
             address,
             inbounds,
+            gateway: self
+                .networking
+                .gateway
+                .map(|g| g.kind.unwrap_or(GatewayType::Delegated)),
+            listeners,
         })
     }
 }
@@ -443,7 +911,7 @@ networking:
             ("mesh: default", "mesh: Default", "use lowercase letters"),
             ("mesh: default", "mesh: a.b", "no dot"),
             ("name: web-01", "name: \"\"", "name must not be empty"),
-            ("type: Dataplane", "type: Mesh", "only `type: Dataplane`"),
+            ("type: Dataplane", "type: \"\"", "`type` is empty"),
             (
                 "port: 10002",
                 "port: 10001",
@@ -492,5 +960,238 @@ networking:
         assert_eq!(s.no_traffic_interval, Duration::from_secs(5));
         assert_eq!(s.unhealthy_threshold, 4);
         assert_eq!(s.timeout, Duration::from_secs(1));
+    }
+
+    // ---- Kuma's current shapes (fixtures in testdata/kuma*) ----
+
+    const MIXED: &str = include_str!("../testdata/kuma/mixed.yaml");
+    const GATEWAY: &str = include_str!("../testdata/kuma/gateway.yaml");
+    const ZONE_PROXY: &str = include_str!("../testdata/kuma/zone-proxy.yaml");
+    const INBOUND_FIELDS: &str = include_str!("../testdata/kuma/inbound-fields.yaml");
+    const JSON: &str = include_str!("../testdata/kuma/dataplane.json");
+    const TEMPLATE: &str = include_str!("../testdata/kuma-invalid/template.yaml");
+    const TYPO: &str = include_str!("../testdata/kuma-invalid/typo.yaml");
+    const NO_TYPE: &str = include_str!("../testdata/kuma-invalid/no-type.yaml");
+
+    fn yaml(text: &str) -> ParsedFile {
+        parse_file(text, Format::Yaml).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn other_resource_types_are_skipped_and_listed() {
+        let parsed = yaml(MIXED);
+        let names: Vec<String> = parsed.dataplanes.iter().map(|d| d.id.to_string()).collect();
+        assert_eq!(names, ["default.backend-01", "default.frontend-01"]);
+        let ignored: Vec<(usize, &str, Option<&str>)> = parsed
+            .ignored
+            .iter()
+            .map(|d| (d.document, d.kind.as_str(), d.name.as_deref()))
+            .collect();
+        assert_eq!(
+            ignored,
+            [
+                (1, "Mesh", Some("default")),
+                (3, "MeshTrafficPermission", Some("allow-all")),
+                (5, "MeshHealthCheck", Some("backend-hc")),
+            ]
+        );
+        // parse_documents keeps only the dataplanes.
+        assert_eq!(parse_documents(MIXED).unwrap(), parsed.dataplanes);
+    }
+
+    #[test]
+    fn a_document_without_type_is_an_error() {
+        let e = parse_file(NO_TYPE, Format::Yaml).unwrap_err();
+        assert!(
+            e.message.contains("document 1: missing field `type`"),
+            "{e}"
+        );
+        let k8s = "apiVersion: kuma.io/v1alpha1\nkind: Dataplane\nmetadata: {name: a}\n";
+        let e = parse_file(k8s, Format::Yaml).unwrap_err();
+        assert!(
+            e.message.contains("Kubernetes manifest (kind: Dataplane)"),
+            "{e}"
+        );
+        let e = parse_file("- a\n- b\n", Format::Yaml).unwrap_err();
+        assert!(e.message.contains("a Kuma resource"), "{e}");
+    }
+
+    #[test]
+    fn gateways_have_no_inbounds_and_say_so() {
+        let parsed = yaml(GATEWAY);
+        let [builtin, delegated] = &parsed.dataplanes[..] else {
+            panic!("{parsed:?}")
+        };
+        assert_eq!(builtin.gateway, Some(GatewayType::Builtin));
+        assert_eq!(
+            delegated.gateway,
+            Some(GatewayType::Delegated),
+            "the default"
+        );
+        for dp in [builtin, delegated] {
+            assert_eq!(dp.kind(), DataplaneKind::Gateway);
+            assert!(dp.inbounds.is_empty());
+        }
+    }
+
+    #[test]
+    fn zone_proxy_listeners() {
+        let dp = yaml(ZONE_PROXY).dataplanes.remove(0);
+        assert_eq!(dp.kind(), DataplaneKind::ZoneProxy);
+        assert!(dp.inbounds.is_empty());
+        assert_eq!(
+            dp.listeners,
+            [
+                Listener {
+                    kind: "ZoneIngress".into(),
+                    port: 10001,
+                    name: Some("zone-ingress-port".into())
+                },
+                Listener {
+                    kind: "ZoneEgress".into(),
+                    port: 10002,
+                    name: Some("zone-egress-port".into())
+                },
+            ]
+        );
+        let typo = ZONE_PROXY.replace("    port: 10002", "    prot: 10002");
+        let e = parse_file(&typo, Format::Yaml).unwrap_err();
+        assert!(e.message.contains("unknown field `prot`"), "{e}");
+        assert!(e.message.contains("networking.listeners[1]"), "{e}");
+    }
+
+    #[test]
+    fn inbound_name_state_protocol_and_the_new_fields() {
+        let dp = yaml(INBOUND_FIELDS).dataplanes.remove(0);
+        assert_eq!(dp.kind(), DataplaneKind::Sidecar);
+        let got: Vec<(Option<&str>, InboundState)> = dp
+            .inbounds
+            .iter()
+            .map(|i| (i.name.as_deref(), i.state))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Some("http-port"), InboundState::Ready),
+                (Some("draining"), InboundState::NotReady),
+                (Some("metrics"), InboundState::Ignored),
+            ]
+        );
+    }
+
+    #[test]
+    fn proto_names_and_enum_numbers_are_accepted_as_kuma_does() {
+        let text = INBOUND_FIELDS
+            .replace("redirectPortInbound:", "redirect_port_inbound:")
+            .replace("ipFamilyMode: IPv4", "ip_family_mode: 2")
+            .replace("state: NotReady", "state: 1");
+        let dp = yaml(&text).dataplanes.remove(0);
+        assert_eq!(dp.inbounds[1].state, InboundState::NotReady);
+        let bad = INBOUND_FIELDS.replace("state: NotReady", "state: Draining");
+        let e = parse_file(&bad, Format::Yaml).unwrap_err();
+        assert!(
+            e.message
+                .contains("state \"Draining\" is not one of Ready, NotReady, Ignored"),
+            "{e}"
+        );
+        assert!(e.message.contains("networking.inbound[1]"), "{e}");
+    }
+
+    #[test]
+    fn typos_inside_the_new_blocks_are_errors() {
+        for (from, to, key) in [
+            (
+                "      name: backend\n      port: 80",
+                "      name: backend\n      prt: 80",
+                "prt",
+            ),
+            (
+                "    reachableBackends:",
+                "    reachableBackend:",
+                "reachableBackend",
+            ),
+            ("kri: kri_", "kir: kri_", "kir"),
+            ("    port: 9901", "    prt: 9901", "prt"),
+        ] {
+            let text = INBOUND_FIELDS.replacen(from, to, 1);
+            assert_ne!(text, INBOUND_FIELDS, "{from}");
+            let e = parse_file(&text, Format::Yaml).unwrap_err();
+            assert!(
+                e.message.contains(&format!("unknown field `{key}`")),
+                "{key}: {e}"
+            );
+            assert!(e.line.is_some(), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn typo_names_key_and_line_in_a_mixed_file() {
+        let e = parse_file(TYPO, Format::Yaml).unwrap_err();
+        assert!(e.message.contains("document 2"), "{e}");
+        assert!(e.message.contains("unknown field `protocl`"), "{e}");
+        assert!(e.message.contains("networking.inbound[0]"), "{e}");
+        assert_eq!(e.line, Some(12), "the key's line: {e}");
+    }
+
+    #[test]
+    fn json_form() {
+        let parsed = parse_file(JSON, Format::Json).unwrap_or_else(|e| panic!("{e}"));
+        let dp = &parsed.dataplanes[0];
+        assert_eq!(dp.id.to_string(), "default.json-01");
+        assert_eq!(dp.inbounds[0].name.as_deref(), Some("main"));
+        assert_eq!(
+            dp.inbounds[0].probe.unwrap().interval,
+            Some(Duration::from_secs(2))
+        );
+        // The same dataplane as its YAML form.
+        let value: serde_json::Value = serde_json::from_str(JSON).unwrap();
+        let as_yaml = serde_yaml_ng::to_string(&value).unwrap();
+        assert_eq!(yaml(&as_yaml).dataplanes, parsed.dataplanes);
+        // Several objects in one file, other types skipped.
+        let stream = format!("{{\"type\": \"Mesh\", \"name\": \"default\"}}\n{JSON}");
+        let parsed = parse_file(&stream, Format::Json).unwrap();
+        assert_eq!(parsed.dataplanes.len(), 1);
+        assert_eq!(parsed.ignored[0].kind, "Mesh");
+    }
+
+    #[test]
+    fn json_errors_name_the_path_and_the_line() {
+        let text = format!(
+            "{{\"type\": \"Mesh\", \"name\": \"default\"}}\n{}",
+            JSON.replace("\"servicePort\"", "\"servicePrt\"")
+        );
+        let e = parse_file(&text, Format::Json).unwrap_err();
+        assert!(e.message.contains("document 2"), "{e}");
+        assert!(e.message.contains("networking.inbound[0]"), "{e}");
+        assert!(e.message.contains("unknown field `servicePrt`"), "{e}");
+        assert_eq!(e.line, Some(12), "the key's line: {e}");
+        let e = parse_file("{\"type\": \"Dataplane\",", Format::Json).unwrap_err();
+        assert_eq!(e.line, Some(1), "{e}");
+    }
+
+    #[test]
+    fn a_template_must_be_rendered_first() {
+        let e = parse_file(TEMPLATE, Format::Yaml).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(
+            e.message.contains("{{ name }} is a template placeholder"),
+            "{e}"
+        );
+        assert!(e.message.contains("render it first"), "{e}");
+        // Quoted or not, in JSON too.
+        let json = JSON.replace("\"127.0.0.1\"", "\"{{ address }}\"");
+        let e = parse_file(&json, Format::Json).unwrap_err();
+        assert!(e.message.contains("{{ address }}"), "{e}");
+        // Braces that are not a placeholder are left to the parser.
+        assert!(find_template("tags: {a: {b: c}}\n# {{ commented }}\n").is_none());
+    }
+
+    #[test]
+    fn format_by_extension() {
+        use std::path::Path;
+        assert_eq!(Format::of_path(Path::new("a.yaml")), Some(Format::Yaml));
+        assert_eq!(Format::of_path(Path::new("a.yml")), Some(Format::Yaml));
+        assert_eq!(Format::of_path(Path::new("a.json")), Some(Format::Json));
+        assert_eq!(Format::of_path(Path::new("a.txt")), None);
     }
 }

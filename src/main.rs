@@ -248,13 +248,23 @@ fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut problems = config.validate();
     let settings = server::specifier_settings(&config);
     let mut dataplanes = 0;
+    let mut ignored = String::new();
     if problems.is_empty() {
         match source::load(&config.dataplanes.dir, &Loaded::default(), &settings) {
             Ok(loaded) => {
                 dataplanes = loaded.dataplanes.len();
                 problems.extend(loaded.problems());
+                ignored = ignored_summary(&loaded);
             }
             Err(e) => problems.push(e.to_string()),
+        }
+    }
+    if !ignored.is_empty() {
+        // Beside the problems on stderr when there are any.
+        if problems.is_empty() {
+            println!("{ignored}");
+        } else {
+            eprintln!("{ignored}");
         }
     }
     if problems.is_empty() {
@@ -276,6 +286,25 @@ fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     }
     eprintln!("{} problem(s) found", problems.len());
     Ok(ExitCode::from(1))
+}
+
+/// `ignored N documents that are not Dataplanes (Mesh: 1, ...)`, or nothing.
+fn ignored_summary(loaded: &Loaded) -> String {
+    let by_type = loaded.ignored_by_type();
+    let total: usize = by_type.values().sum();
+    if total == 0 {
+        return String::new();
+    }
+    let kinds: Vec<String> = by_type.iter().map(|(k, n)| format!("{k}: {n}")).collect();
+    let what = if total == 1 {
+        "document that is not a Dataplane"
+    } else {
+        "documents that are not Dataplanes"
+    };
+    format!(
+        "ignored {total} {what} ({}); GET /api/v1/sources lists them per file",
+        kinds.join(", ")
+    )
 }
 
 fn status(api: &str, watch: bool, api_token: Option<&str>) -> anyhow::Result<ExitCode> {

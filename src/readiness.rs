@@ -305,8 +305,12 @@ mod tests {
                     service_port,
                     tags: BTreeMap::new(),
                     probe: None,
+                    name: None,
+                    state: Default::default(),
                 })
                 .collect(),
+            gateway: None,
+            listeners: Vec::new(),
         }
     }
 

@@ -1,4 +1,5 @@
-//! The dataplane source: a directory of `*.yaml` / `*.yml` files.
+//! The dataplane source: a directory of `*.yaml` / `*.yml` / `*.json` files.
+//! Documents of other Kuma resource types are skipped and listed per file.
 //!
 //! [`assemble`] and [`reassemble`] are pure: they turn the files' texts and
 //! the previous result into the new set of dataplanes, keeping a broken file's
@@ -15,7 +16,7 @@ use notify::{RecursiveMode, Watcher};
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::dataplane::{parse_documents, Dataplane, DataplaneId};
+use crate::dataplane::{self, Dataplane, DataplaneId, Format, IgnoredDocument};
 use crate::specifier::{build, Specifier, SpecifierSettings};
 
 /// A dataplane as defined by a file, with its specifier already built.
@@ -41,6 +42,9 @@ pub struct FileState {
     /// The definitions in use: the file's current ones, or its last good ones
     /// when it is broken now.
     pub dataplanes: Vec<Defined>,
+    /// Documents of other resource types (`Mesh`, policies...), skipped; the
+    /// last good parse's when the file is broken now.
+    pub ignored: Vec<IgnoredDocument>,
     /// Why the file cannot be used now: its own problem, or a conflict with
     /// another file.
     pub error: Option<FileError>,
@@ -80,6 +84,15 @@ impl Loaded {
 
     pub fn error_count(&self) -> usize {
         self.files.values().filter(|f| f.error.is_some()).count()
+    }
+
+    /// Skipped documents (other resource types), by type, over all files.
+    pub fn ignored_by_type(&self) -> BTreeMap<&str, usize> {
+        let mut by_type = BTreeMap::new();
+        for doc in self.files.values().flat_map(|f| &f.ignored) {
+            *by_type.entry(doc.kind.as_str()).or_insert(0) += 1;
+        }
+        by_type
     }
 }
 
@@ -139,13 +152,15 @@ fn file_state(
         })
         .and_then(|text| parse_file(path, &text, settings));
     match result {
-        Ok(dataplanes) => FileState {
+        Ok((dataplanes, ignored)) => FileState {
             dataplanes,
+            ignored,
             error: None,
             parse_error: None,
         },
         Err(error) => FileState {
             dataplanes: previous.map(|f| f.dataplanes.clone()).unwrap_or_default(),
+            ignored: previous.map(|f| f.ignored.clone()).unwrap_or_default(),
             error: Some(error.clone()),
             parse_error: Some(error),
         },
@@ -188,12 +203,14 @@ fn parse_file(
     path: &Path,
     text: &str,
     settings: &SpecifierSettings,
-) -> Result<Vec<Defined>, FileError> {
-    let dataplanes = parse_documents(text).map_err(|e| FileError {
+) -> Result<(Vec<Defined>, Vec<IgnoredDocument>), FileError> {
+    let format = Format::of_path(path).unwrap_or(Format::Yaml);
+    let parsed = dataplane::parse_file(text, format).map_err(|e| FileError {
         line: e.line,
         message: e.message,
     })?;
-    dataplanes
+    let defined = parsed
+        .dataplanes
         .into_iter()
         .map(|dp| {
             let started = std::time::Instant::now();
@@ -209,7 +226,8 @@ fn parse_file(
                 file: path.to_path_buf(),
             })
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((defined, parsed.ignored))
 }
 
 /// Why the directory itself cannot be read.
@@ -221,7 +239,7 @@ pub struct DirError {
     pub source: std::io::Error,
 }
 
-/// Reads every `*.yaml` / `*.yml` file of `dir` (not recursive, hidden files skipped).
+/// Reads every `*.yaml` / `*.yml` / `*.json` file of `dir` (not recursive, hidden files skipped).
 pub fn read_dir(dir: &Path) -> Result<BTreeMap<PathBuf, FileRead>, DirError> {
     let entries = std::fs::read_dir(dir).map_err(|source| DirError {
         dir: dir.to_path_buf(),
@@ -244,8 +262,7 @@ fn is_dataplane_file(path: &Path) -> bool {
         .file_name()
         .and_then(|n| n.to_str())
         .is_none_or(|n| n.starts_with('.'));
-    let ext = path.extension().and_then(|e| e.to_str());
-    !hidden && matches!(ext, Some("yaml" | "yml"))
+    !hidden && Format::of_path(path).is_some()
 }
 
 /// Loads the directory once.
@@ -453,7 +470,9 @@ mod tests {
         );
         let problems = second.problems();
         assert_eq!(problems.len(), 1);
-        assert!(problems[0].starts_with("d/a.yaml:2: "), "{problems:?}");
+        // The flow sequence is never closed: the parser stops at the end.
+        assert!(problems[0].starts_with("d/a.yaml:3: "), "{problems:?}");
+        assert!(problems[0].contains("flow sequence"), "{problems:?}");
     }
 
     #[test]
@@ -610,15 +629,47 @@ mod tests {
     }
 
     #[test]
-    fn reads_only_yaml_files() {
+    fn ignored_documents_are_listed_per_file_and_kept_when_broken() {
+        let mixed = format!("type: Mesh\nname: default\n---\n{}", doc("a", 1));
+        let first = assemble(
+            Path::new("d"),
+            files(&[("d/a.yaml", &mixed), ("d/b.yaml", &doc("b", 2))]),
+            &Loaded::default(),
+            &settings(),
+        );
+        assert_eq!(first.error_count(), 0, "{:?}", first.problems());
+        let a = &first.files[Path::new("d/a.yaml")];
+        assert_eq!(a.ignored.len(), 1);
+        assert_eq!(
+            (a.ignored[0].kind.as_str(), a.ignored[0].document),
+            ("Mesh", 1)
+        );
+        assert_eq!(first.ignored_by_type(), [("Mesh", 1)].into());
+        // Broken now: the last good parse's ignored documents stay listed.
+        let second = reassemble(
+            &first,
+            [(PathBuf::from("d/a.yaml"), Some(Ok("type: [".into())))].into(),
+            &settings(),
+        );
+        assert_eq!(second.error_count(), 1);
+        assert_eq!(second.files[Path::new("d/a.yaml")].ignored, a.ignored);
+    }
+
+    #[test]
+    fn reads_only_yaml_and_json_files() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a.yaml"), doc("a", 1)).unwrap();
         std::fs::write(dir.path().join("b.yml"), doc("b", 2)).unwrap();
+        std::fs::write(
+            dir.path().join("c.json"),
+            r#"{"type": "Dataplane", "mesh": "default", "name": "c", "networking": {"address": "127.0.0.1"}}"#,
+        )
+        .unwrap();
         std::fs::write(dir.path().join("c.txt"), "junk").unwrap();
         std::fs::write(dir.path().join(".d.yaml.swp"), "junk").unwrap();
         std::fs::write(dir.path().join(".e.yaml"), "junk").unwrap();
         let l = load(dir.path(), &Loaded::default(), &settings()).unwrap();
-        assert_eq!(names(&l), vec!["default.a", "default.b"]);
+        assert_eq!(names(&l), vec!["default.a", "default.b", "default.c"]);
         assert!(
             load(&dir.path().join("missing"), &Loaded::default(), &settings())
                 .unwrap_err()

@@ -116,7 +116,8 @@ pub fn build(
     let mut targets: Vec<ProbeTarget> = Vec::new();
     let mut target_of_inbound = Vec::with_capacity(dataplane.inbounds.len());
     for (index, inbound) in dataplane.inbounds.iter().enumerate() {
-        if !settings.probe_all_inbounds && inbound.probe.is_none() {
+        let ignored = inbound.state == crate::dataplane::InboundState::Ignored;
+        if ignored || (!settings.probe_all_inbounds && inbound.probe.is_none()) {
             target_of_inbound.push(None);
             continue;
         }
@@ -262,6 +263,8 @@ mod tests {
             service_port,
             tags: BTreeMap::new(),
             probe,
+            name: None,
+            state: Default::default(),
         }
     }
 
@@ -270,6 +273,8 @@ mod tests {
             id: DataplaneId::new("default", "web-01"),
             address: "10.0.0.1".parse().unwrap(),
             inbounds,
+            gateway: None,
+            listeners: Vec::new(),
         }
     }
 

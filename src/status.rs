@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use chrono::Utc;
 
 use crate::api::{DataplaneItem, List};
+use crate::dataplane::{DataplaneKind, InboundState};
 use crate::readiness::Timestamp;
 
 /// Why the API could not be read.
@@ -35,7 +36,9 @@ pub fn fetch(base: &str, api_token: Option<&str>) -> Result<Vec<DataplaneItem>, 
     Ok(list.items)
 }
 
-/// Renders the table: one line per inbound.
+/// Renders the table: one line per inbound (named `PORT (NAME)` when the
+/// inbound has a name); a dataplane without inbounds (a gateway, a zone proxy)
+/// gets one line saying there is nothing to probe.
 pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
     let mut rows = vec![[
         "DATAPLANE".to_string(),
@@ -50,12 +53,24 @@ pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
     for d in items {
         let id = format!("{}.{}", d.mesh, d.name);
         if d.inbounds.is_empty() {
+            let what = match d.kind {
+                DataplaneKind::Sidecar => "-".to_string(),
+                DataplaneKind::Gateway => "gateway".to_string(),
+                DataplaneKind::ZoneProxy => {
+                    let listeners: Vec<String> = d
+                        .listeners
+                        .iter()
+                        .map(|l| format!("{} {}", l.kind, l.port))
+                        .collect();
+                    format!("zone proxy ({})", listeners.join(", "))
+                }
+            };
             rows.push([
                 id.clone(),
                 yes_no(d.connection.connected),
                 "-".into(),
-                "-".into(),
-                "-".into(),
+                what,
+                "nothing to probe".into(),
                 "-".into(),
                 "-".into(),
                 ago(d.connection.last_report_at, now),
@@ -70,13 +85,19 @@ pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
             rows.push([
                 id.clone(),
                 yes_no(d.connection.connected),
-                format!("{}", i.port),
+                match &i.name {
+                    Some(name) => format!("{} ({name})", i.port),
+                    None => format!("{}", i.port),
+                },
                 format!(
                     "{service} ({}:{})",
                     fmt_ip(i.service_address),
                     i.service_port
                 ),
-                i.health.status.clone(),
+                match i.state {
+                    InboundState::NotReady => format!("{} (declared NotReady)", i.health.status),
+                    _ => i.health.status.clone(),
+                },
                 yes_no(i.health.ready),
                 ago(Some(i.health.since), now),
                 ago(i.health.last_report_at, now),
@@ -95,18 +116,26 @@ pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
             .collect();
         let _ = writeln!(out, "{}", line.join("  ").trim_end());
     }
-    let inbounds: usize = items.iter().map(|d| d.inbounds.len()).sum();
-    let ready: usize = items
-        .iter()
-        .flat_map(|d| &d.inbounds)
-        .filter(|i| i.health.ready)
-        .count();
+    // Ignored inbounds are left out of the readiness count.
+    let counted = || {
+        items
+            .iter()
+            .flat_map(|d| &d.inbounds)
+            .filter(|i| i.state != InboundState::Ignored)
+    };
+    let inbounds = counted().count();
+    let ready = counted().filter(|i| i.health.ready).count();
+    let ignored = items.iter().flat_map(|d| &d.inbounds).count() - inbounds;
     let connected = items.iter().filter(|d| d.connection.connected).count();
-    let _ = writeln!(
+    let _ = write!(
         out,
         "\n{} dataplanes ({connected} connected), {ready}/{inbounds} inbounds ready",
         items.len()
     );
+    let _ = match ignored {
+        0 => writeln!(out),
+        n => writeln!(out, " ({n} ignored)"),
+    };
     out
 }
 
@@ -156,23 +185,21 @@ mod tests {
             mesh: "default".into(),
             name: "web-01".into(),
             address: "127.0.0.1".parse().unwrap(),
+            kind: DataplaneKind::Sidecar,
             connection: ConnectionItem {
                 connected: true,
                 connected_at: Some(t0),
                 last_report_at: Some(t0),
             },
-            inbounds: vec![InboundItem {
-                port: 10001,
-                service_port: 8080,
-                service_address: "127.0.0.1".parse().unwrap(),
-                tags: [("kuma.io/service".to_string(), "web".to_string())].into(),
-                health: HealthItem {
-                    ready: false,
-                    status: "pending".into(),
-                    since: t0,
-                    last_report_at: None,
-                },
-            }],
+            inbounds: vec![inbound(
+                10001,
+                None,
+                InboundState::Ready,
+                "pending",
+                false,
+                t0,
+            )],
+            listeners: Vec::new(),
         };
         let out = render(&[item], t0 + chrono::Duration::seconds(3));
         let lines: Vec<&str> = out.lines().collect();
@@ -183,5 +210,100 @@ mod tests {
         assert!(lines[1].contains("3s ago"));
         assert!(lines[1].contains("never"));
         assert!(out.contains("1 dataplanes (1 connected), 0/1 inbounds ready"));
+    }
+
+    fn inbound(
+        port: u16,
+        name: Option<&str>,
+        state: InboundState,
+        status: &str,
+        ready: bool,
+        t0: Timestamp,
+    ) -> InboundItem {
+        InboundItem {
+            name: name.map(str::to_string),
+            port,
+            service_port: 8080,
+            service_address: "127.0.0.1".parse().unwrap(),
+            tags: [("kuma.io/service".to_string(), "web".to_string())].into(),
+            state,
+            health: HealthItem {
+                ready,
+                status: status.into(),
+                since: t0,
+                last_report_at: None,
+            },
+        }
+    }
+
+    #[test]
+    fn names_states_gateways_and_zone_proxies() {
+        let t0 = Utc.timestamp_opt(1_700_000_000, 0).unwrap();
+        let item = |name: &str, kind, inbounds, listeners| DataplaneItem {
+            mesh: "default".into(),
+            name: name.into(),
+            address: "127.0.0.1".parse().unwrap(),
+            kind,
+            connection: ConnectionItem {
+                connected: false,
+                connected_at: None,
+                last_report_at: None,
+            },
+            inbounds,
+            listeners,
+        };
+        let items = [
+            item(
+                "web-01",
+                DataplaneKind::Sidecar,
+                vec![
+                    inbound(
+                        21021,
+                        Some("http-port"),
+                        InboundState::Ready,
+                        "healthy",
+                        true,
+                        t0,
+                    ),
+                    inbound(
+                        21022,
+                        Some("draining"),
+                        InboundState::NotReady,
+                        "healthy",
+                        false,
+                        t0,
+                    ),
+                    inbound(21023, None, InboundState::Ignored, "ignored", true, t0),
+                ],
+                Vec::new(),
+            ),
+            item("edge", DataplaneKind::Gateway, Vec::new(), Vec::new()),
+            item(
+                "zp",
+                DataplaneKind::ZoneProxy,
+                Vec::new(),
+                vec![crate::dataplane::Listener {
+                    kind: "ZoneIngress".into(),
+                    port: 10001,
+                    name: None,
+                }],
+            ),
+        ];
+        let out = render(&items, t0);
+        let line = |needle: &str| {
+            out.lines()
+                .find(|l| l.contains(needle))
+                .unwrap_or_else(|| panic!("no line with {needle:?} in\n{out}"))
+        };
+        assert!(line("21021 (http-port)").contains("healthy"));
+        assert!(line("21022 (draining)").contains("healthy (declared NotReady)"));
+        assert!(line("21023").contains("ignored"));
+        assert!(line("default.edge").contains("gateway"));
+        assert!(line("default.edge").contains("nothing to probe"));
+        assert!(line("default.zp").contains("zone proxy (ZoneIngress 10001)"));
+        assert!(
+            out.contains("3 dataplanes (0 connected), 1/2 inbounds ready (1 ignored)"),
+            "{out}"
+        );
     }
 }

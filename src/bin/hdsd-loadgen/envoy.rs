@@ -261,6 +261,8 @@ pub fn fixed_specifier(clusters: u16, interval: std::time::Duration) -> HealthCh
         id: hdsd::dataplane::DataplaneId::new("null", "server"),
         address: [127, 0, 0, 1].into(),
         inbounds: Vec::new(),
+        gateway: None,
+        listeners: Vec::new(),
     };
     for k in 0..clusters {
         dp.inbounds.push(hdsd::dataplane::Inbound {
@@ -270,6 +272,8 @@ pub fn fixed_specifier(clusters: u16, interval: std::time::Duration) -> HealthCh
             service_port: crate::gen::SERVICE_PORT_BASE + k,
             tags: Default::default(),
             probe: None,
+            name: None,
+            state: Default::default(),
         });
     }
     let settings = hdsd::specifier::SpecifierSettings {
