@@ -299,9 +299,15 @@ fn compose_up_runs_the_demo_offline() {
              HDSD_REQUIRE_DOCKER to skip this test): {e}"
         ),
         Err(e) => {
-            let first = e.lines().next().unwrap_or_default().to_string();
+            // docker's own reason is its last line (e.g. "Cannot connect to the Docker daemon").
+            let reason = e
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or_default();
             say(&format!(
-                "SKIPPED: no Docker engine answers ({first}); set HDSD_REQUIRE_DOCKER=1 to fail instead"
+                "SKIPPED: no Docker engine answers ({}); set HDSD_REQUIRE_DOCKER=1 to fail instead",
+                reason.trim()
             ));
             return;
         }
