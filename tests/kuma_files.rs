@@ -171,7 +171,7 @@ fn declared_states_with_a_real_envoy() {
     let ready_app = App::start();
     let not_ready_app = App::start();
     // Nothing listens here: were the ignored inbound probed, it would fail.
-    let ignored_port = free_port();
+    let (ignored_port, _reserved) = dead_port();
     let yaml = format!(
         "type: Mesh\nname: default\n---\n\
          type: Dataplane\nmesh: default\nname: web-01\nkri: kri_dp_default___web-01_\nnetworking:\n  address: 127.0.0.1\n  inbound:\n\
