@@ -31,7 +31,7 @@ pub struct ApiState {
     /// Extra lines for `/readyz`'s body (e.g. warnings about the setup).
     pub notes: Arc<Vec<String>>,
     /// Renders `/metrics`; absent when metrics are off (tests of the router alone).
-    pub metrics: Option<crate::metrics::Scrape>,
+    pub metrics: Option<crate::scrape::Scrape>,
     /// Bearer tokens that `/api/*` requires; empty means open (loopback only).
     pub tokens: Arc<Vec<String>>,
     /// Verifies dataplane tokens for `/api/v1/bootstrap`; `None` without token auth.

@@ -544,7 +544,7 @@ impl Session {
                 m::stream_closed(if stale {
                     CloseReason::Stale
                 } else {
-                    CloseReason::from_code(status.code())
+                    close_reason(status.code())
                 });
                 tracing::warn!(peer, code = ?status.code(), "ending stream: {}", status.message());
                 let _ = self.out.send(Err(status)).await;
@@ -567,6 +567,19 @@ fn check_same_node(id: &DataplaneId, request: &HealthCheckRequest) -> Result<(),
         )));
     }
     Ok(())
+}
+
+/// The `reason` label of a stream ended with this gRPC status.
+fn close_reason(code: Code) -> CloseReason {
+    match code {
+        Code::Ok | Code::Cancelled => CloseReason::Ok,
+        Code::Unauthenticated => CloseReason::Unauthenticated,
+        Code::PermissionDenied => CloseReason::PermissionDenied,
+        Code::NotFound => CloseReason::NotFound,
+        Code::InvalidArgument | Code::FailedPrecondition => CloseReason::Invalid,
+        Code::Aborted => CloseReason::Replaced,
+        _ => CloseReason::Error,
+    }
 }
 
 /// Completes when the drain flag becomes true (or its sender is gone).

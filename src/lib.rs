@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod probe;
 pub mod readiness;
 pub mod registry;
+pub mod scrape;
 pub mod server;
 pub mod source;
 pub mod specifier;

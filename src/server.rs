@@ -136,7 +136,7 @@ pub async fn run(
         tracing::warn!("{note}");
         notes.push(note.to_string());
     }
-    let scrape = crate::metrics::Scrape {
+    let scrape = crate::scrape::Scrape {
         handle: crate::metrics::install()?,
         registry: registry.clone(),
         sources: sources_rx.clone(),
