@@ -24,6 +24,7 @@ use tracing::Instrument;
 use crate::auth::{authorize, check_identity, Claims, Gate, Rejection};
 use crate::clock::Clock;
 use crate::dataplane::DataplaneId;
+use crate::grpc_auth;
 use crate::metrics::{self as m, ActiveStream, CloseReason};
 use crate::registry::{Command, DataplaneHandle, DataplaneState, Registry, StreamId};
 use crate::specifier::Specifier;
@@ -70,8 +71,7 @@ impl HdsService {
 
     /// Checks the token a request carries, before any message is trusted.
     fn admit<T>(&self, request: &Request<T>) -> Result<Option<Claims>, Status> {
-        self.gate
-            .authenticate(request.metadata(), self.clock.now())
+        grpc_auth::authenticate(&self.gate, request.metadata(), self.clock.now())
             .map_err(|r| refuse(&r, request.remote_addr(), None))
     }
 
@@ -165,7 +165,7 @@ fn refuse(r: &Rejection, peer: Option<SocketAddr>, node: Option<&DataplaneId>) -
         "stream refused: {}",
         r.detail()
     );
-    r.to_status()
+    grpc_auth::status(r)
 }
 
 /// The token must name this dataplane, and its tags must be on its inbounds.

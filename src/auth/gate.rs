@@ -14,11 +14,8 @@ use arc_swap::ArcSwap;
 use chrono::{DateTime, Utc};
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::watch;
-use tonic::metadata::MetadataMap;
 
-use super::{
-    token_from_metadata, Claims, ExtraPublicKey, KeyError, KeyRing, Rejection, Revocations,
-};
+use super::{Claims, ExtraPublicKey, KeyError, KeyRing, Rejection, Revocations};
 use crate::config::{AuthMode, Config};
 
 /// Why the gate could not be set up.
@@ -82,23 +79,7 @@ impl Gate {
         self.mode
     }
 
-    /// Checks the token of a stream that is opening. `Ok(None)` when auth is off.
-    pub fn authenticate(
-        &self,
-        metadata: &MetadataMap,
-        now: DateTime<Utc>,
-    ) -> Result<Option<Claims>, Rejection> {
-        if self.mode == AuthMode::None {
-            return Ok(None);
-        }
-        let token = token_from_metadata(metadata)?;
-        self.ring
-            .load()
-            .verify(&token, &self.revoked.load(), now)
-            .map(Some)
-    }
-
-    /// Verifies a token given as text (e.g. from an HTTP header).
+    /// Verifies a token (taken from a request by the edge that received it).
     pub fn verify(&self, token: &str, now: DateTime<Utc>) -> Result<Claims, Rejection> {
         self.ring.load().verify(token, &self.revoked.load(), now)
     }
