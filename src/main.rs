@@ -246,6 +246,7 @@ async fn shutdown_signal() {
 fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     let config = Config::load(config_path)?;
     let mut problems = config.validate();
+    problems.extend(config.file_problems());
     let settings = server::specifier_settings(&config);
     let mut dataplanes = 0;
     if problems.is_empty() {

@@ -95,7 +95,8 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let problems = config.validate();
+    let mut problems = config.validate();
+    problems.extend(config.file_problems());
     if !problems.is_empty() {
         return Err(ServeError::Config(problems));
     }

@@ -2,9 +2,12 @@
 //!
 //! [`assemble`] and [`reassemble`] are pure: they turn the files' texts and
 //! the previous result into the new set of dataplanes, keeping a broken file's
-//! last good definitions. [`read_dir`] and [`watch`] are the I/O around them;
-//! the watcher re-reads only the files its events name, so a change costs
-//! what its file costs, not what the directory costs.
+//! last good definitions. They read no clock and record no metrics: the
+//! `_with` variants take the specifier builder, and the I/O around them
+//! ([`load`], [`watch`]) passes one that is timed and counted. [`read_dir`]
+//! and [`watch`] read the files; the watcher re-reads only the files its
+//! events name, so a change costs what its file costs, not what the directory
+//! costs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,7 +19,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::dataplane::{parse_documents, Dataplane, DataplaneId};
-use crate::specifier::{build, Specifier, SpecifierSettings};
+use crate::specifier::{build, Specifier, SpecifierError, SpecifierSettings};
 
 /// A dataplane as defined by a file, with its specifier already built.
 #[derive(Debug, Clone)]
@@ -86,6 +89,10 @@ impl Loaded {
 /// The raw content of one file, as read from disk.
 pub type FileRead = Result<String, String>;
 
+/// Builds one dataplane's specifier: [`build`] with the server's settings, or
+/// that wrapped by an edge that measures it.
+pub type Build<'a> = dyn FnMut(&Dataplane) -> Result<Specifier, SpecifierError> + 'a;
+
 /// Builds the new [`Loaded`] from the files that exist now. A file that fails
 /// to read, parse or validate keeps its previous good definitions.
 pub fn assemble(
@@ -94,10 +101,20 @@ pub fn assemble(
     previous: &Loaded,
     settings: &SpecifierSettings,
 ) -> Loaded {
+    assemble_with(dir, files, previous, &mut |dp| build(dp, settings))
+}
+
+/// [`assemble`] with the given specifier builder.
+pub fn assemble_with(
+    dir: &Path,
+    files: BTreeMap<PathBuf, FileRead>,
+    previous: &Loaded,
+    build: &mut Build<'_>,
+) -> Loaded {
     let states = files
         .into_iter()
         .map(|(path, read)| {
-            let state = file_state(&path, read, previous.files.get(&path), settings);
+            let state = file_state(&path, read, previous.files.get(&path), build);
             (path, state)
         })
         .collect();
@@ -111,11 +128,20 @@ pub fn reassemble(
     changed: BTreeMap<PathBuf, Option<FileRead>>,
     settings: &SpecifierSettings,
 ) -> Loaded {
+    reassemble_with(previous, changed, &mut |dp| build(dp, settings))
+}
+
+/// [`reassemble`] with the given specifier builder.
+pub fn reassemble_with(
+    previous: &Loaded,
+    changed: BTreeMap<PathBuf, Option<FileRead>>,
+    build: &mut Build<'_>,
+) -> Loaded {
     let mut states = previous.files.clone();
     for (path, read) in changed {
         match read {
             Some(read) => {
-                let state = file_state(&path, read, previous.files.get(&path), settings);
+                let state = file_state(&path, read, previous.files.get(&path), build);
                 states.insert(path, state);
             }
             None => {
@@ -130,14 +156,14 @@ fn file_state(
     path: &Path,
     read: FileRead,
     previous: Option<&FileState>,
-    settings: &SpecifierSettings,
+    build: &mut Build<'_>,
 ) -> FileState {
     let result = read
         .map_err(|message| FileError {
             line: None,
             message,
         })
-        .and_then(|text| parse_file(path, &text, settings));
+        .and_then(|text| parse_file(path, &text, build));
     match result {
         Ok(dataplanes) => FileState {
             dataplanes,
@@ -184,11 +210,7 @@ fn merge(dir: &Path, mut states: BTreeMap<PathBuf, FileState>) -> Loaded {
     }
 }
 
-fn parse_file(
-    path: &Path,
-    text: &str,
-    settings: &SpecifierSettings,
-) -> Result<Vec<Defined>, FileError> {
+fn parse_file(path: &Path, text: &str, build: &mut Build<'_>) -> Result<Vec<Defined>, FileError> {
     let dataplanes = parse_documents(text).map_err(|e| FileError {
         line: e.line,
         message: e.message,
@@ -196,10 +218,7 @@ fn parse_file(
     dataplanes
         .into_iter()
         .map(|dp| {
-            let started = std::time::Instant::now();
-            let built = build(&dp, settings);
-            crate::metrics::specifier_built(built.is_ok(), started.elapsed());
-            let specifier = built.map_err(|e| FileError {
+            let specifier = build(&dp).map_err(|e| FileError {
                 line: None,
                 message: format!("dataplane {}: {e}", dp.id),
             })?;
@@ -254,7 +273,24 @@ pub fn load(
     previous: &Loaded,
     settings: &SpecifierSettings,
 ) -> Result<Loaded, DirError> {
-    Ok(assemble(dir, read_dir(dir)?, previous, settings))
+    Ok(assemble_with(
+        dir,
+        read_dir(dir)?,
+        previous,
+        &mut measured(settings),
+    ))
+}
+
+/// [`build`], timed and counted in the metrics: the builder of the running server.
+fn measured(
+    settings: &SpecifierSettings,
+) -> impl FnMut(&Dataplane) -> Result<Specifier, SpecifierError> + '_ {
+    move |dp| {
+        let started = std::time::Instant::now();
+        let built = build(dp, settings);
+        crate::metrics::specifier_built(built.is_ok(), started.elapsed());
+        built
+    }
 }
 
 /// How long file events are coalesced before the directory is read again.
@@ -333,7 +369,11 @@ pub async fn watch(
                 "dataplanes directory changed; reloading"
             );
             tokio::task::spawn_blocking(move || {
-                Ok(reassemble(&previous, read_files(changed), &settings))
+                Ok(reassemble_with(
+                    &previous,
+                    read_files(changed),
+                    &mut measured(&settings),
+                ))
             })
             .await
         };
@@ -572,6 +612,30 @@ mod tests {
             &settings(),
         );
         assert_eq!(second, full);
+    }
+
+    #[test]
+    fn the_given_builder_builds_each_dataplane_of_the_files_read_only() {
+        let dir = Path::new("d");
+        let settings = settings();
+        let mut built = Vec::new();
+        let mut counting = |dp: &Dataplane| {
+            built.push(dp.id.to_string());
+            build(dp, &settings)
+        };
+        let first = assemble_with(
+            dir,
+            files(&[("d/a.yaml", &doc("a", 1)), ("d/b.yaml", &doc("b", 2))]),
+            &Loaded::default(),
+            &mut counting,
+        );
+        let second = reassemble_with(
+            &first,
+            [(PathBuf::from("d/b.yaml"), Some(Ok(doc("b", 20))))].into(),
+            &mut counting,
+        );
+        assert_eq!(built, vec!["default.a", "default.b", "default.b"]);
+        assert_eq!(names(&second), vec!["default.a", "default.b"]);
     }
 
     #[test]
