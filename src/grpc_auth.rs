@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use tonic::metadata::MetadataMap;
 
-use crate::auth::{Claims, Gate, Rejection, RejectionKind};
+use crate::auth::{bearer, BearerError, Claims, Gate, Rejection, RejectionKind};
 use crate::config::AuthMode;
 
 /// The gRPC metadata key that carries the token.
@@ -35,12 +35,12 @@ pub fn status(rejection: &Rejection) -> tonic::Status {
     }
 }
 
-/// Extracts the token from gRPC metadata `authorization`: `Bearer <jwt>`
-/// (scheme case-insensitive) or the bare JWT.
+/// Extracts the token from gRPC metadata `authorization` by the rule of
+/// [`bearer::parse`]: `Bearer <token>`, the scheme in any case.
 ///
-/// No value (or an empty one) is [`Rejection::Missing`]; more than one value
-/// is [`Rejection::MultipleTokens`]; a non-ASCII value or another scheme
-/// (e.g. `Basic`) is [`Rejection::Malformed`].
+/// No value (or one without a token) is [`Rejection::Missing`]; more than one
+/// value is [`Rejection::MultipleTokens`]; a non-ASCII value, another scheme
+/// (e.g. `Basic`), a bare token or extra spaces are [`Rejection::Malformed`].
 pub fn token_from_metadata(md: &MetadataMap) -> Result<String, Rejection> {
     let mut values = md.get_all(AUTHORIZATION).iter();
     let Some(value) = values.next() else {
@@ -49,33 +49,17 @@ pub fn token_from_metadata(md: &MetadataMap) -> Result<String, Rejection> {
     if values.next().is_some() {
         return Err(Rejection::MultipleTokens);
     }
-    let value = value.to_str().map_err(|_| Rejection::Malformed {
-        detail: "authorization metadata is not printable ASCII".into(),
-    })?;
-    let value = value.trim();
-    if value.is_empty() || value.eq_ignore_ascii_case("bearer") {
-        return Err(Rejection::Missing);
+    let token = value
+        .to_str()
+        .map_err(|_| BearerError::NotAscii)
+        .and_then(bearer::parse);
+    match token {
+        Ok(token) => Ok(token.to_string()),
+        Err(BearerError::Missing) => Err(Rejection::Missing),
+        Err(e) => Err(Rejection::Malformed {
+            detail: e.to_string(),
+        }),
     }
-    let token = match value.split_once(char::is_whitespace) {
-        None => value,
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim(),
-        Some((scheme, _)) => {
-            return Err(Rejection::Malformed {
-                detail: format!(
-                    "authorization scheme {scheme:?} is not supported; use `Bearer <token>`"
-                ),
-            })
-        }
-    };
-    if token.is_empty() {
-        return Err(Rejection::Missing);
-    }
-    if token.contains(char::is_whitespace) {
-        return Err(Rejection::Malformed {
-            detail: "authorization value has more than one word after the scheme".into(),
-        });
-    }
-    Ok(token.to_string())
 }
 
 #[cfg(test)]
@@ -92,20 +76,10 @@ mod tests {
     }
 
     #[test]
-    fn metadata_bearer_bare_and_lowercase() {
-        assert_eq!(
-            token_from_metadata(&md(&["Bearer a.b.c"])).unwrap(),
-            "a.b.c"
-        );
-        assert_eq!(
-            token_from_metadata(&md(&["bearer a.b.c"])).unwrap(),
-            "a.b.c"
-        );
-        assert_eq!(
-            token_from_metadata(&md(&["BEARER   a.b.c "])).unwrap(),
-            "a.b.c"
-        );
-        assert_eq!(token_from_metadata(&md(&["a.b.c"])).unwrap(), "a.b.c");
+    fn metadata_bearer_in_any_case() {
+        for value in ["Bearer a.b.c", "bearer a.b.c", "BEARER a.b.c"] {
+            assert_eq!(token_from_metadata(&md(&[value])).unwrap(), "a.b.c");
+        }
     }
 
     #[test]
@@ -123,6 +97,12 @@ mod tests {
         let err = token_from_metadata(&md(&["Basic dXNlcjpwYXNz"])).unwrap_err();
         assert_eq!(err.reason(), "malformed");
         assert!(err.detail().contains("Basic"), "{}", err.detail());
+        // The one rule of `auth::bearer`: no bare token, exactly one space.
+        for value in ["a.b.c", "Bearer  a.b.c"] {
+            let err = token_from_metadata(&md(&[value])).unwrap_err();
+            assert_eq!(err.reason(), "malformed", "{value:?}");
+            assert!(err.detail().contains("Bearer <token>"), "{}", err.detail());
+        }
     }
 
     #[test]

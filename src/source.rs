@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify::{RecursiveMode, Watcher};
 use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::dataplane::{parse_documents, Dataplane, DataplaneId};
+use crate::fswatch;
 use crate::specifier::{build, Specifier, SpecifierError, SpecifierSettings};
 
 /// A dataplane as defined by a file, with its specifier already built.
@@ -296,106 +296,77 @@ fn measured(
 /// How long file events are coalesced before the directory is read again.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
-/// What the file watcher reported.
-#[derive(Debug)]
-enum Seen {
-    /// These entries of the directory changed.
-    Paths(Vec<PathBuf>),
-    /// Something the events cannot pin down (an overflow, the directory
-    /// itself, a watch error): read everything again.
-    Everything,
-}
-
 /// Watches `dir` and publishes every change to `tx`, which must hold the
-/// initial load. Runs until `tx` has no receivers left.
-pub async fn watch(
+/// initial load. Sets the watch up at once (an error here is a startup
+/// failure); the returned future runs until `tx` has no receivers left.
+pub fn watch(
     dir: PathBuf,
     settings: SpecifierSettings,
     tx: watch::Sender<Arc<Loaded>>,
-) -> Result<(), notify::Error> {
-    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        let seen = match event {
-            // Opening or reading a file changes nothing, and hdsd's own reads
-            // of the directory would otherwise trigger the next reload, forever.
-            Ok(e) if matches!(e.kind, notify::EventKind::Access(_)) => return,
-            Ok(e) if e.need_rescan() || e.paths.is_empty() => Seen::Everything,
-            Ok(e) => Seen::Paths(e.paths),
-            Err(e) => {
+) -> Result<impl std::future::Future<Output = ()> + Send + 'static, notify::Error> {
+    let (mut watching, mut changes) = fswatch::watch(DEBOUNCE)?;
+    watching.add(&dir)?;
+    Ok(async move {
+        let _watching = watching;
+        while let Some(burst) = changes.next().await {
+            for e in &burst.errors {
                 tracing::warn!(error = %e, "file watch error; reloading the dataplanes directory");
-                Seen::Everything
             }
-        };
-        let _ = events_tx.send(seen);
-    })?;
-    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
-    while let Some(first) = events.recv().await {
-        // Coalesce a burst (editors write, rename and chmod in quick succession).
-        let mut everything = false;
-        let mut changed = std::collections::BTreeSet::new();
-        let mut note = |seen: Seen| match seen {
-            Seen::Everything => everything = true,
-            Seen::Paths(paths) => {
-                for path in paths {
-                    match path.file_name() {
-                        Some(name) if path != dir => {
-                            changed.insert(dir.join(name));
-                        }
-                        _ => everything = true,
+            let mut everything = burst.rescan;
+            let mut changed = std::collections::BTreeSet::new();
+            for path in burst.paths {
+                match path.file_name() {
+                    Some(name) if path != dir => {
+                        changed.insert(dir.join(name));
                     }
+                    _ => everything = true,
                 }
             }
-        };
-        note(first);
-        let deadline = tokio::time::Instant::now() + DEBOUNCE;
-        while let Ok(Some(seen)) = tokio::time::timeout_at(deadline, events.recv()).await {
-            note(seen);
-        }
-        let previous = tx.borrow().clone();
-        let dir2 = dir.clone();
-        let loaded = if everything {
-            tracing::debug!(dir = %dir.display(), "dataplanes directory changed; reloading");
-            tokio::task::spawn_blocking(move || load(&dir2, &previous, &settings)).await
-        } else {
-            let changed: Vec<PathBuf> = changed
-                .into_iter()
-                .filter(|p| is_dataplane_file(p))
-                .collect();
-            if changed.is_empty() {
-                continue;
+            let previous = tx.borrow().clone();
+            let dir2 = dir.clone();
+            let loaded = if everything {
+                tracing::debug!(dir = %dir.display(), "dataplanes directory changed; reloading");
+                tokio::task::spawn_blocking(move || load(&dir2, &previous, &settings)).await
+            } else {
+                let changed: Vec<PathBuf> = changed
+                    .into_iter()
+                    .filter(|p| is_dataplane_file(p))
+                    .collect();
+                if changed.is_empty() {
+                    continue;
+                }
+                tracing::debug!(
+                    files = changed.len(),
+                    "dataplanes directory changed; reloading"
+                );
+                tokio::task::spawn_blocking(move || {
+                    Ok(reassemble_with(
+                        &previous,
+                        read_files(changed),
+                        &mut measured(&settings),
+                    ))
+                })
+                .await
+            };
+            match loaded {
+                Ok(Ok(loaded)) => {
+                    log_problems(&loaded, &tx.borrow());
+                    tx.send_if_modified(|current| {
+                        if **current == loaded {
+                            return false;
+                        }
+                        *current = Arc::new(loaded);
+                        true
+                    });
+                }
+                Ok(Err(e)) => tracing::error!("{e}; keeping the dataplanes loaded before"),
+                Err(e) => tracing::error!(error = %e, "dataplane loading task failed"),
             }
-            tracing::debug!(
-                files = changed.len(),
-                "dataplanes directory changed; reloading"
-            );
-            tokio::task::spawn_blocking(move || {
-                Ok(reassemble_with(
-                    &previous,
-                    read_files(changed),
-                    &mut measured(&settings),
-                ))
-            })
-            .await
-        };
-        match loaded {
-            Ok(Ok(loaded)) => {
-                log_problems(&loaded, &tx.borrow());
-                tx.send_if_modified(|current| {
-                    if **current == loaded {
-                        return false;
-                    }
-                    *current = Arc::new(loaded);
-                    true
-                });
+            if tx.is_closed() {
+                break;
             }
-            Ok(Err(e)) => tracing::error!("{e}; keeping the dataplanes loaded before"),
-            Err(e) => tracing::error!(error = %e, "dataplane loading task failed"),
         }
-        if tx.is_closed() {
-            break;
-        }
-    }
-    Ok(())
+    })
 }
 
 /// Reads the named files; `None` for a file that no longer exists.

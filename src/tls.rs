@@ -24,7 +24,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use notify::{RecursiveMode, Watcher};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -36,6 +35,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::TlsConfig;
+use crate::fswatch;
 
 /// An established server-side TLS connection over TCP.
 ///
@@ -341,7 +341,7 @@ struct Inner {
     /// What `current` was built from.
     loaded: Mutex<Contents>,
     /// Kept alive while the configuration is in use; dropping it ends the watch task.
-    watcher: Mutex<Option<notify::RecommendedWatcher>>,
+    watcher: Mutex<Option<fswatch::Watching>>,
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -443,56 +443,32 @@ impl ServerTls {
                 dirs.push(dir);
             }
         }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                let relevant = match &event {
-                    // Our own reads show up as access events; only a closed write matters.
-                    Ok(e) => match e.kind {
-                        notify::EventKind::Access(notify::event::AccessKind::Close(
-                            notify::event::AccessMode::Write,
-                        )) => true,
-                        notify::EventKind::Access(_) => false,
-                        _ => true,
-                    },
-                    Err(_) => true,
-                };
-                if relevant {
-                    let _ = tx.send(event.err().map(|e| e.to_string()));
-                }
-            })
-            .map_err(|source| TlsError::Watch {
+        let (mut watching, changes) =
+            fswatch::watch(DEBOUNCE).map_err(|source| TlsError::Watch {
                 section: inner.section.clone(),
                 dir: dirs[0].clone(),
                 source,
             })?;
         for dir in &dirs {
-            watcher
-                .watch(dir, RecursiveMode::NonRecursive)
-                .map_err(|source| TlsError::Watch {
-                    section: inner.section.clone(),
-                    dir: dir.clone(),
-                    source,
-                })?;
+            watching.add(dir).map_err(|source| TlsError::Watch {
+                section: inner.section.clone(),
+                dir: dir.clone(),
+                source,
+            })?;
         }
-        *inner.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(watcher);
-        tokio::spawn(watch_task(Arc::downgrade(inner), rx));
+        *inner.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(watching);
+        tokio::spawn(watch_task(Arc::downgrade(inner), changes));
         Ok(())
     }
 }
 
 /// Reloads after each burst of file events, until the watcher is dropped.
-async fn watch_task(inner: Weak<Inner>, mut events: mpsc::UnboundedReceiver<Option<String>>) {
-    while let Some(event) = events.recv().await {
-        let deadline = tokio::time::Instant::now() + DEBOUNCE;
-        let mut error = event;
-        while let Ok(Some(e)) = tokio::time::timeout_at(deadline, events.recv()).await {
-            error = error.or(e);
-        }
+async fn watch_task(inner: Weak<Inner>, mut changes: fswatch::Changes) {
+    while let Some(changed) = changes.next().await {
         let Some(inner) = inner.upgrade() else { break };
         let tls = ServerTls { inner };
         let section = tls.section().to_string();
-        if let Some(e) = error {
+        if let Some(e) = changed.errors.first() {
             tracing::warn!(section = %section, "certificate file watch error: {e}; reading the files again");
         }
         let cert = tls.inner.files.cert.clone();

@@ -13,6 +13,7 @@
 //! * [`rejection`]: [`Rejection`] (short client message, metric label,
 //!   [`RejectionKind`], log detail).
 //! * [`revocation`]: the list of revoked token ids.
+//! * [`bearer`]: the one rule for `authorization: Bearer <token>` values.
 //! * [`gate`]: the keys and revocations in force in a running server.
 //!
 //! This module knows nothing of gRPC or HTTP: reading the token from a
@@ -23,6 +24,7 @@
 //! request, [`KeyRing::verify`], then [`authorize`] against the node id and
 //! the dataplane's inbound tags.
 
+pub mod bearer;
 pub mod claims;
 pub mod gate;
 pub mod keys;
@@ -30,6 +32,7 @@ pub mod rejection;
 pub mod revocation;
 pub mod token;
 
+pub use bearer::BearerError;
 pub use claims::{authorize, check_identity, Claims};
 pub use gate::{Gate, GateError};
 pub use keys::{ExtraPublicKey, GeneratedKey, KeyError, KeyRing};

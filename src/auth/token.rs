@@ -120,8 +120,7 @@ impl KeyRing {
         tags: BTreeMap<String, String>,
         now: DateTime<Utc>,
     ) -> Result<String, IssueError> {
-        let id: Option<DataplaneId> = format!("{mesh}.{name}").parse().ok();
-        if id.is_none_or(|id| id.mesh != mesh) {
+        if DataplaneId::try_new(mesh, name).is_err() {
             return Err(IssueError::BadIdentity {
                 mesh: mesh.to_string(),
                 name: name.to_string(),
