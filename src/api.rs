@@ -14,8 +14,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
+use subtle::ConstantTimeEq as _;
 use tokio::sync::watch;
 
+use crate::auth::{bearer, BearerError};
 use crate::dataplane::{DataplaneId, DataplaneKind, IgnoredDocument, InboundState, Listener};
 use crate::readiness::Timestamp;
 use crate::registry::{DataplaneState, Registry};
@@ -31,7 +33,7 @@ pub struct ApiState {
     /// Extra lines for `/readyz`'s body (e.g. warnings about the setup).
     pub notes: Arc<Vec<String>>,
     /// Renders `/metrics`; absent when metrics are off (tests of the router alone).
-    pub metrics: Option<crate::metrics::Scrape>,
+    pub metrics: Option<crate::scrape::Scrape>,
     /// Bearer tokens that `/api/*` requires; empty means open (loopback only).
     pub tokens: Arc<Vec<String>>,
     /// Verifies dataplane tokens for `/api/v1/bootstrap`; `None` without token auth.
@@ -312,21 +314,14 @@ async fn bootstrap(
             "bootstraps by token need auth.mode = \"token\"; without tokens use `hdsd bootstrap --mesh M --name N`",
         );
     };
-    let token = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.trim())
-        .map(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-                .unwrap_or(v)
-                .trim()
-        });
-    let Some(token) = token.filter(|t| !t.is_empty()) else {
-        return error(
-            StatusCode::UNAUTHORIZED,
-            "send the dataplane token as `Authorization: Bearer <token>` (issue one with `hdsd token issue`)",
-        );
+    let token = match bearer_token(&headers) {
+        Ok(token) => token,
+        Err(e) => {
+            return error(
+                StatusCode::UNAUTHORIZED,
+                &format!("{e}; send the dataplane token as `Authorization: Bearer <token>` (issue one with `hdsd token issue`)"),
+            )
+        }
     };
     let claims = match gate.verify(token, chrono::Utc::now()) {
         Ok(c) => c,
@@ -385,37 +380,39 @@ async fn require_token(
     if s.tokens.is_empty() {
         return next.run(request).await;
     }
-    let presented = request
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
-    match presented {
-        Some(t)
+    match bearer_token(request.headers()) {
+        // Constant-time per token, so timing does not reveal a token's prefix.
+        Ok(t)
             if s.tokens
                 .iter()
-                .any(|known| constant_time_eq(known.as_bytes(), t.as_bytes())) =>
+                .any(|known| bool::from(known.as_bytes().ct_eq(t.as_bytes()))) =>
         {
             next.run(request).await
         }
-        Some(_) => error(
+        Ok(_) => error(
             StatusCode::UNAUTHORIZED,
             "invalid API token; use one of api.tokens",
         ),
-        None => error(
+        Err(BearerError::Missing) => error(
             StatusCode::UNAUTHORIZED,
             "this API needs a token: send `Authorization: Bearer <token>` with one of api.tokens",
+        ),
+        Err(e) => error(
+            StatusCode::UNAUTHORIZED,
+            &format!("{e}; this API needs `Authorization: Bearer <token>` with one of api.tokens"),
         ),
     }
 }
 
-/// Compares without an early exit, so timing does not reveal a token's prefix.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// The token of the `Authorization` header, by the rule of [`bearer::parse`].
+fn bearer_token(headers: &axum::http::HeaderMap) -> Result<&str, BearerError> {
+    match headers.get(axum::http::header::AUTHORIZATION) {
+        None => Err(BearerError::Missing),
+        Some(value) => value
+            .to_str()
+            .map_err(|_| BearerError::NotAscii)
+            .and_then(bearer::parse),
+    }
 }
 
 fn error(code: StatusCode, message: &str) -> Response {

@@ -313,7 +313,8 @@ impl Config {
             .map_err(|e| ConfigError::Parse(describe_figment_error(e)))
     }
 
-    /// Every problem with the values, each with its own message.
+    /// Every problem with the values, each with its own message. Pure: it
+    /// reads no file (see [`Config::file_problems`] for the files it names).
     pub fn validate(&self) -> Vec<String> {
         let mut problems = Vec::new();
         if self.hds.report_interval < MIN_REPORT_INTERVAL {
@@ -357,6 +358,14 @@ impl Config {
                 self.api.listen
             ));
         }
+        problems
+    }
+
+    /// The files the configuration names that cannot be read (TLS
+    /// certificates, keys and CAs): I/O, for the edges that validate a
+    /// configuration before using it.
+    pub fn file_problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
         for (key, tls) in [("hds.tls", &self.hds.tls), ("api.tls", &self.api.tls)] {
             let Some(tls) = tls else { continue };
             for (field, path) in [
@@ -567,5 +576,25 @@ mod tests {
         assert!(problems[0].contains("report_interval"));
         assert!(problems.iter().any(|p| p.contains("timeout")));
         assert!(problems.iter().any(|p| p.contains("unhealthy_threshold")));
+    }
+
+    #[test]
+    fn validation_reads_no_file_and_file_problems_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("cert.pem");
+        std::fs::write(&cert, "x").unwrap();
+        let mut c = Config::default();
+        c.hds.tls = Some(TlsConfig {
+            cert,
+            key: dir.path().join("missing.key"),
+            client_ca: None,
+        });
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        let problems = c.file_problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("hds.tls.key: ") && problems[0].contains("missing.key"),
+            "{problems:?}"
+        );
     }
 }

@@ -25,13 +25,36 @@ pub struct DataplaneId {
 }
 
 impl DataplaneId {
+    /// An identity from parts already known to be valid (they come from a
+    /// parsed dataplane or a verified token). Input from users goes through
+    /// [`DataplaneId::try_new`] or `parse`.
     pub fn new(mesh: impl Into<String>, name: impl Into<String>) -> Self {
         DataplaneId {
             mesh: mesh.into(),
             name: name.into(),
         }
     }
+
+    /// The identity `mesh.name`, validated: the mesh is lowercase letters,
+    /// digits and '-' (no dot: the node id is `<mesh>.<name>`), the name is
+    /// not empty (it may contain dots).
+    pub fn try_new(
+        mesh: impl Into<String>,
+        name: impl Into<String>,
+    ) -> Result<DataplaneId, BadIdentity> {
+        let (mesh, name) = (mesh.into(), name.into());
+        valid_mesh(&mesh).map_err(BadIdentity)?;
+        if name.is_empty() {
+            return Err(BadIdentity("name must not be empty".into()));
+        }
+        Ok(DataplaneId { mesh, name })
+    }
 }
+
+/// Why a mesh and name cannot form a dataplane identity.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadIdentity(pub String);
 
 impl fmt::Display for DataplaneId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -49,12 +72,9 @@ impl FromStr for DataplaneId {
 
     /// Splits on the first dot (Kuma's convention: the name may contain dots).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.split_once('.') {
-            Some((mesh, name)) if valid_mesh(mesh).is_ok() && !name.is_empty() => {
-                Ok(DataplaneId::new(mesh, name))
-            }
-            _ => Err(BadNodeId(s.to_string())),
-        }
+        s.split_once('.')
+            .and_then(|(mesh, name)| DataplaneId::try_new(mesh, name).ok())
+            .ok_or_else(|| BadNodeId(s.to_string()))
     }
 }
 
@@ -757,11 +777,7 @@ impl DataplaneDoc {
                 self.kind
             ));
         }
-        valid_mesh(&self.mesh)?;
-        if self.name.is_empty() {
-            return Err("name must not be empty".into());
-        }
-        let id = DataplaneId::new(self.mesh, self.name);
+        let id = DataplaneId::try_new(self.mesh, self.name).map_err(|e| e.0)?;
         let address = self.networking.address.0;
         let mut inbounds: Vec<Inbound> = Vec::with_capacity(self.networking.inbound.len());
         for (i, doc) in self.networking.inbound.into_iter().enumerate() {
@@ -938,6 +954,22 @@ networking:
         );
         for bad in ["", "default", "default.", ".web", "Def.web"] {
             assert!(bad.parse::<DataplaneId>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn identity_from_parts_is_validated() {
+        let id = DataplaneId::try_new("default", "web.eu-1").unwrap();
+        assert_eq!(id.to_string(), "default.web.eu-1");
+        assert_eq!(id, "default.web.eu-1".parse().unwrap());
+        for (mesh, name, why) in [
+            ("", "web", "mesh must not be empty"),
+            ("de.fault", "web", "contains '.'"),
+            ("Default", "web", "contains 'D'"),
+            ("default", "", "name must not be empty"),
+        ] {
+            let e = DataplaneId::try_new(mesh, name).unwrap_err();
+            assert!(e.to_string().contains(why), "{mesh}.{name}: {e}");
         }
     }
 

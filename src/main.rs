@@ -174,15 +174,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ),
                 None => token,
             };
-            let id: DataplaneId = format!("{mesh}.{name}")
-                .parse()
-                .ok()
-                .filter(|id: &DataplaneId| id.mesh == mesh)
-                .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "--mesh {mesh:?} --name {name:?} is not a dataplane identity: the mesh takes lowercase letters, digits and '-', and the name must not be empty"
-                    )
-                })?;
+            let id = DataplaneId::try_new(&mesh, &name).map_err(|e| {
+                anyhow::anyhow!(
+                    "--mesh {mesh:?} --name {name:?} is not a dataplane identity: {e}; the mesh takes lowercase letters, digits and '-', and the name must not be empty"
+                )
+            })?;
             let yaml = bootstrap_yaml(&BootstrapParams {
                 id,
                 server,
@@ -246,6 +242,7 @@ async fn shutdown_signal() {
 fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     let config = Config::load(config_path)?;
     let mut problems = config.validate();
+    problems.extend(config.file_problems());
     let settings = server::specifier_settings(&config);
     let mut dataplanes = 0;
     let mut ignored = String::new();

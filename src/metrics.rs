@@ -1,18 +1,15 @@
-//! Prometheus metrics: names, descriptions, buckets, and the scrape handler.
+//! Prometheus metrics: names, descriptions, buckets, and the recorder.
 //!
 //! Counters and histograms are recorded where things happen; gauges that
 //! describe the fleet (dataplanes, inbounds by status, failing files) are
-//! computed from snapshots at scrape time, so they can never drift. No label
-//! carries a dataplane or inbound name: cardinality is bounded.
-
-use std::sync::Arc;
+//! computed from snapshots at scrape time by [`crate::scrape`], so they can
+//! never drift. No label carries a dataplane or inbound name: cardinality is
+//! bounded.
+//!
+//! This module depends on no other module of hdsd: callers pass plain numbers.
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-
-use crate::readiness::{FoldOutcome, Status};
-use crate::registry::Registry;
-use crate::source::Loaded;
 
 pub const STREAMS_ACTIVE: &str = "hdsd_streams_active";
 pub const STREAMS_CLOSED: &str = "hdsd_streams_closed_total";
@@ -71,20 +68,6 @@ impl CloseReason {
             CloseReason::Replaced => "replaced",
             CloseReason::Shutdown => "shutdown",
             CloseReason::Error => "error",
-        }
-    }
-
-    /// The reason for a stream ended with this gRPC status.
-    pub fn from_code(code: tonic::Code) -> CloseReason {
-        use tonic::Code;
-        match code {
-            Code::Ok | Code::Cancelled => CloseReason::Ok,
-            Code::Unauthenticated => CloseReason::Unauthenticated,
-            Code::PermissionDenied => CloseReason::PermissionDenied,
-            Code::NotFound => CloseReason::NotFound,
-            Code::InvalidArgument | Code::FailedPrecondition => CloseReason::Invalid,
-            Code::Aborted => CloseReason::Replaced,
-            _ => CloseReason::Error,
         }
     }
 }
@@ -169,26 +152,26 @@ pub fn hot() -> &'static Hot {
     })
 }
 
-/// Records one folded report.
-pub fn report_folded(fold: &FoldOutcome, took: std::time::Duration) {
+/// Records one folded report: how long folding took and how many of its
+/// endpoints the current specifier does not have.
+pub fn report_folded(took: std::time::Duration, unknown_endpoints: u32) {
     let hot = hot();
     hot.report_processing.record(took.as_secs_f64());
-    if fold.unknown_endpoints > 0 {
+    if unknown_endpoints > 0 {
         hot.report_unknown_endpoints
-            .increment(u64::from(fold.unknown_endpoints));
+            .increment(u64::from(unknown_endpoints));
     }
-    transitions(fold);
 }
 
 /// Counts inbounds that became ready or not ready.
-pub fn transitions(fold: &FoldOutcome) {
-    if fold.became_ready > 0 {
-        hot().became_ready.increment(u64::from(fold.became_ready));
+pub fn transitions(became_ready: u32, became_not_ready: u32) {
+    if became_ready > 0 {
+        hot().became_ready.increment(u64::from(became_ready));
     }
-    if fold.became_not_ready > 0 {
+    if became_not_ready > 0 {
         hot()
             .became_not_ready
-            .increment(u64::from(fold.became_not_ready));
+            .increment(u64::from(became_not_ready));
     }
 }
 
@@ -338,54 +321,5 @@ fn describe() {
         SPECIFIER_GENERATION_ERRORS,
     ] {
         counter!(name).absolute(0);
-    }
-}
-
-/// Renders `/metrics`: refreshes the fleet gauges and process metrics from
-/// snapshots, then renders every metric.
-#[derive(Clone)]
-pub struct Scrape {
-    pub handle: PrometheusHandle,
-    pub registry: Registry,
-    pub sources: tokio::sync::watch::Receiver<Arc<Loaded>>,
-    pub process: Arc<metrics_process::Collector>,
-}
-
-impl std::fmt::Debug for Scrape {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scrape").finish_non_exhaustive()
-    }
-}
-
-impl Scrape {
-    pub fn render(&self) -> String {
-        let mut connected = 0u64;
-        let mut disconnected = 0u64;
-        let mut by_status = [0u64; Status::ALL.len()];
-        for handle in self.registry.catalog().values() {
-            let state = handle.subscribe();
-            let state = state.borrow();
-            if state.defined.is_none() {
-                continue;
-            }
-            if state.connection.stream.is_some() {
-                connected += 1;
-            } else {
-                disconnected += 1;
-            }
-            for inbound in &state.health.inbounds {
-                if let Some(i) = Status::ALL.iter().position(|s| *s == inbound.status) {
-                    by_status[i] += 1;
-                }
-            }
-        }
-        gauge!(DATAPLANES, "connected" => "true").set(connected as f64);
-        gauge!(DATAPLANES, "connected" => "false").set(disconnected as f64);
-        for (status, n) in Status::ALL.iter().zip(by_status) {
-            gauge!(INBOUNDS, "status" => status.as_str()).set(n as f64);
-        }
-        gauge!(SOURCE_ERRORS).set(self.sources.borrow().error_count() as f64);
-        self.process.collect();
-        self.handle.render()
     }
 }

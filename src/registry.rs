@@ -292,7 +292,9 @@ impl DataplaneTask {
             applied.notify
         });
         if is_report {
-            crate::metrics::report_folded(&applied.fold, started.elapsed());
+            let fold = &applied.fold;
+            crate::metrics::report_folded(started.elapsed(), fold.unknown_endpoints);
+            crate::metrics::transitions(fold.became_ready, fold.became_not_ready);
         }
         self.persist(applied.fold.changed || (redefines && applied.notify));
     }
@@ -305,7 +307,7 @@ impl DataplaneTask {
             outcome.changed
         });
         if outcome.changed {
-            crate::metrics::transitions(&outcome);
+            crate::metrics::transitions(outcome.became_ready, outcome.became_not_ready);
             self.persist(true);
         }
     }

@@ -42,7 +42,7 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot watch the dataplanes directory: {0}")]
+    #[error("cannot watch the dataplanes directory for changes: {0}; check that it exists and that the inotify limits (fs.inotify.max_user_instances, max_user_watches) are not exhausted")]
     Watch(#[from] notify::Error),
     #[error("HDS listener failed: {0}")]
     Hds(#[from] tonic::transport::Error),
@@ -63,10 +63,7 @@ impl ServeError {
     /// 2 when it failed while running.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ServeError::Hds(_)
-            | ServeError::Api(_)
-            | ServeError::Watch(_)
-            | ServeError::Stopped(_) => 2,
+            ServeError::Hds(_) | ServeError::Api(_) | ServeError::Stopped(_) => 2,
             _ => 1,
         }
     }
@@ -125,7 +122,8 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let problems = config.validate();
+    let mut problems = config.validate();
+    problems.extend(config.file_problems());
     if !problems.is_empty() {
         return Err(ServeError::Config(problems));
     }
@@ -140,7 +138,7 @@ pub async fn run(
         "dataplanes loaded"
     );
     let (sources_tx, sources_rx) = watch::channel(Arc::new(initial));
-    let watcher = tokio::spawn(source::watch(dir.clone(), settings, sources_tx));
+    let watcher = tokio::spawn(source::watch(dir.clone(), settings, sources_tx)?);
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store_path = config.state_dir.join("readiness.redb");
@@ -166,7 +164,7 @@ pub async fn run(
         tracing::warn!("{note}");
         notes.push(note.to_string());
     }
-    let scrape = crate::metrics::Scrape {
+    let scrape = crate::scrape::Scrape {
         handle: crate::metrics::install()?,
         registry: registry.clone(),
         sources: sources_rx.clone(),
@@ -289,10 +287,7 @@ pub async fn run(
     let mut api = tokio::spawn(api);
     let failure = tokio::select! {
         () = shutdown => None,
-        r = watcher => match r {
-            Ok(Err(e)) => Some(ServeError::Watch(e)),
-            _ => Some(ServeError::Stopped("the dataplane file watcher")),
-        },
+        _ = watcher => Some(ServeError::Stopped("the dataplane file watcher")),
         r = &mut hds => Some(match r {
             Ok(Err(e)) => ServeError::Hds(e),
             _ => ServeError::Stopped("the HDS listener"),

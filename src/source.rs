@@ -3,21 +3,24 @@
 //!
 //! [`assemble`] and [`reassemble`] are pure: they turn the files' texts and
 //! the previous result into the new set of dataplanes, keeping a broken file's
-//! last good definitions. [`read_dir`] and [`watch`] are the I/O around them;
-//! the watcher re-reads only the files its events name, so a change costs
-//! what its file costs, not what the directory costs.
+//! last good definitions. They read no clock and record no metrics: the
+//! `_with` variants take the specifier builder, and the I/O around them
+//! ([`load`], [`watch`]) passes one that is timed and counted. [`read_dir`]
+//! and [`watch`] read the files; the watcher re-reads only the files its
+//! events name, so a change costs what its file costs, not what the directory
+//! costs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify::{RecursiveMode, Watcher};
 use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::dataplane::{self, Dataplane, DataplaneId, Format, IgnoredDocument};
-use crate::specifier::{build, Specifier, SpecifierSettings};
+use crate::fswatch;
+use crate::specifier::{build, Specifier, SpecifierError, SpecifierSettings};
 
 /// A dataplane as defined by a file, with its specifier already built.
 #[derive(Debug, Clone)]
@@ -99,6 +102,10 @@ impl Loaded {
 /// The raw content of one file, as read from disk.
 pub type FileRead = Result<String, String>;
 
+/// Builds one dataplane's specifier: [`build`] with the server's settings, or
+/// that wrapped by an edge that measures it.
+pub type Build<'a> = dyn FnMut(&Dataplane) -> Result<Specifier, SpecifierError> + 'a;
+
 /// Builds the new [`Loaded`] from the files that exist now. A file that fails
 /// to read, parse or validate keeps its previous good definitions.
 pub fn assemble(
@@ -107,10 +114,20 @@ pub fn assemble(
     previous: &Loaded,
     settings: &SpecifierSettings,
 ) -> Loaded {
+    assemble_with(dir, files, previous, &mut |dp| build(dp, settings))
+}
+
+/// [`assemble`] with the given specifier builder.
+pub fn assemble_with(
+    dir: &Path,
+    files: BTreeMap<PathBuf, FileRead>,
+    previous: &Loaded,
+    build: &mut Build<'_>,
+) -> Loaded {
     let states = files
         .into_iter()
         .map(|(path, read)| {
-            let state = file_state(&path, read, previous.files.get(&path), settings);
+            let state = file_state(&path, read, previous.files.get(&path), build);
             (path, state)
         })
         .collect();
@@ -124,11 +141,20 @@ pub fn reassemble(
     changed: BTreeMap<PathBuf, Option<FileRead>>,
     settings: &SpecifierSettings,
 ) -> Loaded {
+    reassemble_with(previous, changed, &mut |dp| build(dp, settings))
+}
+
+/// [`reassemble`] with the given specifier builder.
+pub fn reassemble_with(
+    previous: &Loaded,
+    changed: BTreeMap<PathBuf, Option<FileRead>>,
+    build: &mut Build<'_>,
+) -> Loaded {
     let mut states = previous.files.clone();
     for (path, read) in changed {
         match read {
             Some(read) => {
-                let state = file_state(&path, read, previous.files.get(&path), settings);
+                let state = file_state(&path, read, previous.files.get(&path), build);
                 states.insert(path, state);
             }
             None => {
@@ -143,14 +169,14 @@ fn file_state(
     path: &Path,
     read: FileRead,
     previous: Option<&FileState>,
-    settings: &SpecifierSettings,
+    build: &mut Build<'_>,
 ) -> FileState {
     let result = read
         .map_err(|message| FileError {
             line: None,
             message,
         })
-        .and_then(|text| parse_file(path, &text, settings));
+        .and_then(|text| parse_file(path, &text, build));
     match result {
         Ok((dataplanes, ignored)) => FileState {
             dataplanes,
@@ -202,7 +228,7 @@ fn merge(dir: &Path, mut states: BTreeMap<PathBuf, FileState>) -> Loaded {
 fn parse_file(
     path: &Path,
     text: &str,
-    settings: &SpecifierSettings,
+    build: &mut Build<'_>,
 ) -> Result<(Vec<Defined>, Vec<IgnoredDocument>), FileError> {
     let format = Format::of_path(path).unwrap_or(Format::Yaml);
     let parsed = dataplane::parse_file(text, format).map_err(|e| FileError {
@@ -213,10 +239,7 @@ fn parse_file(
         .dataplanes
         .into_iter()
         .map(|dp| {
-            let started = std::time::Instant::now();
-            let built = build(&dp, settings);
-            crate::metrics::specifier_built(built.is_ok(), started.elapsed());
-            let specifier = built.map_err(|e| FileError {
+            let specifier = build(&dp).map_err(|e| FileError {
                 line: None,
                 message: format!("dataplane {}: {e}", dp.id),
             })?;
@@ -271,108 +294,100 @@ pub fn load(
     previous: &Loaded,
     settings: &SpecifierSettings,
 ) -> Result<Loaded, DirError> {
-    Ok(assemble(dir, read_dir(dir)?, previous, settings))
+    Ok(assemble_with(
+        dir,
+        read_dir(dir)?,
+        previous,
+        &mut measured(settings),
+    ))
+}
+
+/// [`build`], timed and counted in the metrics: the builder of the running server.
+fn measured(
+    settings: &SpecifierSettings,
+) -> impl FnMut(&Dataplane) -> Result<Specifier, SpecifierError> + '_ {
+    move |dp| {
+        let started = std::time::Instant::now();
+        let built = build(dp, settings);
+        crate::metrics::specifier_built(built.is_ok(), started.elapsed());
+        built
+    }
 }
 
 /// How long file events are coalesced before the directory is read again.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
-/// What the file watcher reported.
-#[derive(Debug)]
-enum Seen {
-    /// These entries of the directory changed.
-    Paths(Vec<PathBuf>),
-    /// Something the events cannot pin down (an overflow, the directory
-    /// itself, a watch error): read everything again.
-    Everything,
-}
-
 /// Watches `dir` and publishes every change to `tx`, which must hold the
-/// initial load. Runs until `tx` has no receivers left.
-pub async fn watch(
+/// initial load. Sets the watch up at once (an error here is a startup
+/// failure); the returned future runs until `tx` has no receivers left.
+pub fn watch(
     dir: PathBuf,
     settings: SpecifierSettings,
     tx: watch::Sender<Arc<Loaded>>,
-) -> Result<(), notify::Error> {
-    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        let seen = match event {
-            // Opening or reading a file changes nothing, and hdsd's own reads
-            // of the directory would otherwise trigger the next reload, forever.
-            Ok(e) if matches!(e.kind, notify::EventKind::Access(_)) => return,
-            Ok(e) if e.need_rescan() || e.paths.is_empty() => Seen::Everything,
-            Ok(e) => Seen::Paths(e.paths),
-            Err(e) => {
+) -> Result<impl std::future::Future<Output = ()> + Send + 'static, notify::Error> {
+    let (mut watching, mut changes) = fswatch::watch(DEBOUNCE)?;
+    watching.add(&dir)?;
+    Ok(async move {
+        let _watching = watching;
+        while let Some(burst) = changes.next().await {
+            for e in &burst.errors {
                 tracing::warn!(error = %e, "file watch error; reloading the dataplanes directory");
-                Seen::Everything
             }
-        };
-        let _ = events_tx.send(seen);
-    })?;
-    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
-    while let Some(first) = events.recv().await {
-        // Coalesce a burst (editors write, rename and chmod in quick succession).
-        let mut everything = false;
-        let mut changed = std::collections::BTreeSet::new();
-        let mut note = |seen: Seen| match seen {
-            Seen::Everything => everything = true,
-            Seen::Paths(paths) => {
-                for path in paths {
-                    match path.file_name() {
-                        Some(name) if path != dir => {
-                            changed.insert(dir.join(name));
-                        }
-                        _ => everything = true,
+            let mut everything = burst.rescan;
+            let mut changed = std::collections::BTreeSet::new();
+            for path in burst.paths {
+                match path.file_name() {
+                    Some(name) if path != dir => {
+                        changed.insert(dir.join(name));
                     }
+                    _ => everything = true,
                 }
             }
-        };
-        note(first);
-        let deadline = tokio::time::Instant::now() + DEBOUNCE;
-        while let Ok(Some(seen)) = tokio::time::timeout_at(deadline, events.recv()).await {
-            note(seen);
-        }
-        let previous = tx.borrow().clone();
-        let dir2 = dir.clone();
-        let loaded = if everything {
-            tracing::debug!(dir = %dir.display(), "dataplanes directory changed; reloading");
-            tokio::task::spawn_blocking(move || load(&dir2, &previous, &settings)).await
-        } else {
-            let changed: Vec<PathBuf> = changed
-                .into_iter()
-                .filter(|p| is_dataplane_file(p))
-                .collect();
-            if changed.is_empty() {
-                continue;
+            let previous = tx.borrow().clone();
+            let dir2 = dir.clone();
+            let loaded = if everything {
+                tracing::debug!(dir = %dir.display(), "dataplanes directory changed; reloading");
+                tokio::task::spawn_blocking(move || load(&dir2, &previous, &settings)).await
+            } else {
+                let changed: Vec<PathBuf> = changed
+                    .into_iter()
+                    .filter(|p| is_dataplane_file(p))
+                    .collect();
+                if changed.is_empty() {
+                    continue;
+                }
+                tracing::debug!(
+                    files = changed.len(),
+                    "dataplanes directory changed; reloading"
+                );
+                tokio::task::spawn_blocking(move || {
+                    Ok(reassemble_with(
+                        &previous,
+                        read_files(changed),
+                        &mut measured(&settings),
+                    ))
+                })
+                .await
+            };
+            match loaded {
+                Ok(Ok(loaded)) => {
+                    log_problems(&loaded, &tx.borrow());
+                    tx.send_if_modified(|current| {
+                        if **current == loaded {
+                            return false;
+                        }
+                        *current = Arc::new(loaded);
+                        true
+                    });
+                }
+                Ok(Err(e)) => tracing::error!("{e}; keeping the dataplanes loaded before"),
+                Err(e) => tracing::error!(error = %e, "dataplane loading task failed"),
             }
-            tracing::debug!(
-                files = changed.len(),
-                "dataplanes directory changed; reloading"
-            );
-            tokio::task::spawn_blocking(move || {
-                Ok(reassemble(&previous, read_files(changed), &settings))
-            })
-            .await
-        };
-        match loaded {
-            Ok(Ok(loaded)) => {
-                log_problems(&loaded, &tx.borrow());
-                tx.send_if_modified(|current| {
-                    if **current == loaded {
-                        return false;
-                    }
-                    *current = Arc::new(loaded);
-                    true
-                });
+            if tx.is_closed() {
+                break;
             }
-            Ok(Err(e)) => tracing::error!("{e}; keeping the dataplanes loaded before"),
-            Err(e) => tracing::error!(error = %e, "dataplane loading task failed"),
         }
-        if tx.is_closed() {
-            break;
-        }
-    }
-    Ok(())
+    })
 }
 
 /// Reads the named files; `None` for a file that no longer exists.
@@ -591,6 +606,30 @@ mod tests {
             &settings(),
         );
         assert_eq!(second, full);
+    }
+
+    #[test]
+    fn the_given_builder_builds_each_dataplane_of_the_files_read_only() {
+        let dir = Path::new("d");
+        let settings = settings();
+        let mut built = Vec::new();
+        let mut counting = |dp: &Dataplane| {
+            built.push(dp.id.to_string());
+            build(dp, &settings)
+        };
+        let first = assemble_with(
+            dir,
+            files(&[("d/a.yaml", &doc("a", 1)), ("d/b.yaml", &doc("b", 2))]),
+            &Loaded::default(),
+            &mut counting,
+        );
+        let second = reassemble_with(
+            &first,
+            [(PathBuf::from("d/b.yaml"), Some(Ok(doc("b", 20))))].into(),
+            &mut counting,
+        );
+        assert_eq!(built, vec!["default.a", "default.b", "default.b"]);
+        assert_eq!(names(&second), vec!["default.a", "default.b"]);
     }
 
     #[test]

@@ -12,14 +12,14 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use chrono::{DateTime, Utc};
-use notify::{RecursiveMode, Watcher};
 use tokio::sync::watch;
-use tonic::metadata::MetadataMap;
 
-use super::{
-    token_from_metadata, Claims, ExtraPublicKey, KeyError, KeyRing, Rejection, Revocations,
-};
+use super::{Claims, ExtraPublicKey, KeyError, KeyRing, Rejection, Revocations};
 use crate::config::{AuthMode, Config};
+use crate::fswatch;
+
+/// How long file events are coalesced before keys and revocations are read again.
+const DEBOUNCE: Duration = Duration::from_millis(50);
 
 /// Why the gate could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -82,23 +82,7 @@ impl Gate {
         self.mode
     }
 
-    /// Checks the token of a stream that is opening. `Ok(None)` when auth is off.
-    pub fn authenticate(
-        &self,
-        metadata: &MetadataMap,
-        now: DateTime<Utc>,
-    ) -> Result<Option<Claims>, Rejection> {
-        if self.mode == AuthMode::None {
-            return Ok(None);
-        }
-        let token = token_from_metadata(metadata)?;
-        self.ring
-            .load()
-            .verify(&token, &self.revoked.load(), now)
-            .map(Some)
-    }
-
-    /// Verifies a token given as text (e.g. from an HTTP header).
+    /// Verifies a token (taken from a request by the edge that received it).
     pub fn verify(&self, token: &str, now: DateTime<Utc>) -> Result<Claims, Rejection> {
         self.ring.load().verify(token, &self.revoked.load(), now)
     }
@@ -149,16 +133,7 @@ impl Gate {
         if self.mode == AuthMode::None {
             return;
         }
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
-            // Reading a file changes nothing, and the reload's own reads would
-            // otherwise trigger the next reload, forever.
-            if matches!(&e, Ok(event) if matches!(event.kind, notify::EventKind::Access(_))) {
-                return;
-            }
-            let _ = tx.send(e.is_ok());
-        });
-        let mut watcher = match watcher {
+        let (mut watching, mut changes) = match fswatch::watch(DEBOUNCE) {
             Ok(w) => w,
             Err(e) => {
                 tracing::error!("cannot watch keys and revocations for changes: {e}; restart hdsd after changing them");
@@ -169,15 +144,12 @@ impl Gate {
         for dir in [keys_dir.as_path(), parent(&self.revocations_path)] {
             if let Err(e) = std::fs::create_dir_all(dir)
                 .map_err(notify::Error::io)
-                .and_then(|_| watcher.watch(dir, RecursiveMode::NonRecursive))
+                .and_then(|_| watching.add(dir))
             {
                 tracing::error!(dir = %dir.display(), "cannot watch for changes: {e}; restart hdsd after changing files there");
             }
         }
-        while rx.recv().await.is_some() {
-            // Coalesce a burst of events.
-            let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
-            while let Ok(Some(_)) = tokio::time::timeout_at(deadline, rx.recv()).await {}
+        while changes.next().await.is_some() {
             self.reload();
         }
     }

@@ -8,25 +8,37 @@
 //! * [`keys`]: key generation, the `<state_dir>/keys/` layout, kid format,
 //!   rotation, and the [`KeyRing`] of trusted keys.
 //! * [`token`]: [`KeyRing::issue`], [`KeyRing::verify`] and [`inspect`].
-//! * [`rejection`]: [`Rejection`] (short client message, metric label, gRPC
-//!   status, log detail), [`token_from_metadata`] and [`authorize`].
+//! * [`claims`]: [`Claims`], and [`authorize`] / [`check_identity`], which
+//!   bind a verified token to a dataplane.
+//! * [`rejection`]: [`Rejection`] (short client message, metric label,
+//!   [`RejectionKind`], log detail).
 //! * [`revocation`]: the list of revoked token ids.
+//! * [`bearer`]: the one rule for `authorization: Bearer <token>` values.
+//! * [`gate`]: the keys and revocations in force in a running server.
 //!
-//! The server's check for a connecting node is, in order:
-//! [`token_from_metadata`], [`KeyRing::verify`], then [`authorize`] against
-//! the node id and the dataplane's inbound tags.
+//! This module knows nothing of gRPC or HTTP: reading the token from a
+//! request and turning a [`Rejection`] into a status are the edges' work
+//! (`grpc_auth`, `api`).
+//!
+//! The server's check for a connecting node is, in order: the token from the
+//! request, [`KeyRing::verify`], then [`authorize`] against the node id and
+//! the dataplane's inbound tags.
 
+pub mod bearer;
+pub mod claims;
 pub mod gate;
 pub mod keys;
 pub mod rejection;
 pub mod revocation;
 pub mod token;
 
+pub use bearer::BearerError;
+pub use claims::{authorize, check_identity, Claims};
 pub use gate::{Gate, GateError};
 pub use keys::{ExtraPublicKey, GeneratedKey, KeyError, KeyRing};
-pub use rejection::{authorize, check_identity, token_from_metadata, Rejection, AUTHORIZATION};
+pub use rejection::{Rejection, RejectionKind};
 pub use revocation::{RevocationError, Revocations};
-pub use token::{inspect, Claims, Inspection, IssueError, ISSUED_AT_LEEWAY_SECS};
+pub use token::{inspect, Inspection, IssueError, ISSUED_AT_LEEWAY_SECS};
 
 #[cfg(test)]
 mod tests;

@@ -32,8 +32,8 @@ use chrono::{DateTime, Utc};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, Header, Validation};
 use rand::RngCore;
-use serde::{Deserialize, Serialize};
 
+use super::claims::Claims;
 use super::keys::{hex, KeyRing};
 use super::rejection::{rfc3339, Rejection};
 use super::revocation::Revocations;
@@ -45,41 +45,6 @@ pub const ISSUED_AT_LEEWAY_SECS: i64 = 60;
 
 /// The only accepted JWT `alg`.
 pub const ALLOWED_ALG: &str = "EdDSA";
-
-/// The claims of a dataplane token.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Claims {
-    /// The dataplane's mesh (first part of the Envoy node id).
-    pub mesh: String,
-    /// The dataplane's name (rest of the Envoy node id).
-    pub name: String,
-    /// Issued at, Unix seconds.
-    pub iat: i64,
-    /// Expires at, Unix seconds.
-    pub exp: i64,
-    /// Random unique token id (128 bits, hex): what the revocation list holds.
-    pub jti: String,
-    /// Tags the dataplane must carry on at least one inbound each.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub tags: BTreeMap<String, String>,
-}
-
-impl Claims {
-    /// `mesh.name`.
-    pub fn identity(&self) -> String {
-        format!("{}.{}", self.mesh, self.name)
-    }
-
-    /// `iat` as a time (`None` if out of range).
-    pub fn issued_at(&self) -> Option<DateTime<Utc>> {
-        DateTime::from_timestamp(self.iat, 0)
-    }
-
-    /// `exp` as a time (`None` if out of range).
-    pub fn expires_at(&self) -> Option<DateTime<Utc>> {
-        DateTime::from_timestamp(self.exp, 0)
-    }
-}
 
 /// Why a token could not be issued.
 #[derive(Debug, thiserror::Error)]
@@ -155,8 +120,7 @@ impl KeyRing {
         tags: BTreeMap<String, String>,
         now: DateTime<Utc>,
     ) -> Result<String, IssueError> {
-        let id: Option<DataplaneId> = format!("{mesh}.{name}").parse().ok();
-        if id.is_none_or(|id| id.mesh != mesh) {
+        if DataplaneId::try_new(mesh, name).is_err() {
             return Err(IssueError::BadIdentity {
                 mesh: mesh.to_string(),
                 name: name.to_string(),
@@ -204,7 +168,7 @@ impl KeyRing {
     /// Verifies `token` (signature by a trusted key named by its `kid`,
     /// `EdDSA` only, not revoked, not expired at `now`) and returns its
     /// claims. Does not check that the token belongs to the connecting
-    /// dataplane: see [`authorize`](super::authorize).
+    /// dataplane: see [`Claims::authorize`].
     pub fn verify(
         &self,
         token: &str,

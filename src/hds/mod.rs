@@ -32,6 +32,7 @@ use tracing::Instrument;
 use crate::auth::{check_identity, Claims, Gate, Rejection};
 use crate::clock::Clock;
 use crate::dataplane::DataplaneId;
+use crate::grpc_auth;
 use crate::metrics::{self as m, ActiveStream, CloseReason};
 use crate::registry::{Command, DataplaneHandle, DataplaneState, Registry, StreamId};
 
@@ -82,9 +83,7 @@ impl HdsService {
     fn admit<T>(&self, request: &Request<T>) -> Result<Option<TokenWatch>, Status> {
         // Subscribe first: a reload that lands after the check is still seen.
         let reloads = self.gate.subscribe();
-        let claims = self
-            .gate
-            .authenticate(request.metadata(), self.clock.now())
+        let claims = grpc_auth::authenticate(&self.gate, request.metadata(), self.clock.now())
             .map_err(|r| refuse(&r, request.remote_addr(), None))?;
         Ok(claims.map(|claims| TokenWatch::new(claims, self.gate.clone(), reloads, &*self.clock)))
     }
@@ -461,11 +460,11 @@ impl Driver {
             }
             End::Refused { rejection, node } => {
                 let status = refuse(&rejection, self.peer, node.as_ref());
-                m::stream_closed(CloseReason::from_code(status.code()));
+                m::stream_closed(close_reason(status.code()));
                 status
             }
             End::Status(status) => {
-                m::stream_closed(CloseReason::from_code(status.code()));
+                m::stream_closed(close_reason(status.code()));
                 tracing::warn!(peer, code = ?status.code(), "ending stream: {}", status.message());
                 status
             }
@@ -511,7 +510,21 @@ fn refuse(r: &Rejection, peer: Option<SocketAddr>, node: Option<&DataplaneId>) -
         "stream refused: {}",
         r.detail()
     );
-    r.to_status()
+    grpc_auth::status(r)
+}
+
+/// The `reason` label of a stream ended with this gRPC status.
+fn close_reason(code: tonic::Code) -> CloseReason {
+    use tonic::Code;
+    match code {
+        Code::Ok | Code::Cancelled => CloseReason::Ok,
+        Code::Unauthenticated => CloseReason::Unauthenticated,
+        Code::PermissionDenied => CloseReason::PermissionDenied,
+        Code::NotFound => CloseReason::NotFound,
+        Code::InvalidArgument | Code::FailedPrecondition => CloseReason::Invalid,
+        Code::Aborted => CloseReason::Replaced,
+        _ => CloseReason::Error,
+    }
 }
 
 /// The dataplane id in a `HealthCheckRequest`, or INVALID_ARGUMENT saying what is missing.

@@ -1,0 +1,63 @@
+//! The `/metrics` scrape: the fleet gauges (dataplanes by connection, inbounds
+//! by readiness status, failing dataplane files) counted from the registry's
+//! and the source's snapshots when Prometheus scrapes, then every metric
+//! rendered. It reads state and sets gauges of the metrics recorder only.
+
+use std::sync::Arc;
+
+use metrics::gauge;
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::metrics::{DATAPLANES, INBOUNDS, SOURCE_ERRORS};
+use crate::readiness::Status;
+use crate::registry::Registry;
+use crate::source::Loaded;
+
+/// Renders `/metrics`: refreshes the fleet gauges and process metrics from
+/// snapshots, then renders every metric.
+#[derive(Clone)]
+pub struct Scrape {
+    pub handle: PrometheusHandle,
+    pub registry: Registry,
+    pub sources: tokio::sync::watch::Receiver<Arc<Loaded>>,
+    pub process: Arc<metrics_process::Collector>,
+}
+
+impl std::fmt::Debug for Scrape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scrape").finish_non_exhaustive()
+    }
+}
+
+impl Scrape {
+    pub fn render(&self) -> String {
+        let mut connected = 0u64;
+        let mut disconnected = 0u64;
+        let mut by_status = [0u64; Status::ALL.len()];
+        for handle in self.registry.catalog().values() {
+            let state = handle.subscribe();
+            let state = state.borrow();
+            if state.defined.is_none() {
+                continue;
+            }
+            if state.connection.stream.is_some() {
+                connected += 1;
+            } else {
+                disconnected += 1;
+            }
+            for inbound in &state.health.inbounds {
+                if let Some(i) = Status::ALL.iter().position(|s| *s == inbound.status) {
+                    by_status[i] += 1;
+                }
+            }
+        }
+        gauge!(DATAPLANES, "connected" => "true").set(connected as f64);
+        gauge!(DATAPLANES, "connected" => "false").set(disconnected as f64);
+        for (status, n) in Status::ALL.iter().zip(by_status) {
+            gauge!(INBOUNDS, "status" => status.as_str()).set(n as f64);
+        }
+        gauge!(SOURCE_ERRORS).set(self.sources.borrow().error_count() as f64);
+        self.process.collect();
+        self.handle.render()
+    }
+}

@@ -1,0 +1,377 @@
+//! The accept loop: TCP connections in, established TLS connections out, for
+//! tonic and axum.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+
+use super::{Alpn, ServerTls, TlsStream};
+
+/// How long a client may take to complete the TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Established connections waiting to be taken by the server.
+const READY_QUEUE: usize = 64;
+
+/// Accepts TCP connections and completes TLS handshakes concurrently.
+///
+/// As a [`Stream`](tokio_stream::Stream) it is the `incoming` of tonic's
+/// `Server::serve_with_incoming_shutdown` (it never yields an error: failed
+/// handshakes are logged and skipped). It is also an
+/// [`axum::serve::Listener`]. Dropping it closes the listening socket and
+/// abandons handshakes in progress.
+pub struct TlsListener {
+    local_addr: SocketAddr,
+    ready: mpsc::Receiver<(TlsStream, SocketAddr)>,
+    acceptor: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for TlsListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsListener")
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsListener {
+    /// Serves TLS on `listener` with [`HANDSHAKE_TIMEOUT`]. Must be called
+    /// within a tokio runtime.
+    pub fn new(listener: TcpListener, tls: ServerTls) -> io::Result<TlsListener> {
+        Self::with_handshake_timeout(listener, tls, HANDSHAKE_TIMEOUT)
+    }
+
+    /// Serves TLS on `listener`; a client that has not completed its handshake
+    /// within `timeout` is disconnected.
+    pub fn with_handshake_timeout(
+        listener: TcpListener,
+        tls: ServerTls,
+        timeout: Duration,
+    ) -> io::Result<TlsListener> {
+        let local_addr = listener.local_addr()?;
+        let (tx, ready) = mpsc::channel(READY_QUEUE);
+        let acceptor = tokio::spawn(accept_loop(listener, tls, timeout, tx));
+        Ok(TlsListener {
+            local_addr,
+            ready,
+            acceptor,
+        })
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The next established connection and its peer address.
+    pub async fn accept(&mut self) -> (TlsStream, SocketAddr) {
+        match self.ready.recv().await {
+            Some(conn) => conn,
+            // The accept loop only ends when this listener is dropped, or if
+            // it panicked: then no connection will ever come.
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+    }
+}
+
+impl tokio_stream::Stream for TlsListener {
+    type Item = Result<TlsStream, io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match self.ready.poll_recv(cx) {
+            Poll::Ready(Some((stream, _))) => Poll::Ready(Some(Ok(stream))),
+            // See `accept`: never end the stream of connections.
+            Poll::Ready(None) | Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        TlsListener::accept(self).await
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        Ok(self.local_addr)
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: ServerTls,
+    timeout: Duration,
+    ready: mpsc::Sender<(TlsStream, SocketAddr)>,
+) {
+    let mut handshakes = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, peer)) => {
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+                    }
+                    let acceptor = TlsAcceptor::from(tls.current());
+                    let ready = ready.clone();
+                    let tls = tls.clone();
+                    handshakes.spawn(async move {
+                        match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+                            Ok(Ok(stream)) => {
+                                let _ = ready.send((stream, peer)).await;
+                            }
+                            Ok(Err(e)) => log_handshake_error(&tls, peer, &e),
+                            Err(_) => tracing::warn!(
+                                %peer,
+                                section = tls.section(),
+                                "TLS handshake failed: not completed within {}s; connection closed",
+                                timeout.as_secs_f64()
+                            ),
+                        }
+                    });
+                }
+                Err(e) => accept_error(e).await,
+            },
+            // Reap finished handshakes so the set does not grow.
+            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => {}
+            () = ready.closed() => return,
+        }
+    }
+}
+
+/// As axum does: per-connection errors are retried at once; others (such as
+/// running out of file descriptors) are logged and retried after a pause.
+async fn accept_error(e: io::Error) {
+    if matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    ) {
+        return;
+    }
+    tracing::error!(error = %e, "accepting a TCP connection failed; retrying in 1s");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+/// Why a handshake failed, in terms an operator can act on, and whether it is
+/// worth a warning (a client closing early is usually a port check).
+fn describe_handshake_error(tls: &ServerTls, e: &io::Error) -> (bool, String) {
+    let section = tls.section();
+    let Some(rustls_error) = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) else {
+        return match e.kind() {
+            io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe => (
+                false,
+                format!("the client closed the connection before completing the handshake ({e})"),
+            ),
+            _ => (true, e.to_string()),
+        };
+    };
+    use rustls::Error as E;
+    let text = match rustls_error {
+        E::InvalidMessage(_) | E::InappropriateMessage { .. } => match tls.alpn() {
+            Alpn::Grpc => format!(
+                "{rustls_error}: the client does not speak TLS (plaintext gRPC?); configure TLS \
+                 on the client (for Envoy: `hdsd bootstrap --ca`) or remove {section}"
+            ),
+            Alpn::Http => format!(
+                "{rustls_error}: the client does not speak TLS (plain http://?); use https:// \
+                 or remove {section}"
+            ),
+        },
+        E::NoApplicationProtocol => format!(
+            "{rustls_error}: the client offered none of the protocols this listener serves ({}); \
+             Envoy must set alpn_protocols: [h2] in its UpstreamTlsContext",
+            tls.alpn().describe()
+        ),
+        E::NoCertificatesPresented => format!(
+            "{rustls_error}: the client presented no certificate, and {section}.client_ca requires one"
+        ),
+        E::InvalidCertificate(_) => format!(
+            "client certificate rejected: {rustls_error}; it must be issued by the CA in {section}.client_ca"
+        ),
+        E::AlertReceived(alert) => format!(
+            "the client refused the handshake (alert {alert:?}); if it does not trust hdsd's \
+             certificate, give it the CA that issued {}",
+            tls.cert_path().display()
+        ),
+        other => other.to_string(),
+    };
+    (true, text)
+}
+
+fn log_handshake_error(tls: &ServerTls, peer: SocketAddr, e: &io::Error) {
+    let rejected_client_cert = matches!(
+        e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()),
+        Some(rustls::Error::NoCertificatesPresented | rustls::Error::InvalidCertificate(_))
+    );
+    if rejected_client_cert {
+        metrics::counter!(crate::metrics::AUTH_FAILURES, "reason" => "tls").increment(1);
+    }
+    let (warn, reason) = describe_handshake_error(tls, e);
+    if warn {
+        tracing::warn!(%peer, section = tls.section(), "TLS handshake failed: {reason}");
+    } else {
+        tracing::debug!(%peer, section = tls.section(), "TLS handshake failed: {reason}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls::testutil::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    use tokio_stream::StreamExt;
+
+    #[tokio::test]
+    async fn listener_skips_failed_and_slow_handshakes() {
+        let ca = Ca::new("test CA");
+        let f = files(&ca.server("hdsd"), None);
+        let tls = ServerTls::load("hds.tls", &f.config, Alpn::Grpc).unwrap();
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut listener =
+            TlsListener::with_handshake_timeout(tcp, tls, Duration::from_secs(2)).unwrap();
+        let addr = listener.local_addr();
+
+        // A client that never speaks, one that speaks plaintext HTTP/2, one
+        // without h2: none blocks the next good client or ends the stream.
+        let _silent = TcpStream::connect(addr).await.unwrap();
+        let mut plain = TcpStream::connect(addr).await.unwrap();
+        plain
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        let no_h2 = connect(addr, client_config(&ca, None, &[b"http/1.1"])).await;
+        assert!(no_h2.is_err(), "a client without h2 must be refused");
+
+        for _ in 0..2 {
+            let client = tokio::spawn(connect(addr, client_config(&ca, None, &[b"h2"])));
+            let server = tokio::time::timeout(Duration::from_secs(1), listener.next())
+                .await
+                .expect("a good client is not held up by the others")
+                .unwrap()
+                .unwrap();
+            assert_eq!(server.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+            assert!(server.get_ref().0.nodelay().unwrap());
+            client.await.unwrap().unwrap();
+        }
+
+        // The silent client is cut off after the timeout.
+        let mut silent = _silent;
+        let mut buf = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf))
+            .await
+            .expect("the silent client is disconnected")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+    }
+
+    #[tokio::test]
+    async fn mutual_tls_requires_a_client_certificate_from_the_ca() {
+        let ca = Ca::new("server CA");
+        let clients = Ca::new("client CA");
+        let other = Ca::new("another CA");
+        let f = files(&ca.server("hdsd"), Some(&clients));
+        let tls = ServerTls::load("hds.tls", &f.config, Alpn::Grpc).unwrap();
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut listener = TlsListener::new(tcp, tls).unwrap();
+        let addr = listener.local_addr();
+
+        async fn refused(addr: SocketAddr, config: rustls::ClientConfig) {
+            // With TLS 1.3 the server judges the client certificate after the
+            // client's handshake ends: the refusal arrives as an alert.
+            let result = async {
+                let mut s = connect(addr, config).await?;
+                s.write_all(b"ping").await?;
+                let mut buf = [0u8; 1];
+                s.read(&mut buf).await
+            };
+            let r = tokio::time::timeout(Duration::from_secs(5), result)
+                .await
+                .expect("refused promptly");
+            assert!(r.is_err(), "expected a refusal, got {r:?}");
+        }
+        refused(addr, client_config(&ca, None, &[b"h2"])).await;
+        refused(
+            addr,
+            client_config(&ca, Some(&other.client("dp")), &[b"h2"]),
+        )
+        .await;
+
+        let good = client_config(&ca, Some(&clients.client("dp")), &[b"h2"]);
+        let client = tokio::spawn(connect(addr, good));
+        let (server, peer) = listener.accept().await;
+        let certs = server.get_ref().1.peer_certificates().unwrap();
+        assert_eq!(certs.len(), 1);
+        let client = client.await.unwrap().unwrap();
+        assert_eq!(peer, client.get_ref().0.local_addr().unwrap());
+    }
+
+    #[tokio::test]
+    async fn axum_serves_over_the_tls_listener() {
+        let ca = Ca::new("test CA");
+        let f = files(&ca.server("hdsd"), None);
+        let tls = ServerTls::load("api.tls", &f.config, Alpn::Http).unwrap();
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = TlsListener::new(tcp, tls).unwrap();
+        let addr = listener.local_addr();
+        let app = axum::Router::new().route("/hello", axum::routing::get(|| async { "hi" }));
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let mut s = connect(addr, client_config(&ca, None, &[b"http/1.1"]))
+            .await
+            .unwrap();
+        assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+        s.write_all(b"GET /hello HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = String::new();
+        s.read_to_string(&mut response).await.ok();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(response.ends_with("hi"), "{response}");
+        server.abort();
+    }
+
+    #[test]
+    fn handshake_errors_say_what_to_do() {
+        let ca = Ca::new("test CA");
+        let f = files(&ca.server("hdsd"), None);
+        let tls = ServerTls::load("hds.tls", &f.config, Alpn::Grpc).unwrap();
+        let wrap = |e: rustls::Error| io::Error::new(io::ErrorKind::InvalidData, e);
+
+        let (warn, text) = describe_handshake_error(
+            &tls,
+            &wrap(rustls::Error::InvalidMessage(
+                rustls::InvalidMessage::InvalidContentType,
+            )),
+        );
+        assert!(warn && text.contains("does not speak TLS"), "{text}");
+        let (_, text) = describe_handshake_error(&tls, &wrap(rustls::Error::NoApplicationProtocol));
+        assert!(text.contains("alpn_protocols: [h2]"), "{text}");
+        let (_, text) =
+            describe_handshake_error(&tls, &wrap(rustls::Error::NoCertificatesPresented));
+        assert!(text.contains("hds.tls.client_ca requires one"), "{text}");
+        let (warn, _) = describe_handshake_error(
+            &tls,
+            &io::Error::new(io::ErrorKind::UnexpectedEof, "tls handshake eof"),
+        );
+        assert!(!warn, "a client closing early is not worth a warning");
+    }
+}
