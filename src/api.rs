@@ -38,6 +38,8 @@ pub struct ApiState {
     pub gate: Option<Arc<crate::auth::Gate>>,
     /// The HDS listener's port, the default for bootstraps.
     pub hds_port: u16,
+    /// The change feed, for `/api/v1/watch`.
+    pub feed: crate::consumers::feed::FeedHandle,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -45,6 +47,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/dataplanes", get(list_dataplanes))
         .route("/api/v1/dataplanes/{mesh}/{name}", get(get_dataplane))
         .route("/api/v1/sources", get(sources))
+        .route("/api/v1/services", get(list_services))
+        .route("/api/v1/watch", get(crate::consumers::sse::handler))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_token,
@@ -185,6 +189,27 @@ async fn get_dataplane(
             &format!("dataplane {id} not found; GET /api/v1/dataplanes lists the known ones"),
         ),
     }
+}
+
+#[derive(Debug, Deserialize)]
+struct ServicesQuery {
+    mesh: Option<String>,
+}
+
+/// Per-service health by Kuma's rules (online, partially_degraded, offline).
+async fn list_services(
+    State(s): State<ApiState>,
+    Query(q): Query<ServicesQuery>,
+) -> Json<List<crate::consumers::services::ServiceItem>> {
+    let items: Vec<DataplaneItem> = s
+        .registry
+        .catalog()
+        .values()
+        .filter_map(|h| DataplaneItem::from_state(&h.state()))
+        .collect();
+    Json(List {
+        items: crate::consumers::services::services(&items, q.mesh.as_deref()),
+    })
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -377,7 +402,7 @@ async fn require_token(
 }
 
 /// Compares without an early exit, so timing does not reveal a token's prefix.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
