@@ -25,7 +25,11 @@ fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
         .unwrap()
         .signed_by(&key, &ca)
         .unwrap();
-    let paths = (dir.join("ca.pem"), dir.join("api.pem"), dir.join("api-key.pem"));
+    let paths = (
+        dir.join("ca.pem"),
+        dir.join("api.pem"),
+        dir.join("api-key.pem"),
+    );
     std::fs::write(&paths.0, ca.pem()).unwrap();
     std::fs::write(&paths.1, cert.pem()).unwrap();
     std::fs::write(&paths.2, key.serialize_pem()).unwrap();
@@ -110,7 +114,11 @@ impl TlsHdsd {
     fn write_dataplane(&self, name: &str) {
         let tmp = self.dir.path().join(format!(".{name}.tmp"));
         std::fs::write(&tmp, dataplane_yaml(name, &[(20001, 1)])).unwrap();
-        std::fs::rename(&tmp, self.dir.path().join(format!("dataplanes/{name}.yaml"))).unwrap();
+        std::fs::rename(
+            &tmp,
+            self.dir.path().join(format!("dataplanes/{name}.yaml")),
+        )
+        .unwrap();
     }
 }
 
@@ -168,7 +176,16 @@ fn status_and_watch_speak_https_to_an_api_with_tls_and_watch_resumes_after_a_res
     assert!(err.contains("cannot read"), "{err}");
 
     let mut watch = Command::new(env!("CARGO_BIN_EXE_hdsd"))
-        .args(["watch", "--api", &hdsd.api, "--api-token", TOKEN, "--ca", &ca, "--json"])
+        .args([
+            "watch",
+            "--api",
+            &hdsd.api,
+            "--api-token",
+            TOKEN,
+            "--ca",
+            &ca,
+            "--json",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -191,7 +208,9 @@ fn status_and_watch_speak_https_to_an_api_with_tls_and_watch_resumes_after_a_res
     });
     hdsd.spawn();
     wait_line(&stderr, "reconnected", |l| l.contains("reconnected to"));
-    wait_line(&stdout, "RESYNC after the restart", |l| l.contains("\"RESYNC\""));
+    wait_line(&stdout, "RESYNC after the restart", |l| {
+        l.contains("\"RESYNC\"")
+    });
     let _ = watch.kill();
     let _ = watch.wait();
 }
