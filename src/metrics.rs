@@ -29,6 +29,10 @@ pub const BUILD_INFO: &str = "hdsd_build_info";
 pub const STREAMS_WAITING: &str = "hdsd_streams_waiting";
 pub const AUTH_SIGNING_KEYS: &str = "hdsd_auth_signing_keys";
 pub const STORE_COMMITS: &str = "hdsd_store_commits_total";
+pub const FEED_CHANGES: &str = "hdsd_feed_changes_total";
+pub const WATCHERS_ACTIVE: &str = "hdsd_watchers_active";
+pub const WATCH_EVENTS_SENT: &str = "hdsd_watch_events_sent_total";
+pub const WATCH_RESYNCS: &str = "hdsd_watch_resyncs_total";
 
 /// Why a stream ended: the `reason` label of `hdsd_streams_closed_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,6 +187,44 @@ pub fn specifier_built(ok: bool, took: std::time::Duration) {
     }
 }
 
+/// Counts changes the feed numbered (one revision each).
+pub fn feed_changes(n: usize) {
+    counter!(FEED_CHANGES).increment(n as u64);
+}
+
+/// Counts one message handed to a watcher (gRPC Watch or SSE).
+pub fn watch_event_sent() {
+    counter!(WATCH_EVENTS_SENT).increment(1);
+}
+
+/// Counts one RESYNC told to a watcher.
+pub fn watch_resync(reason: crate::consumers::feed::ResyncReason) {
+    counter!(WATCH_RESYNCS, "reason" => reason.as_str()).increment(1);
+}
+
+/// Keeps `hdsd_watchers_active` right on every exit path.
+#[derive(Debug)]
+pub struct ActiveWatcher(());
+
+impl ActiveWatcher {
+    pub fn new() -> Self {
+        gauge!(WATCHERS_ACTIVE).increment(1.0);
+        ActiveWatcher(())
+    }
+}
+
+impl Default for ActiveWatcher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for ActiveWatcher {
+    fn drop(&mut self) {
+        gauge!(WATCHERS_ACTIVE).decrement(1.0);
+    }
+}
+
 /// Report folding takes microseconds.
 const REPORT_BUCKETS: &[f64] = &[
     1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2,
@@ -305,6 +347,26 @@ fn describe() {
         BUILD_INFO,
         "Always 1; the version label says which hdsd is running."
     );
+    describe_counter!(
+        FEED_CHANGES,
+        "Changes numbered by the change feed (a status, readiness, connection or definition changed; report times alone do not count)."
+    );
+    describe_gauge!(
+        WATCHERS_ACTIVE,
+        "Watches open now (gRPC Watch streams and /api/v1/watch event streams)."
+    );
+    describe_counter!(
+        WATCH_EVENTS_SENT,
+        "Messages handed to watchers (SNAPSHOT, SYNCED, CHANGED, DELETED, RESYNC)."
+    );
+    describe_counter!(
+        WATCH_RESYNCS,
+        "RESYNCs told to watchers, by reason (too_old: history no longer held; unknown_revision: from another process; overflow: the watcher read too slowly)."
+    );
+    gauge!(WATCHERS_ACTIVE).set(0.0);
+    for reason in crate::consumers::feed::ResyncReason::ALL {
+        counter!(WATCH_RESYNCS, "reason" => reason.as_str()).absolute(0);
+    }
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     gauge!(STREAMS_ACTIVE).set(0.0);
     for reason in CloseReason::ALL {
@@ -319,6 +381,8 @@ fn describe() {
         REPORT_UNKNOWN_ENDPOINTS,
         SPECIFIERS_SENT,
         SPECIFIER_GENERATION_ERRORS,
+        FEED_CHANGES,
+        WATCH_EVENTS_SENT,
     ] {
         counter!(name).absolute(0);
     }

@@ -19,7 +19,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::clock::Clock;
-use crate::dataplane::DataplaneId;
+use crate::consumers::feed::{Change, ChangeKind, FeedSender};
+use crate::dataplane::{Dataplane, DataplaneId};
 use crate::readiness::{expire, fold_report, next_expiry, rebase, FoldOutcome, Health, Timestamp};
 use crate::source::{Defined, Loaded};
 use crate::store::{restore, snapshot, StoreHandle, StoredHealth};
@@ -154,6 +155,8 @@ pub struct RegistryOptions {
     pub store: Option<StoreHandle>,
     /// State loaded from the store at start, by dataplane.
     pub restored: BTreeMap<DataplaneId, StoredHealth>,
+    /// Where dataplane tasks tell each change; `None` in tests without consumers.
+    pub feed: Option<FeedSender>,
 }
 
 async fn run_registry(
@@ -231,8 +234,16 @@ fn spawn_dataplane(
         connection: Connection::default(),
     });
     let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
+    static INCARNATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let task = DataplaneTask {
         id,
+        feed: options.feed.clone(),
+        incarnation: INCARNATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        last_definition: state_rx
+            .borrow()
+            .defined
+            .as_ref()
+            .map(|d| d.dataplane.clone()),
         state: state_tx,
         clock: options.clock.clone(),
         stale_after: chrono::Duration::from_std(options.stale_after)
@@ -259,11 +270,19 @@ struct DataplaneTask {
     store: Option<StoreHandle>,
     /// The last report time written to the store.
     stored_report_at: Option<Timestamp>,
+    /// Told about every change consumers can see.
+    feed: Option<FeedSender>,
+    /// Which task of this dataplane this is (see [`Change::incarnation`]).
+    incarnation: u64,
+    /// The last definition, named in the feed also once deleted.
+    last_definition: Option<Arc<Dataplane>>,
 }
 
 impl DataplaneTask {
     /// Applies commands and expires stale reports until every handle is gone.
     async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        // Created: consumers learn about it.
+        self.publish();
         // State restored from the store may already be stale.
         self.expire();
         loop {
@@ -287,10 +306,26 @@ impl DataplaneTask {
         let redefines = matches!(command, Command::Define(_) | Command::Remove);
         let started = std::time::Instant::now();
         let mut applied = Applied::default();
+        let mut visible = true;
         self.state.send_if_modified(|s| {
+            // A new definition file with the same dataplane and health (a
+            // rename) wakes the HDS stream but is no change to consumers.
+            let before = matches!(command, Command::Define(_)).then(|| {
+                (
+                    s.defined.as_ref().map(|d| d.dataplane.clone()),
+                    s.health.clone(),
+                )
+            });
             applied = apply(s, command, now);
+            if let Some((dataplane, health)) = before {
+                visible = dataplane.as_deref() != s.defined.as_ref().map(|d| &*d.dataplane)
+                    || health != s.health;
+            }
             applied.notify
         });
+        if applied.notify && visible {
+            self.publish();
+        }
         if is_report {
             let fold = &applied.fold;
             crate::metrics::report_folded(started.elapsed(), fold.unknown_endpoints);
@@ -308,8 +343,30 @@ impl DataplaneTask {
         });
         if outcome.changed {
             crate::metrics::transitions(outcome.became_ready, outcome.became_not_ready);
+            self.publish();
             self.persist(true);
         }
+    }
+
+    /// Tells the feed that this dataplane changed (or was deleted).
+    fn publish(&mut self) {
+        let Some(feed) = &self.feed else { return };
+        let state = self.state.borrow();
+        if let Some(defined) = &state.defined {
+            self.last_definition = Some(defined.dataplane.clone());
+        }
+        let Some(dataplane) = self.last_definition.clone() else {
+            return;
+        };
+        feed.publish(Change {
+            dataplane,
+            incarnation: self.incarnation,
+            kind: match state.defined {
+                Some(_) => ChangeKind::Changed,
+                None => ChangeKind::Deleted,
+            },
+            ready: state.health.inbounds.iter().all(|i| i.status.is_ready()),
+        });
     }
 
     /// Writes the state on a transition, and the last report time at most
@@ -550,6 +607,7 @@ mod tests {
                 report_interval: Duration::from_secs(5),
                 store: None,
                 restored: BTreeMap::new(),
+                feed: None,
             },
         );
         let handle = registry

@@ -146,6 +146,10 @@ pub async fn run(
     let restored = store.load()?;
     tracing::info!(file = %store_path.display(), dataplanes = restored.len(), "readiness state restored");
     let store = StoreHandle::spawn(store);
+    let feed = crate::consumers::feed::spawn(
+        crate::consumers::feed::HistoryLimits::default(),
+        crate::consumers::feed::WATCHER_BUFFER,
+    );
     let registry = Registry::spawn(
         sources_rx.clone(),
         RegistryOptions {
@@ -154,6 +158,7 @@ pub async fn run(
             report_interval: config.hds.report_interval,
             store: Some(store.clone()),
             restored,
+            feed: Some(feed.sender()),
         },
     );
     let gate = Arc::new(Gate::new(&config, clock.now())?);
@@ -251,19 +256,31 @@ pub async fn run(
     };
 
     let ready = Arc::new(AtomicBool::new(false));
+    let feed = feed.until(drain_rx.clone());
+    let api_tokens = Arc::new(config.api.tokens.clone());
+    let grpc = crate::consumers::grpc::router(
+        crate::consumers::grpc::ReadinessApi {
+            registry: registry.clone(),
+            feed: feed.clone(),
+        },
+        api_tokens.clone(),
+    )
+    .await;
     let api_state = ApiState {
+        feed,
         registry,
         sources: sources_rx,
         ready: ready.clone(),
         notes: Arc::new(notes),
         metrics: Some(scrape),
-        tokens: Arc::new(config.api.tokens.clone()),
+        tokens: api_tokens,
         gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
         hds_port: hds_addr.port(),
     };
     let api: Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = {
         let mut drain = drain_rx.clone();
-        let router = api::router(api_state);
+        // REST and gRPC (hdsd.v1) on one port, routed by content type.
+        let router = crate::consumers::grpc::by_content_type(api::router(api_state), grpc);
         let signal = async move {
             let _ = drain.wait_for(|d| *d).await;
         };

@@ -1,0 +1,673 @@
+//! The change feed: one revision counter per process and a bounded history of
+//! "dataplane X changed (or was deleted) at revision N".
+//!
+//! [`Feed`] is plain data, written by one task ([`spawn`]): dataplane tasks
+//! send it [`Change`]s over an unbounded channel, only when something a
+//! consumer can see changed (a status, readiness, the connection or the
+//! definition, never a report time alone). Watchers subscribe through the
+//! same task, so a subscription's first messages and the live events that
+//! follow them never overlap and never leave a gap.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::dataplane::{Dataplane, DataplaneId};
+
+/// A position in the feed. Starts at 1 with each process; 0 is "nothing yet".
+pub type Revision = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// Created, or its status, readiness, connection or definition changed.
+    Changed,
+    Deleted,
+}
+
+/// What a dataplane task tells the feed.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// The dataplane's (last) definition: watch filters read its tags.
+    pub dataplane: Arc<Dataplane>,
+    /// Which task of this dataplane sent it: a dataplane removed and added
+    /// again gets a new task, whose changes win over the old task's late ones.
+    pub incarnation: u64,
+    pub kind: ChangeKind,
+    /// Every inbound is ready (false once deleted).
+    pub ready: bool,
+}
+
+/// One entry of the feed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub revision: Revision,
+    pub kind: ChangeKind,
+    pub ready: bool,
+    pub dataplane: Arc<Dataplane>,
+}
+
+impl Event {
+    pub fn id(&self) -> &DataplaneId {
+        &self.dataplane.id
+    }
+}
+
+/// Why a watcher must start over from a snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResyncReason {
+    /// Its revision is older than the history the feed keeps.
+    TooOld,
+    /// Its revision is newer than this process's (hdsd restarted).
+    UnknownRevision,
+    /// It read too slowly and its buffer overflowed.
+    Overflow,
+}
+
+impl ResyncReason {
+    pub const ALL: [ResyncReason; 3] = [
+        ResyncReason::TooOld,
+        ResyncReason::UnknownRevision,
+        ResyncReason::Overflow,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResyncReason::TooOld => "too_old",
+            ResyncReason::UnknownRevision => "unknown_revision",
+            ResyncReason::Overflow => "overflow",
+        }
+    }
+}
+
+/// One message to a watcher, in the order it must see them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    /// Every matching dataplane at `revision`.
+    Snapshot {
+        revision: Revision,
+        items: Vec<Arc<Event>>,
+    },
+    /// Up to date as of `revision`.
+    Synced { revision: Revision },
+    /// One dataplane changed or was deleted.
+    Event(Arc<Event>),
+    /// Forget what you know: a snapshot follows.
+    Resync(ResyncReason),
+}
+
+impl Message {
+    /// The revision a consumer has seen once it has read this message.
+    pub fn revision(&self) -> Option<Revision> {
+        match self {
+            Message::Snapshot { revision, .. } | Message::Synced { revision } => Some(*revision),
+            Message::Event(e) => Some(e.revision),
+            Message::Resync(_) => None,
+        }
+    }
+}
+
+/// Which dataplanes a watcher wants. Empty parts match everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    pub mesh: Option<String>,
+    pub names: BTreeSet<String>,
+    /// Every key=value must be on one inbound.
+    pub selector: BTreeMap<String, String>,
+}
+
+impl Filter {
+    pub fn matches(&self, dp: &Dataplane) -> bool {
+        self.mesh.as_ref().is_none_or(|m| &dp.id.mesh == m)
+            && (self.names.is_empty() || self.names.contains(&dp.id.name))
+            && selects(&self.selector, dp)
+    }
+}
+
+/// True when one inbound of `dp` carries every tag of `selector` (or it is empty).
+pub fn selects(selector: &BTreeMap<String, String>, dp: &Dataplane) -> bool {
+    selector.is_empty()
+        || dp
+            .inbounds
+            .iter()
+            .any(|i| selector.iter().all(|(k, v)| i.tags.get(k) == Some(v)))
+}
+
+/// How much history the feed keeps: the last `changes` changes, and none
+/// older than `age`.
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryLimits {
+    pub changes: usize,
+    pub age: Duration,
+}
+
+impl Default for HistoryLimits {
+    fn default() -> Self {
+        HistoryLimits {
+            changes: 10_000,
+            age: Duration::from_secs(300),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    incarnation: u64,
+    event: Arc<Event>,
+}
+
+/// The feed's state. Plain data: the caller passes the time.
+#[derive(Debug)]
+pub struct Feed {
+    revision: Revision,
+    /// Every change after this revision is in `history`.
+    floor: Revision,
+    history: VecDeque<(Instant, Arc<Event>)>,
+    /// The last event of every dataplane that exists.
+    index: HashMap<DataplaneId, Entry>,
+    /// Incarnations of deleted dataplanes, so a late change of an old task is ignored.
+    deleted: HashMap<DataplaneId, u64>,
+    limits: HistoryLimits,
+}
+
+impl Feed {
+    pub fn new(limits: HistoryLimits) -> Feed {
+        Feed {
+            revision: 0,
+            floor: 0,
+            history: VecDeque::new(),
+            index: HashMap::new(),
+            deleted: HashMap::new(),
+            limits,
+        }
+    }
+
+    pub fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    /// The oldest revision a watcher can resume from.
+    pub fn floor(&self) -> Revision {
+        self.floor
+    }
+
+    /// The last event of a dataplane that exists.
+    pub fn get(&self, id: &DataplaneId) -> Option<&Arc<Event>> {
+        self.index.get(id).map(|e| &e.event)
+    }
+
+    /// Applies a batch of changes: a burst of changes to one dataplane becomes
+    /// one event (its last state), each with the next revision. Returns the
+    /// new events, in revision order.
+    pub fn apply(&mut self, changes: Vec<Change>, now: Instant) -> Vec<Arc<Event>> {
+        let mut order: Vec<DataplaneId> = Vec::new();
+        let mut last: HashMap<DataplaneId, Change> = HashMap::new();
+        for change in changes {
+            let id = &change.dataplane.id;
+            let current = last
+                .get(id)
+                .map(|c| c.incarnation)
+                .or_else(|| self.index.get(id).map(|e| e.incarnation))
+                .or_else(|| self.deleted.get(id).copied());
+            if current.is_some_and(|inc| change.incarnation < inc) {
+                continue; // a late change from a task that was replaced
+            }
+            if !last.contains_key(id) {
+                order.push(id.clone());
+            }
+            last.insert(id.clone(), change);
+        }
+        let mut events = Vec::with_capacity(order.len());
+        for id in order {
+            let Some(change) = last.remove(&id) else {
+                continue;
+            };
+            self.revision += 1;
+            let event = Arc::new(Event {
+                revision: self.revision,
+                kind: change.kind,
+                ready: change.ready && change.kind == ChangeKind::Changed,
+                dataplane: change.dataplane,
+            });
+            match change.kind {
+                ChangeKind::Changed => {
+                    self.deleted.remove(&id);
+                    self.index.insert(
+                        id,
+                        Entry {
+                            incarnation: change.incarnation,
+                            event: event.clone(),
+                        },
+                    );
+                }
+                ChangeKind::Deleted => {
+                    self.index.remove(&id);
+                    self.deleted.insert(id, change.incarnation);
+                }
+            }
+            self.history.push_back((now, event.clone()));
+            events.push(event);
+        }
+        self.evict(now);
+        events
+    }
+
+    fn evict(&mut self, now: Instant) {
+        while let Some((at, event)) = self.history.front() {
+            let too_many = self.history.len() > self.limits.changes;
+            let too_old = now.saturating_duration_since(*at) > self.limits.age;
+            if !too_many && !too_old {
+                break;
+            }
+            self.floor = event.revision;
+            self.history.pop_front();
+        }
+    }
+
+    /// Every matching dataplane that exists, sorted by mesh and name.
+    pub fn snapshot(&self, filter: &Filter) -> Vec<Arc<Event>> {
+        let mut items: Vec<Arc<Event>> = self
+            .index
+            .values()
+            .filter(|e| filter.matches(&e.event.dataplane))
+            .map(|e| e.event.clone())
+            .collect();
+        items.sort_by(|a, b| a.id().cmp(b.id()));
+        items
+    }
+
+    /// What changed after `since` for the dataplanes `filter` matches, one
+    /// event per dataplane (its last), in revision order; or why the history
+    /// cannot tell.
+    pub fn since(&self, since: Revision, filter: &Filter) -> Result<Vec<Arc<Event>>, ResyncReason> {
+        if since > self.revision {
+            return Err(ResyncReason::UnknownRevision);
+        }
+        if since < self.floor {
+            return Err(ResyncReason::TooOld);
+        }
+        let start = self.history.partition_point(|(_, e)| e.revision <= since);
+        let mut latest: HashMap<&DataplaneId, &Arc<Event>> = HashMap::new();
+        for (_, e) in self.history.range(start..) {
+            if filter.matches(&e.dataplane) {
+                latest.insert(e.id(), e);
+            }
+        }
+        let mut events: Vec<Arc<Event>> = latest.into_values().cloned().collect();
+        events.sort_by_key(|e| e.revision);
+        Ok(events)
+    }
+
+    /// The first messages of a watch: a replay after `since` then SYNCED, or
+    /// (without `since`, or when the history cannot tell) a SNAPSHOT then
+    /// SYNCED, preceded by RESYNC when `since` could not be honoured.
+    pub fn subscribe(&self, since: Option<Revision>, filter: &Filter) -> Vec<Message> {
+        let mut out = Vec::new();
+        if let Some(since) = since {
+            match self.since(since, filter) {
+                Ok(events) => {
+                    out.extend(events.into_iter().map(Message::Event));
+                    out.push(Message::Synced {
+                        revision: self.revision,
+                    });
+                    return out;
+                }
+                Err(reason) => out.push(Message::Resync(reason)),
+            }
+        }
+        out.push(Message::Snapshot {
+            revision: self.revision,
+            items: self.snapshot(filter),
+        });
+        out.push(Message::Synced {
+            revision: self.revision,
+        });
+        out
+    }
+}
+
+/// A batch of new events, as broadcast to every watcher.
+pub type Batch = Arc<Vec<Arc<Event>>>;
+
+/// Batches a watcher may fall behind before it gets RESYNC.
+pub const WATCHER_BUFFER: usize = 1024;
+
+enum Input {
+    Change(Change),
+    Subscribe {
+        since: Option<Revision>,
+        filter: Filter,
+        reply: oneshot::Sender<(Vec<Message>, broadcast::Receiver<Batch>)>,
+    },
+    Index {
+        reply: oneshot::Sender<Index>,
+    },
+}
+
+/// The feed's revision and every dataplane's last revision and readiness.
+#[derive(Debug, Clone, Default)]
+pub struct Index {
+    pub revision: Revision,
+    pub dataplanes: HashMap<DataplaneId, Revision>,
+}
+
+/// Sends changes to the feed. Cheap to clone; sending never waits.
+#[derive(Debug, Clone)]
+pub struct FeedSender {
+    tx: mpsc::UnboundedSender<Input>,
+}
+
+impl FeedSender {
+    pub fn publish(&self, change: Change) {
+        // The feed ends only with the process.
+        let _ = self.tx.send(Input::Change(change));
+    }
+}
+
+/// The feed is gone (the process is shutting down).
+#[derive(Debug, thiserror::Error)]
+#[error("the change feed has stopped (hdsd is shutting down)")]
+pub struct FeedClosed;
+
+/// Reads the feed. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct FeedHandle {
+    tx: mpsc::UnboundedSender<Input>,
+    drain: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl FeedHandle {
+    /// The same feed, whose watches end once `drain` turns true (shutdown).
+    pub fn until(self, drain: tokio::sync::watch::Receiver<bool>) -> FeedHandle {
+        FeedHandle {
+            drain: Some(drain),
+            ..self
+        }
+    }
+
+    /// Completes when watches must end (never without [`FeedHandle::until`]).
+    pub async fn drained(&self) {
+        match self.drain.clone() {
+            Some(mut drain) => {
+                let _ = drain.wait_for(|d| *d).await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    pub fn sender(&self) -> FeedSender {
+        FeedSender {
+            tx: self.tx.clone(),
+        }
+    }
+
+    /// The first messages of a watch, and a receiver of every batch after them.
+    pub async fn subscribe(
+        &self,
+        since: Option<Revision>,
+        filter: Filter,
+    ) -> Result<(Vec<Message>, broadcast::Receiver<Batch>), FeedClosed> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Input::Subscribe {
+                since,
+                filter,
+                reply,
+            })
+            .map_err(|_| FeedClosed)?;
+        rx.await.map_err(|_| FeedClosed)
+    }
+
+    /// The current revision and each dataplane's last revision.
+    pub async fn index(&self) -> Result<Index, FeedClosed> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Input::Index { reply })
+            .map_err(|_| FeedClosed)?;
+        rx.await.map_err(|_| FeedClosed)
+    }
+}
+
+/// Changes read in one go at most: one batch, one broadcast.
+const MAX_BATCH: usize = 4096;
+
+/// Starts the feed's task, its single writer. A watcher may fall `buffer`
+/// batches behind before it gets RESYNC ([`WATCHER_BUFFER`] in hdsd).
+pub fn spawn(limits: HistoryLimits, buffer: usize) -> FeedHandle {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (events, _) = broadcast::channel(buffer.max(1));
+    tokio::spawn(run(Feed::new(limits), rx, events));
+    FeedHandle { tx, drain: None }
+}
+
+async fn run(
+    mut feed: Feed,
+    mut inputs: mpsc::UnboundedReceiver<Input>,
+    events: broadcast::Sender<Batch>,
+) {
+    let mut buffer = Vec::with_capacity(MAX_BATCH);
+    loop {
+        if inputs.recv_many(&mut buffer, MAX_BATCH).await == 0 {
+            return;
+        }
+        let mut changes = Vec::new();
+        for input in buffer.drain(..) {
+            match input {
+                Input::Change(c) => changes.push(c),
+                other => {
+                    // Changes before a subscription are published first, so
+                    // the subscriber's snapshot and its live events meet exactly.
+                    publish(&mut feed, std::mem::take(&mut changes), &events);
+                    answer(&feed, other, &events);
+                }
+            }
+        }
+        publish(&mut feed, changes, &events);
+    }
+}
+
+fn publish(feed: &mut Feed, changes: Vec<Change>, events: &broadcast::Sender<Batch>) {
+    if changes.is_empty() {
+        return;
+    }
+    let batch = feed.apply(changes, Instant::now());
+    if !batch.is_empty() {
+        crate::metrics::feed_changes(batch.len());
+        // No receiver is fine: nobody watches.
+        let _ = events.send(Arc::new(batch));
+    }
+}
+
+fn answer(feed: &Feed, input: Input, events: &broadcast::Sender<Batch>) {
+    match input {
+        Input::Change(_) => {}
+        Input::Subscribe {
+            since,
+            filter,
+            reply,
+        } => {
+            let _ = reply.send((feed.subscribe(since, &filter), events.subscribe()));
+        }
+        Input::Index { reply } => {
+            let _ = reply.send(Index {
+                revision: feed.revision,
+                dataplanes: feed
+                    .index
+                    .iter()
+                    .map(|(id, e)| (id.clone(), e.event.revision))
+                    .collect(),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::parse_documents;
+
+    fn dp(name: &str, service: &str) -> Arc<Dataplane> {
+        let text = format!("type: Dataplane\nmesh: default\nname: {name}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    tags: {{kuma.io/service: {service}}}\n");
+        Arc::new(parse_documents(&text).unwrap().remove(0))
+    }
+
+    fn changed(d: &Arc<Dataplane>, ready: bool) -> Change {
+        Change {
+            dataplane: d.clone(),
+            incarnation: 1,
+            kind: ChangeKind::Changed,
+            ready,
+        }
+    }
+
+    fn names(events: &[Arc<Event>]) -> Vec<(String, Revision)> {
+        events
+            .iter()
+            .map(|e| (e.dataplane.id.name.clone(), e.revision))
+            .collect()
+    }
+
+    #[test]
+    fn a_burst_to_one_dataplane_becomes_one_event_with_its_last_state() {
+        let mut feed = Feed::new(HistoryLimits::default());
+        let (a, b) = (dp("a", "web"), dp("b", "web"));
+        let t = Instant::now();
+        let events = feed.apply(
+            vec![
+                changed(&a, false),
+                changed(&b, false),
+                changed(&a, true),
+                changed(&a, false),
+                changed(&a, true),
+            ],
+            t,
+        );
+        assert_eq!(names(&events), [("a".into(), 1), ("b".into(), 2)]);
+        assert!(events[0].ready, "the last state of the burst wins");
+        assert_eq!(feed.revision(), 2);
+        // Nothing is dropped: every dataplane that changed has its event.
+        let all = feed.since(0, &Filter::default()).unwrap();
+        assert_eq!(names(&all), [("a".into(), 1), ("b".into(), 2)]);
+    }
+
+    #[test]
+    fn resume_inside_the_history_replays_only_what_came_after() {
+        let mut feed = Feed::new(HistoryLimits::default());
+        let (a, b, c) = (dp("a", "web"), dp("b", "api"), dp("c", "web"));
+        let t = Instant::now();
+        feed.apply(vec![changed(&a, false)], t); // 1
+        feed.apply(vec![changed(&b, false)], t); // 2
+        feed.apply(vec![changed(&c, true)], t); // 3
+        feed.apply(vec![changed(&a, true)], t); // 4
+        let m = feed.subscribe(Some(2), &Filter::default());
+        assert_eq!(
+            m,
+            vec![
+                Message::Event(feed.get(&c.id).unwrap().clone()),
+                Message::Event(feed.get(&a.id).unwrap().clone()),
+                Message::Synced { revision: 4 },
+            ]
+        );
+        // Up to date: nothing to replay, just SYNCED.
+        assert_eq!(
+            feed.subscribe(Some(4), &Filter::default()),
+            vec![Message::Synced { revision: 4 }]
+        );
+        // A selector narrows the replay.
+        let web = Filter {
+            selector: [("kuma.io/service".into(), "api".into())].into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            feed.subscribe(Some(1), &web),
+            vec![
+                Message::Event(feed.get(&b.id).unwrap().clone()),
+                Message::Synced { revision: 4 }
+            ]
+        );
+    }
+
+    #[test]
+    fn resume_outside_the_history_resyncs_with_a_snapshot() {
+        let limits = HistoryLimits {
+            changes: 2,
+            age: Duration::from_secs(300),
+        };
+        let mut feed = Feed::new(limits);
+        let (a, b, c) = (dp("a", "web"), dp("b", "web"), dp("c", "web"));
+        let t = Instant::now();
+        for d in [&a, &b, &c] {
+            feed.apply(vec![changed(d, true)], t);
+        }
+        assert_eq!(feed.floor(), 1, "revision 1 fell out of the history");
+        assert!(feed.since(1, &Filter::default()).is_ok());
+        let m = feed.subscribe(Some(0), &Filter::default());
+        assert_eq!(m[0], Message::Resync(ResyncReason::TooOld));
+        let Message::Snapshot { revision, items } = &m[1] else {
+            panic!("a snapshot follows RESYNC: {m:?}");
+        };
+        assert_eq!(*revision, 3);
+        assert_eq!(
+            names(items),
+            [("a".into(), 1), ("b".into(), 2), ("c".into(), 3)]
+        );
+        assert_eq!(m[2], Message::Synced { revision: 3 });
+        // A revision from before a restart is unknown to this process.
+        let m = feed.subscribe(Some(99), &Filter::default());
+        assert_eq!(m[0], Message::Resync(ResyncReason::UnknownRevision));
+        // History older than its age limit goes too.
+        feed.apply(vec![changed(&a, false)], t + Duration::from_secs(301));
+        assert_eq!(feed.floor(), 3);
+    }
+
+    #[test]
+    fn deleted_dataplanes_leave_the_snapshot_and_late_changes_of_old_tasks_are_ignored() {
+        let mut feed = Feed::new(HistoryLimits::default());
+        let a = dp("a", "web");
+        let t = Instant::now();
+        feed.apply(vec![changed(&a, true)], t);
+        // Removed (task 1) and added again (task 2); task 1's deletion arrives late.
+        let again = Change {
+            incarnation: 2,
+            ..changed(&a, false)
+        };
+        let late_delete = Change {
+            kind: ChangeKind::Deleted,
+            ..changed(&a, false)
+        };
+        feed.apply(vec![again], t);
+        assert!(feed.apply(vec![late_delete.clone()], t).is_empty());
+        assert_eq!(feed.snapshot(&Filter::default()).len(), 1);
+        // Task 2's deletion counts.
+        let events = feed.apply(
+            vec![Change {
+                incarnation: 2,
+                ..late_delete
+            }],
+            t,
+        );
+        assert_eq!(events[0].kind, ChangeKind::Deleted);
+        assert!(!events[0].ready);
+        assert!(feed.snapshot(&Filter::default()).is_empty());
+    }
+
+    #[test]
+    fn filters_match_mesh_names_and_a_selector_on_one_inbound() {
+        let a = dp("a", "web");
+        let mut f = Filter {
+            mesh: Some("default".into()),
+            names: ["a".to_string()].into(),
+            selector: [("kuma.io/service".into(), "web".into())].into(),
+        };
+        assert!(f.matches(&a));
+        f.selector.insert("version".into(), "v2".into());
+        assert!(!f.matches(&a));
+        assert!(!Filter {
+            mesh: Some("other".into()),
+            ..Default::default()
+        }
+        .matches(&a));
+    }
+}

@@ -1,0 +1,348 @@
+//! `hdsd.v1.ReadinessService` over gRPC: a thin layer that reads the registry
+//! and the feed, converts to protobuf and pumps watches. Served on the API
+//! listener beside REST, with the same `api.tokens`.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt as _};
+use tonic::{Request, Response, Status};
+
+use super::feed::{ChangeKind, Event, FeedHandle, Filter, Message, ResyncReason};
+use super::pb;
+use super::services::{services, ServiceStatus};
+use super::watch::{watch, CONSUMER_BUFFER};
+use crate::api::DataplaneItem;
+use crate::dataplane::DataplaneId;
+use crate::readiness::Timestamp;
+use crate::registry::Registry;
+
+/// The gRPC service: reads snapshots, writes nothing.
+#[derive(Debug, Clone)]
+pub struct ReadinessApi {
+    pub registry: Registry,
+    pub feed: FeedHandle,
+}
+
+fn unavailable(e: super::feed::FeedClosed) -> Status {
+    Status::unavailable(e.to_string())
+}
+
+fn timestamp(t: Timestamp) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: t.timestamp(),
+        nanos: t.timestamp_subsec_nanos() as i32,
+    }
+}
+
+/// The REST status word as the proto enum (the same names, 1:1).
+pub fn status_of(word: &str) -> pb::Status {
+    use crate::readiness::Status as S;
+    match crate::readiness::Status::from_name(word) {
+        Some(S::Pending) => pb::Status::Pending,
+        Some(S::Healthy) => pb::Status::Healthy,
+        Some(S::Unhealthy) => pb::Status::Unhealthy,
+        Some(S::Timeout) => pb::Status::Timeout,
+        Some(S::Draining) => pb::Status::Draining,
+        Some(S::Degraded) => pb::Status::Degraded,
+        Some(S::Unknown) => pb::Status::Unknown,
+        Some(S::NotProbed) => pb::Status::NotProbed,
+        Some(S::Stale) => pb::Status::Stale,
+        None => pb::Status::Unspecified,
+    }
+}
+
+/// The REST item as protobuf, with its revision.
+pub fn to_pb(item: &DataplaneItem, revision: u64) -> pb::Dataplane {
+    pb::Dataplane {
+        mesh: item.mesh.clone(),
+        name: item.name.clone(),
+        address: item.address.to_string(),
+        connection: Some(pb::Connection {
+            connected: item.connection.connected,
+            connected_at: item.connection.connected_at.map(timestamp),
+            last_report_at: item.connection.last_report_at.map(timestamp),
+        }),
+        inbounds: item
+            .inbounds
+            .iter()
+            .map(|i| pb::Inbound {
+                port: u32::from(i.port),
+                service_port: u32::from(i.service_port),
+                service_address: i.service_address.to_string(),
+                tags: i.tags.clone().into_iter().collect(),
+                health: Some(pb::Health {
+                    ready: i.health.ready,
+                    status: status_of(&i.health.status) as i32,
+                    since: Some(timestamp(i.health.since)),
+                    last_report_at: i.health.last_report_at.map(timestamp),
+                }),
+            })
+            .collect(),
+        revision,
+        ready: item.is_ready(),
+    }
+}
+
+fn dataplane_revision(e: &Event) -> pb::DataplaneRevision {
+    pb::DataplaneRevision {
+        mesh: e.dataplane.id.mesh.clone(),
+        name: e.dataplane.id.name.clone(),
+        revision: e.revision,
+        ready: e.ready,
+    }
+}
+
+/// One feed message as a `WatchEvent`.
+pub fn to_event(message: &Message) -> pb::WatchEvent {
+    use pb::watch_event::{ResyncReason as R, Type};
+    let mut event = pb::WatchEvent::default();
+    match message {
+        Message::Snapshot { revision, items } => {
+            event.set_type(Type::Snapshot);
+            event.revision = *revision;
+            event.snapshot = items.iter().map(|e| dataplane_revision(e)).collect();
+        }
+        Message::Synced { revision } => {
+            event.set_type(Type::Synced);
+            event.revision = *revision;
+        }
+        Message::Event(e) => {
+            event.set_type(match e.kind {
+                ChangeKind::Changed => Type::Changed,
+                ChangeKind::Deleted => Type::Deleted,
+            });
+            event.revision = e.revision;
+            event.dataplane = Some(dataplane_revision(e));
+        }
+        Message::Resync(reason) => {
+            event.set_type(Type::Resync);
+            event.set_resync_reason(match reason {
+                ResyncReason::TooOld => R::TooOld,
+                ResyncReason::UnknownRevision => R::UnknownRevision,
+                ResyncReason::Overflow => R::Overflow,
+            });
+        }
+    }
+    event
+}
+
+fn filter(mesh: String, names: Vec<String>, selector: BTreeMap<String, String>) -> Filter {
+    Filter {
+        mesh: (!mesh.is_empty()).then_some(mesh),
+        names: names.into_iter().collect(),
+        selector,
+    }
+}
+
+impl ReadinessApi {
+    /// Every dataplane `f` matches, with the revision the list was taken at.
+    /// The revision is read first: every change up to it is in the items.
+    pub async fn list(
+        &self,
+        f: &Filter,
+        ready: Option<bool>,
+    ) -> Result<(u64, Vec<pb::Dataplane>), Status> {
+        let index = self.feed.index().await.map_err(unavailable)?;
+        let items = self
+            .registry
+            .catalog()
+            .iter()
+            .filter(|(id, _)| f.mesh.as_ref().is_none_or(|m| &id.mesh == m))
+            .filter_map(|(id, handle)| {
+                let state = handle.state();
+                let defined = state.defined.as_ref()?;
+                if !f.matches(&defined.dataplane) {
+                    return None;
+                }
+                let item = DataplaneItem::from_state(&state)?;
+                if ready.is_some_and(|r| item.is_ready() != r) {
+                    return None;
+                }
+                Some(to_pb(&item, index.dataplanes.get(id).copied().unwrap_or(0)))
+            })
+            .collect();
+        Ok((index.revision, items))
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::readiness_service_server::ReadinessService for ReadinessApi {
+    async fn list_dataplanes(
+        &self,
+        request: Request<pb::ListDataplanesRequest>,
+    ) -> Result<Response<pb::ListDataplanesResponse>, Status> {
+        let r = request.into_inner();
+        let f = filter(r.mesh, Vec::new(), r.selector.into_iter().collect());
+        let (revision, items) = self.list(&f, r.ready).await?;
+        Ok(Response::new(pb::ListDataplanesResponse {
+            items,
+            revision,
+        }))
+    }
+
+    async fn get_dataplane(
+        &self,
+        request: Request<pb::GetDataplaneRequest>,
+    ) -> Result<Response<pb::Dataplane>, Status> {
+        let r = request.into_inner();
+        let id = DataplaneId::new(r.mesh, r.name);
+        let index = self.feed.index().await.map_err(unavailable)?;
+        match self
+            .registry
+            .get(&id)
+            .and_then(|h| DataplaneItem::from_state(&h.state()))
+        {
+            Some(item) => Ok(Response::new(to_pb(
+                &item,
+                index.dataplanes.get(&id).copied().unwrap_or(0),
+            ))),
+            None => Err(Status::not_found(format!(
+                "dataplane {id} not found; GET /api/v1/dataplanes lists the known ones"
+            ))),
+        }
+    }
+
+    async fn list_services(
+        &self,
+        request: Request<pb::ListServicesRequest>,
+    ) -> Result<Response<pb::ListServicesResponse>, Status> {
+        let r = request.into_inner();
+        let items: Vec<DataplaneItem> = self
+            .registry
+            .catalog()
+            .values()
+            .filter_map(|h| DataplaneItem::from_state(&h.state()))
+            .collect();
+        let mesh = (!r.mesh.is_empty()).then_some(r.mesh.as_str());
+        let items = services(&items, mesh)
+            .into_iter()
+            .map(|s| pb::Service {
+                mesh: s.mesh,
+                name: s.name,
+                inbounds_ready: s.inbounds_ready,
+                inbounds_total: s.inbounds_total,
+                dataplanes: s.dataplanes,
+                dataplanes_connected: s.dataplanes_connected,
+                status: match s.status {
+                    ServiceStatus::Online => pb::ServiceStatus::Online,
+                    ServiceStatus::PartiallyDegraded => pb::ServiceStatus::PartiallyDegraded,
+                    ServiceStatus::Offline => pb::ServiceStatus::Offline,
+                } as i32,
+            })
+            .collect();
+        Ok(Response::new(pb::ListServicesResponse { items }))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let r = request.into_inner();
+        let f = filter(r.mesh, r.names, r.selector.into_iter().collect());
+        let rx = watch(self.feed.clone(), f, r.since_revision, CONSUMER_BUFFER);
+        let stream = ReceiverStream::new(rx).map(|m| Ok(to_event(&m)));
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// Checks `authorization: Bearer <token>` against `api.tokens` (open when empty).
+#[derive(Debug, Clone)]
+pub struct TokenCheck {
+    pub tokens: Arc<Vec<String>>,
+}
+
+impl tonic::service::Interceptor for TokenCheck {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        if self.tokens.is_empty() {
+            return Ok(request);
+        }
+        // The same rule as REST and HDS: auth::bearer.
+        let presented = match request.metadata().get("authorization") {
+            None => Err(crate::auth::BearerError::Missing),
+            Some(v) => v
+                .to_str()
+                .map_err(|_| crate::auth::BearerError::NotAscii)
+                .and_then(crate::auth::bearer::parse),
+        };
+        match presented {
+            Ok(t) if crate::api::is_api_token(&self.tokens, t) => Ok(request),
+            Ok(_) => Err(Status::unauthenticated(
+                "invalid API token; use one of api.tokens",
+            )),
+            Err(crate::auth::BearerError::Missing) => Err(Status::unauthenticated(
+                "this API needs a token: send the metadata `authorization: Bearer <token>` with one of api.tokens",
+            )),
+            Err(e) => Err(Status::unauthenticated(format!(
+                "{e}; this API needs the metadata `authorization: Bearer <token>` with one of api.tokens"
+            ))),
+        }
+    }
+}
+
+/// The gRPC services of the API listener: `hdsd.v1.ReadinessService` (behind
+/// `api.tokens`), server reflection (behind `api.tokens`) and the standard
+/// `grpc.health.v1.Health` (open, like `/healthz`).
+pub async fn router(api: ReadinessApi, tokens: Arc<Vec<String>>) -> axum::Router {
+    use pb::readiness_service_server::ReadinessServiceServer;
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<ReadinessServiceServer<ReadinessApi>>()
+        .await;
+    let check = TokenCheck { tokens };
+    let readiness = ReadinessServiceServer::with_interceptor(api, check.clone());
+    let routes = tonic::service::Routes::new(health).add_service(readiness);
+    let routes = match tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+    {
+        Ok(reflection) => routes.add_service(tonic::service::interceptor::InterceptedService::new(
+            reflection, check,
+        )),
+        Err(e) => {
+            tracing::warn!("gRPC server reflection is off: {e}");
+            routes
+        }
+    };
+    routes.prepare().into_axum_router()
+}
+
+/// One listener for both: requests whose content type is `application/grpc*`
+/// go to `grpc`, everything else to `rest`.
+pub fn by_content_type(rest: axum::Router, grpc: axum::Router) -> axum::Router {
+    use tower::ServiceExt as _;
+    let service = tower::service_fn(move |request: axum::extract::Request| {
+        let is_grpc = request
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+        let target = if is_grpc { grpc.clone() } else { rest.clone() };
+        async move { target.oneshot(request).await }
+    });
+    axum::Router::new().fallback_service(service)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rest_status_word_has_its_proto_value() {
+        for s in crate::readiness::Status::ALL {
+            let v = status_of(s.as_str());
+            assert_ne!(v, pb::Status::Unspecified, "{s:?}");
+            // The proto names are the REST words, upper-cased, with a prefix.
+            assert_eq!(
+                v.as_str_name(),
+                format!("STATUS_{}", s.as_str().to_uppercase())
+            );
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! `GET /api/v1/watch`: the watch as Server-Sent Events, for scripts and
+//! browsers. The same messages as the gRPC `Watch`; each event's `id` is its
+//! revision, so a client's `Last-Event-ID` resumes where it stopped.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt as _;
+
+use super::feed::{ChangeKind, Event, Filter, Message, Revision};
+use super::watch::{watch as start_watch, CONSUMER_BUFFER};
+use crate::api::ApiState;
+
+/// The query of `GET /api/v1/watch`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchQuery {
+    pub mesh: Option<String>,
+    /// Dataplane names, comma-separated.
+    pub names: Option<String>,
+    /// Tags an inbound must carry, `k=v` comma-separated.
+    pub selector: Option<String>,
+    /// Resume after this revision (as `Last-Event-ID` does).
+    pub since: Option<Revision>,
+}
+
+/// Parses `k=v,k2=v2`.
+pub fn parse_selector(s: &str) -> Result<BTreeMap<String, String>, String> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                Ok((k.trim().to_string(), v.trim().to_string()))
+            }
+            _ => Err(format!(
+                "selector {pair:?} is not key=value; write e.g. selector=kuma.io/service=web"
+            )),
+        })
+        .collect()
+}
+
+fn dataplane_json(e: &Event) -> serde_json::Value {
+    serde_json::json!({
+        "mesh": e.dataplane.id.mesh,
+        "name": e.dataplane.id.name,
+        "revision": e.revision,
+        "ready": e.ready,
+    })
+}
+
+/// One feed message as an SSE event: `event` is the type in lowercase, `data`
+/// one JSON object, `id` the revision (none for `resync`).
+pub fn to_sse(message: &Message) -> SseEvent {
+    let (kind, data) = match message {
+        Message::Snapshot { revision, items } => (
+            "snapshot",
+            serde_json::json!({
+                "type": "SNAPSHOT",
+                "revision": revision,
+                "snapshot": items.iter().map(|e| dataplane_json(e)).collect::<Vec<_>>(),
+            }),
+        ),
+        Message::Synced { revision } => (
+            "synced",
+            serde_json::json!({ "type": "SYNCED", "revision": revision }),
+        ),
+        Message::Event(e) => {
+            let (kind, word) = match e.kind {
+                ChangeKind::Changed => ("changed", "CHANGED"),
+                ChangeKind::Deleted => ("deleted", "DELETED"),
+            };
+            (
+                kind,
+                serde_json::json!({ "type": word, "revision": e.revision, "dataplane": dataplane_json(e) }),
+            )
+        }
+        Message::Resync(reason) => (
+            "resync",
+            serde_json::json!({ "type": "RESYNC", "resyncReason": reason.as_str() }),
+        ),
+    };
+    let event = SseEvent::default().event(kind).data(data.to_string());
+    match message.revision() {
+        Some(r) => event.id(r.to_string()),
+        None => event,
+    }
+}
+
+/// `GET /api/v1/watch?mesh=&names=a,b&selector=k=v&since=N`.
+pub async fn handler(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    Query(q): Query<WatchQuery>,
+) -> Response {
+    let selector = match q.selector.as_deref().map(parse_selector).transpose() {
+        Ok(s) => s.unwrap_or_default(),
+        Err(e) => return bad_request(&e),
+    };
+    let last_event_id = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().parse::<Revision>());
+    let since = match last_event_id {
+        Some(Ok(r)) => Some(r),
+        Some(Err(_)) => {
+            return bad_request("Last-Event-ID must be a revision (a number) this stream sent")
+        }
+        None => q.since,
+    };
+    let filter = Filter {
+        mesh: q.mesh.filter(|m| !m.is_empty()),
+        names: q
+            .names
+            .iter()
+            .flat_map(|n| n.split(','))
+            .filter(|n| !n.is_empty())
+            .map(str::to_string)
+            .collect(),
+        selector,
+    };
+    let rx = start_watch(s.feed.clone(), filter, since, CONSUMER_BUFFER);
+    let stream = ReceiverStream::new(rx).map(|m| Ok::<_, Infallible>(to_sse(&m)));
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+fn bad_request(message: &str) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        axum::Json(serde_json::json!({ "error": message })),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_parse_and_bad_ones_say_how_to_write_them() {
+        assert_eq!(
+            parse_selector("kuma.io/service=web, version=v2").unwrap(),
+            [
+                ("kuma.io/service".to_string(), "web".to_string()),
+                ("version".to_string(), "v2".to_string())
+            ]
+            .into()
+        );
+        assert!(parse_selector("web").unwrap_err().contains("key=value"));
+    }
+}
