@@ -171,7 +171,7 @@ fn a_python_client_lists_gets_watches_and_resumes_without_gaps_or_repeats() {
     drop(follower);
 
     // While no client listens, web-1 comes back.
-    let _app_a = App::start_on(app_a.port);
+    app_a.resume();
     hdsd.wait_inbound("default.web-1", 20001, "healthy", Duration::from_secs(30));
 
     // Resume after the last revision seen: the replay, then SYNCED.
