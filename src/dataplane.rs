@@ -13,7 +13,9 @@ use std::time::Duration;
 use serde::de::{Error as _, IgnoredAny};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::probe::ProbeSettings;
+use crate::probe::{
+    one_kind, Check, GrpcCheck, HttpCheck, Payload, ProbeSettings, StatusRange, TcpCheck,
+};
 
 /// `<mesh>.<name>`: the identity of a dataplane, and Envoy's `node.id`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -77,6 +79,8 @@ pub struct Dataplane {
     pub id: DataplaneId,
     pub address: IpAddr,
     pub inbounds: Vec<Inbound>,
+    /// `networking.admin.port`: the Envoy's admin port on its loopback.
+    pub admin_port: Option<u16>,
 }
 
 /// One application port behind the dataplane's Envoy.
@@ -95,13 +99,19 @@ pub struct Inbound {
 }
 
 /// The fields of `serviceProbe`; unset fields take the server's defaults.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct ProbeOverrides {
     pub interval: Option<Duration>,
     pub timeout: Option<Duration>,
     pub no_traffic_interval: Option<Duration>,
     pub healthy_threshold: Option<u32>,
     pub unhealthy_threshold: Option<u32>,
+    /// `http:`, `grpc:` or `tcp:`; unset: the server's default check (`hds.check.kind`).
+    pub check: Option<Check>,
+    /// Probe this port instead of `servicePort`.
+    pub port: Option<u16>,
+    /// Probe this address instead of `serviceAddress`.
+    pub address: Option<IpAddr>,
 }
 
 impl ProbeOverrides {
@@ -223,7 +233,15 @@ struct NetworkingDoc {
     #[serde(default)]
     transparent_proxying: Option<IgnoredAny>,
     #[serde(default)]
-    admin: Option<IgnoredAny>,
+    admin: Option<AdminDoc>,
+}
+
+/// `networking.admin`: where the Envoy's admin listens (on its loopback).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdminDoc {
+    #[serde(default)]
+    port: Option<Port>,
 }
 
 #[derive(Deserialize)]
@@ -264,9 +282,149 @@ struct ServiceProbeDoc {
     healthy_threshold: Option<u32>,
     #[serde(default)]
     unhealthy_threshold: Option<u32>,
-    /// Kuma's `tcp: {}`; TCP is the only checker hdsd runs.
+    /// Kuma's `tcp: {}` (a connect), or hdsd's payload check.
     #[serde(default)]
-    tcp: Option<IgnoredAny>,
+    tcp: Option<TcpDoc>,
+    /// hdsd's extension: an HTTP check.
+    #[serde(default)]
+    http: Option<HttpDoc>,
+    /// hdsd's extension: a grpc.health.v1 check.
+    #[serde(default)]
+    grpc: Option<GrpcDoc>,
+    /// hdsd's extension: probe this port instead of `servicePort`.
+    #[serde(default)]
+    port: Option<Port>,
+    /// hdsd's extension: probe this address instead of `serviceAddress`.
+    #[serde(default)]
+    address: Option<IpLiteral>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct TcpDoc {
+    #[serde(default)]
+    send: Option<String>,
+    #[serde(default)]
+    send_hex: Option<String>,
+    #[serde(default)]
+    receive: Vec<String>,
+    #[serde(default)]
+    receive_hex: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct HttpDoc {
+    path: String,
+    #[serde(default)]
+    host: Option<String>,
+    #[serde(default)]
+    expected_statuses: Vec<StatusDoc>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    http2: bool,
+}
+
+/// `200` or `"200-299"`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StatusDoc {
+    Code(u64),
+    Text(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrpcDoc {
+    #[serde(default)]
+    service: Option<String>,
+    #[serde(default)]
+    authority: Option<String>,
+}
+
+impl StatusDoc {
+    fn range(self) -> Result<StatusRange, String> {
+        let text = match self {
+            StatusDoc::Code(n) => return Ok(StatusRange { start: n, end: n }),
+            StatusDoc::Text(t) => t,
+        };
+        let bad = || {
+            format!("http.expectedStatuses: {text:?} is neither a status (200) nor a range (\"200-299\")")
+        };
+        let (start, end) = text.split_once('-').unwrap_or((&text, &text));
+        let start = start.trim().parse::<u64>().map_err(|_| bad())?;
+        let end = end.trim().parse::<u64>().map_err(|_| bad())?;
+        Ok(StatusRange { start, end })
+    }
+}
+
+impl TcpDoc {
+    fn check(self) -> Result<TcpCheck, String> {
+        let send = match (self.send, self.send_hex) {
+            (Some(_), Some(_)) => {
+                return Err("tcp: set send or sendHex, not both".into());
+            }
+            (Some(t), None) => Some(Payload::Text(t)),
+            (None, Some(h)) => Some(Payload::Hex(h)),
+            (None, None) => None,
+        };
+        if !self.receive.is_empty() && !self.receive_hex.is_empty() {
+            return Err("tcp: set receive or receiveHex, not both".into());
+        }
+        let receive = if self.receive_hex.is_empty() {
+            self.receive.into_iter().map(Payload::Text).collect()
+        } else {
+            self.receive_hex.into_iter().map(Payload::Hex).collect()
+        };
+        Ok(TcpCheck { send, receive })
+    }
+}
+
+impl ServiceProbeDoc {
+    fn into_overrides(self) -> Result<ProbeOverrides, String> {
+        let kinds: Vec<&str> = [
+            ("http", self.http.is_some()),
+            ("grpc", self.grpc.is_some()),
+            ("tcp", self.tcp.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, set)| set.then_some(k))
+        .collect();
+        one_kind(&kinds).map_err(|e| e.to_string())?;
+        let check = if let Some(http) = self.http {
+            Some(Check::Http(HttpCheck {
+                path: http.path,
+                host: http.host,
+                expected_statuses: http
+                    .expected_statuses
+                    .into_iter()
+                    .map(StatusDoc::range)
+                    .collect::<Result<_, _>>()?,
+                headers: http.headers,
+                http2: http.http2,
+            }))
+        } else if let Some(grpc) = self.grpc {
+            Some(Check::Grpc(GrpcCheck {
+                service: grpc.service,
+                authority: grpc.authority,
+            }))
+        } else if let Some(tcp) = self.tcp {
+            Some(Check::Tcp(tcp.check()?))
+        } else {
+            None
+        };
+        Ok(ProbeOverrides {
+            interval: self.interval,
+            timeout: self.timeout,
+            no_traffic_interval: self.no_traffic_interval,
+            healthy_threshold: self.healthy_threshold,
+            unhealthy_threshold: self.unhealthy_threshold,
+            check,
+            port: self.port.map(|p| p.0),
+            address: self.address.map(|a| a.0),
+        })
+    }
 }
 
 /// An IP address literal; a hostname is refused with the reason.
@@ -330,19 +488,18 @@ impl DataplaneDoc {
                 service_address: doc.service_address.map(|a| a.0).unwrap_or(inbound_address),
                 service_port: doc.service_port.map(|p| p.0).unwrap_or(doc.port.0),
                 tags: doc.tags,
-                probe: doc.service_probe.map(|p| ProbeOverrides {
-                    interval: p.interval,
-                    timeout: p.timeout,
-                    no_traffic_interval: p.no_traffic_interval,
-                    healthy_threshold: p.healthy_threshold,
-                    unhealthy_threshold: p.unhealthy_threshold,
-                }),
+                probe: doc
+                    .service_probe
+                    .map(ServiceProbeDoc::into_overrides)
+                    .transpose()
+                    .map_err(|e| format!("{id}: networking.inbound[{i}].serviceProbe: {e}"))?,
             });
         }
         Ok(Dataplane {
             id,
             address,
             inbounds,
+            admin_port: self.networking.admin.and_then(|a| a.port).map(|p| p.0),
         })
     }
 }
@@ -388,7 +545,10 @@ networking:
         let a = &dp.inbounds[0];
         assert_eq!((a.port, a.service_port), (10001, 8080));
         assert_eq!(a.service_address.to_string(), "127.0.0.1");
-        assert_eq!(a.probe.unwrap().interval, Some(Duration::from_secs(2)));
+        assert_eq!(
+            a.probe.as_ref().unwrap().interval,
+            Some(Duration::from_secs(2))
+        );
         let b = &dp.inbounds[1];
         assert_eq!(b.service_port, 10002, "servicePort defaults to port");
         assert_eq!(

@@ -1,33 +1,44 @@
 //! Building a dataplane's `HealthCheckSpecifier`: a pure function.
 //!
-//! One `ClusterHealthCheck` per distinct probe target (serviceAddress:servicePort),
-//! each with exactly one TCP connect check whose every field is set explicitly,
-//! and exactly one `LocalityEndpoints` holding the one endpoint. The mapping
-//! from (cluster, endpoint) back to inbounds is kept beside the message, so
-//! reports never have to parse names.
+//! One `ClusterHealthCheck` per distinct probe target (the serviceProbe's
+//! `address:port`, by default serviceAddress:servicePort), each with exactly
+//! one check (TCP, TCP payload or HTTP/1.1) whose every field is set
+//! explicitly, and exactly one `LocalityEndpoints` holding the one endpoint.
+//! The cluster name depends on the target only, so changing a probe's
+//! settings never renames its cluster. With `hds.check_envoy_ready`, one more
+//! cluster checks the Envoy's own admin `/ready`. The mapping from (cluster,
+//! endpoint) back to inbounds is kept beside the message, so reports never
+//! have to parse names.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{
-    address, health_check, socket_address, Address, HealthCheck, SocketAddress,
+    address, header_value_option, health_check, socket_address, Address, HeaderValue,
+    HeaderValueOption, HealthCheck, SocketAddress,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::Endpoint;
+use envoy_types::pb::envoy::r#type::v3::{CodecClientType, Int64Range};
 use envoy_types::pb::envoy::service::health::v3::{
     ClusterHealthCheck, HealthCheckSpecifier, LocalityEndpoints,
 };
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 
 use crate::dataplane::Dataplane;
-use crate::probe::{ProbeSettings, ValidationError};
+use crate::probe::{Check, HttpCheck, Payload, ProbeSettings, StatusRange, ValidationError};
 
 /// Server-wide inputs of specifier generation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpecifierSettings {
     pub defaults: ProbeSettings,
+    /// The check of inbounds whose `serviceProbe` sets no kind (`hds.check.kind`).
+    pub default_check: Check,
     pub report_interval: Duration,
     /// When false, only inbounds with a `serviceProbe` are probed.
     pub probe_all_inbounds: bool,
+    /// Check the Envoy's own admin `/ready` when the dataplane declares
+    /// `networking.admin.port`.
+    pub check_envoy_ready: bool,
 }
 
 impl Default for SpecifierSettings {
@@ -35,8 +46,10 @@ impl Default for SpecifierSettings {
     fn default() -> Self {
         SpecifierSettings {
             defaults: ProbeSettings::default(),
+            default_check: Check::default(),
             report_interval: Duration::from_secs(5),
             probe_all_inbounds: true,
+            check_envoy_ready: true,
         }
     }
 }
@@ -47,7 +60,8 @@ pub struct ProbeTarget {
     pub cluster: String,
     pub endpoint: SocketAddr,
     pub settings: ProbeSettings,
-    /// Indexes into `Dataplane::inbounds`.
+    pub check: Check,
+    /// Indexes into `Dataplane::inbounds` (none for the Envoy's own check).
     pub inbounds: Vec<usize>,
 }
 
@@ -58,6 +72,8 @@ pub struct Specifier {
     pub targets: Vec<ProbeTarget>,
     /// For every inbound (by index), the target that probes it, if any.
     pub target_of_inbound: Vec<Option<usize>>,
+    /// The target checking the Envoy's own admin `/ready`, if any.
+    pub envoy_ready: Option<usize>,
 }
 
 impl Specifier {
@@ -82,6 +98,7 @@ impl Specifier {
             },
             targets: Vec::new(),
             target_of_inbound: Vec::new(),
+            envoy_ready: None,
         }
     }
 }
@@ -102,9 +119,26 @@ pub enum SpecifierError {
     },
 }
 
-/// The stable cluster name of a probe target.
+/// The stable cluster name of a probe target: the target only, never the
+/// check's settings, so that editing a probe keeps its cluster (and Envoy's
+/// host state) and its inbounds' readiness.
 pub fn cluster_name(endpoint: SocketAddr) -> String {
     format!("probe_{endpoint}")
+}
+
+/// The cluster name of the Envoy's own `/ready` check.
+pub const ENVOY_READY_CLUSTER: &str = "envoy_ready";
+
+/// The check of the Envoy's own readiness: admin `GET /ready` must answer 200
+/// (it answers 503 while the Envoy initialises or drains).
+pub fn envoy_ready_check() -> Check {
+    Check::Http(HttpCheck {
+        expected_statuses: vec![StatusRange {
+            start: 200,
+            end: 200,
+        }],
+        ..HttpCheck::path("/ready")
+    })
 }
 
 /// Builds the specifier for `dataplane`. Fails if any effective probe setting
@@ -120,19 +154,29 @@ pub fn build(
             target_of_inbound.push(None);
             continue;
         }
-        let probe = inbound
-            .probe
+        let overrides = inbound.probe.as_ref();
+        let probe = overrides
             .map(|o| o.apply(&settings.defaults))
             .unwrap_or(settings.defaults);
-        if let Some(error) = probe.validate().into_iter().next() {
+        let check = overrides
+            .and_then(|o| o.check.clone())
+            .unwrap_or_else(|| settings.default_check.clone());
+        if let Some(error) = probe.validate().into_iter().chain(check.validate()).next() {
             return Err(SpecifierError::InvalidProbe {
                 inbound: index,
                 error,
             });
         }
-        let endpoint = SocketAddr::new(inbound.service_address, inbound.service_port);
+        let endpoint = SocketAddr::new(
+            overrides
+                .and_then(|o| o.address)
+                .unwrap_or(inbound.service_address),
+            overrides
+                .and_then(|o| o.port)
+                .unwrap_or(inbound.service_port),
+        );
         match targets.iter().position(|t| t.endpoint == endpoint) {
-            Some(t) if targets[t].settings != probe => {
+            Some(t) if targets[t].settings != probe || targets[t].check != check => {
                 return Err(SpecifierError::ConflictingProbes {
                     first: targets[t].inbounds[0],
                     second: index,
@@ -148,12 +192,26 @@ pub fn build(
                     cluster: cluster_name(endpoint),
                     endpoint,
                     settings: probe,
+                    check,
                     inbounds: vec![index],
                 });
                 target_of_inbound.push(Some(targets.len() - 1));
             }
         }
     }
+    let envoy_ready = match dataplane.admin_port {
+        Some(port) if settings.check_envoy_ready => {
+            targets.push(ProbeTarget {
+                cluster: ENVOY_READY_CLUSTER.to_string(),
+                endpoint: SocketAddr::from(([127, 0, 0, 1], port)),
+                settings: settings.defaults,
+                check: envoy_ready_check(),
+                inbounds: Vec::new(),
+            });
+            Some(targets.len() - 1)
+        }
+        _ => None,
+    };
     let message = HealthCheckSpecifier {
         cluster_health_checks: targets.iter().map(cluster_health_check).collect(),
         interval: Some(pb_duration(settings.report_interval)),
@@ -162,6 +220,7 @@ pub fn build(
         message,
         targets,
         target_of_inbound,
+        envoy_ready,
     })
 }
 
@@ -180,10 +239,7 @@ fn cluster_health_check(target: &ProbeTarget) -> ClusterHealthCheck {
             unhealthy_threshold: Some(UInt32Value {
                 value: s.unhealthy_threshold,
             }),
-            // Connect-only: no payload to send, nothing to expect.
-            health_checker: Some(health_check::HealthChecker::TcpHealthCheck(
-                health_check::TcpHealthCheck::default(),
-            )),
+            health_checker: Some(health_checker(&target.check, target.endpoint)),
             ..Default::default()
         }],
         locality_endpoints: vec![LocalityEndpoints {
@@ -191,6 +247,77 @@ fn cluster_health_check(target: &ProbeTarget) -> ClusterHealthCheck {
             endpoints: vec![endpoint(target.endpoint)],
         }],
         ..Default::default()
+    }
+}
+
+/// The Envoy checker of a (validated) check of `endpoint`.
+fn health_checker(check: &Check, endpoint: SocketAddr) -> health_check::HealthChecker {
+    match check {
+        // No payload: connect-only.
+        Check::Tcp(tcp) => {
+            health_check::HealthChecker::TcpHealthCheck(health_check::TcpHealthCheck {
+                send: tcp.send.as_ref().map(payload),
+                receive: tcp.receive.iter().map(payload).collect(),
+                proxy_protocol_config: None,
+            })
+        }
+        Check::Http(http) => {
+            health_check::HealthChecker::HttpHealthCheck(health_check::HttpHealthCheck {
+                // Envoy's default Host is the cluster name; the target reads better.
+                host: http.host.clone().unwrap_or_else(|| endpoint.to_string()),
+                path: http.path.clone(),
+                request_headers_to_add: http
+                    .headers
+                    .iter()
+                    .map(|(key, value)| HeaderValueOption {
+                        header: Some(HeaderValue {
+                            key: key.clone(),
+                            value: value.clone(),
+                            raw_value: Vec::new(),
+                        }),
+                        append_action:
+                            header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+                        ..Default::default()
+                    })
+                    .collect(),
+                // Envoy's ranges are half-open: [start, end).
+                expected_statuses: http
+                    .statuses()
+                    .iter()
+                    .map(|r| Int64Range {
+                        start: r.start as i64,
+                        end: r.end as i64 + 1,
+                    })
+                    .collect(),
+                codec_client_type: if http.http2 {
+                    CodecClientType::Http2
+                } else {
+                    CodecClientType::Http1
+                } as i32,
+                ..Default::default()
+            })
+        }
+        // Envoy 1.40 speaks HTTP/2 for this check although the cluster it
+        // builds from a ClusterHealthCheck has no HTTP/2 protocol options.
+        Check::Grpc(grpc) => {
+            health_check::HealthChecker::GrpcHealthCheck(health_check::GrpcHealthCheck {
+                service_name: grpc.service.clone().unwrap_or_default(),
+                authority: grpc
+                    .authority
+                    .clone()
+                    .unwrap_or_else(|| endpoint.to_string()),
+                initial_metadata: Vec::new(),
+            })
+        }
+    }
+}
+
+/// An Envoy payload: always the raw bytes (validation has decoded them once).
+fn payload(p: &Payload) -> health_check::Payload {
+    health_check::Payload {
+        payload: Some(health_check::payload::Payload::Binary(
+            p.bytes().unwrap_or_default(),
+        )),
     }
 }
 
@@ -250,7 +377,7 @@ mod tests {
                 unhealthy_threshold: 2,
             },
             report_interval: Duration::from_secs(5),
-            probe_all_inbounds: true,
+            ..SpecifierSettings::default()
         }
     }
 
@@ -270,6 +397,7 @@ mod tests {
             id: DataplaneId::new("default", "web-01"),
             address: "10.0.0.1".parse().unwrap(),
             inbounds,
+            admin_port: None,
         }
     }
 

@@ -4,6 +4,7 @@
 //! panics (then it prints the processes' logs).
 #![allow(dead_code)] // each test file uses a different part of the harness
 
+pub mod apps;
 pub mod grpc;
 
 use std::net::{SocketAddr, TcpListener as StdListener};

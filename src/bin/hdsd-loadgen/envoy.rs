@@ -261,6 +261,7 @@ pub fn fixed_specifier(clusters: u16, interval: std::time::Duration) -> HealthCh
         id: hdsd::dataplane::DataplaneId::new("null", "server"),
         address: [127, 0, 0, 1].into(),
         inbounds: Vec::new(),
+        admin_port: None,
     };
     for k in 0..clusters {
         dp.inbounds.push(hdsd::dataplane::Inbound {
@@ -281,7 +282,7 @@ pub fn fixed_specifier(clusters: u16, interval: std::time::Duration) -> HealthCh
             unhealthy_threshold: 2,
         },
         report_interval: interval,
-        probe_all_inbounds: true,
+        ..Default::default()
     };
     hdsd::specifier::build(&dp, &settings)
         .expect("fixed settings are valid")
