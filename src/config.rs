@@ -615,6 +615,37 @@ mod tests {
     }
 
     #[test]
+    fn default_check_kind() {
+        let c = load_str(
+            ".toml",
+            "[hds]\ncheck_envoy_ready = false\n[hds.check]\nkind = \"http\"\n[hds.check.http]\npath = \"/healthz\"\n",
+        )
+        .unwrap();
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        assert!(!c.hds.check_envoy_ready);
+        assert_eq!(
+            c.hds.check.check(),
+            Check::Http(HttpCheck::path("/healthz"))
+        );
+        assert_eq!(Config::default().hds.check.check(), Check::default());
+        assert!(Config::default().hds.check_envoy_ready);
+
+        let mut c = Config::default();
+        c.hds.check.kind = CheckKind::Http;
+        assert_eq!(
+            c.validate(),
+            vec!["hds.check.kind is \"http\" but hds.check.http.path is not set; set it to the path every application serves its health on (e.g. /healthz), or use kind = \"tcp\"".to_string()]
+        );
+        c.hds.check.http.path = Some("healthz".into());
+        assert_eq!(
+            c.validate(),
+            vec!["hds.check.http.path \"healthz\" must start with '/' (e.g. /healthz)".to_string()]
+        );
+        let e = load_str(".toml", "[hds.check]\nkind = \"grpc\"\n").unwrap_err();
+        assert!(e.to_string().contains("grpc"), "{e}");
+    }
+
+    #[test]
     fn validation_lists_every_problem() {
         let mut c = Config::default();
         c.hds.report_interval = Duration::from_millis(50);

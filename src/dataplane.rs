@@ -621,6 +621,145 @@ networking:
             .contains("defined twice"));
     }
 
+    const PROBES: &str = r#"
+type: Dataplane
+mesh: default
+name: web-01
+networking:
+  address: 127.0.0.1
+  admin: {port: 9901}
+  inbound:
+  - port: 10001
+    servicePort: 8080
+    serviceProbe:
+      http:
+        path: /healthz
+        host: web.internal
+        expectedStatuses: [200, "300-302", "204"]
+        headers: {X-Probe: hdsd}
+        http2: true
+      port: 8081
+      address: 127.0.0.2
+  - port: 10002
+    serviceProbe:
+      grpc: {service: shop.Cart, authority: cart.internal}
+  - port: 10003
+    serviceProbe:
+      tcp: {send: "PING\r\n", receive: ["PONG"]}
+  - port: 10004
+    serviceProbe:
+      tcp: {sendHex: "50494e47", receiveHex: ["504f4e47", "0d0a"]}
+  - port: 10005
+    serviceProbe: {interval: 3s}
+"#;
+
+    #[test]
+    fn parses_probe_kinds_port_address_and_admin() {
+        let dp = parse_documents(PROBES).unwrap().remove(0);
+        assert_eq!(dp.admin_port, Some(9901));
+        let probe = |i: usize| dp.inbounds[i].probe.clone().unwrap();
+        let web = probe(0);
+        assert_eq!(web.port, Some(8081));
+        assert_eq!(web.address, Some("127.0.0.2".parse().unwrap()));
+        let mut headers = BTreeMap::new();
+        headers.insert("X-Probe".to_string(), "hdsd".to_string());
+        assert_eq!(
+            web.check,
+            Some(Check::Http(HttpCheck {
+                path: "/healthz".into(),
+                host: Some("web.internal".into()),
+                expected_statuses: vec![
+                    StatusRange {
+                        start: 200,
+                        end: 200
+                    },
+                    StatusRange {
+                        start: 300,
+                        end: 302
+                    },
+                    StatusRange {
+                        start: 204,
+                        end: 204
+                    },
+                ],
+                headers,
+                http2: true,
+            }))
+        );
+        assert_eq!(
+            probe(1).check,
+            Some(Check::Grpc(GrpcCheck {
+                service: Some("shop.Cart".into()),
+                authority: Some("cart.internal".into()),
+            }))
+        );
+        assert_eq!(
+            probe(2).check,
+            Some(Check::Tcp(TcpCheck {
+                send: Some(Payload::Text("PING\r\n".into())),
+                receive: vec![Payload::Text("PONG".into())],
+            }))
+        );
+        assert_eq!(
+            probe(3).check,
+            Some(Check::Tcp(TcpCheck {
+                send: Some(Payload::Hex("50494e47".into())),
+                receive: vec![Payload::Hex("504f4e47".into()), Payload::Hex("0d0a".into())],
+            }))
+        );
+        let timing = probe(4);
+        assert_eq!(
+            (timing.check, timing.port, timing.address),
+            (None, None, None)
+        );
+        // Kuma's `tcp: {}` is a connect-only TCP check.
+        let kuma = parse_documents(WEB).unwrap().remove(0);
+        assert_eq!(
+            kuma.inbounds[0].probe.as_ref().unwrap().check,
+            Some(Check::default())
+        );
+        assert_eq!(kuma.admin_port, None);
+    }
+
+    #[test]
+    fn probe_shape_errors() {
+        for (from, to, expect) in [
+            (
+                "      grpc: {service: shop.Cart, authority: cart.internal}",
+                "      grpc: {service: shop.Cart}\n      tcp: {}",
+                "default.web-01: networking.inbound[1].serviceProbe: set exactly one of http, grpc, tcp (found grpc and tcp)",
+            ),
+            (
+                "{send: \"PING\\r\\n\", receive",
+                "{send: \"PING\", sendHex: \"50\", receive",
+                "networking.inbound[2].serviceProbe: tcp: set send or sendHex, not both",
+            ),
+            (
+                "receiveHex: [",
+                "receive: [\"a\"], receiveHex: [",
+                "networking.inbound[3].serviceProbe: tcp: set receive or receiveHex, not both",
+            ),
+            (
+                "\"300-302\"",
+                "\"3xx\"",
+                "networking.inbound[0].serviceProbe: http.expectedStatuses: \"3xx\" is neither a status (200) nor a range (\"200-299\")",
+            ),
+            ("port: 8081", "port: 0", "port 0 is out of range; use 1-65535"),
+            (
+                "address: 127.0.0.2",
+                "address: web.local",
+                "\"web.local\" is not an IP literal",
+            ),
+            ("admin: {port: 9901}", "admin: {port: 99999}", "port 99999 is out of range"),
+            ("        http2: true", "        http3: true", "unknown field `http3`"),
+            ("        path: /healthz\n", "", "missing field `path`"),
+        ] {
+            assert!(PROBES.contains(from), "{from}");
+            let e = parse_documents(&PROBES.replace(from, to)).unwrap_err();
+            assert!(e.message.contains(expect), "{from} -> {to}: {e}");
+        }
+    }
+
     #[test]
     fn node_id_splits_on_first_dot() {
         let id: DataplaneId = "default.web.eu-1".parse().unwrap();

@@ -273,7 +273,12 @@ impl Check {
                     }
                 }
                 for r in &http.expected_statuses {
-                    for v in [r.start, r.end] {
+                    let ends = if r.start == r.end {
+                        &[r.start][..]
+                    } else {
+                        &[r.start, r.end][..]
+                    };
+                    for &v in ends {
                         if !(100..=599).contains(&v) {
                             errors.push(ValidationError::StatusOutOfRange(v));
                         }
@@ -446,6 +451,180 @@ mod tests {
             assert_eq!(errors.len(), 1, "{settings:?} -> {errors:?}");
             assert_eq!(errors[0].to_string(), message);
         }
+    }
+
+    fn http(f: impl FnOnce(&mut HttpCheck)) -> Check {
+        let mut h = HttpCheck::path("/healthz");
+        f(&mut h);
+        Check::Http(h)
+    }
+
+    fn tcp(send: Option<Payload>, receive: Vec<Payload>) -> Check {
+        Check::Tcp(TcpCheck { send, receive })
+    }
+
+    #[test]
+    fn valid_checks() {
+        let full = http(|h| {
+            h.host = Some("web.internal".into());
+            h.expected_statuses = vec![
+                StatusRange {
+                    start: 200,
+                    end: 200,
+                },
+                StatusRange {
+                    start: 100,
+                    end: 599,
+                },
+            ];
+            h.headers.insert("X-Probe".into(), "hdsd".into());
+            h.http2 = true;
+        });
+        let text = Payload::Text("PING\r\n".into());
+        let kib = Payload::Hex("ab".repeat(MAX_PAYLOAD));
+        for check in [
+            Check::default(),
+            full,
+            tcp(Some(text), vec![kib]),
+            Check::Grpc(GrpcCheck {
+                service: Some("shop.Cart".into()),
+                authority: Some("cart.internal:8080".into()),
+            }),
+            Check::Grpc(GrpcCheck::default()),
+        ] {
+            assert!(
+                check.validate().is_empty(),
+                "{check:?}: {:?}",
+                check.validate()
+            );
+        }
+    }
+
+    #[test]
+    fn each_check_rule_has_its_message() {
+        let range = |start, end| StatusRange { start, end };
+        let cases: Vec<(Check, &str)> = vec![
+            (
+                http(|h| h.path = "healthz".into()),
+                "http.path \"healthz\" must start with '/' (e.g. /healthz)",
+            ),
+            (
+                http(|h| h.path = "/health z".into()),
+                "http.path \"/health z\" contains a space or control character; percent-encode it (a space is %20)",
+            ),
+            (
+                http(|h| h.host = Some("web internal".into())),
+                "http.host \"web internal\" is not a valid Host header (no spaces or control characters, not empty)",
+            ),
+            (
+                http(|h| h.expected_statuses = vec![range(200, 600)]),
+                "http.expectedStatuses: 600 is not an HTTP status; use statuses within 100-599",
+            ),
+            (
+                http(|h| h.expected_statuses = vec![range(99, 99)]),
+                "http.expectedStatuses: 99 is not an HTTP status; use statuses within 100-599",
+            ),
+            (
+                http(|h| h.expected_statuses = vec![range(299, 200)]),
+                "http.expectedStatuses: range 299-200 is reversed; write the lower status first (200-299)",
+            ),
+            (
+                http(|h| {
+                    h.headers.insert("X Probe".into(), "a".into());
+                }),
+                "http.headers: \"X Probe\" is not a valid header name; use letters, digits and !#$%&'*+-.^_`|~",
+            ),
+            (
+                http(|h| {
+                    h.headers.insert("Host".into(), "a".into());
+                }),
+                "http.headers: \"Host\" is set by Envoy itself and cannot be added; use http.host for the Host header",
+            ),
+            (
+                http(|h| {
+                    h.headers.insert(":path".into(), "/x".into());
+                }),
+                "http.headers: \":path\" is set by Envoy itself and cannot be added; use http.host for the Host header",
+            ),
+            (
+                http(|h| {
+                    h.headers.insert("X-A".into(), "a\r\nb".into());
+                }),
+                "http.headers: the value of \"X-A\" contains a control character or newline; remove it",
+            ),
+            (
+                tcp(Some(Payload::Text(String::new())), vec![]),
+                "tcp.send is empty; remove it or give it at least one byte",
+            ),
+            (
+                tcp(None, vec![Payload::Text("x".repeat(MAX_PAYLOAD + 1))]),
+                "tcp.receive is 1025 bytes, above the limit of 1024 bytes (1 KiB); check a shorter exchange",
+            ),
+            (
+                tcp(Some(Payload::Hex("50494e4".into())), vec![]),
+                "tcp.send is not hex (Odd number of digits); write pairs of hex digits, e.g. 50494e47",
+            ),
+            (
+                tcp(Some(Payload::Hex("zz".into())), vec![]),
+                "tcp.send is not hex (Invalid character 'z' at position 0); write pairs of hex digits, e.g. 50494e47",
+            ),
+            (
+                Check::Grpc(GrpcCheck {
+                    service: Some("shop Cart".into()),
+                    authority: None,
+                }),
+                "grpc.service \"shop Cart\" contains a space or control character; use the fully qualified service name (e.g. my.pkg.Service)",
+            ),
+            (
+                Check::Grpc(GrpcCheck {
+                    service: None,
+                    authority: Some(String::new()),
+                }),
+                "grpc.authority \"\" is not a valid authority (no spaces or control characters, not empty)",
+            ),
+        ];
+        for (check, message) in cases {
+            let errors = check.validate();
+            assert_eq!(errors.len(), 1, "{check:?} -> {errors:?}");
+            assert_eq!(errors[0].to_string(), message);
+        }
+        assert_eq!(
+            one_kind(&["http", "tcp"]).unwrap_err().to_string(),
+            "set exactly one of http, grpc, tcp (found http and tcp)"
+        );
+        assert!(one_kind(&["grpc"]).is_ok() && one_kind(&[]).is_ok());
+    }
+
+    #[test]
+    fn payload_bytes_and_default_statuses() {
+        assert_eq!(
+            Payload::Hex("50494E470d0a".into()).bytes().unwrap(),
+            b"PING\r\n"
+        );
+        assert_eq!(Payload::Text("PONG".into()).bytes().unwrap(), b"PONG");
+        assert_eq!(
+            HttpCheck::path("/").statuses(),
+            vec![StatusRange {
+                start: 200,
+                end: 299
+            }]
+        );
+        assert_eq!(
+            StatusRange {
+                start: 200,
+                end: 200
+            }
+            .to_string(),
+            "200"
+        );
+        assert_eq!(
+            StatusRange {
+                start: 300,
+                end: 302
+            }
+            .to_string(),
+            "300-302"
+        );
     }
 
     #[test]

@@ -623,6 +623,95 @@ mod tests {
     }
 
     #[test]
+    fn a_failing_envoy_ready_check_drains_every_inbound() {
+        use Status::*;
+        // Inbound 0 probed, inbound 1 not probed (it has no serviceProbe).
+        let mut dp = dataplane(&[(10001, 8080), (10002, 9090)]);
+        dp.admin_port = Some(9901);
+        dp.inbounds[0].probe = Some(Default::default());
+        let spec = build(&dp, &settings(false)).unwrap();
+        let e = spec.envoy_ready.unwrap();
+        assert_eq!(spec.targets[e].cluster, "envoy_ready");
+        let a = "probe_127.0.0.1:8080";
+        let envoy = "envoy_ready";
+        let mut h = rebase(None, &dp, &spec, t(0));
+        assert_eq!(statuses(&h), vec![Pending, NotProbed]);
+
+        fold_report(
+            &mut h,
+            &spec,
+            &report(&[(a, 8080, H), (envoy, 9901, H)]),
+            t(1),
+        );
+        assert_eq!(statuses(&h), vec![Healthy, NotProbed]);
+        assert_eq!(h.envoy_ready, Some(Healthy));
+
+        // The Envoy drains: every inbound is draining, even a healthy or unprobed one.
+        let o = fold_report(
+            &mut h,
+            &spec,
+            &report(&[(a, 8080, H), (envoy, 9901, U)]),
+            t(2),
+        );
+        assert_eq!(statuses(&h), vec![Draining, Draining]);
+        assert_eq!((o.changed, o.became_not_ready), (true, 2));
+        assert!(h
+            .inbounds
+            .iter()
+            .all(|i| !i.status.is_ready() && i.since == t(2)));
+        // A report without the Envoy's check keeps the last known state.
+        fold_report(&mut h, &spec, &report(&[(a, 8080, H)]), t(3));
+        assert_eq!(statuses(&h), vec![Draining, Draining]);
+        // A timeout of /ready drains too.
+        fold_report(
+            &mut h,
+            &spec,
+            &report(&[(a, 8080, H), (envoy, 9901, T)]),
+            t(4),
+        );
+        assert_eq!(statuses(&h), vec![Draining, Draining]);
+        assert_eq!(h.inbounds[0].since, t(2));
+
+        // Ready again: each inbound reads its own probe again.
+        let o = fold_report(
+            &mut h,
+            &spec,
+            &report(&[(a, 8080, U), (envoy, 9901, H)]),
+            t(5),
+        );
+        assert_eq!(statuses(&h), vec![Unhealthy, NotProbed]);
+        assert_eq!(o.became_ready, 1);
+        assert_eq!(h.inbounds[1].last_report_at, Some(t(4)));
+    }
+
+    #[test]
+    fn rebase_keeps_the_envoy_state_for_the_same_admin_port() {
+        let mut dp = dataplane(&[(10001, 8080)]);
+        dp.admin_port = Some(9901);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let mut h = rebase(None, &dp, &spec, t(0));
+        fold_report(
+            &mut h,
+            &spec,
+            &report(&[("probe_127.0.0.1:8080", 8080, H), ("envoy_ready", 9901, U)]),
+            t(1),
+        );
+        assert!(h.envoy_not_ready());
+        let h2 = rebase(Some((&dp, &spec, &h)), &dp, &spec, t(2));
+        assert_eq!(h2.envoy_ready, Some(Status::Unhealthy));
+        let mut moved = dp.clone();
+        moved.admin_port = Some(9902);
+        let spec2 = build(&moved, &settings(true)).unwrap();
+        let h3 = rebase(Some((&dp, &spec, &h)), &moved, &spec2, t(2));
+        assert_eq!(h3.envoy_ready, None);
+        assert_eq!(
+            statuses(&h3),
+            vec![Status::Draining],
+            "the inbound keeps its state"
+        );
+    }
+
+    #[test]
     fn not_probed_inbounds_are_ready() {
         let dp = dataplane(&[(10001, 8080)]);
         let spec = build(&dp, &settings(false)).unwrap();

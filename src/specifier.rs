@@ -312,12 +312,14 @@ fn health_checker(check: &Check, endpoint: SocketAddr) -> health_check::HealthCh
     }
 }
 
-/// An Envoy payload: always the raw bytes (validation has decoded them once).
+/// An Envoy payload, always as hex text (validation has decoded it once):
+/// Envoy 1.40 never matches a `binary` `receive` payload sent through HDS
+/// (the check times out), while the same bytes as hex text match.
 fn payload(p: &Payload) -> health_check::Payload {
     health_check::Payload {
-        payload: Some(health_check::payload::Payload::Binary(
+        payload: Some(health_check::payload::Payload::Text(hex::encode(
             p.bytes().unwrap_or_default(),
-        )),
+        ))),
     }
 }
 
@@ -365,6 +367,7 @@ pub fn pb_duration(d: Duration) -> PbDuration {
 mod tests {
     use super::*;
     use crate::dataplane::{DataplaneId, Inbound, ProbeOverrides};
+    use crate::probe::{GrpcCheck, TcpCheck};
     use std::collections::BTreeMap;
 
     fn defaults() -> SpecifierSettings {
@@ -556,6 +559,283 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    fn with_check(check: Check) -> Option<ProbeOverrides> {
+        Some(ProbeOverrides {
+            check: Some(check),
+            ..Default::default()
+        })
+    }
+
+    fn checker(spec: &Specifier, cluster: usize) -> health_check::HealthChecker {
+        spec.message.cluster_health_checks[cluster].health_checks[0]
+            .health_checker
+            .clone()
+            .unwrap()
+    }
+
+    #[test]
+    #[allow(deprecated)] // HeaderValueOption.append: checked to be unset
+    fn every_field_of_an_http_check() {
+        let mut headers = BTreeMap::new();
+        headers.insert("X-Probe".to_string(), "hdsd".to_string());
+        let check = Check::Http(HttpCheck {
+            path: "/healthz".into(),
+            host: Some("web.internal".into()),
+            expected_statuses: vec![
+                StatusRange {
+                    start: 200,
+                    end: 200,
+                },
+                StatusRange {
+                    start: 300,
+                    end: 302,
+                },
+            ],
+            headers,
+            http2: false,
+        });
+        let spec = build(
+            &dataplane(vec![inbound(10001, 8080, with_check(check))]),
+            &defaults(),
+        )
+        .unwrap();
+        assert_eq!(spec.targets[0].cluster, "probe_127.0.0.1:8080");
+        assert_eq!(
+            checker(&spec, 0),
+            health_check::HealthChecker::HttpHealthCheck(health_check::HttpHealthCheck {
+                host: "web.internal".into(),
+                path: "/healthz".into(),
+                send: None,
+                receive: vec![],
+                response_buffer_size: None,
+                request_headers_to_add: vec![HeaderValueOption {
+                    header: Some(HeaderValue {
+                        key: "X-Probe".into(),
+                        value: "hdsd".into(),
+                        raw_value: vec![],
+                    }),
+                    append: None,
+                    append_action: header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd
+                        as i32,
+                    keep_empty_value: false,
+                }],
+                request_headers_to_remove: vec![],
+                expected_statuses: vec![
+                    Int64Range {
+                        start: 200,
+                        end: 201
+                    },
+                    Int64Range {
+                        start: 300,
+                        end: 303
+                    },
+                ],
+                retriable_statuses: vec![],
+                codec_client_type: CodecClientType::Http1 as i32,
+                service_name_matcher: None,
+                method: 0,
+            })
+        );
+        // The timing fields are the same as for a TCP check.
+        let hc = &spec.message.cluster_health_checks[0].health_checks[0];
+        assert_eq!(hc.interval, Some(pb_duration(Duration::from_secs(1))));
+        assert_eq!(hc.unhealthy_threshold, Some(UInt32Value { value: 2 }));
+    }
+
+    #[test]
+    fn http_defaults_http2_grpc_and_tcp_payloads() {
+        let dp = dataplane(vec![
+            inbound(10001, 8080, with_check(Check::Http(HttpCheck::path("/h")))),
+            inbound(
+                10002,
+                8081,
+                with_check(Check::Http(HttpCheck {
+                    http2: true,
+                    ..HttpCheck::path("/h2")
+                })),
+            ),
+            inbound(
+                10003,
+                8082,
+                with_check(Check::Grpc(GrpcCheck {
+                    service: Some("shop.Cart".into()),
+                    authority: None,
+                })),
+            ),
+            inbound(
+                10004,
+                8083,
+                with_check(Check::Tcp(TcpCheck {
+                    send: Some(Payload::Text("PING\r\n".into())),
+                    receive: vec![Payload::Hex("504f4e47".into()), Payload::Text("!".into())],
+                })),
+            ),
+        ]);
+        let spec = build(&dp, &defaults()).unwrap();
+        let health_check::HealthChecker::HttpHealthCheck(h) = checker(&spec, 0) else {
+            panic!("http")
+        };
+        assert_eq!(h.host, "127.0.0.1:8080", "Host defaults to the target");
+        assert_eq!(
+            h.expected_statuses,
+            vec![Int64Range {
+                start: 200,
+                end: 300
+            }]
+        );
+        assert_eq!(h.codec_client_type, CodecClientType::Http1 as i32);
+        assert!(h.request_headers_to_add.is_empty());
+        let health_check::HealthChecker::HttpHealthCheck(h) = checker(&spec, 1) else {
+            panic!("http2")
+        };
+        assert_eq!(h.codec_client_type, CodecClientType::Http2 as i32);
+        assert_eq!(
+            checker(&spec, 2),
+            health_check::HealthChecker::GrpcHealthCheck(health_check::GrpcHealthCheck {
+                service_name: "shop.Cart".into(),
+                authority: "127.0.0.1:8082".into(),
+                initial_metadata: vec![],
+            })
+        );
+        let hex = |h: &str| health_check::Payload {
+            payload: Some(health_check::payload::Payload::Text(h.to_string())),
+        };
+        assert_eq!(
+            checker(&spec, 3),
+            health_check::HealthChecker::TcpHealthCheck(health_check::TcpHealthCheck {
+                send: Some(hex("50494e470d0a")),
+                receive: vec![hex("504f4e47"), hex("21")],
+                proxy_protocol_config: None,
+            })
+        );
+    }
+
+    #[test]
+    fn probe_port_and_address_choose_the_target() {
+        let o = ProbeOverrides {
+            port: Some(9901),
+            address: Some("10.0.0.7".parse().unwrap()),
+            ..Default::default()
+        };
+        let spec = build(&dataplane(vec![inbound(10001, 8080, Some(o))]), &defaults()).unwrap();
+        let target: SocketAddr = "10.0.0.7:9901".parse().unwrap();
+        assert_eq!(spec.targets[0].endpoint, target);
+        assert_eq!(spec.targets[0].cluster, "probe_10.0.0.7:9901");
+        let ep = &spec.message.cluster_health_checks[0].locality_endpoints[0].endpoints[0];
+        assert_eq!(endpoint_addr(ep), Some(target));
+        // Only the port: the address stays serviceAddress.
+        let o = ProbeOverrides {
+            port: Some(9901),
+            ..Default::default()
+        };
+        let spec = build(&dataplane(vec![inbound(10001, 8080, Some(o))]), &defaults()).unwrap();
+        assert_eq!(spec.targets[0].endpoint, "127.0.0.1:9901".parse().unwrap());
+    }
+
+    #[test]
+    fn changing_only_the_check_keeps_the_cluster_name() {
+        let tcp = build(&dataplane(vec![inbound(10001, 8080, None)]), &defaults()).unwrap();
+        let http = build(
+            &dataplane(vec![inbound(
+                10001,
+                8080,
+                with_check(Check::Http(HttpCheck::path("/healthz"))),
+            )]),
+            &defaults(),
+        )
+        .unwrap();
+        assert_ne!(tcp.message, http.message);
+        assert_eq!(tcp.targets[0].cluster, http.targets[0].cluster);
+        assert_eq!(tcp.targets[0].endpoint, http.targets[0].endpoint);
+    }
+
+    #[test]
+    fn default_check_and_kuma_tcp() {
+        let settings = SpecifierSettings {
+            default_check: Check::Http(HttpCheck::path("/healthz")),
+            ..defaults()
+        };
+        let timing_only = ProbeOverrides {
+            interval: Some(Duration::from_secs(2)),
+            ..Default::default()
+        };
+        let dp = dataplane(vec![
+            inbound(10001, 8080, None),
+            inbound(10002, 8081, Some(timing_only)),
+            inbound(10003, 8082, with_check(Check::default())),
+        ]);
+        let spec = build(&dp, &settings).unwrap();
+        let kinds: Vec<&str> = spec.targets.iter().map(|t| t.check.kind()).collect();
+        assert_eq!(kinds, vec!["http", "http", "tcp"]);
+    }
+
+    #[test]
+    fn the_envoy_ready_check() {
+        let mut dp = dataplane(vec![inbound(10001, 8080, None)]);
+        dp.admin_port = Some(9901);
+        let spec = build(&dp, &defaults()).unwrap();
+        assert_eq!(spec.envoy_ready, Some(1));
+        let t = &spec.targets[1];
+        assert_eq!(t.cluster, ENVOY_READY_CLUSTER);
+        assert_eq!(t.endpoint, "127.0.0.1:9901".parse().unwrap());
+        assert!(t.inbounds.is_empty());
+        assert_eq!(spec.target_of_inbound, vec![Some(0)]);
+        let health_check::HealthChecker::HttpHealthCheck(h) = checker(&spec, 1) else {
+            panic!("http")
+        };
+        assert_eq!(h.path, "/ready");
+        assert_eq!(
+            h.expected_statuses,
+            vec![Int64Range {
+                start: 200,
+                end: 201
+            }]
+        );
+        assert_eq!(
+            spec.message.cluster_health_checks[1].cluster_name,
+            "envoy_ready"
+        );
+        // Off by configuration, or without an admin port.
+        let off = SpecifierSettings {
+            check_envoy_ready: false,
+            ..defaults()
+        };
+        assert_eq!(build(&dp, &off).unwrap().envoy_ready, None);
+        dp.admin_port = None;
+        let spec = build(&dp, &defaults()).unwrap();
+        assert_eq!((spec.envoy_ready, spec.targets.len()), (None, 1));
+    }
+
+    #[test]
+    fn invalid_checks_and_different_kinds_on_one_target_are_refused() {
+        let dp = dataplane(vec![
+            inbound(10001, 8080, None),
+            inbound(
+                10002,
+                9090,
+                with_check(Check::Http(HttpCheck::path("healthz"))),
+            ),
+        ]);
+        assert_eq!(
+            build(&dp, &defaults()).unwrap_err().to_string(),
+            "networking.inbound[1].serviceProbe: http.path \"healthz\" must start with '/' (e.g. /healthz)"
+        );
+        // The same target, once by its service port, once by a probe port.
+        let o = ProbeOverrides {
+            port: Some(8080),
+            check: Some(Check::Http(HttpCheck::path("/healthz"))),
+            ..Default::default()
+        };
+        let dp = dataplane(vec![
+            inbound(10001, 8080, None),
+            inbound(10002, 9090, Some(o)),
+        ]);
+        assert_eq!(
+            build(&dp, &defaults()).unwrap_err().to_string(),
+            "networking.inbound[0] and networking.inbound[1] probe the same target 127.0.0.1:8080 with different settings; give them the same serviceProbe"
+        );
     }
 
     #[test]

@@ -201,3 +201,55 @@ impl TcpApp {
         self.acceptor.stop();
     }
 }
+
+/// A gRPC application serving `grpc.health.v1.Health` (tonic-health) for
+/// one service name, over HTTP/2 without TLS. Stops when dropped.
+pub struct GrpcApp {
+    pub port: u16,
+    pub service: String,
+    reporter: tonic_health::server::HealthReporter,
+    rt: tokio::runtime::Runtime,
+}
+
+impl GrpcApp {
+    pub fn start(service: &str) -> GrpcApp {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let (port, reporter) = rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind the gRPC app");
+            let port = listener.local_addr().unwrap().port();
+            let (reporter, health) = tonic_health::server::health_reporter();
+            reporter
+                .set_service_status(service, tonic_health::ServingStatus::Serving)
+                .await;
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(health)
+                    .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+            );
+            (port, reporter)
+        });
+        GrpcApp {
+            port,
+            service: service.to_string(),
+            reporter,
+            rt,
+        }
+    }
+
+    /// Reports SERVING (true) or NOT_SERVING (false) for the service.
+    pub fn set_serving(&self, serving: bool) {
+        let status = if serving {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        self.rt
+            .block_on(self.reporter.set_service_status(&self.service, status));
+    }
+}
