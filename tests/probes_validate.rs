@@ -138,7 +138,10 @@ fn every_probe_rule_has_its_message() {
     for (probe, message) in cases {
         let (ok, out) = validate("", &dataplane(probe));
         assert!(!ok, "{probe} was accepted: {out}");
-        assert!(out.contains(message), "{probe}: expected {message:?} in:\n{out}");
+        assert!(
+            out.contains(message),
+            "{probe}: expected {message:?} in:\n{out}"
+        );
         assert!(out.contains("1 problem(s) found"), "{out}");
     }
 }
