@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hdsd::bootstrap::{bootstrap_yaml, BootstrapParams};
 use support::apps::{GrpcApp, HttpApp, TcpApp};
@@ -80,8 +80,10 @@ fn http_probe_follows_the_status_and_a_custom_range() {
         },
     );
 
+    let started = Instant::now();
     app.set_status(503);
     let dp = hdsd.wait_inbound("default.web", 10001, "unhealthy", DETECTION);
+    eprintln!("http: 503 seen as unhealthy after {:?}", started.elapsed());
     assert!(!dp.inbounds[0].health.ready);
     app.set_status(204); // within the default 200-299
     hdsd.wait_inbound("default.web", 10001, "healthy", DETECTION);
@@ -118,8 +120,13 @@ fn grpc_probe_follows_serving_and_not_serving() {
     );
     let _envoy = Envoy::start(hdsd.hds, "default.cart", None);
     hdsd.wait_inbound("default.cart", 10001, "healthy", CONNECT);
+    let started = Instant::now();
     app.set_serving(false);
     let dp = hdsd.wait_inbound("default.cart", 10001, "unhealthy", DETECTION);
+    eprintln!(
+        "grpc: NOT_SERVING seen as unhealthy after {:?}",
+        started.elapsed()
+    );
     assert!(!dp.inbounds[0].health.ready);
     app.set_serving(true);
     hdsd.wait_inbound("default.cart", 10001, "healthy", DETECTION);
@@ -143,8 +150,13 @@ fn tcp_payload_probe_expects_the_answer() {
 
     // Envoy waits for the expected bytes until the probe's timeout: a wrong
     // answer reads `timeout`.
+    let started = Instant::now();
     app.set_answer(b"-ERR loading\r\n");
     let dp = hdsd.wait_inbound("default.cache", 10001, "timeout", DETECTION);
+    eprintln!(
+        "tcp: a wrong answer seen as timeout after {:?}",
+        started.elapsed()
+    );
     assert!(!dp.inbounds[0].health.ready);
     app.set_answer(b"PONG\r\n");
     hdsd.wait_inbound("default.cache", 10001, "healthy", DETECTION);
@@ -171,8 +183,13 @@ fn a_separate_probe_port_fails_while_the_service_port_stays_open() {
     assert_eq!(dp.inbounds[0].service_port, service.port);
     assert!(probe.last_request().is_some(), "the probe port was checked");
 
+    let started = Instant::now();
     probe.stop();
     hdsd.wait_inbound("default.api", 10001, "unhealthy", DETECTION);
+    eprintln!(
+        "probe port: closed seen as unhealthy after {:?}",
+        started.elapsed()
+    );
     // The service port still accepts connections: only the probe port decides.
     std::net::TcpStream::connect(("127.0.0.1", service.port)).expect("service port open");
 }
@@ -201,10 +218,15 @@ fn an_envoy_failing_its_own_ready_check_drains_its_inbounds() {
     hdsd.wait_inbound("default.edge", 10002, "healthy", DETECTION);
 
     let admin = format!("http://127.0.0.1:{admin_port}");
+    let started = Instant::now();
     ureq::post(&format!("{admin}/healthcheck/fail"))
         .send_empty()
         .expect("POST /healthcheck/fail");
     let dp = hdsd.wait_inbound("default.edge", 10001, "draining", DETECTION);
+    eprintln!(
+        "envoy /ready: failing seen as draining after {:?}",
+        started.elapsed()
+    );
     for inbound in &dp.inbounds {
         assert!(!inbound.health.ready, "{inbound:?}");
     }
