@@ -23,7 +23,7 @@ pub fn settings() -> SpecifierSettings {
             unhealthy_threshold: 2,
         },
         report_interval: Duration::from_secs(5),
-        probe_all_inbounds: true,
+        ..SpecifierSettings::default()
     }
 }
 

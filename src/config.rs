@@ -12,7 +12,7 @@ use figment::providers::{Env, Format, Serialized, Toml, Yaml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
-use crate::probe::ProbeSettings;
+use crate::probe::{validate_path, Check, HttpCheck, ProbeSettings};
 
 /// The whole configuration of one hdsd process.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,6 +91,9 @@ pub struct HdsConfig {
     pub stale_after: Option<Duration>,
     /// HTTP/2 keepalive pings from the server to notice dead TCP peers.
     pub keepalive: KeepaliveConfig,
+    /// Check each Envoy's own admin `/ready` (dataplanes that declare
+    /// `networking.admin.port`); while it fails, every inbound is `draining`.
+    pub check_envoy_ready: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,6 +128,28 @@ pub struct CheckConfig {
     pub no_traffic_interval: Option<Duration>,
     pub healthy_threshold: u32,
     pub unhealthy_threshold: u32,
+    /// The check of inbounds whose `serviceProbe` names no kind.
+    pub kind: CheckKind,
+    /// Used when `kind = "http"`.
+    pub http: HttpCheckConfig,
+}
+
+/// `hds.check.kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckKind {
+    /// A TCP connect to the application's port.
+    Tcp,
+    /// An HTTP/1.1 GET of `hds.check.http.path`, expecting 200-299.
+    Http,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpCheckConfig {
+    /// The path every application serves its health on, e.g. `/healthz`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -184,6 +209,7 @@ impl Default for HdsConfig {
             tls: None,
             stale_after: None,
             keepalive: KeepaliveConfig::default(),
+            check_envoy_ready: true,
         }
     }
 }
@@ -217,6 +243,8 @@ impl Default for CheckConfig {
             no_traffic_interval: None,
             healthy_threshold: d.healthy_threshold,
             unhealthy_threshold: d.unhealthy_threshold,
+            kind: CheckKind::Tcp,
+            http: HttpCheckConfig::default(),
         }
     }
 }
@@ -264,6 +292,16 @@ impl CheckConfig {
             no_traffic_interval: self.no_traffic_interval.unwrap_or(self.interval),
             healthy_threshold: self.healthy_threshold,
             unhealthy_threshold: self.unhealthy_threshold,
+        }
+    }
+
+    /// The default check (validated by [`Config::validate`]).
+    pub fn check(&self) -> Check {
+        match self.kind {
+            CheckKind::Tcp => Check::default(),
+            CheckKind::Http => {
+                Check::Http(HttpCheck::path(self.http.path.clone().unwrap_or_default()))
+            }
         }
     }
 }
@@ -331,6 +369,17 @@ impl Config {
         }
         for e in self.hds.check.probe_settings().validate() {
             problems.push(format!("hds.check: {e}"));
+        }
+        match (self.hds.check.kind, &self.hds.check.http.path) {
+            (CheckKind::Http, None) => problems.push(
+                "hds.check.kind is \"http\" but hds.check.http.path is not set; set it to the path every application serves its health on (e.g. /healthz), or use kind = \"tcp\"".to_string(),
+            ),
+            (_, Some(path)) => {
+                if let Err(e) = validate_path(path) {
+                    problems.push(format!("hds.check.{e}"));
+                }
+            }
+            (CheckKind::Tcp, None) => {}
         }
         let stale_after = self.hds.stale_after();
         if stale_after < self.hds.report_interval * 2 {
@@ -422,6 +471,9 @@ report_interval = "5s"
 unknown_dataplane_grace = "30s"
 # Probe every inbound (true), or only inbounds that have a serviceProbe (false, Kuma's behaviour).
 probe_all_inbounds = true
+# Check each Envoy's own admin /ready (for dataplanes that declare networking.admin.port):
+# while it fails (the Envoy initialises or drains), every inbound of the dataplane is `draining`.
+check_envoy_ready = true
 # A report older than this no longer counts: its inbounds turn `stale` (not ready) and a
 # stream silent this long is ended so that Envoy reconnects. >= 2 x report_interval.
 # Default: 3 x report_interval.
@@ -445,6 +497,13 @@ timeout = "1s"
 healthy_threshold = 1
 # Consecutive failures before an inbound is unhealthy.
 unhealthy_threshold = 2
+# The check of inbounds whose serviceProbe names no kind: "tcp" (a connect to the
+# application's port) or "http" (a GET of [hds.check.http] path, expecting 200-299).
+kind = "tcp"
+
+# [hds.check.http]
+# The path every application serves its health on; required when kind = "http".
+# path = "/healthz"
 
 # TLS for the HDS listener (PEM files, reloaded when they change). Plaintext when absent.
 # [hds.tls]
@@ -562,6 +621,37 @@ mod tests {
         assert!(matches!(e, ConfigError::Missing { .. }));
         let e = load_str(".ini", "x=1").unwrap_err();
         assert!(e.to_string().contains(".toml, .yaml or .yml"), "{e}");
+    }
+
+    #[test]
+    fn default_check_kind() {
+        let c = load_str(
+            ".toml",
+            "[hds]\ncheck_envoy_ready = false\n[hds.check]\nkind = \"http\"\n[hds.check.http]\npath = \"/healthz\"\n",
+        )
+        .unwrap();
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        assert!(!c.hds.check_envoy_ready);
+        assert_eq!(
+            c.hds.check.check(),
+            Check::Http(HttpCheck::path("/healthz"))
+        );
+        assert_eq!(Config::default().hds.check.check(), Check::default());
+        assert!(Config::default().hds.check_envoy_ready);
+
+        let mut c = Config::default();
+        c.hds.check.kind = CheckKind::Http;
+        assert_eq!(
+            c.validate(),
+            vec!["hds.check.kind is \"http\" but hds.check.http.path is not set; set it to the path every application serves its health on (e.g. /healthz), or use kind = \"tcp\"".to_string()]
+        );
+        c.hds.check.http.path = Some("healthz".into());
+        assert_eq!(
+            c.validate(),
+            vec!["hds.check.http.path \"healthz\" must start with '/' (e.g. /healthz)".to_string()]
+        );
+        let e = load_str(".toml", "[hds.check]\nkind = \"grpc\"\n").unwrap_err();
+        assert!(e.to_string().contains("grpc"), "{e}");
     }
 
     #[test]

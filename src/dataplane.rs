@@ -15,7 +15,9 @@ use std::time::Duration;
 use serde::de::{Error as _, IgnoredAny};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::probe::ProbeSettings;
+use crate::probe::{
+    one_kind, Check, GrpcCheck, HttpCheck, Payload, ProbeSettings, StatusRange, TcpCheck,
+};
 
 /// `<mesh>.<name>`: the identity of a dataplane, and Envoy's `node.id`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -103,6 +105,8 @@ pub struct Dataplane {
     pub gateway: Option<GatewayType>,
     /// `networking.listeners`: a zone proxy's listeners (never probed).
     pub listeners: Vec<Listener>,
+    /// `networking.admin.port`: the Envoy's admin port on its loopback.
+    pub admin_port: Option<u16>,
 }
 
 /// What a dataplane is, for display: hdsd probes inbounds whatever the kind.
@@ -269,13 +273,19 @@ pub struct Inbound {
 }
 
 /// The fields of `serviceProbe`; unset fields take the server's defaults.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct ProbeOverrides {
     pub interval: Option<Duration>,
     pub timeout: Option<Duration>,
     pub no_traffic_interval: Option<Duration>,
     pub healthy_threshold: Option<u32>,
     pub unhealthy_threshold: Option<u32>,
+    /// `http:`, `grpc:` or `tcp:`; unset: the server's default check (`hds.check.kind`).
+    pub check: Option<Check>,
+    /// Probe this port instead of `servicePort`.
+    pub port: Option<u16>,
+    /// Probe this address instead of `serviceAddress`.
+    pub address: Option<IpAddr>,
 }
 
 impl ProbeOverrides {
@@ -632,9 +642,149 @@ struct ServiceProbeDoc {
     healthy_threshold: Option<u32>,
     #[serde(default)]
     unhealthy_threshold: Option<u32>,
-    /// Kuma's `tcp: {}`; TCP is the only checker hdsd runs.
+    /// Kuma's `tcp: {}` (a connect), or hdsd's payload check.
     #[serde(default)]
-    tcp: Option<IgnoredAny>,
+    tcp: Option<TcpDoc>,
+    /// hdsd's extension: an HTTP check.
+    #[serde(default)]
+    http: Option<HttpDoc>,
+    /// hdsd's extension: a grpc.health.v1 check.
+    #[serde(default)]
+    grpc: Option<GrpcDoc>,
+    /// hdsd's extension: probe this port instead of `servicePort`.
+    #[serde(default)]
+    port: Option<Port>,
+    /// hdsd's extension: probe this address instead of `serviceAddress`.
+    #[serde(default)]
+    address: Option<IpLiteral>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct TcpDoc {
+    #[serde(default)]
+    send: Option<String>,
+    #[serde(default)]
+    send_hex: Option<String>,
+    #[serde(default)]
+    receive: Vec<String>,
+    #[serde(default)]
+    receive_hex: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct HttpDoc {
+    path: String,
+    #[serde(default)]
+    host: Option<String>,
+    #[serde(default)]
+    expected_statuses: Vec<StatusDoc>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    http2: bool,
+}
+
+/// `200` or `"200-299"`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StatusDoc {
+    Code(u64),
+    Text(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrpcDoc {
+    #[serde(default)]
+    service: Option<String>,
+    #[serde(default)]
+    authority: Option<String>,
+}
+
+impl StatusDoc {
+    fn range(self) -> Result<StatusRange, String> {
+        let text = match self {
+            StatusDoc::Code(n) => return Ok(StatusRange { start: n, end: n }),
+            StatusDoc::Text(t) => t,
+        };
+        let bad = || {
+            format!("http.expectedStatuses: {text:?} is neither a status (200) nor a range (\"200-299\")")
+        };
+        let (start, end) = text.split_once('-').unwrap_or((&text, &text));
+        let start = start.trim().parse::<u64>().map_err(|_| bad())?;
+        let end = end.trim().parse::<u64>().map_err(|_| bad())?;
+        Ok(StatusRange { start, end })
+    }
+}
+
+impl TcpDoc {
+    fn check(self) -> Result<TcpCheck, String> {
+        let send = match (self.send, self.send_hex) {
+            (Some(_), Some(_)) => {
+                return Err("tcp: set send or sendHex, not both".into());
+            }
+            (Some(t), None) => Some(Payload::Text(t)),
+            (None, Some(h)) => Some(Payload::Hex(h)),
+            (None, None) => None,
+        };
+        if !self.receive.is_empty() && !self.receive_hex.is_empty() {
+            return Err("tcp: set receive or receiveHex, not both".into());
+        }
+        let receive = if self.receive_hex.is_empty() {
+            self.receive.into_iter().map(Payload::Text).collect()
+        } else {
+            self.receive_hex.into_iter().map(Payload::Hex).collect()
+        };
+        Ok(TcpCheck { send, receive })
+    }
+}
+
+impl ServiceProbeDoc {
+    fn into_overrides(self) -> Result<ProbeOverrides, String> {
+        let kinds: Vec<&str> = [
+            ("http", self.http.is_some()),
+            ("grpc", self.grpc.is_some()),
+            ("tcp", self.tcp.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, set)| set.then_some(k))
+        .collect();
+        one_kind(&kinds).map_err(|e| e.to_string())?;
+        let check = if let Some(http) = self.http {
+            Some(Check::Http(HttpCheck {
+                path: http.path,
+                host: http.host,
+                expected_statuses: http
+                    .expected_statuses
+                    .into_iter()
+                    .map(StatusDoc::range)
+                    .collect::<Result<_, _>>()?,
+                headers: http.headers,
+                http2: http.http2,
+            }))
+        } else if let Some(grpc) = self.grpc {
+            Some(Check::Grpc(GrpcCheck {
+                service: grpc.service,
+                authority: grpc.authority,
+            }))
+        } else if let Some(tcp) = self.tcp {
+            Some(Check::Tcp(tcp.check()?))
+        } else {
+            None
+        };
+        Ok(ProbeOverrides {
+            interval: self.interval,
+            timeout: self.timeout,
+            no_traffic_interval: self.no_traffic_interval,
+            healthy_threshold: self.healthy_threshold,
+            unhealthy_threshold: self.unhealthy_threshold,
+            check,
+            port: self.port.map(|p| p.0),
+            address: self.address.map(|a| a.0),
+        })
+    }
 }
 
 /// An IP address literal; a hostname is refused with the reason.
@@ -766,7 +916,7 @@ struct ReachableBackendsDoc {
 #[allow(dead_code)] // Kuma's fields that hdsd accepts and ignores are never read.
 struct AdminDoc {
     #[serde(default)]
-    port: Option<IgnoredAny>,
+    port: Option<Port>,
 }
 
 impl DataplaneDoc {
@@ -797,13 +947,11 @@ impl DataplaneDoc {
                 service_address: doc.service_address.map(|a| a.0).unwrap_or(inbound_address),
                 service_port: doc.service_port.map(|p| p.0).unwrap_or(doc.port.0),
                 tags: doc.tags,
-                probe: doc.service_probe.map(|p| ProbeOverrides {
-                    interval: p.interval,
-                    timeout: p.timeout,
-                    no_traffic_interval: p.no_traffic_interval,
-                    healthy_threshold: p.healthy_threshold,
-                    unhealthy_threshold: p.unhealthy_threshold,
-                }),
+                probe: doc
+                    .service_probe
+                    .map(ServiceProbeDoc::into_overrides)
+                    .transpose()
+                    .map_err(|e| format!("{id}: networking.inbound[{i}].serviceProbe: {e}"))?,
                 name: doc.name.filter(|n| !n.is_empty()),
                 state: doc.state,
             });
@@ -827,6 +975,7 @@ impl DataplaneDoc {
                 .gateway
                 .map(|g| g.kind.unwrap_or(GatewayType::Delegated)),
             listeners,
+            admin_port: self.networking.admin.and_then(|a| a.port).map(|p| p.0),
         })
     }
 }
@@ -872,7 +1021,10 @@ networking:
         let a = &dp.inbounds[0];
         assert_eq!((a.port, a.service_port), (10001, 8080));
         assert_eq!(a.service_address.to_string(), "127.0.0.1");
-        assert_eq!(a.probe.unwrap().interval, Some(Duration::from_secs(2)));
+        assert_eq!(
+            a.probe.as_ref().unwrap().interval,
+            Some(Duration::from_secs(2))
+        );
         let b = &dp.inbounds[1];
         assert_eq!(b.service_port, 10002, "servicePort defaults to port");
         assert_eq!(
@@ -943,6 +1095,145 @@ networking:
             .unwrap_err()
             .message
             .contains("defined twice"));
+    }
+
+    const PROBES: &str = r#"
+type: Dataplane
+mesh: default
+name: web-01
+networking:
+  address: 127.0.0.1
+  admin: {port: 9901}
+  inbound:
+  - port: 10001
+    servicePort: 8080
+    serviceProbe:
+      http:
+        path: /healthz
+        host: web.internal
+        expectedStatuses: [200, "300-302", "204"]
+        headers: {X-Probe: hdsd}
+        http2: true
+      port: 8081
+      address: 127.0.0.2
+  - port: 10002
+    serviceProbe:
+      grpc: {service: shop.Cart, authority: cart.internal}
+  - port: 10003
+    serviceProbe:
+      tcp: {send: "PING\r\n", receive: ["PONG"]}
+  - port: 10004
+    serviceProbe:
+      tcp: {sendHex: "50494e47", receiveHex: ["504f4e47", "0d0a"]}
+  - port: 10005
+    serviceProbe: {interval: 3s}
+"#;
+
+    #[test]
+    fn parses_probe_kinds_port_address_and_admin() {
+        let dp = parse_documents(PROBES).unwrap().remove(0);
+        assert_eq!(dp.admin_port, Some(9901));
+        let probe = |i: usize| dp.inbounds[i].probe.clone().unwrap();
+        let web = probe(0);
+        assert_eq!(web.port, Some(8081));
+        assert_eq!(web.address, Some("127.0.0.2".parse().unwrap()));
+        let mut headers = BTreeMap::new();
+        headers.insert("X-Probe".to_string(), "hdsd".to_string());
+        assert_eq!(
+            web.check,
+            Some(Check::Http(HttpCheck {
+                path: "/healthz".into(),
+                host: Some("web.internal".into()),
+                expected_statuses: vec![
+                    StatusRange {
+                        start: 200,
+                        end: 200
+                    },
+                    StatusRange {
+                        start: 300,
+                        end: 302
+                    },
+                    StatusRange {
+                        start: 204,
+                        end: 204
+                    },
+                ],
+                headers,
+                http2: true,
+            }))
+        );
+        assert_eq!(
+            probe(1).check,
+            Some(Check::Grpc(GrpcCheck {
+                service: Some("shop.Cart".into()),
+                authority: Some("cart.internal".into()),
+            }))
+        );
+        assert_eq!(
+            probe(2).check,
+            Some(Check::Tcp(TcpCheck {
+                send: Some(Payload::Text("PING\r\n".into())),
+                receive: vec![Payload::Text("PONG".into())],
+            }))
+        );
+        assert_eq!(
+            probe(3).check,
+            Some(Check::Tcp(TcpCheck {
+                send: Some(Payload::Hex("50494e47".into())),
+                receive: vec![Payload::Hex("504f4e47".into()), Payload::Hex("0d0a".into())],
+            }))
+        );
+        let timing = probe(4);
+        assert_eq!(
+            (timing.check, timing.port, timing.address),
+            (None, None, None)
+        );
+        // Kuma's `tcp: {}` is a connect-only TCP check.
+        let kuma = parse_documents(WEB).unwrap().remove(0);
+        assert_eq!(
+            kuma.inbounds[0].probe.as_ref().unwrap().check,
+            Some(Check::default())
+        );
+        assert_eq!(kuma.admin_port, None);
+    }
+
+    #[test]
+    fn probe_shape_errors() {
+        for (from, to, expect) in [
+            (
+                "      grpc: {service: shop.Cart, authority: cart.internal}",
+                "      grpc: {service: shop.Cart}\n      tcp: {}",
+                "default.web-01: networking.inbound[1].serviceProbe: set exactly one of http, grpc, tcp (found grpc and tcp)",
+            ),
+            (
+                "{send: \"PING\\r\\n\", receive",
+                "{send: \"PING\", sendHex: \"50\", receive",
+                "networking.inbound[2].serviceProbe: tcp: set send or sendHex, not both",
+            ),
+            (
+                "receiveHex: [",
+                "receive: [\"a\"], receiveHex: [",
+                "networking.inbound[3].serviceProbe: tcp: set receive or receiveHex, not both",
+            ),
+            (
+                "\"300-302\"",
+                "\"3xx\"",
+                "networking.inbound[0].serviceProbe: http.expectedStatuses: \"3xx\" is neither a status (200) nor a range (\"200-299\")",
+            ),
+            ("port: 8081", "port: 0", "port 0 is out of range; use 1-65535"),
+            (
+                "address: 127.0.0.2",
+                "address: web.local",
+                "\"web.local\" is not an IP literal",
+            ),
+            ("admin: {port: 9901}", "admin: {port: 99999}", "port 99999 is out of range"),
+            ("        http2: true", "        http3: true", "unknown field `http3`"),
+            ("        path: /healthz\n", "", "missing field `path`"),
+        ] {
+            assert!(PROBES.contains(from), "{from}");
+            let e = parse_documents(&PROBES.replace(from, to)).unwrap_err();
+            assert!(e.message.contains(expect), "{from} -> {to}: {e}");
+        }
     }
 
     #[test]
@@ -1172,7 +1463,7 @@ networking:
         assert_eq!(dp.id.to_string(), "default.json-01");
         assert_eq!(dp.inbounds[0].name.as_deref(), Some("main"));
         assert_eq!(
-            dp.inbounds[0].probe.unwrap().interval,
+            dp.inbounds[0].probe.as_ref().unwrap().interval,
             Some(Duration::from_secs(2))
         );
         // The same dataplane as its YAML form.

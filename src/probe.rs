@@ -3,11 +3,15 @@
 //! Envoy never NACKs a `HealthCheckSpecifier`: a zero or missing duration can
 //! crash it or make it drop the check silently. Every rule below is checked
 //! before anything is sent, each with its own message.
+//!
+//! [`ProbeSettings`] is the timing of a probe; [`Check`] is what it checks
+//! (a TCP connect or payload exchange, or an HTTP request).
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-/// The effective settings of one TCP probe.
+/// The effective timing of one probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ProbeSettings {
     pub interval: Duration,
@@ -36,6 +40,108 @@ impl Default for ProbeSettings {
 pub const MIN_DURATION: Duration = Duration::from_millis(1);
 pub const MAX_DURATION: Duration = Duration::from_secs(3600);
 
+/// The largest TCP payload hdsd sends to Envoy (each of `send` and `receive`).
+pub const MAX_PAYLOAD: usize = 1024;
+
+/// What a probe checks.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Check {
+    /// A TCP connect, with an optional payload exchange.
+    Tcp(TcpCheck),
+    /// An HTTP request (HTTP/1.1, or HTTP/2 with `http2`) whose status must be expected.
+    Http(HttpCheck),
+    /// A `grpc.health.v1.Health/Check` call; SERVING is healthy.
+    Grpc(GrpcCheck),
+}
+
+impl Default for Check {
+    /// A TCP connect: no payload to send, nothing to expect.
+    fn default() -> Self {
+        Check::Tcp(TcpCheck::default())
+    }
+}
+
+/// `tcp:`: connect, then optionally send bytes and expect bytes back.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct TcpCheck {
+    pub send: Option<Payload>,
+    /// Blocks that must all be found in the answer, in this order.
+    pub receive: Vec<Payload>,
+}
+
+/// A TCP payload as written in the file.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Payload {
+    /// Sent as its UTF-8 bytes.
+    Text(String),
+    /// Hex digits, e.g. `"50494e470d0a"`.
+    Hex(String),
+}
+
+/// `http:`: a GET of `path` whose status must be within `expected_statuses`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HttpCheck {
+    pub path: String,
+    /// The Host header; default: the probed `address:port`.
+    pub host: Option<String>,
+    /// Empty means the default, 200-299.
+    pub expected_statuses: Vec<StatusRange>,
+    pub headers: BTreeMap<String, String>,
+    /// Speak HTTP/2 (prior knowledge, h2c) instead of HTTP/1.1.
+    pub http2: bool,
+}
+
+impl HttpCheck {
+    /// A check of `path` with every other field at its default.
+    pub fn path(path: impl Into<String>) -> HttpCheck {
+        HttpCheck {
+            path: path.into(),
+            host: None,
+            expected_statuses: Vec::new(),
+            headers: BTreeMap::new(),
+            http2: false,
+        }
+    }
+
+    /// The statuses in force: the configured ones, or 200-299.
+    pub fn statuses(&self) -> Vec<StatusRange> {
+        if self.expected_statuses.is_empty() {
+            vec![StatusRange {
+                start: 200,
+                end: 299,
+            }]
+        } else {
+            self.expected_statuses.clone()
+        }
+    }
+}
+
+/// An inclusive range of HTTP statuses (`200` is `200-200`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StatusRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl fmt::Display for StatusRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.start == self.end {
+            write!(f, "{}", self.start)
+        } else {
+            write!(f, "{}-{}", self.start, self.end)
+        }
+    }
+}
+
+/// `grpc:`: `grpc.health.v1.Health/Check` over HTTP/2 (h2c).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct GrpcCheck {
+    /// The `service` of the request; empty asks for the server's overall health.
+    pub service: Option<String>,
+    /// The `:authority` header; default: the probed `address:port`.
+    pub authority: Option<String>,
+}
+
 /// One broken rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ValidationError {
@@ -49,6 +155,170 @@ pub enum ValidationError {
         field: &'static str,
         other: Fmt,
     },
+    #[error("set exactly one of http, grpc, tcp (found {0})")]
+    SeveralKinds(String),
+    #[error("grpc.authority {0:?} is not a valid authority (no spaces or control characters, not empty)")]
+    BadAuthority(String),
+    #[error("grpc.service {0:?} contains a space or control character; use the fully qualified service name (e.g. my.pkg.Service)")]
+    BadService(String),
+    #[error("http.path {0:?} must start with '/' (e.g. /healthz)")]
+    PathNotAbsolute(String),
+    #[error(
+        "http.path {0:?} contains a space or control character; percent-encode it (a space is %20)"
+    )]
+    PathHasSpace(String),
+    #[error(
+        "http.host {0:?} is not a valid Host header (no spaces or control characters, not empty)"
+    )]
+    BadHost(String),
+    #[error("http.expectedStatuses: {0} is not an HTTP status; use statuses within 100-599")]
+    StatusOutOfRange(u64),
+    #[error("http.expectedStatuses: range {start}-{end} is reversed; write the lower status first ({end}-{start})")]
+    StatusRangeReversed { start: u64, end: u64 },
+    #[error(
+        "http.headers: {0:?} is not a valid header name; use letters, digits and !#$%&'*+-.^_`|~"
+    )]
+    BadHeaderName(String),
+    #[error("http.headers: {0:?} is set by Envoy itself and cannot be added; use http.host for the Host header")]
+    ReservedHeader(String),
+    #[error("http.headers: the value of {0:?} contains a control character or newline; remove it")]
+    BadHeaderValue(String),
+    #[error("tcp.{field} is empty; remove it or give it at least one byte")]
+    EmptyPayload { field: &'static str },
+    #[error("tcp.{field} is {len} bytes, above the limit of 1024 bytes (1 KiB); check a shorter exchange")]
+    PayloadTooLong { field: &'static str, len: usize },
+    #[error("tcp.{field} is not hex ({reason}); write pairs of hex digits, e.g. 50494e47")]
+    BadHex { field: &'static str, reason: String },
+}
+
+impl Payload {
+    /// The bytes on the wire.
+    pub fn bytes(&self) -> Result<Vec<u8>, String> {
+        match self {
+            Payload::Text(t) => Ok(t.as_bytes().to_vec()),
+            Payload::Hex(h) => hex::decode(h).map_err(|e| e.to_string()),
+        }
+    }
+
+    fn validate(&self, field: &'static str, errors: &mut Vec<ValidationError>) {
+        match self.bytes() {
+            Err(reason) => errors.push(ValidationError::BadHex { field, reason }),
+            Ok(b) if b.is_empty() => errors.push(ValidationError::EmptyPayload { field }),
+            Ok(b) if b.len() > MAX_PAYLOAD => errors.push(ValidationError::PayloadTooLong {
+                field,
+                len: b.len(),
+            }),
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Headers Envoy manages itself: adding them would be ignored or refused.
+fn reserved_header(name: &str) -> bool {
+    name.starts_with(':')
+        || ["host", "content-length", "transfer-encoding", "connection"]
+            .iter()
+            .any(|r| name.eq_ignore_ascii_case(r))
+}
+
+/// The `exactly one of http, grpc, tcp` rule, over the kinds a `serviceProbe` sets.
+pub fn one_kind(kinds: &[&str]) -> Result<(), ValidationError> {
+    if kinds.len() > 1 {
+        return Err(ValidationError::SeveralKinds(kinds.join(" and ")));
+    }
+    Ok(())
+}
+
+impl Check {
+    /// The kind's name as written in the file.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Check::Tcp(_) => "tcp",
+            Check::Http(_) => "http",
+            Check::Grpc(_) => "grpc",
+        }
+    }
+
+    /// Every broken rule, in a stable order. Empty means valid.
+    pub fn validate(&self) -> Vec<ValidationError> {
+        let mut errors = Vec::new();
+        match self {
+            Check::Grpc(grpc) => {
+                if let Some(service) = &grpc.service {
+                    if service.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                        errors.push(ValidationError::BadService(service.clone()));
+                    }
+                }
+                if let Some(authority) = &grpc.authority {
+                    if !valid_authority(authority) {
+                        errors.push(ValidationError::BadAuthority(authority.clone()));
+                    }
+                }
+            }
+            Check::Tcp(tcp) => {
+                if let Some(send) = &tcp.send {
+                    send.validate("send", &mut errors);
+                }
+                for r in &tcp.receive {
+                    r.validate("receive", &mut errors);
+                }
+            }
+            Check::Http(http) => {
+                if let Err(e) = validate_path(&http.path) {
+                    errors.push(e);
+                }
+                if let Some(host) = &http.host {
+                    if !valid_authority(host) {
+                        errors.push(ValidationError::BadHost(host.clone()));
+                    }
+                }
+                for r in &http.expected_statuses {
+                    let ends = if r.start == r.end {
+                        &[r.start][..]
+                    } else {
+                        &[r.start, r.end][..]
+                    };
+                    for &v in ends {
+                        if !(100..=599).contains(&v) {
+                            errors.push(ValidationError::StatusOutOfRange(v));
+                        }
+                    }
+                    if r.start > r.end {
+                        errors.push(ValidationError::StatusRangeReversed {
+                            start: r.start,
+                            end: r.end,
+                        });
+                    }
+                }
+                for (name, value) in &http.headers {
+                    if reserved_header(name) {
+                        errors.push(ValidationError::ReservedHeader(name.clone()));
+                    } else if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                        errors.push(ValidationError::BadHeaderName(name.clone()));
+                    } else if http::HeaderValue::from_str(value).is_err() {
+                        errors.push(ValidationError::BadHeaderValue(name.clone()));
+                    }
+                }
+            }
+        }
+        errors
+    }
+}
+
+/// A Host header or `:authority`: not empty, no space or control character.
+fn valid_authority(s: &str) -> bool {
+    !s.is_empty() && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+/// The `http.path` rules: starts with `/`, no space or control character.
+pub fn validate_path(path: &str) -> Result<(), ValidationError> {
+    if !path.starts_with('/') {
+        return Err(ValidationError::PathNotAbsolute(path.to_string()));
+    }
+    if path.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(ValidationError::PathHasSpace(path.to_string()));
+    }
+    Ok(())
 }
 
 /// A duration printed in human form (`1s`, `250ms`).
@@ -181,6 +451,180 @@ mod tests {
             assert_eq!(errors.len(), 1, "{settings:?} -> {errors:?}");
             assert_eq!(errors[0].to_string(), message);
         }
+    }
+
+    fn http(f: impl FnOnce(&mut HttpCheck)) -> Check {
+        let mut h = HttpCheck::path("/healthz");
+        f(&mut h);
+        Check::Http(h)
+    }
+
+    fn tcp(send: Option<Payload>, receive: Vec<Payload>) -> Check {
+        Check::Tcp(TcpCheck { send, receive })
+    }
+
+    #[test]
+    fn valid_checks() {
+        let full = http(|h| {
+            h.host = Some("web.internal".into());
+            h.expected_statuses = vec![
+                StatusRange {
+                    start: 200,
+                    end: 200,
+                },
+                StatusRange {
+                    start: 100,
+                    end: 599,
+                },
+            ];
+            h.headers.insert("X-Probe".into(), "hdsd".into());
+            h.http2 = true;
+        });
+        let text = Payload::Text("PING\r\n".into());
+        let kib = Payload::Hex("ab".repeat(MAX_PAYLOAD));
+        for check in [
+            Check::default(),
+            full,
+            tcp(Some(text), vec![kib]),
+            Check::Grpc(GrpcCheck {
+                service: Some("shop.Cart".into()),
+                authority: Some("cart.internal:8080".into()),
+            }),
+            Check::Grpc(GrpcCheck::default()),
+        ] {
+            assert!(
+                check.validate().is_empty(),
+                "{check:?}: {:?}",
+                check.validate()
+            );
+        }
+    }
+
+    #[test]
+    fn each_check_rule_has_its_message() {
+        let range = |start, end| StatusRange { start, end };
+        let cases: Vec<(Check, &str)> = vec![
+            (
+                http(|h| h.path = "healthz".into()),
+                "http.path \"healthz\" must start with '/' (e.g. /healthz)",
+            ),
+            (
+                http(|h| h.path = "/health z".into()),
+                "http.path \"/health z\" contains a space or control character; percent-encode it (a space is %20)",
+            ),
+            (
+                http(|h| h.host = Some("web internal".into())),
+                "http.host \"web internal\" is not a valid Host header (no spaces or control characters, not empty)",
+            ),
+            (
+                http(|h| h.expected_statuses = vec![range(200, 600)]),
+                "http.expectedStatuses: 600 is not an HTTP status; use statuses within 100-599",
+            ),
+            (
+                http(|h| h.expected_statuses = vec![range(99, 99)]),
+                "http.expectedStatuses: 99 is not an HTTP status; use statuses within 100-599",
+            ),
+            (
+                http(|h| h.expected_statuses = vec![range(299, 200)]),
+                "http.expectedStatuses: range 299-200 is reversed; write the lower status first (200-299)",
+            ),
+            (
+                http(|h| {
+                    h.headers.insert("X Probe".into(), "a".into());
+                }),
+                "http.headers: \"X Probe\" is not a valid header name; use letters, digits and !#$%&'*+-.^_`|~",
+            ),
+            (
+                http(|h| {
+                    h.headers.insert("Host".into(), "a".into());
+                }),
+                "http.headers: \"Host\" is set by Envoy itself and cannot be added; use http.host for the Host header",
+            ),
+            (
+                http(|h| {
+                    h.headers.insert(":path".into(), "/x".into());
+                }),
+                "http.headers: \":path\" is set by Envoy itself and cannot be added; use http.host for the Host header",
+            ),
+            (
+                http(|h| {
+                    h.headers.insert("X-A".into(), "a\r\nb".into());
+                }),
+                "http.headers: the value of \"X-A\" contains a control character or newline; remove it",
+            ),
+            (
+                tcp(Some(Payload::Text(String::new())), vec![]),
+                "tcp.send is empty; remove it or give it at least one byte",
+            ),
+            (
+                tcp(None, vec![Payload::Text("x".repeat(MAX_PAYLOAD + 1))]),
+                "tcp.receive is 1025 bytes, above the limit of 1024 bytes (1 KiB); check a shorter exchange",
+            ),
+            (
+                tcp(Some(Payload::Hex("50494e4".into())), vec![]),
+                "tcp.send is not hex (Odd number of digits); write pairs of hex digits, e.g. 50494e47",
+            ),
+            (
+                tcp(Some(Payload::Hex("zz".into())), vec![]),
+                "tcp.send is not hex (Invalid character 'z' at position 0); write pairs of hex digits, e.g. 50494e47",
+            ),
+            (
+                Check::Grpc(GrpcCheck {
+                    service: Some("shop Cart".into()),
+                    authority: None,
+                }),
+                "grpc.service \"shop Cart\" contains a space or control character; use the fully qualified service name (e.g. my.pkg.Service)",
+            ),
+            (
+                Check::Grpc(GrpcCheck {
+                    service: None,
+                    authority: Some(String::new()),
+                }),
+                "grpc.authority \"\" is not a valid authority (no spaces or control characters, not empty)",
+            ),
+        ];
+        for (check, message) in cases {
+            let errors = check.validate();
+            assert_eq!(errors.len(), 1, "{check:?} -> {errors:?}");
+            assert_eq!(errors[0].to_string(), message);
+        }
+        assert_eq!(
+            one_kind(&["http", "tcp"]).unwrap_err().to_string(),
+            "set exactly one of http, grpc, tcp (found http and tcp)"
+        );
+        assert!(one_kind(&["grpc"]).is_ok() && one_kind(&[]).is_ok());
+    }
+
+    #[test]
+    fn payload_bytes_and_default_statuses() {
+        assert_eq!(
+            Payload::Hex("50494E470d0a".into()).bytes().unwrap(),
+            b"PING\r\n"
+        );
+        assert_eq!(Payload::Text("PONG".into()).bytes().unwrap(), b"PONG");
+        assert_eq!(
+            HttpCheck::path("/").statuses(),
+            vec![StatusRange {
+                start: 200,
+                end: 299
+            }]
+        );
+        assert_eq!(
+            StatusRange {
+                start: 200,
+                end: 200
+            }
+            .to_string(),
+            "200"
+        );
+        assert_eq!(
+            StatusRange {
+                start: 300,
+                end: 302
+            }
+            .to_string(),
+            "300-302"
+        );
     }
 
     #[test]

@@ -9,6 +9,11 @@
 //!   (not ready): the report can no longer be trusted ([`expire`]).
 //! - An inbound nobody probes (`hds.probe_all_inbounds = false` and no
 //!   `serviceProbe`) is `not_probed` and ready: nothing says it is not.
+//! - While the Envoy's own `/ready` check (`hds.check_envoy_ready`) reports
+//!   anything but HEALTHY, every inbound of the dataplane is `draining` (not
+//!   ready): a proxy being shut down takes its inbounds out before its
+//!   application goes away. When it is HEALTHY again, inbounds read their own
+//!   probes' results again.
 
 use chrono::{DateTime, Utc};
 use envoy_types::pb::envoy::config::core::v3::HealthStatus;
@@ -111,6 +116,15 @@ pub struct Health {
     pub inbounds: Vec<InboundHealth>,
     /// The last report of any kind from this dataplane.
     pub last_report_at: Option<Timestamp>,
+    /// The last reported status of the Envoy's own `/ready` check, if checked.
+    pub envoy_ready: Option<Status>,
+}
+
+impl Health {
+    /// The Envoy's own `/ready` check has reported a failure.
+    pub fn envoy_not_ready(&self) -> bool {
+        matches!(self.envoy_ready, Some(s) if s != Status::Healthy)
+    }
 }
 
 /// What a fold did.
@@ -155,9 +169,39 @@ pub fn rebase(
             }
         })
         .collect();
+    let envoy_target = |spec: &Specifier| spec.envoy_ready.map(|t| spec.targets[t].endpoint);
+    let envoy_ready = previous.and_then(|(_, spec, health)| {
+        (envoy_target(spec).is_some() && envoy_target(spec) == envoy_target(specifier))
+            .then_some(health.envoy_ready)
+            .flatten()
+    });
     Health {
         inbounds,
         last_report_at: previous.and_then(|(_, _, h)| h.last_report_at),
+        envoy_ready,
+    }
+}
+
+/// Sets one inbound's status, counting the change in `outcome`.
+fn set_status(
+    inbound: &mut InboundHealth,
+    status: Status,
+    now: Timestamp,
+    reported: bool,
+    outcome: &mut FoldOutcome,
+) {
+    if reported {
+        inbound.last_report_at = Some(now);
+    }
+    if inbound.status != status {
+        match (inbound.status.is_ready(), status.is_ready()) {
+            (false, true) => outcome.became_ready += 1,
+            (true, false) => outcome.became_not_ready += 1,
+            _ => {}
+        }
+        inbound.status = status;
+        inbound.since = now;
+        outcome.changed = true;
     }
 }
 
@@ -172,27 +216,9 @@ pub fn fold_report(
 ) -> FoldOutcome {
     let mut outcome = FoldOutcome::default();
     health.last_report_at = Some(now);
-    let mut apply = |target: Option<usize>, status: i32| {
-        let Some(t) = target else {
-            outcome.unknown_endpoints += 1;
-            return;
-        };
-        let status = Status::from_envoy(status);
-        for &i in &specifier.targets[t].inbounds {
-            let inbound = &mut health.inbounds[i];
-            inbound.last_report_at = Some(now);
-            if inbound.status != status {
-                match (inbound.status.is_ready(), status.is_ready()) {
-                    (false, true) => outcome.became_ready += 1,
-                    (true, false) => outcome.became_not_ready += 1,
-                    _ => {}
-                }
-                inbound.status = status;
-                inbound.since = now;
-                outcome.changed = true;
-            }
-        }
-    };
+    // (target, Envoy's status) of every reported endpoint, in report order.
+    let mut entries: Vec<(Option<usize>, i32)> = Vec::new();
+    let mut apply = |target: Option<usize>, status: i32| entries.push((target, status));
     if !report.cluster_endpoints_health.is_empty() {
         for cluster in &report.cluster_endpoints_health {
             for locality in &cluster.locality_endpoints_health {
@@ -215,6 +241,47 @@ pub fn fold_report(
                 .and_then(endpoint_addr)
                 .and_then(|addr| specifier.target_by_endpoint(addr));
             apply(target, eh.health_status);
+        }
+    }
+    // The Envoy's own readiness first: while it fails, every inbound drains.
+    let was_not_ready = health.envoy_not_ready();
+    if let Some(e) = specifier.envoy_ready {
+        if let Some(&(_, status)) = entries.iter().rev().find(|(t, _)| *t == Some(e)) {
+            health.envoy_ready = Some(Status::from_envoy(status));
+        }
+    }
+    let not_ready = health.envoy_not_ready();
+    let mut covered = vec![false; health.inbounds.len()];
+    for (target, status) in entries {
+        let Some(t) = target else {
+            outcome.unknown_endpoints += 1;
+            continue;
+        };
+        let status = if not_ready {
+            Status::Draining
+        } else {
+            Status::from_envoy(status)
+        };
+        for &i in &specifier.targets[t].inbounds {
+            covered[i] = true;
+            set_status(&mut health.inbounds[i], status, now, true, &mut outcome);
+        }
+    }
+    if not_ready || was_not_ready {
+        // Inbounds this report does not cover (not probed, or not reported yet).
+        for (i, inbound) in health.inbounds.iter_mut().enumerate() {
+            if covered[i] {
+                continue;
+            }
+            if not_ready {
+                set_status(inbound, Status::Draining, now, true, &mut outcome);
+            } else if inbound.status == Status::Draining {
+                let own = match specifier.target_of_inbound[i] {
+                    Some(_) => Status::Pending,
+                    None => Status::NotProbed,
+                };
+                set_status(inbound, own, now, false, &mut outcome);
+            }
         }
     }
     outcome
@@ -311,6 +378,7 @@ mod tests {
                 .collect(),
             gateway: None,
             listeners: Vec::new(),
+            admin_port: None,
         }
     }
 
@@ -556,6 +624,95 @@ mod tests {
         let o = expire(&mut h, t(100), chrono::Duration::seconds(15));
         assert_eq!((o.changed, o.became_not_ready), (true, 0));
         assert_eq!(statuses(&h), vec![Status::Stale]);
+    }
+
+    #[test]
+    fn a_failing_envoy_ready_check_drains_every_inbound() {
+        use Status::*;
+        // Inbound 0 probed, inbound 1 not probed (it has no serviceProbe).
+        let mut dp = dataplane(&[(10001, 8080), (10002, 9090)]);
+        dp.admin_port = Some(9901);
+        dp.inbounds[0].probe = Some(Default::default());
+        let spec = build(&dp, &settings(false)).unwrap();
+        let e = spec.envoy_ready.unwrap();
+        assert_eq!(spec.targets[e].cluster, "envoy_ready");
+        let a = "probe_127.0.0.1:8080";
+        let envoy = "envoy_ready";
+        let mut h = rebase(None, &dp, &spec, t(0));
+        assert_eq!(statuses(&h), vec![Pending, NotProbed]);
+
+        fold_report(
+            &mut h,
+            &spec,
+            &report(&[(a, 8080, H), (envoy, 9901, H)]),
+            t(1),
+        );
+        assert_eq!(statuses(&h), vec![Healthy, NotProbed]);
+        assert_eq!(h.envoy_ready, Some(Healthy));
+
+        // The Envoy drains: every inbound is draining, even a healthy or unprobed one.
+        let o = fold_report(
+            &mut h,
+            &spec,
+            &report(&[(a, 8080, H), (envoy, 9901, U)]),
+            t(2),
+        );
+        assert_eq!(statuses(&h), vec![Draining, Draining]);
+        assert_eq!((o.changed, o.became_not_ready), (true, 2));
+        assert!(h
+            .inbounds
+            .iter()
+            .all(|i| !i.status.is_ready() && i.since == t(2)));
+        // A report without the Envoy's check keeps the last known state.
+        fold_report(&mut h, &spec, &report(&[(a, 8080, H)]), t(3));
+        assert_eq!(statuses(&h), vec![Draining, Draining]);
+        // A timeout of /ready drains too.
+        fold_report(
+            &mut h,
+            &spec,
+            &report(&[(a, 8080, H), (envoy, 9901, T)]),
+            t(4),
+        );
+        assert_eq!(statuses(&h), vec![Draining, Draining]);
+        assert_eq!(h.inbounds[0].since, t(2));
+
+        // Ready again: each inbound reads its own probe again.
+        let o = fold_report(
+            &mut h,
+            &spec,
+            &report(&[(a, 8080, U), (envoy, 9901, H)]),
+            t(5),
+        );
+        assert_eq!(statuses(&h), vec![Unhealthy, NotProbed]);
+        assert_eq!(o.became_ready, 1);
+        assert_eq!(h.inbounds[1].last_report_at, Some(t(4)));
+    }
+
+    #[test]
+    fn rebase_keeps_the_envoy_state_for_the_same_admin_port() {
+        let mut dp = dataplane(&[(10001, 8080)]);
+        dp.admin_port = Some(9901);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let mut h = rebase(None, &dp, &spec, t(0));
+        fold_report(
+            &mut h,
+            &spec,
+            &report(&[("probe_127.0.0.1:8080", 8080, H), ("envoy_ready", 9901, U)]),
+            t(1),
+        );
+        assert!(h.envoy_not_ready());
+        let h2 = rebase(Some((&dp, &spec, &h)), &dp, &spec, t(2));
+        assert_eq!(h2.envoy_ready, Some(Status::Unhealthy));
+        let mut moved = dp.clone();
+        moved.admin_port = Some(9902);
+        let spec2 = build(&moved, &settings(true)).unwrap();
+        let h3 = rebase(Some((&dp, &spec, &h)), &moved, &spec2, t(2));
+        assert_eq!(h3.envoy_ready, None);
+        assert_eq!(
+            statuses(&h3),
+            vec![Status::Draining],
+            "the inbound keeps its state"
+        );
     }
 
     #[test]

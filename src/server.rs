@@ -112,8 +112,10 @@ fn passed_listener(
 pub fn specifier_settings(config: &Config) -> SpecifierSettings {
     SpecifierSettings {
         defaults: config.hds.check.probe_settings(),
+        default_check: config.hds.check.check(),
         report_interval: config.hds.report_interval,
         probe_all_inbounds: config.hds.probe_all_inbounds,
+        check_envoy_ready: config.hds.check_envoy_ready,
     }
 }
 

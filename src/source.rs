@@ -345,6 +345,7 @@ pub fn watch(
             }
             let previous = tx.borrow().clone();
             let dir2 = dir.clone();
+            let settings = settings.clone();
             let loaded = if everything {
                 tracing::debug!(dir = %dir.display(), "dataplanes directory changed; reloading");
                 tokio::task::spawn_blocking(move || load(&dir2, &previous, &settings)).await

@@ -1,33 +1,44 @@
 //! Building a dataplane's `HealthCheckSpecifier`: a pure function.
 //!
-//! One `ClusterHealthCheck` per distinct probe target (serviceAddress:servicePort),
-//! each with exactly one TCP connect check whose every field is set explicitly,
-//! and exactly one `LocalityEndpoints` holding the one endpoint. The mapping
-//! from (cluster, endpoint) back to inbounds is kept beside the message, so
-//! reports never have to parse names.
+//! One `ClusterHealthCheck` per distinct probe target (the serviceProbe's
+//! `address:port`, by default serviceAddress:servicePort), each with exactly
+//! one check (TCP, TCP payload or HTTP/1.1) whose every field is set
+//! explicitly, and exactly one `LocalityEndpoints` holding the one endpoint.
+//! The cluster name depends on the target only, so changing a probe's
+//! settings never renames its cluster. With `hds.check_envoy_ready`, one more
+//! cluster checks the Envoy's own admin `/ready`. The mapping from (cluster,
+//! endpoint) back to inbounds is kept beside the message, so reports never
+//! have to parse names.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{
-    address, health_check, socket_address, Address, HealthCheck, SocketAddress,
+    address, header_value_option, health_check, socket_address, Address, HeaderValue,
+    HeaderValueOption, HealthCheck, SocketAddress,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::Endpoint;
+use envoy_types::pb::envoy::r#type::v3::{CodecClientType, Int64Range};
 use envoy_types::pb::envoy::service::health::v3::{
     ClusterHealthCheck, HealthCheckSpecifier, LocalityEndpoints,
 };
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 
 use crate::dataplane::Dataplane;
-use crate::probe::{ProbeSettings, ValidationError};
+use crate::probe::{Check, HttpCheck, Payload, ProbeSettings, StatusRange, ValidationError};
 
 /// Server-wide inputs of specifier generation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpecifierSettings {
     pub defaults: ProbeSettings,
+    /// The check of inbounds whose `serviceProbe` sets no kind (`hds.check.kind`).
+    pub default_check: Check,
     pub report_interval: Duration,
     /// When false, only inbounds with a `serviceProbe` are probed.
     pub probe_all_inbounds: bool,
+    /// Check the Envoy's own admin `/ready` when the dataplane declares
+    /// `networking.admin.port`.
+    pub check_envoy_ready: bool,
 }
 
 impl Default for SpecifierSettings {
@@ -35,8 +46,10 @@ impl Default for SpecifierSettings {
     fn default() -> Self {
         SpecifierSettings {
             defaults: ProbeSettings::default(),
+            default_check: Check::default(),
             report_interval: Duration::from_secs(5),
             probe_all_inbounds: true,
+            check_envoy_ready: true,
         }
     }
 }
@@ -47,7 +60,8 @@ pub struct ProbeTarget {
     pub cluster: String,
     pub endpoint: SocketAddr,
     pub settings: ProbeSettings,
-    /// Indexes into `Dataplane::inbounds`.
+    pub check: Check,
+    /// Indexes into `Dataplane::inbounds` (none for the Envoy's own check).
     pub inbounds: Vec<usize>,
 }
 
@@ -58,6 +72,8 @@ pub struct Specifier {
     pub targets: Vec<ProbeTarget>,
     /// For every inbound (by index), the target that probes it, if any.
     pub target_of_inbound: Vec<Option<usize>>,
+    /// The target checking the Envoy's own admin `/ready`, if any.
+    pub envoy_ready: Option<usize>,
 }
 
 impl Specifier {
@@ -82,6 +98,7 @@ impl Specifier {
             },
             targets: Vec::new(),
             target_of_inbound: Vec::new(),
+            envoy_ready: None,
         }
     }
 }
@@ -102,9 +119,26 @@ pub enum SpecifierError {
     },
 }
 
-/// The stable cluster name of a probe target.
+/// The stable cluster name of a probe target: the target only, never the
+/// check's settings, so that editing a probe keeps its cluster (and Envoy's
+/// host state) and its inbounds' readiness.
 pub fn cluster_name(endpoint: SocketAddr) -> String {
     format!("probe_{endpoint}")
+}
+
+/// The cluster name of the Envoy's own `/ready` check.
+pub const ENVOY_READY_CLUSTER: &str = "envoy_ready";
+
+/// The check of the Envoy's own readiness: admin `GET /ready` must answer 200
+/// (it answers 503 while the Envoy initialises or drains).
+pub fn envoy_ready_check() -> Check {
+    Check::Http(HttpCheck {
+        expected_statuses: vec![StatusRange {
+            start: 200,
+            end: 200,
+        }],
+        ..HttpCheck::path("/ready")
+    })
 }
 
 /// Builds the specifier for `dataplane`. Fails if any effective probe setting
@@ -121,19 +155,29 @@ pub fn build(
             target_of_inbound.push(None);
             continue;
         }
-        let probe = inbound
-            .probe
+        let overrides = inbound.probe.as_ref();
+        let probe = overrides
             .map(|o| o.apply(&settings.defaults))
             .unwrap_or(settings.defaults);
-        if let Some(error) = probe.validate().into_iter().next() {
+        let check = overrides
+            .and_then(|o| o.check.clone())
+            .unwrap_or_else(|| settings.default_check.clone());
+        if let Some(error) = probe.validate().into_iter().chain(check.validate()).next() {
             return Err(SpecifierError::InvalidProbe {
                 inbound: index,
                 error,
             });
         }
-        let endpoint = SocketAddr::new(inbound.service_address, inbound.service_port);
+        let endpoint = SocketAddr::new(
+            overrides
+                .and_then(|o| o.address)
+                .unwrap_or(inbound.service_address),
+            overrides
+                .and_then(|o| o.port)
+                .unwrap_or(inbound.service_port),
+        );
         match targets.iter().position(|t| t.endpoint == endpoint) {
-            Some(t) if targets[t].settings != probe => {
+            Some(t) if targets[t].settings != probe || targets[t].check != check => {
                 return Err(SpecifierError::ConflictingProbes {
                     first: targets[t].inbounds[0],
                     second: index,
@@ -149,12 +193,26 @@ pub fn build(
                     cluster: cluster_name(endpoint),
                     endpoint,
                     settings: probe,
+                    check,
                     inbounds: vec![index],
                 });
                 target_of_inbound.push(Some(targets.len() - 1));
             }
         }
     }
+    let envoy_ready = match dataplane.admin_port {
+        Some(port) if settings.check_envoy_ready => {
+            targets.push(ProbeTarget {
+                cluster: ENVOY_READY_CLUSTER.to_string(),
+                endpoint: SocketAddr::from(([127, 0, 0, 1], port)),
+                settings: settings.defaults,
+                check: envoy_ready_check(),
+                inbounds: Vec::new(),
+            });
+            Some(targets.len() - 1)
+        }
+        _ => None,
+    };
     let message = HealthCheckSpecifier {
         cluster_health_checks: targets.iter().map(cluster_health_check).collect(),
         interval: Some(pb_duration(settings.report_interval)),
@@ -163,6 +221,7 @@ pub fn build(
         message,
         targets,
         target_of_inbound,
+        envoy_ready,
     })
 }
 
@@ -181,10 +240,7 @@ fn cluster_health_check(target: &ProbeTarget) -> ClusterHealthCheck {
             unhealthy_threshold: Some(UInt32Value {
                 value: s.unhealthy_threshold,
             }),
-            // Connect-only: no payload to send, nothing to expect.
-            health_checker: Some(health_check::HealthChecker::TcpHealthCheck(
-                health_check::TcpHealthCheck::default(),
-            )),
+            health_checker: Some(health_checker(&target.check, target.endpoint)),
             ..Default::default()
         }],
         locality_endpoints: vec![LocalityEndpoints {
@@ -192,6 +248,79 @@ fn cluster_health_check(target: &ProbeTarget) -> ClusterHealthCheck {
             endpoints: vec![endpoint(target.endpoint)],
         }],
         ..Default::default()
+    }
+}
+
+/// The Envoy checker of a (validated) check of `endpoint`.
+fn health_checker(check: &Check, endpoint: SocketAddr) -> health_check::HealthChecker {
+    match check {
+        // No payload: connect-only.
+        Check::Tcp(tcp) => {
+            health_check::HealthChecker::TcpHealthCheck(health_check::TcpHealthCheck {
+                send: tcp.send.as_ref().map(payload),
+                receive: tcp.receive.iter().map(payload).collect(),
+                proxy_protocol_config: None,
+            })
+        }
+        Check::Http(http) => {
+            health_check::HealthChecker::HttpHealthCheck(health_check::HttpHealthCheck {
+                // Envoy's default Host is the cluster name; the target reads better.
+                host: http.host.clone().unwrap_or_else(|| endpoint.to_string()),
+                path: http.path.clone(),
+                request_headers_to_add: http
+                    .headers
+                    .iter()
+                    .map(|(key, value)| HeaderValueOption {
+                        header: Some(HeaderValue {
+                            key: key.clone(),
+                            value: value.clone(),
+                            raw_value: Vec::new(),
+                        }),
+                        append_action:
+                            header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+                        ..Default::default()
+                    })
+                    .collect(),
+                // Envoy's ranges are half-open: [start, end).
+                expected_statuses: http
+                    .statuses()
+                    .iter()
+                    .map(|r| Int64Range {
+                        start: r.start as i64,
+                        end: r.end as i64 + 1,
+                    })
+                    .collect(),
+                codec_client_type: if http.http2 {
+                    CodecClientType::Http2
+                } else {
+                    CodecClientType::Http1
+                } as i32,
+                ..Default::default()
+            })
+        }
+        // Envoy 1.40 speaks HTTP/2 for this check although the cluster it
+        // builds from a ClusterHealthCheck has no HTTP/2 protocol options.
+        Check::Grpc(grpc) => {
+            health_check::HealthChecker::GrpcHealthCheck(health_check::GrpcHealthCheck {
+                service_name: grpc.service.clone().unwrap_or_default(),
+                authority: grpc
+                    .authority
+                    .clone()
+                    .unwrap_or_else(|| endpoint.to_string()),
+                initial_metadata: Vec::new(),
+            })
+        }
+    }
+}
+
+/// An Envoy payload, always as hex text (validation has decoded it once):
+/// Envoy 1.40 never matches a `binary` `receive` payload sent through HDS
+/// (the check times out), while the same bytes as hex text match.
+fn payload(p: &Payload) -> health_check::Payload {
+    health_check::Payload {
+        payload: Some(health_check::payload::Payload::Text(hex::encode(
+            p.bytes().unwrap_or_default(),
+        ))),
     }
 }
 
@@ -239,6 +368,7 @@ pub fn pb_duration(d: Duration) -> PbDuration {
 mod tests {
     use super::*;
     use crate::dataplane::{DataplaneId, Inbound, ProbeOverrides};
+    use crate::probe::{GrpcCheck, TcpCheck};
     use std::collections::BTreeMap;
 
     fn defaults() -> SpecifierSettings {
@@ -251,7 +381,7 @@ mod tests {
                 unhealthy_threshold: 2,
             },
             report_interval: Duration::from_secs(5),
-            probe_all_inbounds: true,
+            ..SpecifierSettings::default()
         }
     }
 
@@ -275,6 +405,7 @@ mod tests {
             inbounds,
             gateway: None,
             listeners: Vec::new(),
+            admin_port: None,
         }
     }
 
@@ -433,6 +564,283 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    fn with_check(check: Check) -> Option<ProbeOverrides> {
+        Some(ProbeOverrides {
+            check: Some(check),
+            ..Default::default()
+        })
+    }
+
+    fn checker(spec: &Specifier, cluster: usize) -> health_check::HealthChecker {
+        spec.message.cluster_health_checks[cluster].health_checks[0]
+            .health_checker
+            .clone()
+            .unwrap()
+    }
+
+    #[test]
+    #[allow(deprecated)] // HeaderValueOption.append: checked to be unset
+    fn every_field_of_an_http_check() {
+        let mut headers = BTreeMap::new();
+        headers.insert("X-Probe".to_string(), "hdsd".to_string());
+        let check = Check::Http(HttpCheck {
+            path: "/healthz".into(),
+            host: Some("web.internal".into()),
+            expected_statuses: vec![
+                StatusRange {
+                    start: 200,
+                    end: 200,
+                },
+                StatusRange {
+                    start: 300,
+                    end: 302,
+                },
+            ],
+            headers,
+            http2: false,
+        });
+        let spec = build(
+            &dataplane(vec![inbound(10001, 8080, with_check(check))]),
+            &defaults(),
+        )
+        .unwrap();
+        assert_eq!(spec.targets[0].cluster, "probe_127.0.0.1:8080");
+        assert_eq!(
+            checker(&spec, 0),
+            health_check::HealthChecker::HttpHealthCheck(health_check::HttpHealthCheck {
+                host: "web.internal".into(),
+                path: "/healthz".into(),
+                send: None,
+                receive: vec![],
+                response_buffer_size: None,
+                request_headers_to_add: vec![HeaderValueOption {
+                    header: Some(HeaderValue {
+                        key: "X-Probe".into(),
+                        value: "hdsd".into(),
+                        raw_value: vec![],
+                    }),
+                    append: None,
+                    append_action: header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd
+                        as i32,
+                    keep_empty_value: false,
+                }],
+                request_headers_to_remove: vec![],
+                expected_statuses: vec![
+                    Int64Range {
+                        start: 200,
+                        end: 201
+                    },
+                    Int64Range {
+                        start: 300,
+                        end: 303
+                    },
+                ],
+                retriable_statuses: vec![],
+                codec_client_type: CodecClientType::Http1 as i32,
+                service_name_matcher: None,
+                method: 0,
+            })
+        );
+        // The timing fields are the same as for a TCP check.
+        let hc = &spec.message.cluster_health_checks[0].health_checks[0];
+        assert_eq!(hc.interval, Some(pb_duration(Duration::from_secs(1))));
+        assert_eq!(hc.unhealthy_threshold, Some(UInt32Value { value: 2 }));
+    }
+
+    #[test]
+    fn http_defaults_http2_grpc_and_tcp_payloads() {
+        let dp = dataplane(vec![
+            inbound(10001, 8080, with_check(Check::Http(HttpCheck::path("/h")))),
+            inbound(
+                10002,
+                8081,
+                with_check(Check::Http(HttpCheck {
+                    http2: true,
+                    ..HttpCheck::path("/h2")
+                })),
+            ),
+            inbound(
+                10003,
+                8082,
+                with_check(Check::Grpc(GrpcCheck {
+                    service: Some("shop.Cart".into()),
+                    authority: None,
+                })),
+            ),
+            inbound(
+                10004,
+                8083,
+                with_check(Check::Tcp(TcpCheck {
+                    send: Some(Payload::Text("PING\r\n".into())),
+                    receive: vec![Payload::Hex("504f4e47".into()), Payload::Text("!".into())],
+                })),
+            ),
+        ]);
+        let spec = build(&dp, &defaults()).unwrap();
+        let health_check::HealthChecker::HttpHealthCheck(h) = checker(&spec, 0) else {
+            panic!("http")
+        };
+        assert_eq!(h.host, "127.0.0.1:8080", "Host defaults to the target");
+        assert_eq!(
+            h.expected_statuses,
+            vec![Int64Range {
+                start: 200,
+                end: 300
+            }]
+        );
+        assert_eq!(h.codec_client_type, CodecClientType::Http1 as i32);
+        assert!(h.request_headers_to_add.is_empty());
+        let health_check::HealthChecker::HttpHealthCheck(h) = checker(&spec, 1) else {
+            panic!("http2")
+        };
+        assert_eq!(h.codec_client_type, CodecClientType::Http2 as i32);
+        assert_eq!(
+            checker(&spec, 2),
+            health_check::HealthChecker::GrpcHealthCheck(health_check::GrpcHealthCheck {
+                service_name: "shop.Cart".into(),
+                authority: "127.0.0.1:8082".into(),
+                initial_metadata: vec![],
+            })
+        );
+        let hex = |h: &str| health_check::Payload {
+            payload: Some(health_check::payload::Payload::Text(h.to_string())),
+        };
+        assert_eq!(
+            checker(&spec, 3),
+            health_check::HealthChecker::TcpHealthCheck(health_check::TcpHealthCheck {
+                send: Some(hex("50494e470d0a")),
+                receive: vec![hex("504f4e47"), hex("21")],
+                proxy_protocol_config: None,
+            })
+        );
+    }
+
+    #[test]
+    fn probe_port_and_address_choose_the_target() {
+        let o = ProbeOverrides {
+            port: Some(9901),
+            address: Some("10.0.0.7".parse().unwrap()),
+            ..Default::default()
+        };
+        let spec = build(&dataplane(vec![inbound(10001, 8080, Some(o))]), &defaults()).unwrap();
+        let target: SocketAddr = "10.0.0.7:9901".parse().unwrap();
+        assert_eq!(spec.targets[0].endpoint, target);
+        assert_eq!(spec.targets[0].cluster, "probe_10.0.0.7:9901");
+        let ep = &spec.message.cluster_health_checks[0].locality_endpoints[0].endpoints[0];
+        assert_eq!(endpoint_addr(ep), Some(target));
+        // Only the port: the address stays serviceAddress.
+        let o = ProbeOverrides {
+            port: Some(9901),
+            ..Default::default()
+        };
+        let spec = build(&dataplane(vec![inbound(10001, 8080, Some(o))]), &defaults()).unwrap();
+        assert_eq!(spec.targets[0].endpoint, "127.0.0.1:9901".parse().unwrap());
+    }
+
+    #[test]
+    fn changing_only_the_check_keeps_the_cluster_name() {
+        let tcp = build(&dataplane(vec![inbound(10001, 8080, None)]), &defaults()).unwrap();
+        let http = build(
+            &dataplane(vec![inbound(
+                10001,
+                8080,
+                with_check(Check::Http(HttpCheck::path("/healthz"))),
+            )]),
+            &defaults(),
+        )
+        .unwrap();
+        assert_ne!(tcp.message, http.message);
+        assert_eq!(tcp.targets[0].cluster, http.targets[0].cluster);
+        assert_eq!(tcp.targets[0].endpoint, http.targets[0].endpoint);
+    }
+
+    #[test]
+    fn default_check_and_kuma_tcp() {
+        let settings = SpecifierSettings {
+            default_check: Check::Http(HttpCheck::path("/healthz")),
+            ..defaults()
+        };
+        let timing_only = ProbeOverrides {
+            interval: Some(Duration::from_secs(2)),
+            ..Default::default()
+        };
+        let dp = dataplane(vec![
+            inbound(10001, 8080, None),
+            inbound(10002, 8081, Some(timing_only)),
+            inbound(10003, 8082, with_check(Check::default())),
+        ]);
+        let spec = build(&dp, &settings).unwrap();
+        let kinds: Vec<&str> = spec.targets.iter().map(|t| t.check.kind()).collect();
+        assert_eq!(kinds, vec!["http", "http", "tcp"]);
+    }
+
+    #[test]
+    fn the_envoy_ready_check() {
+        let mut dp = dataplane(vec![inbound(10001, 8080, None)]);
+        dp.admin_port = Some(9901);
+        let spec = build(&dp, &defaults()).unwrap();
+        assert_eq!(spec.envoy_ready, Some(1));
+        let t = &spec.targets[1];
+        assert_eq!(t.cluster, ENVOY_READY_CLUSTER);
+        assert_eq!(t.endpoint, "127.0.0.1:9901".parse().unwrap());
+        assert!(t.inbounds.is_empty());
+        assert_eq!(spec.target_of_inbound, vec![Some(0)]);
+        let health_check::HealthChecker::HttpHealthCheck(h) = checker(&spec, 1) else {
+            panic!("http")
+        };
+        assert_eq!(h.path, "/ready");
+        assert_eq!(
+            h.expected_statuses,
+            vec![Int64Range {
+                start: 200,
+                end: 201
+            }]
+        );
+        assert_eq!(
+            spec.message.cluster_health_checks[1].cluster_name,
+            "envoy_ready"
+        );
+        // Off by configuration, or without an admin port.
+        let off = SpecifierSettings {
+            check_envoy_ready: false,
+            ..defaults()
+        };
+        assert_eq!(build(&dp, &off).unwrap().envoy_ready, None);
+        dp.admin_port = None;
+        let spec = build(&dp, &defaults()).unwrap();
+        assert_eq!((spec.envoy_ready, spec.targets.len()), (None, 1));
+    }
+
+    #[test]
+    fn invalid_checks_and_different_kinds_on_one_target_are_refused() {
+        let dp = dataplane(vec![
+            inbound(10001, 8080, None),
+            inbound(
+                10002,
+                9090,
+                with_check(Check::Http(HttpCheck::path("healthz"))),
+            ),
+        ]);
+        assert_eq!(
+            build(&dp, &defaults()).unwrap_err().to_string(),
+            "networking.inbound[1].serviceProbe: http.path \"healthz\" must start with '/' (e.g. /healthz)"
+        );
+        // The same target, once by its service port, once by a probe port.
+        let o = ProbeOverrides {
+            port: Some(8080),
+            check: Some(Check::Http(HttpCheck::path("/healthz"))),
+            ..Default::default()
+        };
+        let dp = dataplane(vec![
+            inbound(10001, 8080, None),
+            inbound(10002, 9090, Some(o)),
+        ]);
+        assert_eq!(
+            build(&dp, &defaults()).unwrap_err().to_string(),
+            "networking.inbound[0] and networking.inbound[1] probe the same target 127.0.0.1:8080 with different settings; give them the same serviceProbe"
+        );
     }
 
     #[test]

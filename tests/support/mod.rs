@@ -12,6 +12,7 @@
 //! it starts again.
 #![allow(dead_code)] // each test file uses a different part of the harness
 
+pub mod apps;
 pub mod grpc;
 
 use std::net::{SocketAddr, TcpListener as StdListener};

@@ -263,6 +263,7 @@ pub fn fixed_specifier(clusters: u16, interval: std::time::Duration) -> HealthCh
         inbounds: Vec::new(),
         gateway: None,
         listeners: Vec::new(),
+        admin_port: None,
     };
     for k in 0..clusters {
         dp.inbounds.push(hdsd::dataplane::Inbound {
@@ -285,7 +286,7 @@ pub fn fixed_specifier(clusters: u16, interval: std::time::Duration) -> HealthCh
             unhealthy_threshold: 2,
         },
         report_interval: interval,
-        probe_all_inbounds: true,
+        ..Default::default()
     };
     hdsd::specifier::build(&dp, &settings)
         .expect("fixed settings are valid")
