@@ -306,7 +306,10 @@ mod tests {
         let c = &b["static_resources"]["clusters"][0];
         assert_eq!(c["type"], "EDS");
         assert_eq!(c["eds_cluster_config"]["service_name"], "default/web");
-        assert_eq!(c["common_lb_config"]["healthy_panic_threshold"]["value"], 0.0);
+        assert_eq!(
+            c["common_lb_config"]["healthy_panic_threshold"]["value"],
+            0.0
+        );
         let grpc = &c["eds_cluster_config"]["eds_config"]["api_config_source"]["grpc_services"][0];
         assert_eq!(grpc["envoy_grpc"]["cluster_name"], HDSD_CLUSTER);
         assert_eq!(grpc["initial_metadata"][0]["value"], "Bearer api-token");

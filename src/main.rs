@@ -154,7 +154,10 @@ enum BootstrapCommand {
     },
 }
 
-fn read_token(token_file: Option<PathBuf>, token: Option<String>) -> anyhow::Result<Option<String>> {
+fn read_token(
+    token_file: Option<PathBuf>,
+    token: Option<String>,
+) -> anyhow::Result<Option<String>> {
     Ok(match token_file {
         Some(path) => Some(
             std::fs::read_to_string(&path)

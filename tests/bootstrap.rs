@@ -89,7 +89,11 @@ fn the_front_reference_is_what_hdsd_prints_and_envoy_accepts_it() {
         .args(flags)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let expected = std::fs::read_to_string(testdata().join("front.yaml")).unwrap();
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),
@@ -97,7 +101,14 @@ fn the_front_reference_is_what_hdsd_prints_and_envoy_accepts_it() {
         "front.yaml is stale: regenerate it with hdsd {flags:?}"
     );
     let out = Command::new(envoy_bin())
-        .args(["--mode", "validate", "-c", "front.yaml", "--log-level", "error"])
+        .args([
+            "--mode",
+            "validate",
+            "-c",
+            "front.yaml",
+            "--log-level",
+            "error",
+        ])
         .current_dir(testdata())
         .output()
         .unwrap();

@@ -255,6 +255,12 @@ impl Hdsd {
         self.spawn();
     }
 
+    /// Starts hdsd again after [`Hdsd::terminate`]: same ports, files and state.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "hdsd is still running");
+        self.spawn();
+    }
+
     /// Sends SIGTERM and waits (at most `timeout`) for hdsd to exit.
     pub fn terminate(&mut self, timeout: Duration) -> std::process::ExitStatus {
         let ok = Command::new("kill")
@@ -321,6 +327,16 @@ impl Envoy {
     }
 
     pub fn start_with_bootstrap(dir: tempfile::TempDir, id: &str, bootstrap: &str) -> Envoy {
+        Self::start_with_args(dir, id, bootstrap, &[])
+    }
+
+    /// Starts Envoy with `bootstrap` and extra command-line arguments.
+    pub fn start_with_args(
+        dir: tempfile::TempDir,
+        id: &str,
+        bootstrap: &str,
+        extra: &[&str],
+    ) -> Envoy {
         let config = dir.path().join("envoy.yaml");
         std::fs::write(&config, bootstrap).unwrap();
         let log = std::fs::File::create(dir.path().join("envoy.log")).unwrap();
@@ -334,6 +350,7 @@ impl Envoy {
                 "--component-log-level",
                 "hc:debug",
             ])
+            .args(extra)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .stdin(Stdio::null())
@@ -440,6 +457,92 @@ impl App {
 }
 
 impl Drop for App {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A tiny HTTP application that answers every request with its own name
+/// (`Connection: close`). Its port is chosen by the kernel (bind
+/// 127.0.0.1:0) and read back; after [`HttpApp::stop`] it can start again on
+/// the same port with [`HttpApp::start_on`]. Stops when dropped.
+pub struct HttpApp {
+    pub name: String,
+    pub port: u16,
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HttpApp {
+    pub fn start(name: &str) -> HttpApp {
+        let listener = StdListener::bind("127.0.0.1:0").expect("bind an app port");
+        Self::serve(name, listener)
+    }
+
+    pub fn start_on(name: &str, port: u16) -> HttpApp {
+        let listener = StdListener::bind(("127.0.0.1", port)).expect("bind the app's port again");
+        Self::serve(name, listener)
+    }
+
+    fn serve(name: &str, listener: StdListener) -> HttpApp {
+        use std::io::{Read as _, Write as _};
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let body = name.to_string();
+        let thread = std::thread::spawn(move || loop {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    // A TCP probe connects and closes: EOF, no answer.
+                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    if request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let _ = write!(
+                            stream,
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}",
+                            body.len(),
+                            body
+                        );
+                        let _ = stream.flush();
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    match stop_rx.recv_timeout(Duration::from_millis(2)) {
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                        _ => return,
+                    }
+                }
+                Err(_) => return,
+            }
+        });
+        HttpApp {
+            name: name.to_string(),
+            port,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    /// Closes the listening socket: probes and requests are refused.
+    pub fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for HttpApp {
     fn drop(&mut self) {
         self.stop();
     }

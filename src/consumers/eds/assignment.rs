@@ -13,7 +13,8 @@ use envoy_types::pb::envoy::config::core::v3::{
     address, socket_address, Address, HealthStatus, SocketAddress,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
-    cluster_load_assignment, lb_endpoint, ClusterLoadAssignment, Endpoint as PbEndpoint, LbEndpoint, LocalityLbEndpoints,
+    cluster_load_assignment, lb_endpoint, ClusterLoadAssignment, Endpoint as PbEndpoint,
+    LbEndpoint, LocalityLbEndpoints,
 };
 use serde::{Deserialize, Serialize};
 
