@@ -43,9 +43,9 @@ fn split_server(server: &str) -> Result<(String, u16), BootstrapError> {
     Ok((host.to_string(), port))
 }
 
-/// The bootstrap as a JSON value (YAML is a rendering of it).
-pub fn bootstrap(p: &BootstrapParams) -> Result<Value, BootstrapError> {
-    let (host, port) = split_server(&p.server)?;
+/// The static cluster that points at hdsd (gRPC over HTTP/2, TLS with `ca`).
+fn hdsd_cluster(server: &str, ca: Option<&PathBuf>) -> Result<Value, BootstrapError> {
+    let (host, port) = split_server(server)?;
     let discovery = if host.parse::<std::net::IpAddr>().is_ok() {
         "STATIC"
     } else {
@@ -70,7 +70,7 @@ pub fn bootstrap(p: &BootstrapParams) -> Result<Value, BootstrapError> {
             }}}}]}]
         }
     });
-    if let Some(ca) = &p.ca {
+    if let Some(ca) = ca {
         cluster["transport_socket"] = json!({
             "name": "envoy.transport_sockets.tls",
             "typed_config": {
@@ -86,11 +86,22 @@ pub fn bootstrap(p: &BootstrapParams) -> Result<Value, BootstrapError> {
             cluster["transport_socket"]["typed_config"]["sni"] = json!(host);
         }
     }
+    Ok(cluster)
+}
+
+/// The gRPC service `hdsd`, with the token as `authorization` metadata.
+fn grpc_service(token: Option<&String>) -> Value {
     let mut grpc_service = json!({"envoy_grpc": {"cluster_name": HDSD_CLUSTER}});
-    if let Some(token) = &p.token {
+    if let Some(token) = token {
         grpc_service["initial_metadata"] =
             json!([{"key": "authorization", "value": format!("Bearer {token}")}]);
     }
+    grpc_service
+}
+
+/// The bootstrap as a JSON value (YAML is a rendering of it).
+pub fn bootstrap(p: &BootstrapParams) -> Result<Value, BootstrapError> {
+    let cluster = hdsd_cluster(&p.server, p.ca.as_ref())?;
     Ok(json!({
         "node": {"id": p.id.to_string(), "cluster": p.id.mesh},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p.admin_port}}},
@@ -99,9 +110,108 @@ pub fn bootstrap(p: &BootstrapParams) -> Result<Value, BootstrapError> {
             "api_type": "GRPC",
             "transport_api_version": "V3",
             "set_node_on_first_message_only": false,
-            "grpc_services": [grpc_service]
+            "grpc_services": [grpc_service(p.token.as_ref())]
         }
     }))
+}
+
+/// What a front-proxy bootstrap needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrontParams {
+    pub mesh: String,
+    /// The `kuma.io/service` to route to.
+    pub service: String,
+    /// The HTTP listener's address (port 0: any free port, read back from
+    /// the admin API's `/listeners`).
+    pub listen: std::net::SocketAddr,
+    /// hdsd's HDS address as `HOST:PORT` (EDS is served there too).
+    pub server: String,
+    /// One of hdsd's `api.tokens`, sent as gRPC metadata `authorization`.
+    pub token: Option<String>,
+    /// Envoy's admin port, bound on loopback only (0: any free port).
+    pub admin_port: u16,
+    pub ca: Option<PathBuf>,
+}
+
+/// An HTTP front proxy whose only route goes to the EDS cluster
+/// `<mesh>/<service>`, fed by hdsd over gRPC.
+///
+/// - Retries (2) on connect-failure, reset and refused-stream, each on
+///   another endpoint (previous_hosts predicate): a request that reaches an
+///   app that just died is retried before its checks have caught up.
+/// - `healthy_panic_threshold: 0`: Envoy's default (50%) ignores health once
+///   half the endpoints are unhealthy and spreads traffic over all of them,
+///   dead ones included. At 0 an unhealthy endpoint never gets traffic; when
+///   none is healthy or degraded, requests fail fast with 503.
+pub fn front(p: &FrontParams) -> Result<Value, BootstrapError> {
+    let hdsd = hdsd_cluster(&p.server, p.ca.as_ref())?;
+    let name = format!("{}/{}", p.mesh, p.service);
+    let listener = json!({
+        "name": "front",
+        "address": {"socket_address": {"address": p.listen.ip().to_string(), "port_value": p.listen.port()}},
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": "front",
+                "route_config": {
+                    "name": "front",
+                    "virtual_hosts": [{
+                        "name": p.service,
+                        "domains": ["*"],
+                        "routes": [{
+                            "match": {"prefix": "/"},
+                            "route": {
+                                "cluster": name,
+                                "retry_policy": {
+                                    "retry_on": "connect-failure,reset,refused-stream",
+                                    "num_retries": 2,
+                                    "retry_host_predicate": [{
+                                        "name": "envoy.retry_host_predicates.previous_hosts",
+                                        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}
+                                    }],
+                                    "host_selection_retry_max_attempts": 5
+                                }
+                            }
+                        }]
+                    }]
+                },
+                "http_filters": [{
+                    "name": "envoy.filters.http.router",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
+                }]
+            }
+        }]}]
+    });
+    let service = json!({
+        "name": name,
+        "type": "EDS",
+        "connect_timeout": "1s",
+        "eds_cluster_config": {
+            "service_name": name,
+            "eds_config": {
+                "resource_api_version": "V3",
+                "api_config_source": {
+                    "api_type": "GRPC",
+                    "transport_api_version": "V3",
+                    "set_node_on_first_message_only": true,
+                    "grpc_services": [grpc_service(p.token.as_ref())]
+                }
+            }
+        },
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0.0}}
+    });
+    Ok(json!({
+        "node": {"id": format!("front-{}-{}", p.mesh, p.service), "cluster": "front"},
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p.admin_port}}},
+        "static_resources": {"listeners": [listener], "clusters": [service, hdsd]}
+    }))
+}
+
+/// The front-proxy bootstrap rendered as YAML.
+pub fn front_yaml(p: &FrontParams) -> Result<String, BootstrapError> {
+    let value = front(p)?;
+    Ok(serde_yaml_ng::to_string(&value).expect("a JSON value always renders as YAML"))
 }
 
 /// The bootstrap rendered as YAML.
@@ -170,6 +280,41 @@ mod tests {
         let tls = &b["static_resources"]["clusters"][0]["transport_socket"]["typed_config"];
         assert_eq!(tls["common_tls_context"]["alpn_protocols"], json!(["h2"]));
         assert!(tls.get("sni").is_none(), "{tls}");
+    }
+
+    #[test]
+    fn front_routes_to_the_eds_cluster_with_retries_and_no_panic_mode() {
+        let b = front(&FrontParams {
+            mesh: "default".into(),
+            service: "web".into(),
+            listen: "0.0.0.0:8080".parse().unwrap(),
+            server: "127.0.0.1:5678".into(),
+            token: Some("api-token".into()),
+            admin_port: 9902,
+            ca: None,
+        })
+        .unwrap();
+        let hcm = &b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+            ["typed_config"];
+        let route = &hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"];
+        assert_eq!(route["cluster"], "default/web");
+        assert_eq!(
+            route["retry_policy"]["retry_on"],
+            "connect-failure,reset,refused-stream"
+        );
+        assert_eq!(route["retry_policy"]["num_retries"], 2);
+        let c = &b["static_resources"]["clusters"][0];
+        assert_eq!(c["type"], "EDS");
+        assert_eq!(c["eds_cluster_config"]["service_name"], "default/web");
+        assert_eq!(
+            c["common_lb_config"]["healthy_panic_threshold"]["value"],
+            0.0
+        );
+        let grpc = &c["eds_cluster_config"]["eds_config"]["api_config_source"]["grpc_services"][0];
+        assert_eq!(grpc["envoy_grpc"]["cluster_name"], HDSD_CLUSTER);
+        assert_eq!(grpc["initial_metadata"][0]["value"], "Bearer api-token");
+        assert_eq!(b["static_resources"]["clusters"][1]["name"], HDSD_CLUSTER);
+        assert!(b.get("hds_config").is_none());
     }
 
     #[test]

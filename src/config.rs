@@ -28,6 +28,27 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     pub auth: AuthConfig,
     pub log: LogConfig,
+    pub eds: EdsConfig,
+}
+
+/// How readiness becomes EDS endpoints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EdsConfig {
+    /// How a `stale` inbound is served: `degraded` (a fallback Envoy uses only
+    /// when nothing healthy is left) or `unhealthy`.
+    pub stale_as: crate::consumers::eds::StaleAs,
+    /// Leave not-ready endpoints out of assignments instead of marking them.
+    pub omit_not_ready: bool,
+}
+
+impl EdsConfig {
+    pub fn options(&self) -> crate::consumers::eds::EdsOptions {
+        crate::consumers::eds::EdsOptions {
+            stale_as: self.stale_as,
+            omit_not_ready: self.omit_not_ready,
+        }
+    }
 }
 
 /// How dataplanes prove who they are.
@@ -194,6 +215,7 @@ impl Default for Config {
             shutdown_timeout: Duration::from_secs(10),
             auth: AuthConfig::default(),
             log: LogConfig::default(),
+            eds: EdsConfig::default(),
         }
     }
 }
@@ -538,6 +560,17 @@ tokens = []
 # Directory of Dataplane YAML files (*.yaml, *.yml), watched for changes.
 dir = "./dataplanes"
 
+[eds]
+# EDS (Envoy's EndpointDiscoveryService) is served on hds.listen: one ClusterLoadAssignment
+# per <mesh>/<service>. With auth.mode = "token", EDS clients send one of api.tokens as
+# `authorization: Bearer <token>`.
+# How a `stale` inbound (its checker stopped reporting) is served: "degraded" (kept as a
+# fallback, used only when nothing healthy is left) or "unhealthy".
+stale_as = "degraded"
+# Leave not-ready endpoints out instead of marking them unhealthy (Kuma's behaviour); Envoy's
+# admin /clusters then no longer shows them.
+omit_not_ready = false
+
 [log]
 # Log filter: error, warn, info, debug, trace, or a tracing directive. RUST_LOG wins when set.
 level = "info"
@@ -565,6 +598,19 @@ mod tests {
         let c = load_str(".toml", DEFAULTS_TOML).unwrap();
         assert_eq!(c, Config::default());
         assert!(c.validate().is_empty());
+    }
+
+    #[test]
+    fn eds_options() {
+        let c = load_str(
+            ".toml",
+            "[eds]\nstale_as = \"unhealthy\"\nomit_not_ready = true\n",
+        )
+        .unwrap();
+        assert_eq!(c.eds.stale_as, crate::consumers::eds::StaleAs::Unhealthy);
+        assert!(c.eds.options().omit_not_ready);
+        let e = load_str(".toml", "[eds]\nstale_as = \"gone\"\n").unwrap_err();
+        assert!(e.to_string().contains("degraded"), "{e}");
     }
 
     #[test]

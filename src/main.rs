@@ -28,6 +28,8 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+// Parsed once per process: the size of its largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Run the server.
     Serve {
@@ -89,12 +91,16 @@ enum Command {
         #[arg(long)]
         ca: Option<PathBuf>,
     },
-    /// Print an Envoy bootstrap that connects a dataplane to hdsd.
+    /// Print an Envoy bootstrap that connects a dataplane to hdsd
+    /// (`bootstrap front`: a front proxy routing by readiness).
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Bootstrap {
-        #[arg(long)]
-        mesh: String,
-        #[arg(long)]
-        name: String,
+        #[command(subcommand)]
+        front: Option<BootstrapCommand>,
+        #[arg(long, required = true)]
+        mesh: Option<String>,
+        #[arg(long, required = true)]
+        name: Option<String>,
         /// hdsd's HDS address, HOST:PORT.
         #[arg(long, default_value = "127.0.0.1:5678")]
         server: String,
@@ -114,6 +120,67 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+}
+
+#[derive(Subcommand)]
+enum BootstrapCommand {
+    /// An HTTP front proxy routing to one service's EDS cluster, fed by hdsd:
+    /// endpoints leave it when their checks fail.
+    Front {
+        /// The service (inbound tag kuma.io/service) to route to.
+        #[arg(long)]
+        service: String,
+        #[arg(long, default_value = "default")]
+        mesh: String,
+        /// The front's HTTP listener (port 0: any free port).
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        listen: std::net::SocketAddr,
+        /// hdsd's HDS address (EDS is served there), HOST:PORT.
+        #[arg(long, default_value = "127.0.0.1:5678")]
+        server: String,
+        /// File holding one of hdsd's api.tokens (needed with auth.mode = "token").
+        #[arg(long, conflicts_with = "token")]
+        token_file: Option<PathBuf>,
+        /// One of hdsd's api.tokens.
+        #[arg(long)]
+        token: Option<String>,
+        /// Envoy's admin port (bound on 127.0.0.1; 0: any free port).
+        #[arg(long, default_value_t = 9901)]
+        admin_port: u16,
+        /// CA certificate to verify hdsd's TLS certificate (turns TLS on).
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// Write to this file instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+fn read_token(
+    token_file: Option<PathBuf>,
+    token: Option<String>,
+) -> anyhow::Result<Option<String>> {
+    Ok(match token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(&path)
+                .with_context(|| format!("cannot read --token-file {}", path.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => token,
+    })
+}
+
+fn write_out(out: Option<PathBuf>, yaml: &str) -> anyhow::Result<()> {
+    match out {
+        Some(path) => {
+            std::fs::write(&path, yaml).with_context(|| format!("cannot write {}", path.display()))
+        }
+        None => {
+            print!("{yaml}");
+            Ok(())
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -202,6 +269,34 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Token { config, command } => token(config.as_deref(), command),
         Command::Bootstrap {
+            front:
+                Some(BootstrapCommand::Front {
+                    service,
+                    mesh,
+                    listen,
+                    server,
+                    token_file,
+                    token,
+                    admin_port,
+                    ca,
+                    out,
+                }),
+            ..
+        } => {
+            let yaml = hdsd::bootstrap::front_yaml(&hdsd::bootstrap::FrontParams {
+                mesh,
+                service,
+                listen,
+                server,
+                token: read_token(token_file, token)?,
+                admin_port,
+                ca,
+            })?;
+            write_out(out, &yaml)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bootstrap {
+            front: None,
             mesh,
             name,
             server,
@@ -211,15 +306,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ca,
             out,
         } => {
-            let token = match token_file {
-                Some(path) => Some(
-                    std::fs::read_to_string(&path)
-                        .with_context(|| format!("cannot read --token-file {}", path.display()))?
-                        .trim()
-                        .to_string(),
-                ),
-                None => token,
-            };
+            let (mesh, name) = (mesh.unwrap_or_default(), name.unwrap_or_default());
+            let token = read_token(token_file, token)?;
             let id = DataplaneId::try_new(&mesh, &name).map_err(|e| {
                 anyhow::anyhow!(
                     "--mesh {mesh:?} --name {name:?} is not a dataplane identity: {e}; the mesh takes lowercase letters, digits and '-', and the name must not be empty"
@@ -232,11 +320,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 admin_port,
                 ca,
             })?;
-            match out {
-                Some(path) => std::fs::write(&path, yaml)
-                    .with_context(|| format!("cannot write {}", path.display()))?,
-                None => print!("{yaml}"),
-            }
+            write_out(out, &yaml)?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -33,6 +33,10 @@ pub const FEED_CHANGES: &str = "hdsd_feed_changes_total";
 pub const WATCHERS_ACTIVE: &str = "hdsd_watchers_active";
 pub const WATCH_EVENTS_SENT: &str = "hdsd_watch_events_sent_total";
 pub const WATCH_RESYNCS: &str = "hdsd_watch_resyncs_total";
+pub const EDS_STREAMS_ACTIVE: &str = "hdsd_eds_streams_active";
+pub const EDS_PUSHES: &str = "hdsd_eds_pushes_total";
+pub const EDS_NACKS: &str = "hdsd_eds_nacks_total";
+pub const EDS_ENDPOINTS: &str = "hdsd_eds_endpoints";
 
 /// Why a stream ended: the `reason` label of `hdsd_streams_closed_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,6 +229,44 @@ impl Drop for ActiveWatcher {
     }
 }
 
+/// Counts one EDS response sent.
+pub fn eds_push() {
+    counter!(EDS_PUSHES).increment(1);
+}
+
+/// Counts one EDS response a client rejected.
+pub fn eds_nack() {
+    counter!(EDS_NACKS).increment(1);
+}
+
+/// Sets the number of served endpoints with one health status.
+pub fn eds_endpoints(health: &'static str, n: u64) {
+    gauge!(EDS_ENDPOINTS, "health" => health).set(n as f64);
+}
+
+/// Keeps `hdsd_eds_streams_active` right on every exit path.
+#[derive(Debug)]
+pub struct ActiveEdsStream(());
+
+impl ActiveEdsStream {
+    pub fn new() -> Self {
+        gauge!(EDS_STREAMS_ACTIVE).increment(1.0);
+        ActiveEdsStream(())
+    }
+}
+
+impl Default for ActiveEdsStream {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for ActiveEdsStream {
+    fn drop(&mut self) {
+        gauge!(EDS_STREAMS_ACTIVE).decrement(1.0);
+    }
+}
+
 /// Report folding takes microseconds.
 const REPORT_BUCKETS: &[f64] = &[
     1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2,
@@ -337,7 +379,7 @@ fn describe() {
     );
     describe_counter!(
         AUTH_FAILURES,
-        "HDS streams refused by authentication or authorization, by reason."
+        "HDS and EDS streams refused by authentication or authorization, by reason."
     );
     describe_gauge!(
         SOURCE_ERRORS,
@@ -363,6 +405,26 @@ fn describe() {
         WATCH_RESYNCS,
         "RESYNCs told to watchers, by reason (too_old: history no longer held; unknown_revision: from another process; overflow: the watcher read too slowly)."
     );
+    describe_gauge!(
+        EDS_STREAMS_ACTIVE,
+        "EDS streams open now (Envoys taking endpoints from hdsd)."
+    );
+    describe_counter!(
+        EDS_PUSHES,
+        "EDS responses sent (first answers, subscription changes and pushes of changed assignments)."
+    );
+    describe_counter!(
+        EDS_NACKS,
+        "EDS responses rejected by the client (NACK: logged, not resent)."
+    );
+    describe_gauge!(
+        EDS_ENDPOINTS,
+        "Endpoints in the served assignments, by the health_status sent to Envoy (healthy, degraded, draining, unhealthy)."
+    );
+    gauge!(EDS_STREAMS_ACTIVE).set(0.0);
+    for health in crate::consumers::eds::assignment::EdsHealth::ALL {
+        gauge!(EDS_ENDPOINTS, "health" => health.as_str()).set(0.0);
+    }
     gauge!(WATCHERS_ACTIVE).set(0.0);
     for reason in crate::consumers::feed::ResyncReason::ALL {
         counter!(WATCH_RESYNCS, "reason" => reason.as_str()).absolute(0);
@@ -383,6 +445,8 @@ fn describe() {
         SPECIFIER_GENERATION_ERRORS,
         FEED_CHANGES,
         WATCH_EVENTS_SENT,
+        EDS_PUSHES,
+        EDS_NACKS,
     ] {
         counter!(name).absolute(0);
     }

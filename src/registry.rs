@@ -115,6 +115,11 @@ impl Registry {
         self.catalog.borrow().clone()
     }
 
+    /// A receiver that wakes whenever dataplanes are added or removed.
+    pub fn watch_catalog(&self) -> watch::Receiver<Arc<Catalog>> {
+        self.catalog.clone()
+    }
+
     pub fn get(&self, id: &DataplaneId) -> Option<DataplaneHandle> {
         self.catalog.borrow().get(id).cloned()
     }

@@ -163,6 +163,12 @@ pub async fn run(
             feed: Some(feed.sender()),
         },
     );
+    let assignments = crate::consumers::eds::index::spawn(
+        registry.clone(),
+        feed.clone(),
+        sources_rx.clone(),
+        config.eds.options(),
+    );
     let gate = Arc::new(Gate::new(&config, clock.now())?);
     tokio::spawn(gate.clone().watch());
     let mut notes = Vec::new();
@@ -236,12 +242,24 @@ pub async fn run(
         clock,
         drain_rx.clone(),
     );
+    let eds = crate::consumers::eds::server::EdsService::new(
+        assignments,
+        match config.auth.mode {
+            AuthMode::Token => crate::consumers::eds::server::EdsAuth::ApiTokens(Arc::new(
+                config.api.tokens.clone(),
+            )),
+            AuthMode::None => crate::consumers::eds::server::EdsAuth::Open,
+        },
+        drain_rx.clone(),
+    );
     let hds: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> = {
         let mut drain = drain_rx.clone();
+        // HDS for the dataplanes' Envoys, EDS for Envoys that route to them.
         let server = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(config.hds.keepalive.interval))
             .http2_keepalive_timeout(Some(config.hds.keepalive.timeout))
-            .add_service(service.into_server());
+            .add_service(service.into_server())
+            .add_service(eds.into_server());
         let signal = async move {
             let _ = drain.wait_for(|d| *d).await;
         };

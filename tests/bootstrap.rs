@@ -69,6 +69,57 @@ fn reference_bootstraps_are_what_hdsd_prints_and_envoy_accepts_them() {
     }
 }
 
+/// The front proxy's reference file: what `hdsd bootstrap front` prints, and
+/// the real Envoy accepts it.
+#[test]
+fn the_front_reference_is_what_hdsd_prints_and_envoy_accepts_it() {
+    let flags = [
+        "bootstrap",
+        "front",
+        "--service",
+        "web",
+        "--listen",
+        "0.0.0.0:8080",
+        "--server",
+        "127.0.0.1:5678",
+        "--token",
+        "example-api-token",
+    ];
+    let out = Command::new(env!("CARGO_BIN_EXE_hdsd"))
+        .args(flags)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = std::fs::read_to_string(testdata().join("front.yaml")).unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        expected,
+        "front.yaml is stale: regenerate it with hdsd {flags:?}"
+    );
+    let out = Command::new(envoy_bin())
+        .args([
+            "--mode",
+            "validate",
+            "-c",
+            "front.yaml",
+            "--log-level",
+            "error",
+        ])
+        .current_dir(testdata())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "envoy --mode validate front.yaml:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn bad_flags_are_refused_with_a_clear_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_hdsd"))

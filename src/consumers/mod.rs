@@ -6,7 +6,9 @@
 //! - [`grpc`]: `hdsd.v1.ReadinessService` (`proto/hdsd/v1/readiness.proto`).
 //! - [`sse`]: the same watch as Server-Sent Events (`GET /api/v1/watch`).
 //! - [`services`]: per-service health by Kuma's rules.
+//! - [`eds`]: Envoy's EDS, per-service endpoints with their health.
 
+pub mod eds;
 pub mod feed;
 pub mod grpc;
 pub mod services;

@@ -291,6 +291,12 @@ impl Hdsd {
         self.spawn();
     }
 
+    /// Starts hdsd again after [`Hdsd::terminate`]: same ports, files and state.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "hdsd is still running");
+        self.spawn();
+    }
+
     /// Sends SIGTERM and waits (at most `timeout`) for hdsd to exit.
     pub fn terminate(&mut self, timeout: Duration) -> std::process::ExitStatus {
         let ok = Command::new("kill")
@@ -357,6 +363,16 @@ impl Envoy {
     }
 
     pub fn start_with_bootstrap(dir: tempfile::TempDir, id: &str, bootstrap: &str) -> Envoy {
+        Self::start_with_args(dir, id, bootstrap, &[])
+    }
+
+    /// Starts Envoy with `bootstrap` and extra command-line arguments.
+    pub fn start_with_args(
+        dir: tempfile::TempDir,
+        id: &str,
+        bootstrap: &str,
+        extra: &[&str],
+    ) -> Envoy {
         let config = dir.path().join("envoy.yaml");
         std::fs::write(&config, bootstrap).unwrap();
         let log = std::fs::File::create(dir.path().join("envoy.log")).unwrap();
@@ -372,6 +388,7 @@ impl Envoy {
                 "--component-log-level",
                 "hc:debug",
             ])
+            .args(extra)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .stdin(Stdio::null())
@@ -541,6 +558,105 @@ pub fn pass_fds(command: &mut Command, fds: &[std::os::fd::BorrowedFd<'_>]) {
         })
         .collect();
     command.fd_mappings(mappings).expect("distinct fds");
+}
+
+/// A tiny HTTP application that answers every request with its own name
+/// (`Connection: close`). Its port is chosen by the kernel and read back;
+/// while stopped the port stays reserved (bound, not listening), and
+/// [`HttpApp::resume`] listens on it again. Stops when dropped.
+pub struct HttpApp {
+    pub name: String,
+    pub port: u16,
+    reserved: Option<socket2::Socket>,
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HttpApp {
+    pub fn start(name: &str) -> HttpApp {
+        let socket = app_socket(0);
+        let port = socket
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .expect("bound address")
+            .port();
+        let mut app = HttpApp {
+            name: name.to_string(),
+            port,
+            reserved: Some(socket),
+            stop: None,
+            thread: None,
+        };
+        app.resume();
+        app
+    }
+
+    /// Listens again on the same port after [`HttpApp::stop`].
+    pub fn resume(&mut self) {
+        use std::io::{Read as _, Write as _};
+        let socket = self.reserved.take().expect("the app is stopped");
+        socket.listen(128).expect("listen on the app port");
+        let listener: StdListener = socket.into();
+        listener.set_nonblocking(true).unwrap();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let body = self.name.clone();
+        let thread = std::thread::spawn(move || loop {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    // A TCP probe connects and closes: EOF, no answer.
+                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    if request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let _ = write!(
+                            stream,
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}",
+                            body.len(),
+                            body
+                        );
+                        let _ = stream.flush();
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    match stop_rx.recv_timeout(Duration::from_millis(2)) {
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                        _ => return,
+                    }
+                }
+                Err(_) => return,
+            }
+        });
+        self.stop = Some(stop_tx);
+        self.thread = Some(thread);
+    }
+
+    /// Closes the listening socket: probes and requests are refused. The
+    /// port stays reserved for [`HttpApp::resume`].
+    pub fn stop(&mut self) {
+        if self.reserved.is_none() {
+            self.reserved = Some(app_socket(self.port));
+        }
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for HttpApp {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 /// Decodes %XX escapes (Envoy percent-encodes gRPC status messages in its log).

@@ -1,0 +1,447 @@
+//! The assignments of every service, kept by one task from the change feed.
+//!
+//! [`Index`] is plain data: each dataplane's contributions (its endpoints by
+//! service) and each service's published assignment. A change to one
+//! dataplane recomputes only the services it had or has. [`spawn`] runs its
+//! single writer: it follows the feed, reads the changed dataplanes' states
+//! from the registry, and publishes an [`Assignments`] snapshot (a watch
+//! channel) once per batch of changes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use envoy_types::pb::google::protobuf::Any;
+use prost::Message as _;
+use tokio::sync::{broadcast, watch};
+
+use super::assignment::{
+    cluster_load_assignment, contributions, EdsHealth, EdsOptions, Endpoint, ServiceKey,
+};
+use super::protocol::TYPE_URL;
+use crate::consumers::feed::{FeedHandle, Filter};
+use crate::dataplane::DataplaneId;
+use crate::registry::{DataplaneState, Registry};
+use crate::source::Loaded;
+
+/// One service's assignment as served.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Published {
+    /// The revision at which it last changed.
+    pub version: u64,
+    /// Sorted.
+    pub endpoints: Vec<Endpoint>,
+    /// The encoded `ClusterLoadAssignment`, built once for every stream.
+    pub resource: Any,
+}
+
+/// Every service's assignment at one revision. Services without endpoints
+/// are absent (served as empty assignments).
+#[derive(Debug, Clone, Default)]
+pub struct Assignments {
+    /// Tells this process's versions from another's (hdsd restarted).
+    pub epoch: u64,
+    pub revision: u64,
+    /// False until the catalog hdsd started with is in: no stream is
+    /// answered from a half-built index.
+    pub synced: bool,
+    pub services: BTreeMap<ServiceKey, Arc<Published>>,
+}
+
+impl Assignments {
+    /// The version of a resource name: 0 for an unknown service.
+    pub fn version_of(&self, key: Option<&ServiceKey>) -> u64 {
+        key.and_then(|k| self.services.get(k))
+            .map_or(0, |p| p.version)
+    }
+}
+
+/// Encodes an assignment as a response resource.
+pub fn encode(name: &str, endpoints: &[Endpoint]) -> Any {
+    Any {
+        type_url: TYPE_URL.to_string(),
+        value: cluster_load_assignment(name, endpoints).encode_to_vec(),
+    }
+}
+
+/// The index's state. Plain data.
+#[derive(Debug, Default)]
+pub struct Index {
+    options: EdsOptions,
+    revision: u64,
+    by_dataplane: HashMap<DataplaneId, Vec<(ServiceKey, Endpoint)>>,
+    by_service: HashMap<ServiceKey, BTreeMap<DataplaneId, Vec<Endpoint>>>,
+    published: BTreeMap<ServiceKey, Arc<Published>>,
+    /// Services to recompute at the next commit.
+    touched: BTreeSet<ServiceKey>,
+    /// Published endpoints by health, in [`EdsHealth::ALL`] order.
+    counts: [u64; 4],
+}
+
+impl Index {
+    pub fn new(options: EdsOptions) -> Index {
+        Index {
+            options,
+            ..Default::default()
+        }
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// Published endpoints by health status.
+    pub fn counts(&self) -> impl Iterator<Item = (EdsHealth, u64)> + '_ {
+        EdsHealth::ALL.into_iter().zip(self.counts)
+    }
+
+    /// A dataplane's current state (or its absence: deleted).
+    pub fn set(&mut self, id: &DataplaneId, state: Option<&DataplaneState>) {
+        let new = state
+            .and_then(|s| {
+                let d = s.defined.as_ref()?;
+                Some(contributions(&d.dataplane, &s.health, self.options))
+            })
+            .unwrap_or_default();
+        let old = if new.is_empty() {
+            self.by_dataplane.remove(id).unwrap_or_default()
+        } else {
+            self.by_dataplane
+                .insert(id.clone(), new.clone())
+                .unwrap_or_default()
+        };
+        if old == new {
+            return;
+        }
+        for (key, _) in &old {
+            if let Some(dps) = self.by_service.get_mut(key) {
+                dps.remove(id);
+            }
+            self.touched.insert(key.clone());
+        }
+        for (key, endpoint) in new {
+            self.by_service
+                .entry(key.clone())
+                .or_default()
+                .entry(id.clone())
+                .or_default()
+                .push(endpoint);
+            self.touched.insert(key);
+        }
+    }
+
+    /// Every dataplane that exists now: the others are removed.
+    pub fn replace_all(&mut self, states: &BTreeMap<DataplaneId, DataplaneState>) {
+        let gone: Vec<DataplaneId> = self
+            .by_dataplane
+            .keys()
+            .filter(|id| !states.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            self.set(&id, None);
+        }
+        for (id, state) in states {
+            self.set(id, Some(state));
+        }
+    }
+
+    /// Recomputes the touched services; true when an assignment changed (the
+    /// revision moved on).
+    pub fn commit(&mut self) -> bool {
+        let mut changed = false;
+        for key in std::mem::take(&mut self.touched) {
+            let mut endpoints: Vec<Endpoint> = self
+                .by_service
+                .get(&key)
+                .map(|dps| dps.values().flatten().copied().collect())
+                .unwrap_or_default();
+            endpoints.sort();
+            endpoints.dedup();
+            let before = self.published.get(&key).map(|p| &p.endpoints);
+            if before.is_none_or(|b| b != &endpoints) && !(before.is_none() && endpoints.is_empty())
+            {
+                if !changed {
+                    self.revision += 1;
+                    changed = true;
+                }
+                if let Some(old) = self.published.remove(&key) {
+                    self.count(&old.endpoints, false);
+                }
+                if endpoints.is_empty() {
+                    self.by_service.remove(&key);
+                } else {
+                    self.count(&endpoints, true);
+                    let resource = encode(&key.to_string(), &endpoints);
+                    self.published.insert(
+                        key,
+                        Arc::new(Published {
+                            version: self.revision,
+                            endpoints,
+                            resource,
+                        }),
+                    );
+                }
+            }
+        }
+        changed
+    }
+
+    fn count(&mut self, endpoints: &[Endpoint], add: bool) {
+        for e in endpoints {
+            let i = EdsHealth::ALL
+                .iter()
+                .position(|h| *h == e.health)
+                .unwrap_or(0);
+            if add {
+                self.counts[i] += 1;
+            } else {
+                self.counts[i] = self.counts[i].saturating_sub(1);
+            }
+        }
+    }
+
+    pub fn snapshot(&self, epoch: u64, synced: bool) -> Assignments {
+        Assignments {
+            epoch,
+            revision: self.revision,
+            synced,
+            services: self.published.clone(),
+        }
+    }
+}
+
+/// Reads the assignments. Cheap to clone.
+pub type AssignmentsRx = watch::Receiver<Arc<Assignments>>;
+
+/// Starts the index's task; the receiver sees `synced` once the dataplanes
+/// hdsd loaded at start are all in.
+pub fn spawn(
+    registry: Registry,
+    feed: FeedHandle,
+    sources: watch::Receiver<Arc<Loaded>>,
+    options: EdsOptions,
+) -> AssignmentsRx {
+    // Milliseconds since the Unix epoch: a new process numbers versions anew.
+    let epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let (tx, rx) = watch::channel(Arc::new(Assignments {
+        epoch,
+        ..Default::default()
+    }));
+    tokio::spawn(run(registry, feed, sources, Index::new(options), epoch, tx));
+    rx
+}
+
+fn states(registry: &Registry) -> BTreeMap<DataplaneId, DataplaneState> {
+    registry
+        .catalog()
+        .iter()
+        .map(|(id, h)| (id.clone(), h.state()))
+        .collect()
+}
+
+async fn run(
+    registry: Registry,
+    feed: FeedHandle,
+    mut sources: watch::Receiver<Arc<Loaded>>,
+    mut index: Index,
+    epoch: u64,
+    tx: watch::Sender<Arc<Assignments>>,
+) {
+    // Subscribed first: whatever changes after the catalog is read below
+    // comes as an event, and is read again.
+    let Ok((_, mut live)) = feed.subscribe(None, Filter::default()).await else {
+        return;
+    };
+    let mut catalog = registry.watch_catalog();
+    loop {
+        let loaded = sources.borrow_and_update().clone();
+        let in_catalog = {
+            let c = catalog.borrow_and_update();
+            loaded.dataplanes.keys().all(|id| c.contains_key(id))
+        };
+        if in_catalog {
+            break;
+        }
+        tokio::select! {
+            r = catalog.changed() => if r.is_err() { return },
+            r = sources.changed() => if r.is_err() { return },
+        }
+    }
+    index.replace_all(&states(&registry));
+    index.commit();
+    publish(&index, epoch, &tx);
+    tracing::debug!(
+        services = tx.borrow().services.len(),
+        "EDS assignments ready"
+    );
+    loop {
+        match live.recv().await {
+            Ok(batch) => {
+                for event in batch.iter() {
+                    let id = event.id();
+                    let state = registry.get(id).map(|h| h.state());
+                    index.set(id, state.as_ref());
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                // Fell behind the feed: start over from the catalog.
+                index.replace_all(&states(&registry));
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+        if index.commit() {
+            publish(&index, epoch, &tx);
+        }
+    }
+}
+
+fn publish(index: &Index, epoch: u64, tx: &watch::Sender<Arc<Assignments>>) {
+    for (health, n) in index.counts() {
+        crate::metrics::eds_endpoints(health.as_str(), n);
+    }
+    tx.send_replace(Arc::new(index.snapshot(epoch, true)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::parse_documents;
+    use crate::readiness::{rebase, Status};
+    use crate::registry::Connection;
+    use crate::source::Defined;
+    use crate::specifier::{build, SpecifierSettings};
+    use chrono::{TimeZone, Utc};
+
+    fn state(
+        name: &str,
+        services: &[(&str, u16)],
+        status: Status,
+    ) -> (DataplaneId, DataplaneState) {
+        let mut text = format!(
+            "type: Dataplane\nmesh: default\nname: {name}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n"
+        );
+        for (service, port) in services {
+            text.push_str(&format!(
+                "  - port: {port}\n    servicePort: {port}\n    tags: {{kuma.io/service: {service}}}\n"
+            ));
+        }
+        let dp = Arc::new(parse_documents(&text).unwrap().remove(0));
+        let specifier = Arc::new(build(&dp, &SpecifierSettings::default()).unwrap());
+        let t = Utc.timestamp_opt(1_700_000_000, 0).unwrap();
+        let mut health = rebase(None, &dp, &specifier, t);
+        for h in &mut health.inbounds {
+            h.status = status;
+        }
+        (
+            dp.id.clone(),
+            DataplaneState {
+                defined: Some(Defined {
+                    dataplane: dp,
+                    specifier,
+                    file: "x.yaml".into(),
+                }),
+                version: 1,
+                health,
+                connection: Connection::default(),
+            },
+        )
+    }
+
+    fn endpoints(index: &Index, service: &str) -> Vec<(u16, EdsHealth)> {
+        index
+            .published
+            .get(&ServiceKey::new("default", service))
+            .map(|p| p.endpoints.iter().map(|e| (e.port, e.health)).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_change_recomputes_only_the_services_it_touches() {
+        let mut index = Index::new(EdsOptions::default());
+        let (a, sa) = state("a", &[("web", 1001)], Status::Healthy);
+        let (b, sb) = state("b", &[("web", 1002), ("api", 2001)], Status::Healthy);
+        let (c, sc) = state("c", &[("db", 3001)], Status::Healthy);
+        index.set(&a, Some(&sa));
+        index.set(&b, Some(&sb));
+        index.set(&c, Some(&sc));
+        assert!(index.commit());
+        assert_eq!(index.revision(), 1);
+        assert_eq!(
+            endpoints(&index, "web"),
+            [(1001, EdsHealth::Healthy), (1002, EdsHealth::Healthy)]
+        );
+        let db_before = index.published[&ServiceKey::new("default", "db")].clone();
+
+        // b's inbounds turn unhealthy: web and api change, db does not.
+        let (_, sb2) = state("b", &[("web", 1002), ("api", 2001)], Status::Unhealthy);
+        index.set(&b, Some(&sb2));
+        assert_eq!(
+            index.touched,
+            [
+                ServiceKey::new("default", "api"),
+                ServiceKey::new("default", "web")
+            ]
+            .into()
+        );
+        assert!(index.commit());
+        assert_eq!(index.revision(), 2);
+        assert_eq!(
+            endpoints(&index, "web"),
+            [(1001, EdsHealth::Healthy), (1002, EdsHealth::Unhealthy)]
+        );
+        assert_eq!(
+            index.published[&ServiceKey::new("default", "web")].version,
+            2
+        );
+        assert!(Arc::ptr_eq(
+            &db_before,
+            &index.published[&ServiceKey::new("default", "db")]
+        ));
+        let counts: Vec<_> = index.counts().collect();
+        assert_eq!(
+            counts,
+            [
+                (EdsHealth::Healthy, 2),
+                (EdsHealth::Degraded, 0),
+                (EdsHealth::Draining, 0),
+                (EdsHealth::Unhealthy, 2)
+            ]
+        );
+
+        // The same state again changes nothing: no new revision.
+        index.set(&b, Some(&sb2));
+        assert!(!index.commit());
+        assert_eq!(index.revision(), 2);
+
+        // Deleted: its services lose its endpoints; api has none left.
+        index.set(&b, None);
+        assert!(index.commit());
+        assert_eq!(endpoints(&index, "web"), [(1001, EdsHealth::Healthy)]);
+        assert!(!index
+            .published
+            .contains_key(&ServiceKey::new("default", "api")));
+        assert_eq!(index.counts().map(|(_, n)| n).sum::<u64>(), 2);
+    }
+
+    #[test]
+    fn replace_all_removes_dataplanes_that_are_gone() {
+        let mut index = Index::new(EdsOptions::default());
+        let (a, sa) = state("a", &[("web", 1001)], Status::Healthy);
+        let (b, sb) = state("b", &[("web", 1002)], Status::Stale);
+        index.set(&a, Some(&sa));
+        index.set(&b, Some(&sb));
+        index.commit();
+        index.replace_all(&[(b.clone(), sb)].into());
+        index.commit();
+        assert_eq!(endpoints(&index, "web"), [(1002, EdsHealth::Degraded)]);
+        let snap = index.snapshot(7, true);
+        assert_eq!(snap.version_of(Some(&ServiceKey::new("default", "web"))), 2);
+        assert_eq!(
+            snap.version_of(Some(&ServiceKey::new("default", "nope"))),
+            0
+        );
+        assert_eq!(snap.version_of(None), 0);
+    }
+}

@@ -1,0 +1,296 @@
+//! `envoy.service.endpoint.v3.EndpointDiscoveryService` on the HDS listener:
+//! authenticate, then pump requests and assignment changes through one
+//! [`EdsStream`] per stream.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::{
+    EndpointDiscoveryService, EndpointDiscoveryServiceServer,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::index::AssignmentsRx;
+use super::protocol::{Action, EdsStream};
+use crate::metrics as m;
+
+/// Who may subscribe.
+#[derive(Debug, Clone)]
+pub enum EdsAuth {
+    /// `auth.mode = "none"`: anyone who reaches the port.
+    Open,
+    /// `auth.mode = "token"`: one of `api.tokens` as `authorization: Bearer <token>`.
+    ApiTokens(Arc<Vec<String>>),
+}
+
+/// Why a subscriber was refused: the message it gets and the metric reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: &'static str,
+    pub message: &'static str,
+}
+
+/// Checks the `authorization` metadata of an EDS stream.
+pub fn check(auth: &EdsAuth, metadata: &MetadataMap) -> Result<(), Refusal> {
+    let EdsAuth::ApiTokens(tokens) = auth else {
+        return Ok(());
+    };
+    if tokens.is_empty() {
+        return Err(Refusal {
+            reason: "no_api_tokens",
+            message: "EDS needs an API token with auth.mode = \"token\", but api.tokens is empty; add one to api.tokens and send it as `authorization: Bearer <token>`",
+        });
+    }
+    let presented = metadata
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    match presented {
+        None => Err(Refusal {
+            reason: "missing",
+            message: "EDS clients must send `authorization: Bearer <token>` (gRPC initial_metadata) with one of api.tokens",
+        }),
+        Some(t)
+            if tokens
+                .iter()
+                .any(|known| crate::api::constant_time_eq(known.as_bytes(), t.as_bytes())) =>
+        {
+            Ok(())
+        }
+        Some(_) => Err(Refusal {
+            reason: "invalid_api_token",
+            message: "invalid EDS token: it is not one of api.tokens",
+        }),
+    }
+}
+
+/// The EDS service.
+#[derive(Debug, Clone)]
+pub struct EdsService {
+    assignments: AssignmentsRx,
+    auth: EdsAuth,
+    drain: watch::Receiver<bool>,
+}
+
+impl EdsService {
+    pub fn new(assignments: AssignmentsRx, auth: EdsAuth, drain: watch::Receiver<bool>) -> Self {
+        EdsService {
+            assignments,
+            auth,
+            drain,
+        }
+    }
+
+    pub fn into_server(self) -> EndpointDiscoveryServiceServer<Self> {
+        EndpointDiscoveryServiceServer::new(self)
+    }
+}
+
+type Out<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl EndpointDiscoveryService for EdsService {
+    type StreamEndpointsStream = Out<DiscoveryResponse>;
+
+    async fn stream_endpoints(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamEndpointsStream>, Status> {
+        let peer = request.remote_addr();
+        if let Err(r) = check(&self.auth, request.metadata()) {
+            return Err(refuse(&r, peer));
+        }
+        let (tx, rx) = mpsc::channel(1);
+        let assignments = self.assignments.clone();
+        let mut drain = self.drain.clone();
+        let inbound = request.into_inner();
+        tokio::spawn(async move {
+            let _active = m::ActiveEdsStream::new();
+            let out = tx.clone();
+            tokio::select! {
+                end = pump(inbound, assignments, &tx, peer) => {
+                    if let Err(status) = end {
+                        let _ = out.send(Err(status)).await;
+                    }
+                }
+                () = drained(&mut drain) => {
+                    let _ = out.send(Err(Status::unavailable("hdsd is shutting down; reconnect"))).await;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn fetch_endpoints(
+        &self,
+        request: Request<DiscoveryRequest>,
+    ) -> Result<Response<DiscoveryResponse>, Status> {
+        if let Err(r) = check(&self.auth, request.metadata()) {
+            return Err(refuse(&r, request.remote_addr()));
+        }
+        let mut assignments = self.assignments.clone();
+        let synced = assignments.wait_for(|a| a.synced).await.is_ok();
+        if !synced {
+            return Err(Status::unavailable("hdsd is shutting down; retry"));
+        }
+        let current = assignments.borrow().clone();
+        let actions = EdsStream::new()
+            .on_request(&request.into_inner(), &current)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        actions
+            .into_iter()
+            .find_map(|a| match a {
+                Action::Send { response, .. } => Some(Response::new(response)),
+                _ => None,
+            })
+            .ok_or_else(|| Status::invalid_argument("FetchEndpoints needs resource_names"))
+    }
+
+    type DeltaEndpointsStream = Out<DeltaDiscoveryResponse>;
+
+    async fn delta_endpoints(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaEndpointsStream>, Status> {
+        Err(Status::unimplemented(
+            "hdsd serves state-of-the-world EDS only: set api_config_source.api_type to GRPC (not DELTA_GRPC)",
+        ))
+    }
+}
+
+/// Logs and counts a refused subscriber.
+fn refuse(r: &Refusal, peer: Option<SocketAddr>) -> Status {
+    metrics::counter!(m::AUTH_FAILURES, "reason" => r.reason).increment(1);
+    tracing::warn!(
+        peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
+        reason = r.reason,
+        "EDS stream refused: {}",
+        r.message
+    );
+    Status::unauthenticated(r.message)
+}
+
+async fn drained(drain: &mut watch::Receiver<bool>) {
+    let _ = drain.wait_for(|d| *d).await;
+}
+
+/// Moves one stream: requests and assignment changes in, responses out.
+/// Ends with `Ok` when the client closes, `Err` to end it with a status.
+async fn pump(
+    mut inbound: Streaming<DiscoveryRequest>,
+    mut assignments: AssignmentsRx,
+    out: &mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    peer: Option<SocketAddr>,
+) -> Result<(), Status> {
+    let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+    let mut stream = EdsStream::new();
+    let mut node = String::new();
+    // Never answer from an index that does not hold every dataplane yet.
+    let synced = assignments.wait_for(|a| a.synced).await.is_ok();
+    if !synced {
+        return Err(Status::unavailable("hdsd is shutting down; reconnect"));
+    }
+    loop {
+        tokio::select! {
+            message = inbound.message() => {
+                let request = match message {
+                    Ok(Some(r)) => r,
+                    Ok(None) => return Ok(()),
+                    Err(status) => {
+                        tracing::debug!(peer, node, "EDS stream ended by the client: {}", status.message());
+                        return Ok(());
+                    }
+                };
+                if let Some(n) = request.node.as_ref().filter(|n| !n.id.is_empty()) {
+                    node.clone_from(&n.id);
+                }
+                let current = assignments.borrow_and_update().clone();
+                let actions = stream.on_request(&request, &current).map_err(|e| {
+                    tracing::warn!(peer, node, "EDS stream refused: {e}");
+                    Status::invalid_argument(e.to_string())
+                })?;
+                for action in actions {
+                    match action {
+                        Action::Send { response, unknown } => {
+                            for name in unknown {
+                                tracing::debug!(peer, node, resource = name, "EDS resource matches no service: served empty");
+                            }
+                            send(out, response).await?;
+                        }
+                        Action::Ack { version } => {
+                            tracing::trace!(peer, node, version, "EDS ACK");
+                        }
+                        Action::Nack { version, nonce, message } => {
+                            m::eds_nack();
+                            tracing::warn!(peer, node, version, nonce, "EDS response rejected by the client (NACK): {message}");
+                        }
+                    }
+                }
+            }
+            changed = assignments.changed() => {
+                if changed.is_err() {
+                    return Err(Status::unavailable("hdsd is shutting down; reconnect"));
+                }
+                let current = assignments.borrow_and_update().clone();
+                if let Some(response) = stream.on_change(&current) {
+                    send(out, response).await?;
+                }
+            }
+        }
+    }
+}
+
+async fn send(
+    out: &mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    response: DiscoveryResponse,
+) -> Result<(), Status> {
+    // Waits while the client does not read; changes meanwhile coalesce in
+    // the assignments' watch channel.
+    out.send(Ok(response))
+        .await
+        .map_err(|_| Status::cancelled("the client went away"))?;
+    m::eds_push();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metadata(value: Option<&str>) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        if let Some(v) = value {
+            m.insert("authorization", v.parse().unwrap());
+        }
+        m
+    }
+
+    #[test]
+    fn api_tokens_guard_eds_with_token_auth() {
+        let auth = EdsAuth::ApiTokens(Arc::new(vec!["s3cret".into()]));
+        assert_eq!(check(&auth, &metadata(Some("Bearer s3cret"))), Ok(()));
+        assert_eq!(check(&auth, &metadata(None)).unwrap_err().reason, "missing");
+        assert_eq!(
+            check(&auth, &metadata(Some("Bearer nope")))
+                .unwrap_err()
+                .reason,
+            "invalid_api_token"
+        );
+        let none = EdsAuth::ApiTokens(Arc::new(vec![]));
+        let r = check(&none, &metadata(Some("Bearer s3cret"))).unwrap_err();
+        assert_eq!(r.reason, "no_api_tokens");
+        assert!(r.message.contains("api.tokens"));
+        assert_eq!(check(&EdsAuth::Open, &metadata(None)), Ok(()));
+    }
+}

@@ -1,0 +1,342 @@
+//! Readiness moves traffic: a real front Envoy, from `hdsd bootstrap front`,
+//! takes the endpoints of service `web` from hdsd's EDS. Three HTTP apps,
+//! each with its dataplane and its own HDS Envoy. A client sends ~50
+//! requests/s through the front for the whole test: not one may fail.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// unhealthy_threshold (2) x interval (200ms) + timeout (100ms) + report
+/// interval (200ms), the worst case `hdsd validate` prints for these settings.
+const DETECTION: Duration = Duration::from_millis(700);
+
+fn web_dataplane(name: &str, port: u16) -> String {
+    format!(
+        "type: Dataplane\nmesh: default\nname: {name}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: {port}\n    servicePort: {port}\n    serviceAddress: 127.0.0.1\n    tags: {{kuma.io/service: web}}\n"
+    )
+}
+
+/// What the client saw: hits by app name, and failed requests.
+#[derive(Debug, Default)]
+struct Tally {
+    hits: BTreeMap<String, u64>,
+    failures: Vec<String>,
+}
+
+/// Sends a request every 20 ms until dropped.
+struct Client {
+    tally: Arc<Mutex<Tally>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Client {
+    fn start(url: String) -> Client {
+        let tally = Arc::new(Mutex::new(Tally::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (t, s) = (tally.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let agent: ureq::Agent = ureq::Agent::config_builder()
+                .timeout_global(Some(Duration::from_secs(3)))
+                .build()
+                .into();
+            let started = Instant::now();
+            let mut next = started;
+            while !s.load(Ordering::Relaxed) {
+                let result = agent
+                    .get(&url)
+                    .call()
+                    .map_err(|e| e.to_string())
+                    .and_then(|mut r| r.body_mut().read_to_string().map_err(|e| e.to_string()));
+                {
+                    let mut tally = t.lock().unwrap();
+                    match result {
+                        Ok(name) => *tally.hits.entry(name).or_default() += 1,
+                        Err(e) => tally
+                            .failures
+                            .push(format!("at {:?}: {e}", started.elapsed())),
+                    }
+                }
+                next += Duration::from_millis(20);
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+        });
+        Client {
+            tally,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn hits(&self, app: &str) -> u64 {
+        self.tally
+            .lock()
+            .unwrap()
+            .hits
+            .get(app)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn failures(&self) -> Vec<String> {
+        self.tally.lock().unwrap().failures.clone()
+    }
+
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A front Envoy whose admin and listener ports are chosen by the kernel and
+/// read back from the admin API: no port is guessed.
+struct Front {
+    envoy: Envoy,
+    admin: String,
+    listener: u16,
+}
+
+impl Front {
+    fn start(hdsd: &Hdsd) -> Front {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hdsd"))
+            .args([
+                "bootstrap",
+                "front",
+                "--service",
+                "web",
+                "--listen",
+                "127.0.0.1:0",
+                "--server",
+                &hdsd.hds.to_string(),
+                "--admin-port",
+                "0",
+            ])
+            .output()
+            .expect("run hdsd bootstrap front");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let yaml = String::from_utf8(out.stdout).unwrap();
+        let admin_file = dir.path().join("admin-address");
+        let admin_path = admin_file.display().to_string();
+        let envoy =
+            Envoy::start_with_args(dir, "front", &yaml, &["--admin-address-path", &admin_path]);
+        let admin = wait_for("the front's admin address", Duration::from_secs(20), || {
+            std::fs::read_to_string(&admin_file)
+                .map_err(|e| e.to_string())
+                .and_then(|s| {
+                    let s = s.trim().to_string();
+                    if s.is_empty() {
+                        Err("empty".into())
+                    } else {
+                        Ok(s)
+                    }
+                })
+        });
+        let listener = wait_for("the front's listener port", Duration::from_secs(20), || {
+            let v: serde_json::Value = ureq::get(&format!("http://{admin}/listeners?format=json"))
+                .call()
+                .map_err(|e| e.to_string())?
+                .body_mut()
+                .read_json()
+                .map_err(|e| e.to_string())?;
+            v["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
+                .as_u64()
+                .filter(|p| *p != 0)
+                .map(|p| p as u16)
+                .ok_or_else(|| v.to_string())
+        });
+        Front {
+            envoy,
+            admin,
+            listener,
+        }
+    }
+
+    /// The front's view of one endpoint: its stats and health flags, from /clusters.
+    fn host(&self, port: u16) -> Result<BTreeMap<String, String>, String> {
+        let text = ureq::get(&format!("http://{}/clusters", self.admin))
+            .call()
+            .map_err(|e| e.to_string())?
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| e.to_string())?;
+        let prefix = format!("default/web::127.0.0.1:{port}::");
+        let host: BTreeMap<String, String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .filter_map(|l| l.split_once("::"))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        if host.is_empty() {
+            Err(format!("no host 127.0.0.1:{port} in /clusters"))
+        } else {
+            Ok(host)
+        }
+    }
+
+    fn connections_to(&self, port: u16) -> u64 {
+        self.host(port)
+            .ok()
+            .and_then(|h| h.get("cx_total")?.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+#[test]
+fn traffic_follows_readiness_without_a_failed_request() {
+    let mut hdsd = Hdsd::start(HdsdOptions::default());
+    let mut apps: Vec<HttpApp> = (1..=3)
+        .map(|i| HttpApp::start(&format!("app-{i}")))
+        .collect();
+    let mut envoys = Vec::new();
+    for app in &apps {
+        hdsd.write_dataplane(
+            &format!("{}.yaml", app.name),
+            &web_dataplane(&app.name, app.port),
+        );
+        envoys.push(Envoy::start(
+            hdsd.hds,
+            &format!("default.{}", app.name),
+            None,
+        ));
+    }
+    for app in &apps {
+        hdsd.wait_inbound(
+            &format!("default.{}", app.name),
+            app.port,
+            "healthy",
+            Duration::from_secs(20),
+        );
+    }
+
+    let front = Front::start(&hdsd);
+    let url = format!("http://127.0.0.1:{}/", front.listener);
+    wait_for("the front to route to web", Duration::from_secs(20), || {
+        ureq::get(&url)
+            .call()
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    });
+    let mut client = Client::start(url);
+
+    // All three apps receive traffic.
+    wait_for("every app to get traffic", Duration::from_secs(10), || {
+        let hits: Vec<u64> = apps.iter().map(|a| client.hits(&a.name)).collect();
+        if hits.iter().all(|h| *h > 0) {
+            Ok(())
+        } else {
+            Err(format!("{hits:?}"))
+        }
+    });
+
+    // app-2 stops: within the detection time + 1 s the front has marked it
+    // unhealthy (from EDS) and opens no more connections to it.
+    let port2 = apps[1].port;
+    let stopped = Instant::now();
+    apps[1].stop();
+    wait_for(
+        "the front to mark app-2 unhealthy",
+        DETECTION + Duration::from_secs(1),
+        || {
+            let host = front.host(port2)?;
+            match host.get("health_flags") {
+                Some(f) if f.contains("failed_eds_health") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    );
+    let detected = stopped.elapsed();
+    let connections = front.connections_to(port2);
+    let before: u64 = apps.iter().map(|a| client.hits(&a.name)).sum();
+    wait_for("another second of traffic", Duration::from_secs(5), || {
+        let now: u64 = apps.iter().map(|a| client.hits(&a.name)).sum();
+        if now >= before + 40 {
+            Ok(())
+        } else {
+            Err(format!("{now} requests"))
+        }
+    });
+    assert_eq!(
+        front.connections_to(port2),
+        connections,
+        "the front still tries app-2 after it was marked unhealthy"
+    );
+    assert!(client.failures().is_empty(), "{:?}", client.failures());
+    eprintln!("app-2 left the front's load-balancing set {detected:?} after it stopped");
+
+    // app-2 comes back on its port: it gets traffic again.
+    let before = client.hits("app-2");
+    let back = Instant::now();
+    apps[1].resume();
+    wait_for(
+        "app-2 to get traffic again",
+        DETECTION + Duration::from_secs(1),
+        || {
+            let hits = client.hits("app-2");
+            if hits > before {
+                Ok(())
+            } else {
+                Err(format!("{hits} hits"))
+            }
+        },
+    );
+    eprintln!(
+        "app-2 got traffic again {:?} after it restarted",
+        back.elapsed()
+    );
+
+    // hdsd restarts: the front keeps its endpoints, reconnects, and routes on.
+    hdsd.terminate(Duration::from_secs(10));
+    let mid: Vec<u64> = apps.iter().map(|a| client.hits(&a.name)).collect();
+    hdsd.start_again();
+    // Reconnected: the new hdsd has an EDS stream and has answered it.
+    wait_for(
+        "the front's EDS stream to reconnect and get its assignment",
+        Duration::from_secs(15),
+        || match (
+            hdsd.metric("hdsd_eds_streams_active"),
+            hdsd.metric("hdsd_eds_pushes_total"),
+        ) {
+            (Some(streams), Some(pushes)) if streams >= 1.0 && pushes >= 1.0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    wait_for(
+        "every app to get traffic after the restart",
+        Duration::from_secs(10),
+        || {
+            let hits: Vec<u64> = apps.iter().map(|a| client.hits(&a.name)).collect();
+            if hits.iter().zip(&mid).all(|(now, then)| now > then) {
+                Ok(())
+            } else {
+                Err(format!("{hits:?} (before the restart: {mid:?})"))
+            }
+        },
+    );
+    client.stop();
+    let failures = client.failures();
+    assert!(
+        failures.is_empty(),
+        "{} failed requests: {failures:?}",
+        failures.len()
+    );
+    drop(front.envoy);
+}
