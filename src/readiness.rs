@@ -10,6 +10,8 @@
 //! - An inbound nobody probes (`hds.probe_all_inbounds = false` and no
 //!   `serviceProbe`) is `not_probed` and ready: nothing says it is not.
 
+use std::collections::VecDeque;
+
 use chrono::{DateTime, Utc};
 use envoy_types::pb::envoy::config::core::v3::HealthStatus;
 use envoy_types::pb::envoy::service::health::v3::EndpointHealthResponse;
@@ -111,6 +113,31 @@ pub struct Health {
     pub inbounds: Vec<InboundHealth>,
     /// The last report of any kind from this dataplane.
     pub last_report_at: Option<Timestamp>,
+    /// The last [`RECENT_CHANGES`] status changes of its inbounds, oldest
+    /// first. Kept in memory only (a restart starts an empty log).
+    pub recent: VecDeque<StatusChange>,
+}
+
+/// How many status changes [`Health::recent`] keeps per dataplane.
+pub const RECENT_CHANGES: usize = 16;
+
+/// One inbound's status changing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusChange {
+    /// Index into the dataplane's inbounds.
+    pub inbound: usize,
+    pub from: Status,
+    pub to: Status,
+    pub at: Timestamp,
+}
+
+impl Health {
+    fn record(&mut self, change: StatusChange) {
+        if self.recent.len() == RECENT_CHANGES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(change);
+    }
 }
 
 /// What a fold did.
@@ -134,6 +161,8 @@ pub fn rebase(
     specifier: &Specifier,
     now: Timestamp,
 ) -> Health {
+    // For every new inbound, the index of the old one it keeps the state of.
+    let mut kept_from: Vec<Option<usize>> = Vec::with_capacity(dataplane.inbounds.len());
     let inbounds = dataplane
         .inbounds
         .iter()
@@ -146,18 +175,32 @@ pub fn rebase(
                     .iter()
                     .position(|o| o.address == inbound.address && o.port == inbound.port)?;
                 let old_target = spec.target_of_inbound[j].map(|t| spec.targets[t].endpoint);
-                (old_target == target).then_some(health.inbounds[j])
+                (old_target == target).then_some((j, health.inbounds[j]))
             });
+            kept_from.push(before.map(|(j, _)| j));
             match (before, target) {
-                (Some(kept), _) => kept,
+                (Some((_, kept)), _) => kept,
                 (None, Some(_)) => InboundHealth::new(Status::Pending, now),
                 (None, None) => InboundHealth::new(Status::NotProbed, now),
             }
         })
         .collect();
+    // The log keeps the changes of kept inbounds, under their new index.
+    let recent = previous
+        .map(|(_, _, h)| {
+            h.recent
+                .iter()
+                .filter_map(|c| {
+                    let i = kept_from.iter().position(|&j| j == Some(c.inbound))?;
+                    Some(StatusChange { inbound: i, ..*c })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     Health {
         inbounds,
         last_report_at: previous.and_then(|(_, _, h)| h.last_report_at),
+        recent,
     }
 }
 
@@ -187,9 +230,16 @@ pub fn fold_report(
                     (true, false) => outcome.became_not_ready += 1,
                     _ => {}
                 }
+                let from = inbound.status;
                 inbound.status = status;
                 inbound.since = now;
                 outcome.changed = true;
+                health.record(StatusChange {
+                    inbound: i,
+                    from,
+                    to: status,
+                    at: now,
+                });
             }
         }
     };
@@ -225,7 +275,8 @@ pub fn fold_report(
 /// report to distrust). `since` is the moment the report went stale.
 pub fn expire(health: &mut Health, now: Timestamp, stale_after: chrono::Duration) -> FoldOutcome {
     let mut outcome = FoldOutcome::default();
-    for inbound in &mut health.inbounds {
+    let mut changes = Vec::new();
+    for (i, inbound) in health.inbounds.iter_mut().enumerate() {
         let Some(last) = inbound.last_report_at else {
             continue;
         };
@@ -240,10 +291,19 @@ pub fn expire(health: &mut Health, now: Timestamp, stale_after: chrono::Duration
             if inbound.status.is_ready() {
                 outcome.became_not_ready += 1;
             }
+            changes.push(StatusChange {
+                inbound: i,
+                from: inbound.status,
+                to: Status::Stale,
+                at: stale_at,
+            });
             inbound.status = Status::Stale;
             inbound.since = stale_at;
             outcome.changed = true;
         }
+    }
+    for change in changes {
+        health.record(change);
     }
     outcome
 }
@@ -412,6 +472,53 @@ mod tests {
             (true, 0, 1)
         );
         assert_eq!(h.inbounds[0].since, t(15));
+    }
+
+    #[test]
+    fn status_changes_are_logged_bounded_and_follow_kept_inbounds() {
+        use Status::*;
+        let dp = dataplane(&[(10001, 8080), (10002, 9090)]);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let (a, b) = ("probe_127.0.0.1:8080", "probe_127.0.0.1:9090");
+        let mut h = rebase(None, &dp, &spec, t(0));
+        assert!(h.recent.is_empty());
+        fold_report(&mut h, &spec, &report(&[(a, 8080, H), (b, 9090, H)]), t(1));
+        // A report that changes nothing logs nothing.
+        fold_report(&mut h, &spec, &report(&[(a, 8080, H), (b, 9090, H)]), t(2));
+        fold_report(&mut h, &spec, &report(&[(b, 9090, U)]), t(3));
+        expire(&mut h, t(100), chrono::Duration::seconds(10));
+        let log: Vec<(usize, Status, Status, Timestamp)> = h
+            .recent
+            .iter()
+            .map(|c| (c.inbound, c.from, c.to, c.at))
+            .collect();
+        assert_eq!(
+            log,
+            [
+                (0, Pending, Healthy, t(1)),
+                (1, Pending, Healthy, t(1)),
+                (1, Healthy, Unhealthy, t(3)),
+                // Stale from the moment its last report expired.
+                (0, Healthy, Stale, t(12)),
+                (1, Unhealthy, Stale, t(13)),
+            ]
+        );
+        // Redefined without the first inbound: the second keeps its log, re-indexed.
+        let dp2 = dataplane(&[(10002, 9090)]);
+        let spec2 = build(&dp2, &settings(true)).unwrap();
+        let h2 = rebase(Some((&dp, &spec, &h)), &dp2, &spec2, t(101));
+        let kept: Vec<(usize, Status)> = h2.recent.iter().map(|c| (c.inbound, c.to)).collect();
+        assert_eq!(kept, [(0, Healthy), (0, Unhealthy), (0, Stale)]);
+        // Bounded: flapping keeps only the newest changes.
+        for n in 0..(RECENT_CHANGES as i64 + 5) {
+            let status = if n % 2 == 0 { H } else { U };
+            fold_report(&mut h, &spec, &report(&[(a, 8080, status)]), t(200 + n));
+        }
+        assert_eq!(h.recent.len(), RECENT_CHANGES);
+        assert_eq!(
+            h.recent.back().map(|c| c.at),
+            Some(t(200 + RECENT_CHANGES as i64 + 4))
+        );
     }
 
     #[test]

@@ -171,7 +171,9 @@ mod tests {
                     status: "pending".into(),
                     since: t0,
                     last_report_at: None,
+                    changes: vec![],
                 },
+                probe: None,
             }],
         };
         let out = render(&[item], t0 + chrono::Duration::seconds(3));
