@@ -55,6 +55,8 @@ pub fn router(state: ApiState) -> Router {
         ));
     Router::new()
         .merge(api)
+        // The fleet page: public assets; its data comes from /api/* with the token.
+        .merge(crate::ui::router())
         // Authenticated by the dataplane token itself, not by api.tokens.
         .route("/api/v1/bootstrap", get(bootstrap))
         .route("/metrics", get(metrics))
