@@ -12,6 +12,9 @@
   const MAX_ROWS = 500; // rows in the DOM at once; the filter narrows larger fleets
   const BATCH_REFETCH = 25; // more changed dataplanes than this: reload the list
   const SOURCES_EVERY_MS = 2000;
+  // Reports that change nothing send no event: the list is re-read now and
+  // then so "last report" stays true (less often for large fleets).
+  const refreshEveryMs = () => Math.max(5000, state.dataplanes.size * 5);
   const SERVICE_TAG = 'kuma.io/service';
 
   // Severity of each status: ok (ready), wait, warn, bad. Colour and symbol
@@ -249,6 +252,16 @@
         // The watch loop reports connection trouble; try again later.
       }
       await sleep(SOURCES_EVERY_MS);
+    }
+  }
+
+  async function refreshTimes(generation) {
+    for (;;) {
+      await sleep(refreshEveryMs());
+      if (generation !== state.generation) return;
+      if (document.body.dataset.live !== 'live') continue;
+      state.reloadAll = true;
+      fetchPending().catch(handleError);
     }
   }
 
@@ -631,6 +644,7 @@
     }
     if (generation !== state.generation) return;
     pollSources(generation);
+    refreshTimes(generation);
     follow(generation);
   }
 

@@ -1,0 +1,180 @@
+//! The fleet page (`/ui/`) in a real headless Chromium, driven by Playwright
+//! (`tests/ui/browser_test.py`), against the real hdsd with real Envoys and
+//! apps. The script asks for changes (`ACTION ...`); this side makes them.
+
+mod support;
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::{dataplane_yaml, App, Envoy, Hdsd, HdsdOptions};
+
+fn python() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(
+        venv.exists(),
+        "no .venv/bin/python: run scripts/setup.sh (it installs Playwright)"
+    );
+    venv
+}
+
+/// Debian's Chromium (`scripts/setup.sh` installs it), or `$HDSD_CHROMIUM`.
+fn chromium() -> PathBuf {
+    if let Some(p) = std::env::var_os("HDSD_CHROMIUM") {
+        return PathBuf::from(p);
+    }
+    let found = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .flat_map(|d| [d.join("chromium"), d.join("chromium-browser")])
+            .find(|p| p.exists())
+    });
+    found.unwrap_or_else(|| {
+        panic!("no chromium: run scripts/setup.sh (apt-get install chromium), or set HDSD_CHROMIUM")
+    })
+}
+
+/// A dataplane named `name` whose one inbound is service `service` on `app`.
+fn dataplane(name: &str, port: u16, service: &str, app: u16) -> String {
+    dataplane_yaml(name, &[(port, app)]).replace(&format!("svc-{port}"), service)
+}
+
+/// Runs the browser script; answers each `ACTION` line with `act`. Returns its
+/// `CHECK` lines and measurements; panics with its output if it fails.
+fn run_browser(args: &[String], mut act: impl FnMut(&str)) -> Vec<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui/browser_test.py");
+    let mut child = Command::new(python())
+        .arg(script)
+        .arg("--chromium")
+        .arg(chromium())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run tests/ui/browser_test.py");
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    for line in stdout.lines().map_while(Result::ok) {
+        eprintln!("browser: {line}");
+        if let Some(what) = line.strip_prefix("ACTION ") {
+            act(what);
+            writeln!(stdin, "DONE").and_then(|()| stdin.flush()).unwrap();
+        }
+        lines.push(line);
+    }
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "the browser test failed ({status}):\n{}",
+        lines.join("\n")
+    );
+    assert!(
+        lines.last().is_some_and(|l| l.starts_with("PASSED")),
+        "{lines:?}"
+    );
+    lines
+}
+
+fn screenshot_path() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("ui.png")
+}
+
+#[test]
+fn the_fleet_page_follows_the_fleet_live_in_chromium() {
+    let options = HdsdOptions::default();
+    // unhealthy_threshold x check interval + timeout + report interval.
+    let detection = Duration::from_millis(2 * 200 + 100 + 200);
+    let mut hdsd = Hdsd::start(options);
+    let mut apps = [App::start(), App::start(), App::start()];
+    let dataplanes = [
+        ("web-1", 21001, "web"),
+        ("web-2", 21002, "web"),
+        ("api-1", 21003, "api"),
+    ];
+    let yaml: Vec<String> = dataplanes
+        .iter()
+        .zip(&apps)
+        .map(|((name, port, service), app)| dataplane(name, *port, service, app.port))
+        .collect();
+    let mut envoys = Vec::new();
+    for ((name, port, _), yaml) in dataplanes.iter().zip(&yaml) {
+        hdsd.write_dataplane(&format!("{name}.yaml"), yaml);
+        envoys.push(Envoy::start(hdsd.hds, &format!("default.{name}"), None));
+        let _ = port;
+    }
+    for (name, port, _) in &dataplanes {
+        hdsd.wait_inbound(
+            &format!("default.{name}"),
+            *port,
+            "healthy",
+            Duration::from_secs(30),
+        );
+    }
+    let shot = screenshot_path();
+    let args = vec![
+        "--scenario".to_string(),
+        "live".to_string(),
+        "--url".to_string(),
+        hdsd.api_url("/ui/"),
+        "--detection".to_string(),
+        format!("{}", detection.as_secs_f64()),
+        "--screenshot".to_string(),
+        shot.display().to_string(),
+    ];
+    let web1_app_port = apps[0].port;
+    let lines = run_browser(&args, |action| match action {
+        "stop_app web-1" => apps[0].stop(),
+        "start_app web-1" => apps[0] = App::start_on(web1_app_port),
+        "break_file web-2.yaml" => hdsd.write_dataplane(
+            "web-2.yaml",
+            "type: Dataplane\nmesh: default\nname: web-2\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 21002\n    servicePort: nope\n",
+        ),
+        "fix_file web-2.yaml" => hdsd.write_dataplane("web-2.yaml", &yaml[1]),
+        "restart_hdsd" => hdsd.restart(),
+        other => panic!("unknown action {other:?}"),
+    });
+    let checks = lines.iter().filter(|l| l.starts_with("CHECK")).count();
+    assert!(checks >= 20, "{lines:?}");
+    assert!(shot.exists(), "no screenshot at {}", shot.display());
+    eprintln!("screenshot: {}", shot.display());
+    drop(envoys);
+}
+
+#[test]
+fn with_api_tokens_the_page_asks_for_a_token_then_works() {
+    let options = HdsdOptions {
+        api_tokens: "[\"ui-secret-token\"]",
+        ..HdsdOptions::default()
+    };
+    let hdsd = Hdsd::start(options);
+    let app = App::start();
+    hdsd.write_dataplane("web-1.yaml", &dataplane("web-1", 21011, "web", app.port));
+    let _envoy = Envoy::start(hdsd.hds, "default.web-1", None);
+    // The harness reads the API without a token: wait on the Envoy's report instead.
+    support::wait_for("web-1 healthy", Duration::from_secs(30), || {
+        let v = ureq::get(&hdsd.api_url("/api/v1/dataplanes/default/web-1"))
+            .header("Authorization", "Bearer ui-secret-token")
+            .call()
+            .map_err(|e| e.to_string())?
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| e.to_string())?;
+        v.contains("\"healthy\"").then_some(()).ok_or(v)
+    });
+    let args = vec![
+        "--scenario".to_string(),
+        "token".to_string(),
+        "--url".to_string(),
+        hdsd.api_url("/ui/"),
+        "--token".to_string(),
+        "ui-secret-token".to_string(),
+    ];
+    let lines = run_browser(&args, |action| panic!("unexpected action {action:?}"));
+    let checks = lines.iter().filter(|l| l.starts_with("CHECK")).count();
+    assert!(checks >= 7, "{lines:?}");
+}
