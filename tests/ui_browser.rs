@@ -78,6 +78,37 @@ fn run_browser(args: &[String], mut act: impl FnMut(&str)) -> Vec<String> {
     lines
 }
 
+/// One browser test at a time: Chromium is heavy, and the timing checks must
+/// not measure a second browser's load.
+static ONE_BROWSER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_browser() -> std::sync::MutexGuard<'static, ()> {
+    ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Polls the REST API from a thread and prints when `id` stopped being ready:
+/// how much of the page's delay is hdsd's detection.
+fn note_api_not_ready(url: String) {
+    let started = std::time::Instant::now();
+    std::thread::spawn(move || {
+        while started.elapsed() < Duration::from_secs(10) {
+            let ready = ureq::get(&url)
+                .call()
+                .ok()
+                .and_then(|mut r| r.body_mut().read_json::<serde_json::Value>().ok())
+                .map(|v| v["inbounds"][0]["health"]["ready"] == true);
+            if ready == Some(false) {
+                eprintln!(
+                    "MEASURE api_not_ready_seconds {:.3}",
+                    started.elapsed().as_secs_f64()
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+}
+
 fn screenshot_path() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui");
     std::fs::create_dir_all(&dir).unwrap();
@@ -86,6 +117,7 @@ fn screenshot_path() -> PathBuf {
 
 #[test]
 fn the_fleet_page_follows_the_fleet_live_in_chromium() {
+    let _one = one_browser();
     let options = HdsdOptions::default();
     // unhealthy_threshold x check interval + timeout + report interval.
     let detection = Duration::from_millis(2 * 200 + 100 + 200);
@@ -102,10 +134,9 @@ fn the_fleet_page_follows_the_fleet_live_in_chromium() {
         .map(|((name, port, service), app)| dataplane(name, *port, service, app.port))
         .collect();
     let mut envoys = Vec::new();
-    for ((name, port, _), yaml) in dataplanes.iter().zip(&yaml) {
+    for ((name, _, _), yaml) in dataplanes.iter().zip(&yaml) {
         hdsd.write_dataplane(&format!("{name}.yaml"), yaml);
         envoys.push(Envoy::start(hdsd.hds, &format!("default.{name}"), None));
-        let _ = port;
     }
     for (name, port, _) in &dataplanes {
         hdsd.wait_inbound(
@@ -128,7 +159,10 @@ fn the_fleet_page_follows_the_fleet_live_in_chromium() {
     ];
     let web1_app_port = apps[0].port;
     let lines = run_browser(&args, |action| match action {
-        "stop_app web-1" => apps[0].stop(),
+        "stop_app web-1" => {
+            apps[0].stop();
+            note_api_not_ready(hdsd.api_url("/api/v1/dataplanes/default/web-1"));
+        }
         "start_app web-1" => apps[0] = App::start_on(web1_app_port),
         "break_file web-2.yaml" => hdsd.write_dataplane(
             "web-2.yaml",
@@ -147,6 +181,7 @@ fn the_fleet_page_follows_the_fleet_live_in_chromium() {
 
 #[test]
 fn with_api_tokens_the_page_asks_for_a_token_then_works() {
+    let _one = one_browser();
     let options = HdsdOptions {
         api_tokens: "[\"ui-secret-token\"]",
         ..HdsdOptions::default()

@@ -53,6 +53,8 @@ class Console:
         self.errors = []
         page.on("console", lambda m: m.type == "error" and self.errors.append((self.phase, m.text)))
         page.on("pageerror", lambda e: self.errors.append((self.phase, f"uncaught: {e}")))
+        # Failed API answers count too (the browser may not log them).
+        page.on("response", lambda r: r.status >= 400 and self.errors.append((self.phase, f"HTTP {r.status} {r.url}")))
 
     def unexpected(self, allowed):
         return [(p, t) for p, t in self.errors if not (p in allowed and allowed[p].search(t))]
@@ -213,6 +215,11 @@ def live(page, args, checks):
     expect_counts(page, 3, 3, 3, 0)
     checks.that(page.evaluate("window.__noReload === true"), "after the restart the rows follow the live state again, without a reload")
 
+    # Reports that change nothing send no event; the page re-reads the list so
+    # "last report" stays true.
+    expect(row(page, "api-1").locator("td").last).to_have_text(re.compile(r"^(just now|[0-7]s ago)$"), timeout=8_000)
+    checks.ok("last report times stay current without status changes")
+
     network = re.compile(r"Failed to load resource|net::ERR_")
     bad = console.unexpected({"restart": network})
     checks.that(not bad, f"no console errors: {bad}")
@@ -248,7 +255,7 @@ def token(page, args, checks):
     checks.that(not page.locator("#token-dialog").is_visible(), "after a reload the tab does not ask again")
     leaked = [u for u in urls if args.token in u]
     checks.that(not leaked, "the token never appears in a URL")
-    refused = re.compile(r"401")
+    refused = re.compile(r"401")  # only the wrong token's answers
     bad = console.unexpected({"wrong": refused})
     checks.that(not bad, f"no console errors besides the refused token's 401: {bad}")
 
