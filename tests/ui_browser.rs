@@ -61,7 +61,9 @@ fn run_browser(args: &[String], mut act: impl FnMut(&str)) -> Vec<String> {
         eprintln!("browser: {line}");
         if let Some(what) = line.strip_prefix("ACTION ") {
             act(what);
-            writeln!(stdin, "DONE").and_then(|()| stdin.flush()).unwrap();
+            writeln!(stdin, "DONE")
+                .and_then(|()| stdin.flush())
+                .unwrap();
         }
         lines.push(line);
     }
@@ -77,6 +79,9 @@ fn run_browser(args: &[String], mut act: impl FnMut(&str)) -> Vec<String> {
     );
     lines
 }
+
+/// web-2's file with a typo on its last line (line 8).
+const BROKEN_WEB_2: &str = "type: Dataplane\nmesh: default\nname: web-2\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 21002\n    servicePort: nope\n";
 
 /// One browser test at a time: Chromium is heavy, and the timing checks must
 /// not measure a second browser's load.
@@ -164,10 +169,7 @@ fn the_fleet_page_follows_the_fleet_live_in_chromium() {
             note_api_not_ready(hdsd.api_url("/api/v1/dataplanes/default/web-1"));
         }
         "start_app web-1" => apps[0] = App::start_on(web1_app_port),
-        "break_file web-2.yaml" => hdsd.write_dataplane(
-            "web-2.yaml",
-            "type: Dataplane\nmesh: default\nname: web-2\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 21002\n    servicePort: nope\n",
-        ),
+        "break_file web-2.yaml" => hdsd.write_dataplane("web-2.yaml", BROKEN_WEB_2),
         "fix_file web-2.yaml" => hdsd.write_dataplane("web-2.yaml", &yaml[1]),
         "restart_hdsd" => hdsd.restart(),
         other => panic!("unknown action {other:?}"),

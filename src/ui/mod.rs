@@ -133,7 +133,10 @@ fn serve(asset: &Asset, headers: &HeaderMap) -> Response {
             header::X_CONTENT_TYPE_OPTIONS,
             HeaderValue::from_static("nosniff"),
         ),
-        (header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP)),
+        (
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(CSP),
+        ),
         (
             header::REFERRER_POLICY,
             HeaderValue::from_static("no-referrer"),
