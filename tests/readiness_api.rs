@@ -305,15 +305,28 @@ fn grpc_and_sse_share_the_api_port_tokens_and_errors() {
     });
 
     // SSE: the same watch; Last-Event-ID resumes.
-    let events = sse(&hdsd, None, 2);
+    let events = sse(&hdsd, None, "synced");
     assert_eq!(events[0].0, "snapshot");
-    assert_eq!(events[1].0, "synced");
-    let revision = events[1].1.clone();
-    hdsd.remove_dataplane("web-1.yaml");
-    let events = sse(&hdsd, Some(&revision), 2);
-    assert_eq!(events[0].0, "deleted", "{events:?}");
     assert!(events[0].2.contains("\"name\":\"web-1\""), "{events:?}");
     assert_eq!(events[1].0, "synced");
+    let revision: u64 = events[1].1.parse().unwrap();
+    hdsd.remove_dataplane("web-1.yaml");
+    // The replay (or, if the deletion comes later, the live event) after SYNCED.
+    let events = sse(&hdsd, Some(&revision.to_string()), "deleted");
+    let deleted = events.last().unwrap();
+    assert!(deleted.2.contains("\"name\":\"web-1\""), "{events:?}");
+    for (event, id, _) in &events {
+        let id: u64 = id.parse().unwrap();
+        match event.as_str() {
+            // Up to date as of a revision at least as new as the one we had.
+            "synced" => assert!(id >= revision, "{events:?}"),
+            _ => assert!(id > revision, "seen before: {events:?}"),
+        }
+    }
+    assert!(
+        events.iter().all(|e| e.0 == "deleted" || e.0 == "synced"),
+        "a known revision resumes without a snapshot: {events:?}"
+    );
     // A REST client without the token is refused as before.
     let err = ureq::get(&hdsd.api_url("/api/v1/watch"))
         .call()
@@ -345,8 +358,8 @@ where
     }
 }
 
-/// Reads `n` events of `GET /api/v1/watch`: (event, id, data).
-fn sse(hdsd: &Hdsd, last_event_id: Option<&str>, n: usize) -> Vec<(String, String, String)> {
+/// Reads `GET /api/v1/watch` up to the first `until` event: (event, id, data).
+fn sse(hdsd: &Hdsd, last_event_id: Option<&str>, until: &str) -> Vec<(String, String, String)> {
     let mut request =
         ureq::get(&hdsd.api_url("/api/v1/watch")).header("Authorization", "Bearer s3cret");
     if let Some(id) = last_event_id {
@@ -369,15 +382,29 @@ fn sse(hdsd: &Hdsd, last_event_id: Option<&str>, n: usize) -> Vec<(String, Strin
         } else if let Some(v) = line.strip_prefix("data:") {
             data = v.trim().to_string();
         } else if line.is_empty() && !event.is_empty() {
+            let done = event == until;
             events.push((
                 std::mem::take(&mut event),
                 std::mem::take(&mut id),
                 std::mem::take(&mut data),
             ));
-            if events.len() == n {
+            if done {
                 break;
             }
         }
     }
     events
+}
+
+#[test]
+fn the_readme_shows_the_python_client_the_tests_run() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = std::fs::read_to_string(root.join("examples/python/follow_readiness.py")).unwrap();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let start = script.find("def follow(").unwrap();
+    let end = script.find("\n\n\ndef main").unwrap();
+    assert!(
+        readme.contains(&script[start..end]),
+        "README.md must show follow() exactly as examples/python/follow_readiness.py has it"
+    );
 }
