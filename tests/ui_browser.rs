@@ -215,3 +215,37 @@ fn with_api_tokens_the_page_asks_for_a_token_then_works() {
     let checks = lines.iter().filter(|l| l.starts_with("CHECK")).count();
     assert!(checks >= 7, "{lines:?}");
 }
+
+/// A longer run (not part of `make test`): an app flaps while the page stays
+/// open, and its heap must level off. `cargo test --test ui_browser -- --ignored`
+/// (`UI_SOAK_FLAPS=N` for N flaps, default 60).
+#[test]
+#[ignore = "a soak of a minute or more; run by hand"]
+fn the_page_heap_levels_off_while_an_app_flaps() {
+    let _one = one_browser();
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let mut app = App::start();
+    let port = app.port;
+    hdsd.write_dataplane("web-1.yaml", &dataplane("web-1", 21021, "web", port));
+    let _envoy = Envoy::start(hdsd.hds, "default.web-1", None);
+    hdsd.wait_inbound("default.web-1", 21021, "healthy", Duration::from_secs(30));
+    let args = vec![
+        "--scenario".to_string(),
+        "soak".to_string(),
+        "--url".to_string(),
+        hdsd.api_url("/ui/"),
+        "--flaps".to_string(),
+        std::env::var("UI_SOAK_FLAPS").unwrap_or_else(|_| "60".to_string()),
+    ];
+    run_browser(&args, |action| match action {
+        "flap web-1 10" => {
+            for _ in 0..10 {
+                app.stop();
+                hdsd.wait_inbound("default.web-1", 21021, "unhealthy", Duration::from_secs(15));
+                app = App::start_on(port);
+                hdsd.wait_inbound("default.web-1", 21021, "healthy", Duration::from_secs(15));
+            }
+        }
+        other => panic!("unknown action {other:?}"),
+    });
+}

@@ -60,6 +60,12 @@ class Console:
         return [(p, t) for p, t in self.errors if not (p in allowed and allowed[p].search(t))]
 
 
+def heap(page):
+    """The page's used JS heap after a full garbage collection, in bytes."""
+    page.evaluate("window.gc && window.gc()")
+    return page.evaluate("performance.memory ? performance.memory.usedJSHeapSize : -1")
+
+
 def row(page, name):
     return page.locator(f'#dataplanes tbody tr[data-key="default/{name}"]')
 
@@ -80,6 +86,7 @@ def live(page, args, checks):
     page.evaluate("window.__noReload = true")
     expect(page.locator("#live")).to_have_text("Live", timeout=15_000)
     checks.ok("the page connects to the watch and says Live")
+    heap_start = heap(page)
     expect(page.locator("#dataplanes tbody tr")).to_have_count(3, timeout=10_000)
     for name in names:
         expect(row(page, name)).to_contain_text(f"default.{name}")
@@ -220,6 +227,11 @@ def live(page, args, checks):
     expect(row(page, "api-1").locator("td").last).to_have_text(re.compile(r"^(just now|[0-7]s ago)$"), timeout=8_000)
     checks.ok("last report times stay current without status changes")
 
+    heap_end = heap(page)
+    print(f"MEASURE js_heap_bytes start {heap_start} end {heap_end}", flush=True)
+    nodes = page.evaluate("document.getElementsByTagName('*').length")
+    print(f"MEASURE dom_nodes {nodes}", flush=True)
+
     network = re.compile(r"Failed to load resource|net::ERR_")
     bad = console.unexpected({"restart": network})
     checks.that(not bad, f"no console errors: {bad}")
@@ -260,10 +272,27 @@ def token(page, args, checks):
     checks.that(not bad, f"no console errors besides the refused token's 401: {bad}")
 
 
+def soak(page, args, checks):
+    """The page open while an app flaps (hdsd's side flaps it, this side only
+    looks between blocks): the heap levels off, no list grows with events."""
+    page.goto(args.url)
+    expect(page.locator("#live")).to_have_text("Live", timeout=15_000)
+    web1 = row(page, "web-1")
+    samples = []
+    for block in range(args.flaps // 10):
+        action("flap web-1 10")
+        expect(web1).to_have_attribute("data-ready", "true", timeout=15_000)
+        samples.append(heap(page))
+        print(f"MEASURE js_heap_bytes after {(block + 1) * 10} flaps {samples[-1]}", flush=True)
+    growth = samples[-1] - samples[1]
+    checks.that(growth < 256 * 1024, f"the heap levels off: {samples[1]} -> {samples[-1]} bytes after warm-up")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
-    parser.add_argument("--scenario", choices=["live", "token"], required=True)
+    parser.add_argument("--scenario", choices=["live", "token", "soak"], required=True)
+    parser.add_argument("--flaps", type=int, default=60)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--screenshot")
     parser.add_argument("--detection", type=float, default=1.0)
@@ -271,11 +300,12 @@ def main():
     args = parser.parse_args()
     checks = Checks()
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=args.chromium, headless=True)
+        browser = p.chromium.launch(executable_path=args.chromium, headless=True,
+                                    args=["--js-flags=--expose-gc", "--enable-precise-memory-info"])
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.set_default_timeout(10_000)
-            {"live": live, "token": token}[args.scenario](page, args, checks)
+            {"live": live, "token": token, "soak": soak}[args.scenario](page, args, checks)
         finally:
             browser.close()
     print(f"PASSED {checks.count} checks", flush=True)
