@@ -18,6 +18,9 @@ waiting on hdsd's REST API with a deadline:
   (d) a third Envoy claims to be backend-01 with web-01's token: hdsd refuses it
       and keeps backend-01's own Envoy.
 
+The first line is the fleet page's address (hdsd serves it at /ui/ on its API
+listener): open it in a browser to watch every step happen there too.
+
 Interactive (default): prints where to look, runs the story, then shows the
 live table (`hdsd status --watch`) until Ctrl-C. --once: prints PASS/FAIL per
 step and exits non-zero if a step did not happen as said.
@@ -447,6 +450,13 @@ class Demo:
         self.hdsd_proc = self.sup.start("hdsd", [self.hdsd, "serve", "--config", CONFIG], WORK / "logs/hdsd.log")
         secs, _ = wait_until(self.sup, "hdsd /readyz", 20, lambda: (http_get(self.api + "/readyz")[0] == 200, "not ready"))
         say(f"    hdsd is up in {secs:.1f}s (pid {self.hdsd_proc.pid}): HDS on {self.hds}, API on {self.api}")
+        status, body = http_get(self.page_url())
+        if status != 200 or "<title>hdsd fleet</title>" not in body:
+            raise DemoError(f"GET {self.page_url()} answered {status}, not the fleet page")
+        say(f"    the fleet page is served at {self.page_url()}: open it to watch the story live")
+
+    def page_url(self):
+        return self.api + "/ui/"
 
     def start_app(self, key):
         port = self.app_ports[key]
@@ -506,7 +516,8 @@ class Demo:
         s = self.settings
         worst = s.worst_case_detection()
         step_line(f"(b) stopping the web app (127.0.0.1:{self.app_ports['web']}): "
-                  f"web-01's inbound must turn not ready within {fmt_s(worst)} ({s.formula()})")
+                  f"web-01's inbound must turn not ready within {fmt_s(worst)} ({s.formula()}); "
+                  f"on the fleet page ({self.page_url()}) its row turns red, without a reload")
         self.sup.stop(self.apps["web"])
         secs, seen = wait_until(
             self.sup, "web-01's inbound to be not ready", worst + 10,
@@ -586,6 +597,7 @@ class Demo:
 
     def where_to_look(self):
         say("Where to look (in another terminal) while the story runs:")
+        say(f"  {self.page_url()}   (the fleet page, in a browser)")
         binary = str(self.hdsd) if self.hdsd.is_absolute() else f"./{self.hdsd}"
         say(f"  {binary} status --watch --api {self.api}")
         say(f"  curl -s {self.api}/api/v1/dataplanes")
@@ -593,6 +605,7 @@ class Demo:
         say(f"  logs: {WORK}/logs/ (hdsd.log, envoy-*.log, app-*.log)")
 
     def run(self):
+        say(f"Fleet page: {self.page_url()} (open it in a browser; it follows the story live)")
         say(f"hdsd demo: hdsd (token auth) + Envoy {WEB} + Envoy {BACKEND} + 3 apps; work dir {WORK}/")
         self.preflight()
         if not self.once:
@@ -615,7 +628,8 @@ class Demo:
         if self.once:
             return
         step_line(f"the story is over: the live table (`hdsd status --watch`) follows in 3s. In another terminal, "
-                  f"`kill {self.apps['web'].pid}` stops the web app: watch web-01 turn not ready. Ctrl-C stops everything")
+                  f"`kill {self.apps['web'].pid}` stops the web app: watch web-01 turn not ready here and on "
+                  f"{self.page_url()}. Ctrl-C stops everything")
         time.sleep(3)
         watch = subprocess.Popen([str(self.hdsd), "status", "--watch", "--api", self.api],
                                  cwd=ROOT, env=self.sup.env, start_new_session=True,

@@ -5,6 +5,9 @@
 #   - grpcio and grpcio-tools into ./.venv, for the Python client of hdsd's API
 #   - Prometheus and promtool (Debian's prometheus package), when missing
 #   - debootstrap (Debian's package), when missing: the compose test's stand-in images
+#   - Playwright (Python) into ./.venv and Debian's chromium, for the browser
+#     test of the fleet page (Playwright drives the system Chromium: its own
+#     browser download is never used)
 # Prints the Envoy binary's path on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -73,6 +76,22 @@ if [ ${#missing[@]} -gt 0 ]; then
   if [[ " ${missing[*]} " == *" prometheus "* ]]; then
     (command -v systemctl >/dev/null && systemctl stop prometheus prometheus-node-exporter) >/dev/null 2>&1 || true
   fi
+fi
+
+# tests/ui_browser.rs drives the fleet page in Debian's Chromium through Playwright.
+if ! .venv/bin/python -c "import playwright.sync_api" 2>/dev/null; then
+  .venv/bin/pip install --quiet --disable-pip-version-check playwright >&2
+fi
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: Chromium is missing; install Debian's package: sudo apt-get install chromium" >&2
+    exit 1
+  fi
+  echo "setup: installing Chromium (Debian package)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
+    || { echo "setup: apt-get install chromium failed" >&2; exit 1; }
 fi
 
 echo "$PWD/${envoy}"

@@ -57,6 +57,8 @@ pub fn router(state: ApiState) -> Router {
         ));
     Router::new()
         .merge(api)
+        // The fleet page: public assets; its data comes from /api/* with the token.
+        .merge(crate::ui::router())
         // Authenticated by the dataplane token itself, not by api.tokens.
         .route("/api/v1/bootstrap", get(bootstrap))
         .route("/metrics", get(metrics))
@@ -116,6 +118,27 @@ pub struct InboundItem {
     #[serde(default)]
     pub state: InboundState,
     pub health: HealthItem,
+    /// How Envoy probes this inbound; absent when nobody probes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeItem>,
+}
+
+/// The probe target of an inbound (in the specifier) and its effective settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeItem {
+    /// The specifier's cluster name for the target.
+    pub cluster: String,
+    /// `serviceAddress:servicePort`, what Envoy connects to.
+    pub target: std::net::SocketAddr,
+    #[serde(with = "humantime_serde")]
+    pub interval: std::time::Duration,
+    #[serde(with = "humantime_serde")]
+    pub timeout: std::time::Duration,
+    #[serde(with = "humantime_serde")]
+    pub no_traffic_interval: std::time::Duration,
+    pub healthy_threshold: u32,
+    pub unhealthy_threshold: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,6 +148,18 @@ pub struct HealthItem {
     pub status: String,
     pub since: Timestamp,
     pub last_report_at: Option<Timestamp>,
+    /// This inbound's recent status changes, oldest first (a few, since hdsd started).
+    #[serde(default)]
+    pub changes: Vec<StatusChangeItem>,
+}
+
+/// One status change of an inbound.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusChangeItem {
+    pub from: String,
+    pub to: String,
+    pub at: Timestamp,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -152,7 +187,8 @@ impl DataplaneItem {
                 .inbounds
                 .iter()
                 .zip(&state.health.inbounds)
-                .map(|(inbound, health)| InboundItem {
+                .enumerate()
+                .map(|(i, (inbound, health))| InboundItem {
                     name: inbound.name.clone(),
                     port: inbound.port,
                     service_port: inbound.service_port,
@@ -171,7 +207,34 @@ impl DataplaneItem {
                         },
                         since: health.since,
                         last_report_at: health.last_report_at,
+                        changes: state
+                            .health
+                            .recent
+                            .iter()
+                            .filter(|c| c.inbound == i)
+                            .map(|c| StatusChangeItem {
+                                from: c.from.as_str().to_string(),
+                                to: c.to.as_str().to_string(),
+                                at: c.at,
+                            })
+                            .collect(),
                     },
+                    probe: defined
+                        .specifier
+                        .target_of_inbound
+                        .get(i)
+                        .copied()
+                        .flatten()
+                        .and_then(|t| defined.specifier.targets.get(t))
+                        .map(|t| ProbeItem {
+                            cluster: t.cluster.clone(),
+                            target: t.endpoint,
+                            interval: t.settings.interval,
+                            timeout: t.settings.timeout,
+                            no_traffic_interval: t.settings.no_traffic_interval,
+                            healthy_threshold: t.settings.healthy_threshold,
+                            unhealthy_threshold: t.settings.unhealthy_threshold,
+                        }),
                 })
                 .collect(),
         })
@@ -446,4 +509,111 @@ fn bearer_token(headers: &axum::http::HeaderMap) -> Result<&str, BearerError> {
 
 fn error(code: StatusCode, message: &str) -> Response {
     (code, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::parse_documents;
+    use crate::readiness::rebase;
+    use crate::registry::Connection;
+    use crate::source::Defined;
+    use crate::specifier::{build, endpoint, SpecifierSettings};
+    use chrono::TimeZone;
+    use envoy_types::pb::envoy::config::core::v3::HealthStatus;
+    use envoy_types::pb::envoy::service::health::v3::{
+        ClusterEndpointsHealth, EndpointHealth, EndpointHealthResponse, LocalityEndpointsHealth,
+    };
+
+    fn report(status: HealthStatus) -> EndpointHealthResponse {
+        EndpointHealthResponse {
+            cluster_endpoints_health: vec![ClusterEndpointsHealth {
+                cluster_name: "probe_127.0.0.1:8080".into(),
+                locality_endpoints_health: vec![LocalityEndpointsHealth {
+                    locality: None,
+                    endpoints_health: vec![EndpointHealth {
+                        endpoint: Some(endpoint(([127, 0, 0, 1], 8080).into())),
+                        health_status: status as i32,
+                        health_metadata: None,
+                    }],
+                }],
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// The item carries each inbound's probe target and settings and its
+    /// recent status changes; an inbound nobody probes has no probe.
+    #[test]
+    fn items_show_probe_settings_and_recent_changes() {
+        let text = "type: Dataplane\nmesh: default\nname: web-01\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    serviceProbe:\n      interval: 2s\n      unhealthyThreshold: 3\n  - port: 10002\n    servicePort: 9090\n";
+        let dp = parse_documents(text).unwrap().remove(0);
+        let settings = SpecifierSettings {
+            probe_all_inbounds: false,
+            ..SpecifierSettings::default()
+        };
+        let specifier = build(&dp, &settings).unwrap();
+        let t = |s: i64| chrono::Utc.timestamp_opt(1_700_000_000 + s, 0).unwrap();
+        let mut health = rebase(None, &dp, &specifier, t(0));
+        crate::readiness::fold_report(
+            &mut health,
+            &specifier,
+            &report(HealthStatus::Healthy),
+            t(1),
+        );
+        crate::readiness::fold_report(
+            &mut health,
+            &specifier,
+            &report(HealthStatus::Unhealthy),
+            t(2),
+        );
+        let state = DataplaneState {
+            defined: Some(Defined {
+                dataplane: Arc::new(dp),
+                specifier: Arc::new(specifier),
+                file: "web-01.yaml".into(),
+            }),
+            version: 1,
+            health,
+            connection: Connection::default(),
+        };
+        let item = DataplaneItem::from_state(&state).unwrap();
+        let json = serde_json::to_value(&item).unwrap();
+        let probed = &json["inbounds"][0];
+        assert_eq!(
+            probed["probe"],
+            serde_json::json!({
+                "cluster": "probe_127.0.0.1:8080",
+                "target": "127.0.0.1:8080",
+                "interval": "2s",
+                "timeout": "1s",
+                "noTrafficInterval": "2s",
+                "healthyThreshold": 1,
+                "unhealthyThreshold": 3,
+            })
+        );
+        let changes: Vec<(&str, &str)> = item.inbounds[0]
+            .health
+            .changes
+            .iter()
+            .map(|c| (c.from.as_str(), c.to.as_str()))
+            .collect();
+        assert_eq!(changes, [("pending", "healthy"), ("healthy", "unhealthy")]);
+        assert_eq!(item.inbounds[0].health.changes[1].at, t(2));
+        // Not probed: no probe field, no changes.
+        assert!(json["inbounds"][1].get("probe").is_none());
+        assert_eq!(
+            json["inbounds"][1]["health"]["changes"],
+            serde_json::json!([])
+        );
+        // Additive: an item without the new fields (an older hdsd) still reads.
+        let mut old = json.clone();
+        old["inbounds"][0].as_object_mut().unwrap().remove("probe");
+        old["inbounds"][0]["health"]
+            .as_object_mut()
+            .unwrap()
+            .remove("changes");
+        let read: DataplaneItem = serde_json::from_value(old).unwrap();
+        assert!(read.inbounds[0].probe.is_none() && read.inbounds[0].health.changes.is_empty());
+    }
 }

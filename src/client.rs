@@ -530,7 +530,9 @@ mod tests {
                     status: status.into(),
                     since: t,
                     last_report_at: None,
+                    changes: vec![],
                 },
+                probe: None,
             }],
         }
     }

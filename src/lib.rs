@@ -5,7 +5,7 @@
 //! [`readiness`] (reports -> per-inbound status). State: [`source`] (files ->
 //! definitions) and [`registry`] (one writer per dataplane). Edges: [`hds`]
 //! (gRPC), [`api`] (REST), [`consumers`] (the change feed and who reads it:
-//! gRPC `hdsd.v1`, SSE), [`server`] (wiring).
+//! gRPC `hdsd.v1`, SSE), [`ui`] (the fleet page), [`server`] (wiring).
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
@@ -31,3 +31,4 @@ pub mod specifier;
 pub mod status;
 pub mod store;
 pub mod tls;
+pub mod ui;

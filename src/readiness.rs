@@ -15,6 +15,8 @@
 //!   application goes away. When it is HEALTHY again, inbounds read their own
 //!   probes' results again.
 
+use std::collections::VecDeque;
+
 use chrono::{DateTime, Utc};
 use envoy_types::pb::envoy::config::core::v3::HealthStatus;
 use envoy_types::pb::envoy::service::health::v3::EndpointHealthResponse;
@@ -118,9 +120,32 @@ pub struct Health {
     pub last_report_at: Option<Timestamp>,
     /// The last reported status of the Envoy's own `/ready` check, if checked.
     pub envoy_ready: Option<Status>,
+    /// The last [`RECENT_CHANGES`] status changes of its inbounds, oldest
+    /// first. Kept in memory only (a restart starts an empty log).
+    pub recent: VecDeque<StatusChange>,
+}
+
+/// How many status changes [`Health::recent`] keeps per dataplane.
+pub const RECENT_CHANGES: usize = 16;
+
+/// One inbound's status changing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusChange {
+    /// Index into the dataplane's inbounds.
+    pub inbound: usize,
+    pub from: Status,
+    pub to: Status,
+    pub at: Timestamp,
 }
 
 impl Health {
+    fn record(&mut self, change: StatusChange) {
+        if self.recent.len() == RECENT_CHANGES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(change);
+    }
+
     /// The Envoy's own `/ready` check has reported a failure.
     pub fn envoy_not_ready(&self) -> bool {
         matches!(self.envoy_ready, Some(s) if s != Status::Healthy)
@@ -148,6 +173,8 @@ pub fn rebase(
     specifier: &Specifier,
     now: Timestamp,
 ) -> Health {
+    // For every new inbound, the index of the old one it keeps the state of.
+    let mut kept_from: Vec<Option<usize>> = Vec::with_capacity(dataplane.inbounds.len());
     let inbounds = dataplane
         .inbounds
         .iter()
@@ -160,15 +187,28 @@ pub fn rebase(
                     .iter()
                     .position(|o| o.address == inbound.address && o.port == inbound.port)?;
                 let old_target = spec.target_of_inbound[j].map(|t| spec.targets[t].endpoint);
-                (old_target == target).then_some(health.inbounds[j])
+                (old_target == target).then_some((j, health.inbounds[j]))
             });
+            kept_from.push(before.map(|(j, _)| j));
             match (before, target) {
-                (Some(kept), _) => kept,
+                (Some((_, kept)), _) => kept,
                 (None, Some(_)) => InboundHealth::new(Status::Pending, now),
                 (None, None) => InboundHealth::new(Status::NotProbed, now),
             }
         })
         .collect();
+    // The log keeps the changes of kept inbounds, under their new index.
+    let recent = previous
+        .map(|(_, _, h)| {
+            h.recent
+                .iter()
+                .filter_map(|c| {
+                    let i = kept_from.iter().position(|&j| j == Some(c.inbound))?;
+                    Some(StatusChange { inbound: i, ..*c })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let envoy_target = |spec: &Specifier| spec.envoy_ready.map(|t| spec.targets[t].endpoint);
     let envoy_ready = previous.and_then(|(_, spec, health)| {
         (envoy_target(spec).is_some() && envoy_target(spec) == envoy_target(specifier))
@@ -179,16 +219,19 @@ pub fn rebase(
         inbounds,
         last_report_at: previous.and_then(|(_, _, h)| h.last_report_at),
         envoy_ready,
+        recent,
     }
 }
 
-/// Sets one inbound's status, counting the change in `outcome`.
+/// Sets inbound `index`'s status, counting the change in `outcome` and
+/// noting it in `changes` (for [`Health::recent`]).
 fn set_status(
-    inbound: &mut InboundHealth,
+    (index, inbound): (usize, &mut InboundHealth),
     status: Status,
     now: Timestamp,
     reported: bool,
     outcome: &mut FoldOutcome,
+    changes: &mut Vec<StatusChange>,
 ) {
     if reported {
         inbound.last_report_at = Some(now);
@@ -199,6 +242,12 @@ fn set_status(
             (true, false) => outcome.became_not_ready += 1,
             _ => {}
         }
+        changes.push(StatusChange {
+            inbound: index,
+            from: inbound.status,
+            to: status,
+            at: now,
+        });
         inbound.status = status;
         inbound.since = now;
         outcome.changed = true;
@@ -252,6 +301,7 @@ pub fn fold_report(
     }
     let not_ready = health.envoy_not_ready();
     let mut covered = vec![false; health.inbounds.len()];
+    let mut changes = Vec::new();
     for (target, status) in entries {
         let Some(t) = target else {
             outcome.unknown_endpoints += 1;
@@ -264,7 +314,14 @@ pub fn fold_report(
         };
         for &i in &specifier.targets[t].inbounds {
             covered[i] = true;
-            set_status(&mut health.inbounds[i], status, now, true, &mut outcome);
+            set_status(
+                (i, &mut health.inbounds[i]),
+                status,
+                now,
+                true,
+                &mut outcome,
+                &mut changes,
+            );
         }
     }
     if not_ready || was_not_ready {
@@ -274,15 +331,25 @@ pub fn fold_report(
                 continue;
             }
             if not_ready {
-                set_status(inbound, Status::Draining, now, true, &mut outcome);
+                set_status(
+                    (i, inbound),
+                    Status::Draining,
+                    now,
+                    true,
+                    &mut outcome,
+                    &mut changes,
+                );
             } else if inbound.status == Status::Draining {
                 let own = match specifier.target_of_inbound[i] {
                     Some(_) => Status::Pending,
                     None => Status::NotProbed,
                 };
-                set_status(inbound, own, now, false, &mut outcome);
+                set_status((i, inbound), own, now, false, &mut outcome, &mut changes);
             }
         }
+    }
+    for change in changes {
+        health.record(change);
     }
     outcome
 }
@@ -292,7 +359,8 @@ pub fn fold_report(
 /// report to distrust). `since` is the moment the report went stale.
 pub fn expire(health: &mut Health, now: Timestamp, stale_after: chrono::Duration) -> FoldOutcome {
     let mut outcome = FoldOutcome::default();
-    for inbound in &mut health.inbounds {
+    let mut changes = Vec::new();
+    for (i, inbound) in health.inbounds.iter_mut().enumerate() {
         let Some(last) = inbound.last_report_at else {
             continue;
         };
@@ -307,10 +375,19 @@ pub fn expire(health: &mut Health, now: Timestamp, stale_after: chrono::Duration
             if inbound.status.is_ready() {
                 outcome.became_not_ready += 1;
             }
+            changes.push(StatusChange {
+                inbound: i,
+                from: inbound.status,
+                to: Status::Stale,
+                at: stale_at,
+            });
             inbound.status = Status::Stale;
             inbound.since = stale_at;
             outcome.changed = true;
         }
+    }
+    for change in changes {
+        health.record(change);
     }
     outcome
 }
@@ -484,6 +561,53 @@ mod tests {
             (true, 0, 1)
         );
         assert_eq!(h.inbounds[0].since, t(15));
+    }
+
+    #[test]
+    fn status_changes_are_logged_bounded_and_follow_kept_inbounds() {
+        use Status::*;
+        let dp = dataplane(&[(10001, 8080), (10002, 9090)]);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let (a, b) = ("probe_127.0.0.1:8080", "probe_127.0.0.1:9090");
+        let mut h = rebase(None, &dp, &spec, t(0));
+        assert!(h.recent.is_empty());
+        fold_report(&mut h, &spec, &report(&[(a, 8080, H), (b, 9090, H)]), t(1));
+        // A report that changes nothing logs nothing.
+        fold_report(&mut h, &spec, &report(&[(a, 8080, H), (b, 9090, H)]), t(2));
+        fold_report(&mut h, &spec, &report(&[(b, 9090, U)]), t(3));
+        expire(&mut h, t(100), chrono::Duration::seconds(10));
+        let log: Vec<(usize, Status, Status, Timestamp)> = h
+            .recent
+            .iter()
+            .map(|c| (c.inbound, c.from, c.to, c.at))
+            .collect();
+        assert_eq!(
+            log,
+            [
+                (0, Pending, Healthy, t(1)),
+                (1, Pending, Healthy, t(1)),
+                (1, Healthy, Unhealthy, t(3)),
+                // Stale from the moment its last report expired.
+                (0, Healthy, Stale, t(12)),
+                (1, Unhealthy, Stale, t(13)),
+            ]
+        );
+        // Redefined without the first inbound: the second keeps its log, re-indexed.
+        let dp2 = dataplane(&[(10002, 9090)]);
+        let spec2 = build(&dp2, &settings(true)).unwrap();
+        let h2 = rebase(Some((&dp, &spec, &h)), &dp2, &spec2, t(101));
+        let kept: Vec<(usize, Status)> = h2.recent.iter().map(|c| (c.inbound, c.to)).collect();
+        assert_eq!(kept, [(0, Healthy), (0, Unhealthy), (0, Stale)]);
+        // Bounded: flapping keeps only the newest changes.
+        for n in 0..(RECENT_CHANGES as i64 + 5) {
+            let status = if n % 2 == 0 { H } else { U };
+            fold_report(&mut h, &spec, &report(&[(a, 8080, status)]), t(200 + n));
+        }
+        assert_eq!(h.recent.len(), RECENT_CHANGES);
+        assert_eq!(
+            h.recent.back().map(|c| c.at),
+            Some(t(200 + RECENT_CHANGES as i64 + 4))
+        );
     }
 
     #[test]

@@ -232,7 +232,9 @@ mod tests {
                 status: status.into(),
                 since: t0,
                 last_report_at: None,
+                changes: vec![],
             },
+            probe: None,
         }
     }
 

@@ -113,7 +113,9 @@ mod tests {
                         status: if *ready { "healthy" } else { "unhealthy" }.into(),
                         since: t,
                         last_report_at: None,
+                        changes: vec![],
                     },
+                    probe: None,
                 })
                 .collect(),
         }

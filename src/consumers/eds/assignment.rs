@@ -231,6 +231,7 @@ mod tests {
                 })
                 .collect(),
             last_report_at: None,
+            ..Default::default()
         }
     }
 

@@ -48,26 +48,18 @@ pub fn check(auth: &EdsAuth, metadata: &MetadataMap) -> Result<(), Refusal> {
             message: "EDS needs an API token with auth.mode = \"token\", but api.tokens is empty; add one to api.tokens and send it as `authorization: Bearer <token>`",
         });
     }
-    let presented = metadata
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
+    // The one bearer rule (auth::bearer), the one API-token comparison.
+    let presented = metadata.get("authorization").map(|v| {
+        v.to_str()
+            .map_err(|_| crate::auth::BearerError::NotAscii)
+            .and_then(crate::auth::bearer::parse)
+    });
     match presented {
         None => Err(Refusal {
             reason: "missing",
             message: "EDS clients must send `authorization: Bearer <token>` (gRPC initial_metadata) with one of api.tokens",
         }),
-        Some(t)
-            if tokens
-                .iter()
-                .any(|known| crate::api::constant_time_eq(known.as_bytes(), t.as_bytes())) =>
-        {
-            Ok(())
-        }
+        Some(Ok(t)) if crate::api::is_api_token(tokens, t) => Ok(()),
         Some(_) => Err(Refusal {
             reason: "invalid_api_token",
             message: "invalid EDS token: it is not one of api.tokens",

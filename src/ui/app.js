@@ -1,0 +1,663 @@
+// hdsd's fleet page. Plain JavaScript, no dependencies.
+//
+// Data: GET /api/v1/dataplanes, /api/v1/services and /api/v1/sources, then
+// GET /api/v1/watch (Server-Sent Events) read with fetch(), so the token
+// travels in the Authorization header and never in a URL. Each change event
+// names one dataplane: the page fetches that dataplane and updates its row in
+// place. Memory stays bounded: one entry per dataplane, no list of events.
+'use strict';
+
+(() => {
+  const TOKEN_KEY = 'hdsd.apiToken';
+  const MAX_ROWS = 500; // rows in the DOM at once; the filter narrows larger fleets
+  const BATCH_REFETCH = 25; // more changed dataplanes than this: reload the list
+  const SOURCES_EVERY_MS = 2000;
+  // Reports that change nothing send no event: the list is re-read now and
+  // then so "last report" stays true (less often for large fleets).
+  const refreshEveryMs = () => Math.max(5000, state.dataplanes.size * 5);
+  const SERVICE_TAG = 'kuma.io/service';
+
+  // Severity of each status: ok (ready), wait, warn, bad. Colour and symbol
+  // follow it; the status word is always shown too.
+  const STATUS = {
+    healthy: { kind: 'ok', mark: '✓', rank: 0 },
+    not_probed: { kind: 'idle', mark: '–', rank: 1 },
+    pending: { kind: 'wait', mark: '…', rank: 2 },
+    draining: { kind: 'warn', mark: '!', rank: 3 },
+    degraded: { kind: 'warn', mark: '!', rank: 3 },
+    unknown: { kind: 'warn', mark: '?', rank: 4 },
+    stale: { kind: 'warn', mark: '!', rank: 5 },
+    timeout: { kind: 'bad', mark: '✕', rank: 6 },
+    unhealthy: { kind: 'bad', mark: '✕', rank: 6 },
+  };
+  const SERVICE_STATUS = {
+    online: { text: 'Online', kind: 'ok', mark: '✓' },
+    partially_degraded: { text: 'Partially degraded', kind: 'warn', mark: '!' },
+    offline: { text: 'Offline', kind: 'bad', mark: '✕' },
+  };
+
+  const state = {
+    config: { tokenRequired: false },
+    dataplanes: new Map(), // "mesh/name" -> the API item
+    services: [],
+    sort: { key: 'name', dir: 1 },
+    filter: '',
+    notReadyOnly: false,
+    lastEventId: null,
+    pending: new Set(), // dataplanes to fetch after change events
+    reloadAll: false, // fetch the whole list (after a snapshot)
+    fetching: false,
+    watch: null, // the AbortController of the open stream
+    generation: 0, // bumped on every restart (new token): older loops stop
+    detailKey: null,
+  };
+  const rows = new Map(); // "mesh/name" -> <tr>
+
+  const $ = (id) => document.getElementById(id);
+  const key = (item) => `${item.mesh}/${item.name}`;
+
+  // ------------------------------------------------------------ DOM helpers
+
+  /** Creates an element: h('td', {class: 'x'}, child, 'text', ...). */
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === false || value === null || value === undefined) continue;
+      if (name === 'class') el.className = value;
+      else if (name === 'text') el.textContent = value;
+      else el.setAttribute(name, value === true ? '' : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return el;
+  }
+
+  function setText(el, text) {
+    if (el.textContent !== text) el.textContent = text;
+  }
+
+  function relative(ts, now) {
+    if (!ts) return 'never';
+    const s = Math.round((now - Date.parse(ts)) / 1000);
+    if (s < 1) return 'just now';
+    if (s < 60) return `${s}s ago`;
+    if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s ago`;
+    if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m ago`;
+    return `${Math.floor(s / 86400)}d ago`;
+  }
+
+  /** A <time> that the clock keeps relative. */
+  function time(ts) {
+    if (!ts) return h('span', { class: 'muted' }, 'never');
+    return h('time', { datetime: ts, title: new Date(ts).toLocaleString(), 'data-ts': ts },
+      relative(ts, Date.now()));
+  }
+
+  function statusBadge(status) {
+    const s = STATUS[status] || { kind: 'warn', mark: '?', rank: 4 };
+    return h('span', { class: `badge k-${s.kind}`, 'data-status': status },
+      h('span', { 'aria-hidden': 'true' }, s.mark), ' ', status.replace('_', ' '));
+  }
+
+  function service(inbound) {
+    return inbound.tags[SERVICE_TAG] || '—';
+  }
+
+  function target(inbound) {
+    const addr = inbound.serviceAddress.includes(':') ? `[${inbound.serviceAddress}]` : inbound.serviceAddress;
+    return `${addr}:${inbound.servicePort}`;
+  }
+
+  function isReady(item) {
+    return item.inbounds.every((i) => i.health.ready);
+  }
+
+  // ------------------------------------------------------------ API access
+
+  class Unauthorized extends Error {}
+
+  async function api(path, options = {}) {
+    const headers = new Headers(options.headers || {});
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    if (token) headers.set('Authorization', `Bearer ${token}`);
+    const response = await fetch(path, { ...options, headers, cache: 'no-store' });
+    if (response.status === 401) {
+      let message = 'the API refused the token';
+      try { message = (await response.json()).error || message; } catch (_) { /* keep */ }
+      throw new Unauthorized(message);
+    }
+    if (!response.ok) {
+      let message = `${path}: HTTP ${response.status}`;
+      try { message = `${path}: ${(await response.json()).error}`; } catch (_) { /* keep */ }
+      const error = new Error(message);
+      error.status = response.status;
+      throw error;
+    }
+    return response;
+  }
+
+  const json = async (path) => (await api(path)).json();
+
+  // ------------------------------------------------------------ token
+
+  let tokenPrompt = null;
+
+  /** Shows the token dialog; resolves once a token is stored. */
+  function askToken(reason) {
+    if (tokenPrompt) return tokenPrompt;
+    const dialog = $('token-dialog');
+    const error = $('token-error');
+    error.hidden = !reason;
+    error.textContent = reason ? `The token was refused: ${reason}.` : '';
+    $('token-input').value = '';
+    setLive('token', 'Needs an API token');
+    tokenPrompt = new Promise((resolve) => {
+      const form = $('token-form');
+      const done = (event) => {
+        event.preventDefault();
+        const value = $('token-input').value.trim();
+        if (!value) return;
+        sessionStorage.setItem(TOKEN_KEY, value);
+        form.removeEventListener('submit', done);
+        dialog.close();
+        tokenPrompt = null;
+        resolve();
+      };
+      form.addEventListener('submit', done);
+    });
+    if (!dialog.open) dialog.showModal();
+    $('token-input').focus();
+    return tokenPrompt;
+  }
+
+  async function onUnauthorized(error) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    stopWatch();
+    await askToken(error.message);
+    restart();
+  }
+
+  // ------------------------------------------------------------ loading
+
+  async function loadDataplanes() {
+    const list = await json('/api/v1/dataplanes');
+    const fresh = new Map(list.items.map((item) => [key(item), item]));
+    state.dataplanes = fresh;
+    renderAll();
+  }
+
+  async function loadServices() {
+    state.services = (await json('/api/v1/services')).items;
+    renderServices();
+  }
+
+  let servicesTimer = null;
+  function scheduleServices() {
+    if (servicesTimer) return;
+    servicesTimer = setTimeout(() => {
+      servicesTimer = null;
+      loadServices().catch(handleError);
+    }, 150);
+  }
+
+  /**
+   * Brings the map up to date: the whole list after a snapshot (or many
+   * changes), else each changed dataplane. One batch at a time, so an older
+   * answer never overwrites a newer one.
+   */
+  async function fetchPending() {
+    if (state.fetching) return;
+    state.fetching = true;
+    try {
+      while (state.reloadAll || state.pending.size > 0) {
+        if (state.reloadAll || state.pending.size > BATCH_REFETCH) {
+          state.reloadAll = false;
+          state.pending.clear();
+          await loadDataplanes();
+        } else {
+          const keys = [...state.pending];
+          state.pending.clear();
+          await Promise.all(keys.map(async (k) => {
+            const [mesh, ...rest] = k.split('/');
+            const path = `/api/v1/dataplanes/${encodeURIComponent(mesh)}/${encodeURIComponent(rest.join('/'))}`;
+            try {
+              state.dataplanes.set(k, await json(path));
+            } catch (e) {
+              if (e.status === 404) state.dataplanes.delete(k);
+              else throw e;
+            }
+          }));
+          renderAll();
+        }
+        scheduleServices();
+      }
+    } catch (e) {
+      // Whatever was missed is fetched again once the API answers.
+      state.reloadAll = true;
+      setTimeout(() => fetchPending().catch(handleError), 1000);
+      throw e;
+    } finally {
+      state.fetching = false;
+    }
+  }
+
+  async function pollSources(generation) {
+    while (generation === state.generation) {
+      try {
+        renderBanner(await json('/api/v1/sources'));
+      } catch (e) {
+        if (e instanceof Unauthorized) { onUnauthorized(e); return; }
+        // The watch loop reports connection trouble; try again later.
+      }
+      await sleep(SOURCES_EVERY_MS);
+    }
+  }
+
+  async function refreshTimes(generation) {
+    for (;;) {
+      await sleep(refreshEveryMs());
+      if (generation !== state.generation) return;
+      if (document.body.dataset.live !== 'live') continue;
+      state.reloadAll = true;
+      fetchPending().catch(handleError);
+    }
+  }
+
+  // ------------------------------------------------------------ the watch
+
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  function stopWatch() {
+    state.generation += 1;
+    if (state.watch) state.watch.abort();
+    state.watch = null;
+  }
+
+  /** Follows /api/v1/watch until the page's generation changes; reconnects with Last-Event-ID. */
+  async function follow(generation) {
+    let backoff = 500;
+    while (generation === state.generation) {
+      const controller = new AbortController();
+      state.watch = controller;
+      try {
+        const headers = { Accept: 'text/event-stream' };
+        if (state.lastEventId !== null) headers['Last-Event-ID'] = state.lastEventId;
+        const response = await api('/api/v1/watch', { headers, signal: controller.signal });
+        await readEvents(response.body, (event) => {
+          if (event.kind === 'synced') backoff = 500;
+          onEvent(event);
+        });
+      } catch (e) {
+        if (generation !== state.generation) return;
+        if (e instanceof Unauthorized) { onUnauthorized(e); return; }
+      }
+      if (generation !== state.generation) return;
+      setLive('reconnecting', 'Reconnecting…');
+      await sleep(backoff);
+      backoff = Math.min(backoff * 2, 10000);
+    }
+  }
+
+  /** Parses a text/event-stream body; calls onEvent({kind, id, data}) per event. */
+  async function readEvents(body, onEvent) {
+    const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = '';
+    let event = { kind: 'message', id: null, data: '' };
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value;
+      let newline;
+      while ((newline = buffer.search(/\r\n|\r|\n/)) >= 0) {
+        const line = buffer.slice(0, newline);
+        buffer = buffer.slice(newline + (buffer.startsWith('\r\n', newline) ? 2 : 1));
+        if (line === '') {
+          if (event.data !== '') onEvent(event);
+          event = { kind: 'message', id: null, data: '' };
+          continue;
+        }
+        if (line.startsWith(':')) continue; // keep-alive comment
+        const colon = line.indexOf(':');
+        const field = colon < 0 ? line : line.slice(0, colon);
+        let v = colon < 0 ? '' : line.slice(colon + 1);
+        if (v.startsWith(' ')) v = v.slice(1);
+        if (field === 'event') event.kind = v;
+        else if (field === 'data') event.data += (event.data ? '\n' : '') + v;
+        else if (field === 'id') event.id = v;
+      }
+    }
+  }
+
+  function onEvent(event) {
+    if (event.id !== null && event.id !== '') state.lastEventId = event.id;
+    let data;
+    try { data = JSON.parse(event.data); } catch (_) { return; }
+    switch (event.kind) {
+      case 'snapshot':
+        // The stream starts (or starts over): reload the whole list once.
+        state.reloadAll = true;
+        fetchPending().catch(handleError);
+        break;
+      case 'changed':
+        state.pending.add(key(data.dataplane));
+        fetchPending().catch(handleError);
+        break;
+      case 'deleted':
+        state.pending.delete(key(data.dataplane));
+        state.dataplanes.delete(key(data.dataplane));
+        renderAll();
+        scheduleServices();
+        break;
+      case 'synced':
+        setLive('live', 'Live');
+        break;
+      default:
+        break; // resync: a snapshot follows
+    }
+  }
+
+  function handleError(e) {
+    if (e instanceof Unauthorized) { onUnauthorized(e); return; }
+    // A failed fetch during a drop: the watch loop shows "reconnecting" and
+    // the events after it bring the rows up to date.
+    setLive('reconnecting', 'Reconnecting…');
+  }
+
+  function setLive(kind, text) {
+    const el = $('live');
+    el.className = `live live-${kind}`;
+    setText(el, text || el.textContent);
+    document.body.dataset.live = kind;
+  }
+
+  // ------------------------------------------------------------ rendering
+
+  function renderAll() {
+    renderCounts();
+    renderTable();
+    renderDetail();
+  }
+
+  function renderCounts() {
+    const items = [...state.dataplanes.values()];
+    const byStatus = new Map();
+    let ready = 0, notReady = 0, connected = 0;
+    for (const item of items) {
+      if (item.connection.connected) connected += 1;
+      for (const inbound of item.inbounds) {
+        if (inbound.health.ready) ready += 1; else notReady += 1;
+        byStatus.set(inbound.health.status, (byStatus.get(inbound.health.status) || 0) + 1);
+      }
+    }
+    const tiles = [
+      ['dataplanes', 'Dataplanes', items.length, null],
+      ['connected', 'Connected', connected, connected < items.length ? 'warn' : null],
+      ['ready', 'Inbounds ready', ready, 'ok'],
+      ['not-ready', 'Inbounds not ready', notReady, notReady > 0 ? 'bad' : null],
+    ];
+    const statuses = [...byStatus.entries()].sort((a, b) => (STATUS[a[0]]?.rank ?? 9) - (STATUS[b[0]]?.rank ?? 9));
+    const signature = JSON.stringify([tiles, statuses]);
+    const counts = $('counts');
+    if (counts.dataset.signature === signature) return;
+    counts.dataset.signature = signature;
+    counts.replaceChildren(
+      h('dl', { class: 'tiles' }, tiles.map(([id, label, n, kind]) =>
+        h('div', { class: `tile${kind ? ` k-${kind}` : ''}`, 'data-count': id },
+          h('dt', {}, label), h('dd', {}, String(n))))),
+      h('p', { class: 'by-status' }, h('span', { class: 'muted' }, 'By status: '),
+        statuses.length === 0 ? 'no inbounds' : statuses.map(([status, n]) =>
+          h('span', { class: 'by-status-item', 'data-status-count': status }, statusBadge(status), ` ${n}`))),
+    );
+  }
+
+  function renderServices() {
+    const list = $('services');
+    $('services-empty').hidden = state.services.length > 0;
+    list.replaceChildren(...state.services.map((s) => {
+      const st = SERVICE_STATUS[s.status] || { text: s.status, kind: 'warn', mark: '?' };
+      return h('li', { class: `service k-${st.kind}`, 'data-service': s.name },
+        h('span', { class: 'service-name' }, s.name, s.mesh !== 'default' ? h('span', { class: 'muted' }, ` (${s.mesh})`) : null),
+        h('span', { class: 'service-ready' }, `${s.inboundsReady}/${s.inboundsTotal} ready`),
+        h('span', { class: `badge k-${st.kind}` }, h('span', { 'aria-hidden': 'true' }, st.mark), ' ', st.text));
+    }));
+  }
+
+  /** What the filter box matches against. */
+  function haystack(item) {
+    const parts = [`${item.mesh}.${item.name}`, item.address];
+    for (const i of item.inbounds) {
+      parts.push(service(i), target(i), i.health.status, i.health.status.replace('_', ' '), String(i.port));
+    }
+    return parts.join(' ').toLowerCase();
+  }
+
+  function sortValue(item, sortKey) {
+    switch (sortKey) {
+      case 'connection': return item.connection.connected ? 0 : 1;
+      case 'service': return item.inbounds.map(service).join(',');
+      case 'target': return item.inbounds.map(target).join(',');
+      case 'status': return -Math.max(-1, ...item.inbounds.map((i) => STATUS[i.health.status]?.rank ?? 4));
+      case 'ready': return isReady(item) ? 1 : 0;
+      case 'since': return -Math.max(0, ...item.inbounds.map((i) => Date.parse(i.health.since)));
+      case 'report': return -(Date.parse(item.connection.lastReportAt) || 0);
+      default: return '';
+    }
+  }
+
+  function compare(a, b) {
+    const { key: sortKey, dir } = state.sort;
+    const va = sortValue(a, sortKey);
+    const vb = sortValue(b, sortKey);
+    let c = 0;
+    if (va < vb) c = -1; else if (va > vb) c = 1;
+    if (c === 0) c = `${a.mesh}.${a.name}`.localeCompare(`${b.mesh}.${b.name}`);
+    return c * dir;
+  }
+
+  function renderTable() {
+    const words = state.filter.toLowerCase().split(/\s+/).filter(Boolean);
+    const all = [...state.dataplanes.values()];
+    const matching = all
+      .filter((item) => !state.notReadyOnly || !isReady(item))
+      .filter((item) => { const hay = haystack(item); return words.every((w) => hay.includes(w)); })
+      .sort(compare);
+    const shown = matching.slice(0, MAX_ROWS);
+    const tbody = $('dataplanes').tBodies[0];
+    const wanted = new Set(shown.map(key));
+    for (const [k, tr] of rows) {
+      if (!wanted.has(k)) { tr.remove(); rows.delete(k); }
+    }
+    let previous = null;
+    for (const item of shown) {
+      const k = key(item);
+      let tr = rows.get(k);
+      if (!tr) {
+        tr = h('tr', { 'data-key': k });
+        rows.set(k, tr);
+      }
+      if (tr.item !== item) { fillRow(tr, item); tr.item = item; }
+      const expected = previous ? previous.nextSibling : tbody.firstChild;
+      if (expected !== tr) tbody.insertBefore(tr, expected);
+      previous = tr;
+    }
+    const note = matching.length > shown.length
+      ? `Showing ${shown.length} of ${matching.length} matching dataplanes (of ${all.length}); narrow the filter to see the rest.`
+      : `Showing ${matching.length} of ${all.length} dataplanes.`;
+    setText($('shown'), note);
+    const empty = $('empty');
+    empty.hidden = matching.length > 0;
+    setText(empty, all.length === 0 ? 'No dataplanes are defined yet.' : 'No dataplane matches the filter.');
+  }
+
+  function stack(values) {
+    return h('ul', { class: 'stack' }, values.map((v) => h('li', {}, v)));
+  }
+
+  function fillRow(tr, item) {
+    const ready = isReady(item);
+    const notReadyCount = item.inbounds.filter((i) => !i.health.ready).length;
+    tr.className = ready ? 'ready' : 'not-ready';
+    tr.dataset.ready = String(ready);
+    tr.replaceChildren(
+      h('th', { scope: 'row', 'data-label': 'Dataplane' }, h('div', {},
+        h('button', { type: 'button', class: 'link', 'data-open': key(item), 'aria-haspopup': 'dialog' }, `${item.mesh}.${item.name}`),
+        h('span', { class: 'muted addr' }, item.address))),
+      h('td', { 'data-label': 'Connection' },
+        item.connection.connected
+          ? h('span', { class: 'conn k-ok' }, h('span', { 'aria-hidden': 'true' }, '● '), 'Connected')
+          : h('span', { class: 'conn k-bad' }, h('span', { 'aria-hidden': 'true' }, '○ '), 'Disconnected')),
+      h('td', { 'data-label': 'Service' }, stack(item.inbounds.map(service))),
+      h('td', { 'data-label': 'Target' }, stack(item.inbounds.map((i) => h('code', {}, target(i))))),
+      h('td', { 'data-label': 'Status' }, stack(item.inbounds.map((i) => statusBadge(i.health.status)))),
+      h('td', { 'data-label': 'Ready', class: 'ready-cell' },
+        ready
+          ? h('span', { class: 'readiness k-ok' }, h('span', { 'aria-hidden': 'true' }, '✓ '), 'Ready')
+          : h('span', { class: 'readiness k-bad' }, h('span', { 'aria-hidden': 'true' }, '✕ '),
+            item.inbounds.length > 1 ? `Not ready (${notReadyCount}/${item.inbounds.length})` : 'Not ready')),
+      h('td', { 'data-label': 'Since' }, stack(item.inbounds.map((i) => time(i.health.since)))),
+      h('td', { 'data-label': 'Last report' }, time(item.connection.lastReportAt)),
+    );
+  }
+
+  function renderBanner(sources) {
+    const banner = $('banner');
+    const broken = sources.files.filter((f) => f.error);
+    banner.hidden = broken.length === 0;
+    const signature = JSON.stringify(broken);
+    if (banner.dataset.signature === signature) return;
+    banner.dataset.signature = signature;
+    $('banner-list').replaceChildren(...broken.map((f) =>
+      h('li', { 'data-file': f.path },
+        h('code', {}, f.path), f.error.line ? ` line ${f.error.line}` : '', ': ', f.error.message)));
+  }
+
+  // ------------------------------------------------------------ detail
+
+  function openDetail(k) {
+    state.detailKey = k;
+    renderDetail();
+    const dialog = $('detail');
+    if (!dialog.open) dialog.showModal();
+  }
+
+  function renderDetail() {
+    if (!state.detailKey) return;
+    const item = state.dataplanes.get(state.detailKey);
+    const body = $('detail-body');
+    if (!item) {
+      setText($('detail-title'), state.detailKey.replace('/', '.'));
+      body.replaceChildren(h('p', {}, 'This dataplane no longer exists.'));
+      return;
+    }
+    if (body.item === item) return;
+    body.item = item;
+    setText($('detail-title'), `${item.mesh}.${item.name}`);
+    const c = item.connection;
+    body.replaceChildren(
+      h('dl', { class: 'facts' },
+        h('dt', {}, 'Address'), h('dd', {}, item.address),
+        h('dt', {}, 'Connection'), h('dd', {}, c.connected ? 'Connected' : 'Disconnected',
+          c.connectedAt ? [' (since ', time(c.connectedAt), ')'] : ''),
+        h('dt', {}, 'Last report'), h('dd', {}, time(c.lastReportAt)),
+        h('dt', {}, 'Ready'), h('dd', {}, isReady(item) ? 'Yes: every inbound is ready' : 'No')),
+      ...item.inbounds.map((i) => inboundDetail(i)),
+    );
+  }
+
+  function inboundDetail(i) {
+    const p = i.probe;
+    const tags = Object.entries(i.tags).map(([k, v]) => `${k}=${v}`).join(', ') || 'none';
+    return h('section', { class: 'inbound' },
+      h('h3', {}, `Inbound ${i.port}: ${service(i)} `, statusBadge(i.health.status)),
+      h('dl', { class: 'facts' },
+        h('dt', {}, 'Tags'), h('dd', {}, tags),
+        h('dt', {}, 'Status'), h('dd', {}, `${i.health.status.replace('_', ' ')} (${i.health.ready ? 'ready' : 'not ready'}), since `, time(i.health.since)),
+        h('dt', {}, 'Last report'), h('dd', {}, time(i.health.lastReportAt)),
+        h('dt', {}, 'Specifier target'), h('dd', {}, p ? [h('code', {}, p.target), ' in cluster ', h('code', {}, p.cluster)] : 'not probed (no serviceProbe and hds.probe_all_inbounds = false)'),
+        p ? [h('dt', {}, 'Probe'), h('dd', {},
+          `TCP connect every ${p.noTrafficInterval} (interval ${p.interval}), timeout ${p.timeout}; `
+          + `healthy after ${p.healthyThreshold}, unhealthy after ${p.unhealthyThreshold} in a row`)] : null),
+      h('h4', {}, 'Recent status changes'),
+      (i.health.changes || []).length === 0
+        ? h('p', { class: 'muted' }, 'None since hdsd started.')
+        : h('ol', { class: 'changes', reversed: true }, [...i.health.changes].reverse().map((ch) =>
+          h('li', {}, statusBadge(ch.from), h('span', { 'aria-label': 'to' }, ' → '), statusBadge(ch.to), ' ', time(ch.at)))));
+  }
+
+  // ------------------------------------------------------------ wiring
+
+  function tick() {
+    const now = Date.now();
+    for (const el of document.querySelectorAll('time[data-ts]')) {
+      setText(el, relative(el.dataset.ts, now));
+    }
+  }
+
+  function wire() {
+    $('filter').addEventListener('input', (e) => { state.filter = e.target.value; renderTable(); });
+    $('not-ready').addEventListener('change', (e) => { state.notReadyOnly = e.target.checked; renderTable(); });
+    for (const th of document.querySelectorAll('th[data-sort]')) {
+      th.querySelector('button').addEventListener('click', () => {
+        const sortKey = th.dataset.sort;
+        state.sort = { key: sortKey, dir: state.sort.key === sortKey ? -state.sort.dir : 1 };
+        for (const other of document.querySelectorAll('th[data-sort]')) other.removeAttribute('aria-sort');
+        th.setAttribute('aria-sort', state.sort.dir === 1 ? 'ascending' : 'descending');
+        renderTable();
+      });
+    }
+    const tbody = $('dataplanes').tBodies[0];
+    tbody.addEventListener('click', (e) => {
+      if (window.getSelection && String(window.getSelection()).length > 0) return; // selecting text
+      const tr = e.target.closest('tr[data-key]');
+      if (tr) openDetail(tr.dataset.key);
+    });
+    $('detail-close').addEventListener('click', () => $('detail').close());
+    $('detail').addEventListener('close', () => {
+      const k = state.detailKey;
+      state.detailKey = null;
+      $('detail-body').item = null;
+      const opener = k && document.querySelector(`button[data-open="${CSS.escape(k)}"]`);
+      if (opener) opener.focus();
+    });
+    $('token-button').addEventListener('click', () => {
+      sessionStorage.removeItem(TOKEN_KEY);
+      stopWatch();
+      askToken(null).then(restart);
+    });
+    setInterval(tick, 1000);
+  }
+
+  /** (Re)loads everything and follows the watch. */
+  async function restart() {
+    stopWatch();
+    const generation = state.generation;
+    state.lastEventId = null;
+    setLive('connecting', 'Connecting…');
+    try {
+      // The dataplanes come with the watch's first snapshot.
+      await loadServices();
+    } catch (e) {
+      if (e instanceof Unauthorized) { onUnauthorized(e); return; }
+      setLive('reconnecting', 'Reconnecting…');
+    }
+    if (generation !== state.generation) return;
+    pollSources(generation);
+    refreshTimes(generation);
+    follow(generation);
+  }
+
+  async function main() {
+    wire();
+    try {
+      const r = await fetch('/ui/config.json', { cache: 'no-store' });
+      if (r.ok) state.config = await r.json();
+    } catch (_) { /* an older hdsd: ask when the API says 401 */ }
+    $('token-button').hidden = !state.config.tokenRequired;
+    if (state.config.tokenRequired && !sessionStorage.getItem(TOKEN_KEY)) await askToken(null);
+    restart();
+  }
+
+  main();
+})();

@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""Drives hdsd's fleet page (/ui/) in a real headless Chromium with Playwright.
+
+Run by tests/ui_browser.rs, which starts hdsd, real Envoys and apps. When this
+script needs the world to change it prints `ACTION <name>` and waits for
+`DONE` on its standard input. Every assertion prints `CHECK <what>`; the last
+line is `PASSED <n> checks`. Any failed check exits non-zero with the reason.
+
+    browser_test.py --url http://127.0.0.1:PORT/ui/ --scenario live|token
+                    [--chromium /usr/bin/chromium] [--screenshot out.png]
+                    [--detection SECONDS] [--token T]
+"""
+
+import argparse
+import re
+import sys
+import time
+
+from playwright.sync_api import expect, sync_playwright
+
+BAD = "rgb(164, 14, 38)"  # --bad in app.css: the colour of "not ready"
+OK = "rgb(17, 99, 41)"  # --ok
+
+
+class Checks:
+    def __init__(self):
+        self.count = 0
+
+    def ok(self, what):
+        self.count += 1
+        print(f"CHECK {what}", flush=True)
+
+    def that(self, condition, what):
+        if not condition:
+            raise AssertionError(what)
+        self.ok(what)
+
+
+def action(name):
+    """Asks the Rust side to change the world; returns when it is done."""
+    print(f"ACTION {name}", flush=True)
+    reply = sys.stdin.readline().strip()
+    if reply != "DONE":
+        raise AssertionError(f"ACTION {name}: the test answered {reply!r}")
+
+
+class Console:
+    """Console errors and uncaught exceptions, by phase. Some phases expect
+    network errors (hdsd restarting, a refused token): only those are allowed there."""
+
+    def __init__(self, page):
+        self.phase = "start"
+        self.errors = []
+        page.on("console", lambda m: m.type == "error" and self.errors.append((self.phase, m.text)))
+        page.on("pageerror", lambda e: self.errors.append((self.phase, f"uncaught: {e}")))
+        # Failed API answers count too (the browser may not log them).
+        page.on("response", lambda r: r.status >= 400 and self.errors.append((self.phase, f"HTTP {r.status} {r.url}")))
+
+    def unexpected(self, allowed):
+        return [(p, t) for p, t in self.errors if not (p in allowed and allowed[p].search(t))]
+
+
+def heap(page):
+    """The page's used JS heap after a full garbage collection, in bytes."""
+    page.evaluate("window.gc && window.gc()")
+    return page.evaluate("performance.memory ? performance.memory.usedJSHeapSize : -1")
+
+
+def row(page, name):
+    return page.locator(f'#dataplanes tbody tr[data-key="default/{name}"]')
+
+
+def count_tile(page, name):
+    return page.locator(f'#counts [data-count="{name}"] dd')
+
+
+def expect_counts(page, dataplanes, connected, ready, not_ready, timeout=10_000):
+    for tile, value in [("dataplanes", dataplanes), ("connected", connected), ("ready", ready), ("not-ready", not_ready)]:
+        expect(count_tile(page, tile)).to_have_text(str(value), timeout=timeout)
+
+
+def live(page, args, checks):
+    console = Console(page)
+    names = ["api-1", "web-1", "web-2"]
+    page.goto(args.url)
+    page.evaluate("window.__noReload = true")
+    expect(page.locator("#live")).to_have_text("Live", timeout=15_000)
+    checks.ok("the page connects to the watch and says Live")
+    heap_start = heap(page)
+    expect(page.locator("#dataplanes tbody tr")).to_have_count(3, timeout=10_000)
+    for name in names:
+        expect(row(page, name)).to_contain_text(f"default.{name}")
+        expect(row(page, name).locator(".ready-cell")).to_have_text(re.compile("Ready"))
+    checks.ok("every dataplane has a row, each Ready")
+    expect_counts(page, 3, 3, 3, 0)
+    checks.ok("counts: 3 dataplanes, 3 connected, 3 inbounds ready, 0 not ready")
+    expect(page.locator('#services [data-service="web"]')).to_contain_text("2/2 ready")
+    expect(page.locator('#services [data-service="web"]')).to_contain_text("Online")
+    expect(page.locator('#services [data-service="api"]')).to_contain_text("Online")
+    checks.ok("services: web 2/2 Online, api Online")
+
+    # Accessibility basics.
+    checks.that(page.locator("#counts").get_attribute("aria-live") == "polite", "the counts are an aria-live region")
+    checks.that(page.locator("#dataplanes thead th[scope=col]").count() == 8, "the table has 8 column headers")
+    checks.that(page.locator("#dataplanes tbody th[scope=row]").count() == 3, "each row has a row header")
+    expect(page.get_by_label("Filter")).to_be_visible()
+    checks.ok("the filter box has a label")
+
+    # Filter box and "not ready only", by keyboard.
+    page.get_by_label("Filter").focus()
+    page.keyboard.type("api")
+    expect(page.locator("#dataplanes tbody tr")).to_have_count(1)
+    expect(row(page, "api-1")).to_be_visible()
+    page.keyboard.press("Control+A")
+    page.keyboard.press("Backspace")
+    expect(page.locator("#dataplanes tbody tr")).to_have_count(3)
+    checks.ok("typing in the filter narrows the rows; clearing it shows all")
+    page.get_by_label("Not ready only").focus()
+    page.keyboard.press("Space")
+    expect(page.locator("#dataplanes tbody tr")).to_have_count(0)
+    expect(page.locator("#empty")).to_have_text("No dataplane matches the filter.")
+    page.keyboard.press("Space")
+    expect(page.locator("#dataplanes tbody tr")).to_have_count(3)
+    checks.ok("the not-ready-only toggle works from the keyboard")
+
+    # Sorting.
+    header = page.locator('th[data-sort="name"]')
+    header.locator("button").click()
+    expect(header).to_have_attribute("aria-sort", "descending")
+    order = page.locator("#dataplanes tbody tr").evaluate_all("rows => rows.map(r => r.dataset.key)")
+    checks.that(order == [f"default/{n}" for n in reversed(names)], f"sorting by name descending: {order}")
+    header.locator("button").click()
+    expect(header).to_have_attribute("aria-sort", "ascending")
+
+    # A row opens the detail, by keyboard; Escape closes it and focus returns.
+    opener = row(page, "web-1").locator("button[data-open]")
+    opener.focus()
+    page.keyboard.press("Enter")
+    dialog = page.locator("#detail")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text("default.web-1")
+    expect(dialog).to_contain_text("Specifier target")
+    expect(dialog).to_contain_text("probe_127.0.0.1:")
+    expect(dialog).to_contain_text("unhealthy after 2 in a row")
+    expect(dialog).to_contain_text("pending")  # its first change: pending -> healthy
+    checks.ok("Enter on a row's name opens its detail: target, probe settings, recent changes")
+    page.keyboard.press("Escape")
+    expect(dialog).to_be_hidden()
+    checks.that(opener.evaluate("b => document.activeElement === b"), "Escape closes the detail; focus returns to the row")
+
+    # An app stops: its row turns not ready, live, within detection + 1 s.
+    console.phase = "stop"
+    limit = args.detection + 1.0
+    started = time.monotonic()
+    action("stop_app web-1")
+    web1 = row(page, "web-1")
+    expect(web1).to_have_attribute("data-ready", "false", timeout=int(limit * 1000) + 50)
+    took = time.monotonic() - started
+    checks.that(took <= limit, f"web-1 turned not ready in {took:.2f}s (limit {limit:.2f}s)")
+    print(f"MEASURE not_ready_seconds {took:.3f}", flush=True)
+    expect(web1.locator(".ready-cell")).to_have_text(re.compile("Not ready"))
+    badge = web1.locator(".badge").first
+    expect(badge).to_have_text(re.compile("unhealthy"))
+    colour = badge.evaluate("b => getComputedStyle(b).color")
+    ready_colour = web1.locator(".readiness").evaluate("e => getComputedStyle(e).color")
+    checks.that(colour == BAD and ready_colour == BAD, f"the status reads 'unhealthy' / 'Not ready' in red ({colour}, {ready_colour})")
+    checks.that(page.evaluate("window.__noReload === true"), "no page reload")
+    expect_counts(page, 3, 3, 2, 1)
+    expect(page.locator('#services [data-service="web"]')).to_contain_text("Partially degraded")
+    checks.ok("counts and services follow: 2 ready, 1 not ready, web partially degraded")
+    page.wait_for_timeout(300)  # let the relative times settle for the picture
+    if args.screenshot:
+        page.screenshot(path=args.screenshot)
+        checks.ok(f"screenshot at 1280x800: {args.screenshot}")
+    web1.locator("button[data-open]").click()
+    expect(dialog).to_contain_text("unhealthy")
+    expect(dialog.locator(".changes li").first).to_contain_text("healthy")
+    checks.ok("the detail lists the new status change")
+    if args.screenshot:
+        page.screenshot(path=args.screenshot.replace(".png", "-detail.png"))
+    page.locator("#detail-close").click()
+    expect(dialog).to_be_hidden()
+
+    # A narrow screen: no horizontal scrolling, rows become cards.
+    page.set_viewport_size({"width": 390, "height": 844})
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    checks.that(overflow <= 0, f"at 390px wide nothing overflows ({overflow}px)")
+    if args.screenshot:
+        page.screenshot(path=args.screenshot.replace(".png", "-narrow.png"), full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 800})
+
+    # A broken dataplane file: the banner names file, line and message; fixing it removes it.
+    console.phase = "banner"
+    action("break_file web-2.yaml")
+    banner = page.locator("#banner")
+    expect(banner).to_be_visible(timeout=10_000)
+    expect(banner).to_contain_text("web-2.yaml")
+    expect(banner).to_contain_text(re.compile(r"line \d+"))
+    expect(banner).to_have_attribute("role", "alert")
+    checks.ok(f"a broken file shows the banner: {banner.locator('li').first.inner_text()}")
+    expect(page.locator("#dataplanes tbody tr")).to_have_count(3)
+    action("fix_file web-2.yaml")
+    expect(banner).to_be_hidden(timeout=10_000)
+    checks.ok("fixing the file removes the banner")
+
+    # The stream drops (hdsd restarts): "Reconnecting", then live again.
+    page.evaluate("""() => {
+        window.__liveSeen = new Set();
+        const el = document.getElementById('live');
+        new MutationObserver(() => window.__liveSeen.add(el.textContent)).observe(el, {childList: true, characterData: true, subtree: true});
+    }""")
+    console.phase = "restart"
+    action("restart_hdsd")
+    page.wait_for_function("window.__liveSeen.has('Reconnecting…')", timeout=15_000)
+    expect(page.locator("#live")).to_have_text("Live", timeout=20_000)
+    checks.ok("when the stream drops the page says Reconnecting, then Live again")
+    expect(page.locator("#dataplanes tbody tr")).to_have_count(3)
+    expect(web1).to_have_attribute("data-ready", "false", timeout=10_000)
+    console.phase = "after"
+    action("start_app web-1")
+    expect(web1).to_have_attribute("data-ready", "true", timeout=15_000)
+    expect_counts(page, 3, 3, 3, 0)
+    checks.that(page.evaluate("window.__noReload === true"), "after the restart the rows follow the live state again, without a reload")
+
+    # Reports that change nothing send no event; the page re-reads the list so
+    # "last report" stays true.
+    expect(row(page, "api-1").locator("td").last).to_have_text(re.compile(r"^(just now|[0-7]s ago)$"), timeout=8_000)
+    checks.ok("last report times stay current without status changes")
+
+    heap_end = heap(page)
+    print(f"MEASURE js_heap_bytes start {heap_start} end {heap_end}", flush=True)
+    nodes = page.evaluate("document.getElementsByTagName('*').length")
+    print(f"MEASURE dom_nodes {nodes}", flush=True)
+
+    network = re.compile(r"Failed to load resource|net::ERR_")
+    bad = console.unexpected({"restart": network})
+    checks.that(not bad, f"no console errors: {bad}")
+
+
+def token(page, args, checks):
+    console = Console(page)
+    urls = []
+    page.on("request", lambda r: urls.append(r.url))
+    page.goto(args.url)
+    dialog = page.get_by_role("dialog", name="API token")
+    expect(dialog).to_be_visible(timeout=10_000)
+    checks.ok("with api.tokens the page asks for a token first")
+    console.phase = "wrong"
+    page.get_by_role("textbox", name="Token").fill("not-the-token")
+    page.keyboard.press("Enter")
+    expect(page.locator("#token-error")).to_contain_text("refused", timeout=10_000)
+    expect(dialog).to_be_visible()
+    checks.ok("a wrong token is refused and the page asks again")
+    console.phase = "right"
+    page.get_by_role("textbox", name="Token").fill(args.token)
+    page.get_by_role("button", name="Use token").click()
+    expect(dialog).to_be_hidden()
+    expect(page.locator("#live")).to_have_text("Live", timeout=15_000)
+    expect(page.locator("#dataplanes tbody tr")).to_have_count(1, timeout=10_000)
+    expect(row(page, "web-1").locator(".ready-cell")).to_have_text(re.compile("Ready"), timeout=10_000)
+    expect_counts(page, 1, 1, 1, 0)
+    checks.ok("with the token the page loads, follows the watch and shows the dataplane")
+    stored = page.evaluate("sessionStorage.getItem('hdsd.apiToken')")
+    checks.that(stored == args.token, "the token is kept in the tab's session storage")
+    page.reload()
+    expect(page.locator("#live")).to_have_text("Live", timeout=15_000)
+    checks.that(not page.locator("#token-dialog").is_visible(), "after a reload the tab does not ask again")
+    leaked = [u for u in urls if args.token in u]
+    checks.that(not leaked, "the token never appears in a URL")
+    refused = re.compile(r"401")  # only the wrong token's answers
+    bad = console.unexpected({"wrong": refused})
+    checks.that(not bad, f"no console errors besides the refused token's 401: {bad}")
+
+
+def soak(page, args, checks):
+    """The page open while an app flaps (hdsd's side flaps it, this side only
+    looks between blocks): the heap levels off, no list grows with events."""
+    page.goto(args.url)
+    expect(page.locator("#live")).to_have_text("Live", timeout=15_000)
+    web1 = row(page, "web-1")
+    samples = []
+    for block in range(args.flaps // 10):
+        action("flap web-1 10")
+        expect(web1).to_have_attribute("data-ready", "true", timeout=15_000)
+        samples.append(heap(page))
+        print(f"MEASURE js_heap_bytes after {(block + 1) * 10} flaps {samples[-1]}", flush=True)
+    growth = samples[-1] - samples[1]
+    checks.that(growth < 256 * 1024, f"the heap levels off: {samples[1]} -> {samples[-1]} bytes after warm-up")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--scenario", choices=["live", "token", "soak"], required=True)
+    parser.add_argument("--flaps", type=int, default=60)
+    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--screenshot")
+    parser.add_argument("--detection", type=float, default=1.0)
+    parser.add_argument("--token")
+    args = parser.parse_args()
+    checks = Checks()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=args.chromium, headless=True,
+                                    args=["--js-flags=--expose-gc", "--enable-precise-memory-info"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.set_default_timeout(10_000)
+            {"live": live, "token": token, "soak": soak}[args.scenario](page, args, checks)
+        finally:
+            browser.close()
+    print(f"PASSED {checks.count} checks", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # noqa: BLE001 - the reason goes to the Rust test
+        print(f"FAILED {type(e).__name__}: {e}", flush=True)
+        sys.exit(1)
