@@ -286,11 +286,7 @@ impl DataplaneTask {
         let is_report = matches!(command, Command::Report { .. });
         let redefines = matches!(command, Command::Define(_) | Command::Remove);
         let started = std::time::Instant::now();
-        let mut applied = Applied::default();
-        self.state.send_if_modified(|s| {
-            applied = apply(s, command, now);
-            applied.notify
-        });
+        let applied = publish(&self.state, command, now);
         if is_report {
             crate::metrics::report_folded(&applied.fold, started.elapsed());
         }
@@ -353,6 +349,18 @@ pub struct Applied {
     /// Watchers must wake (specifier, status or connection changed).
     pub notify: bool,
     pub fold: FoldOutcome,
+}
+
+/// Applies one command to the state behind `state` and wakes its watchers
+/// only when [`Applied::notify`] says so: what a dataplane's task does with
+/// each command.
+pub fn publish(state: &watch::Sender<DataplaneState>, command: Command, now: Timestamp) -> Applied {
+    let mut applied = Applied::default();
+    state.send_if_modified(|s| {
+        applied = apply(s, command, now);
+        applied.notify
+    });
+    applied
 }
 
 /// Applies one command to a dataplane's state: the pure core of its task.
