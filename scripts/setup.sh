@@ -4,6 +4,7 @@
 #   - docker-compose 1.29.2 (Python) into ./.venv, to check docker-compose.yml
 #   - Prometheus and promtool (Debian's prometheus package), when missing
 #   - debootstrap (Debian's package), when missing: the compose test's stand-in images
+#   - valgrind (Debian's package), when missing: the instruction-count regression guard
 # Prints the Envoy binary's path on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +54,9 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
 fi
 if ! command -v debootstrap >/dev/null 2>&1 && [ ! -x /usr/sbin/debootstrap ]; then
   missing+=(debootstrap)
+fi
+if ! command -v valgrind >/dev/null 2>&1; then
+  missing+=(valgrind)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

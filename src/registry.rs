@@ -266,17 +266,30 @@ impl DataplaneTask {
     async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
         // State restored from the store may already be stale.
         self.expire();
+        // One timer for the task's life, re-armed only when the next expiry
+        // moves earlier. A report moves it later: the timer then fires early,
+        // `expire` finds nothing to do, and the timer is re-armed. So a
+        // report costs neither a clock read nor a timer-wheel update here.
+        let timer = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(timer);
+        let mut armed: Option<Timestamp> = None;
         loop {
-            let expiry = next_expiry(&self.state.borrow().health, self.stale_after).map(|at| {
-                let wait = (at - self.clock.now()).to_std().unwrap_or_default();
-                Instant::now() + wait
-            });
+            if let Some(at) = next_expiry(&self.state.borrow().health, self.stale_after) {
+                if armed.is_none_or(|armed| at < armed) {
+                    let wait = (at - self.clock.now()).to_std().unwrap_or_default();
+                    timer.as_mut().reset(Instant::now() + wait);
+                    armed = Some(at);
+                }
+            }
             tokio::select! {
                 command = commands.recv() => match command {
                     Some(command) => self.command(command),
                     None => return,
                 },
-                () = sleep_until_some(expiry) => self.expire(),
+                () = &mut timer, if armed.is_some() => {
+                    armed = None;
+                    self.expire();
+                }
             }
         }
     }
@@ -333,13 +346,6 @@ impl DataplaneTask {
             );
             self.stored_report_at = last;
         }
-    }
-}
-
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -17,6 +17,8 @@ use envoy_types::pb::envoy::service::health::v3::{
     ClusterHealthCheck, HealthCheckSpecifier, LocalityEndpoints,
 };
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+use prost::bytes::Bytes;
+use prost::Message;
 
 use crate::dataplane::Dataplane;
 use crate::probe::{ProbeSettings, ValidationError};
@@ -58,6 +60,10 @@ pub struct Specifier {
     pub targets: Vec<ProbeTarget>,
     /// For every inbound (by index), the target that probes it, if any.
     pub target_of_inbound: Vec<Option<usize>>,
+    /// `message` in protobuf encoding, made once when the specifier is built:
+    /// every send shares these bytes instead of copying and encoding the
+    /// message again. (The default, empty message encodes to no bytes.)
+    encoded: Bytes,
 }
 
 impl Specifier {
@@ -75,14 +81,32 @@ impl Specifier {
 
     /// An empty specifier: Envoy stops every check. Sent to deleted dataplanes.
     pub fn empty(report_interval: Duration) -> Specifier {
-        Specifier {
-            message: HealthCheckSpecifier {
+        Specifier::new(
+            HealthCheckSpecifier {
                 cluster_health_checks: Vec::new(),
                 interval: Some(pb_duration(report_interval)),
             },
-            targets: Vec::new(),
-            target_of_inbound: Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        )
+    }
+
+    fn new(
+        message: HealthCheckSpecifier,
+        targets: Vec<ProbeTarget>,
+        target_of_inbound: Vec<Option<usize>>,
+    ) -> Specifier {
+        Specifier {
+            encoded: message.encode_to_vec().into(),
+            message,
+            targets,
+            target_of_inbound,
         }
+    }
+
+    /// The message's protobuf encoding (a shared, reference-counted buffer).
+    pub fn encoded(&self) -> &Bytes {
+        &self.encoded
     }
 }
 
@@ -159,11 +183,7 @@ pub fn build(
         cluster_health_checks: targets.iter().map(cluster_health_check).collect(),
         interval: Some(pb_duration(settings.report_interval)),
     };
-    Ok(Specifier {
-        message,
-        targets,
-        target_of_inbound,
-    })
+    Ok(Specifier::new(message, targets, target_of_inbound))
 }
 
 fn cluster_health_check(target: &ProbeTarget) -> ClusterHealthCheck {
@@ -440,5 +460,22 @@ mod tests {
         let spec = build(&dataplane(vec![]), &defaults()).unwrap();
         assert!(spec.message.cluster_health_checks.is_empty());
         assert_eq!(spec.message.interval.unwrap().seconds, 5);
+    }
+
+    #[test]
+    fn the_encoded_bytes_are_the_message() {
+        let empty = Specifier::empty(Duration::from_secs(7));
+        let decoded = HealthCheckSpecifier::decode(&empty.encoded()[..]).unwrap();
+        assert_eq!(decoded, empty.message);
+        assert_eq!(decoded.interval.unwrap().seconds, 7);
+        let spec = build(
+            &dataplane(vec![inbound(10001, 8080, None), inbound(10002, 8081, None)]),
+            &defaults(),
+        )
+        .unwrap();
+        assert_eq!(spec.encoded()[..], spec.message.encode_to_vec()[..]);
+        let decoded = HealthCheckSpecifier::decode(&spec.encoded()[..]).unwrap();
+        assert_eq!(decoded.cluster_health_checks.len(), 2);
+        assert_eq!(decoded, spec.message);
     }
 }
