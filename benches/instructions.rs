@@ -18,10 +18,12 @@
 //!   the stream's watcher, which takes the new state and hands it to its
 //!   machine (`Event::StateChanged`), as the stream driver does.
 //! - `specifier/build/{2,16}`: `specifier::build` of a dataplane.
-//! - `specifier/push/{2,16}`: a definition change reaching a stream: its
-//!   machine gets the state with a new version, returns `Action::Send`, and the
-//!   specifier's bytes (encoded once, when it was built) are copied into a
-//!   reused buffer, as the codec in `hds::transport` does before writing them.
+//! - `specifier/push/{2,16}`: a new specifier reaching a stream: its machine
+//!   gets the state with a new version and returns `Action::Send`; the
+//!   specifier is encoded (its first send) and the bytes copied into a reused
+//!   buffer, as the codec in `hds::transport` does before writing them.
+//! - `specifier/resend/{2,16}`: the same specifier sent again (a reconnect, an
+//!   answer to a request): its bytes are already encoded, only copied.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -39,6 +41,7 @@ use hdsd::hds::HdsSettings;
 use hdsd::readiness::{rebase, Timestamp};
 use hdsd::registry::{publish, Command, Connection, DataplaneState};
 use hdsd::source::Defined;
+use hdsd::specifier::Specifier;
 use prost::Message;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -57,6 +60,8 @@ const BENCHMARKS: &[&str] = &[
     "specifier/build/16",
     "specifier/push/2",
     "specifier/push/16",
+    "specifier/resend/2",
+    "specifier/resend/16",
 ];
 
 /// The only function callgrind counts (inclusive of everything it calls).
@@ -108,7 +113,8 @@ fn benchmark(name: &str) -> Option<Box<dyn FnMut()>> {
                 black_box(hdsd::specifier::build(black_box(&dp), &settings).unwrap());
             })
         }
-        ("specifier", "push") => push(k),
+        ("specifier", "push") => push(k, true),
+        ("specifier", "resend") => push(k, false),
         _ => return None,
     })
 }
@@ -213,13 +219,28 @@ fn report(k: u16, flip: bool) -> Box<dyn FnMut()> {
     })
 }
 
-fn push(k: u16) -> Box<dyn FnMut()> {
+/// `fresh`: every iteration pushes a new specifier (a new definition), which
+/// is encoded at this first send; otherwise the same one is sent again (an
+/// answer to a request, a reconnect), already encoded.
+fn push(k: u16, fresh: bool) -> Box<dyn FnMut()> {
     let at = Instant::now();
     let mut state = connected_state(k);
     let mut machine = attached_machine(&state, at);
     let mut actions = Vec::with_capacity(4);
     let mut buf: Vec<u8> = Vec::with_capacity(8 * 1024);
+    // Built beforehand: building is `specifier/build`. One per iteration, warm-up included.
+    let dp = common::dataplane(k);
+    let mut new_specifiers: Vec<Arc<Specifier>> = if fresh {
+        (0..=ITERATIONS)
+            .map(|_| Arc::new(hdsd::specifier::build(&dp, &common::settings()).unwrap()))
+            .collect()
+    } else {
+        Vec::new()
+    };
     Box::new(move || {
+        if let (Some(next), Some(defined)) = (new_specifiers.pop(), state.defined.as_mut()) {
+            defined.specifier = next;
+        }
         state.version += 1;
         machine.handle(Event::StateChanged(state.clone()), at, &mut actions);
         for action in actions.drain(..) {

@@ -7,6 +7,7 @@
 //! reports never have to parse names.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{
@@ -54,16 +55,27 @@ pub struct ProbeTarget {
 }
 
 /// A dataplane's specifier and the map needed to read reports against it.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Specifier {
     pub message: HealthCheckSpecifier,
     pub targets: Vec<ProbeTarget>,
     /// For every inbound (by index), the target that probes it, if any.
     pub target_of_inbound: Vec<Option<usize>>,
-    /// `message` in protobuf encoding, made once when the specifier is built:
-    /// every send shares these bytes instead of copying and encoding the
-    /// message again. (The default, empty message encodes to no bytes.)
-    encoded: Bytes,
+    /// `message` in protobuf encoding, made at the first send and shared by
+    /// every later one (reconnects, answers to requests) instead of copying
+    /// and encoding the message again. Not made at build time: a file change
+    /// rebuilds the specifiers of every dataplane in the file, most of them
+    /// unchanged and never sent again.
+    encoded: OnceLock<Bytes>,
+}
+
+impl PartialEq for Specifier {
+    /// The encoding cache is not part of the value.
+    fn eq(&self, other: &Self) -> bool {
+        self.message == other.message
+            && self.targets == other.targets
+            && self.target_of_inbound == other.target_of_inbound
+    }
 }
 
 impl Specifier {
@@ -97,16 +109,18 @@ impl Specifier {
         target_of_inbound: Vec<Option<usize>>,
     ) -> Specifier {
         Specifier {
-            encoded: message.encode_to_vec().into(),
             message,
             targets,
             target_of_inbound,
+            encoded: OnceLock::new(),
         }
     }
 
-    /// The message's protobuf encoding (a shared, reference-counted buffer).
+    /// The message's protobuf encoding (a shared, reference-counted buffer),
+    /// made on the first call. `message` must not change after that.
     pub fn encoded(&self) -> &Bytes {
-        &self.encoded
+        self.encoded
+            .get_or_init(|| self.message.encode_to_vec().into())
     }
 }
 
@@ -473,7 +487,11 @@ mod tests {
             &defaults(),
         )
         .unwrap();
+        let not_yet_encoded = spec.clone();
         assert_eq!(spec.encoded()[..], spec.message.encode_to_vec()[..]);
+        // Encoded once, then shared; the cache is not part of the value.
+        assert_eq!(spec.encoded().as_ptr(), spec.encoded().as_ptr());
+        assert_eq!(spec, not_yet_encoded);
         let decoded = HealthCheckSpecifier::decode(&spec.encoded()[..]).unwrap();
         assert_eq!(decoded.cluster_health_checks.len(), 2);
         assert_eq!(decoded, spec.message);
