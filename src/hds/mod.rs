@@ -99,7 +99,7 @@ impl HdsService {
 /// Specifiers (or the final status) waiting for tonic to take them. The
 /// driver waits for each send, so a few places suffice. tokio allocates a
 /// channel's slots 32 at a time whatever its capacity: the status is boxed so
-/// that a slot is 16 bytes (a block about 0.6 KiB) rather than a `Status`'s
+/// that a slot is 16 bytes (a block about 0.5 KiB) rather than a `Status`'s
 /// 176 (a block about 5.6 KiB per stream).
 const OUT_QUEUE: usize = 4;
 
