@@ -44,7 +44,7 @@ WORKDIR /src
 # binaries and benches (the benches' stay; `--bin hdsd` does not build them).
 COPY Cargo.toml Cargo.lock ./
 RUN mkdir -p src/bin/hdsd-loadgen benches \
- && for f in src/main.rs src/bin/hdsd-loadgen/main.rs benches/specifier.rs benches/readiness.rs; do \
+ && for f in src/main.rs src/bin/hdsd-loadgen/main.rs benches/specifier.rs benches/readiness.rs benches/instructions.rs; do \
       echo 'fn main() {}' > "$f"; done \
  && touch src/lib.rs \
  && cargo build --release --locked --bin hdsd \

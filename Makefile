@@ -1,7 +1,7 @@
 # The two commands a newcomer needs:
 #   make demo   - hdsd with real Envoys and demo apps on this machine
 #   make test   - every test (installs Envoy and Prometheus first)
-.PHONY: demo test setup lint build bench
+.PHONY: demo test setup lint build bench bench-instructions bench-baseline
 
 CARGO ?= cargo
 
@@ -23,9 +23,20 @@ lint:
 # `cargo test` has just built (no extra release build).
 test: setup lint
 	ENVOY_BIN="$$(./scripts/setup.sh)" $(CARGO) test --lib --bins --tests -- --test-threads=2
+	CARGO="$(CARGO)" ./scripts/instructions.py check
 	ENVOY_BIN="$$(./scripts/setup.sh)" ./scripts/demo.py --once --hdsd "$${CARGO_TARGET_DIR:-target}/debug/hdsd"
 
 # Load scenarios and micro-benchmarks (BENCHMARKS.md); SCENARIOS picks some, e.g.
 # make bench SCENARIOS="steady10k storm10k".
 bench:
 	./scripts/bench.sh $(SCENARIOS)
+
+# The performance regression guard (part of `make test`): hot paths counted in
+# instructions under valgrind, compared with benches/baseline.json (fails on
+# +10 %). bench-baseline rewrites the baseline on purpose: commit it with the
+# change that explains it (BENCHMARKS.md, "Regression guard").
+bench-instructions: setup
+	CARGO="$(CARGO)" ./scripts/instructions.py check
+
+bench-baseline: setup
+	CARGO="$(CARGO)" ./scripts/instructions.py update

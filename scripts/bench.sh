@@ -6,7 +6,9 @@
 #   scripts/bench.sh                  # every scenario
 #   scripts/bench.sh steady10k storm10k   # some of them
 #
-# Scenarios: steady10k steady50k saturation storm10k churn micro
+# Scenarios: steady10k steady50k saturation storm10k churn micro, and (only when
+# named) soak10k: 10k dataplanes for DURATION_SOAK (default 2h), hdsd's RSS
+# sampled every 10 s, growth over the last hour in soak10k.json (rss_soak).
 # Results: one JSON file per scenario in $OUT (default target/bench-results).
 # Knobs: DURATION_10K (default 300s), DURATION_50K (120s), SATURATION_DURATION (30s),
 #        SATURATION_DATAPLANES (1000), STREAMS_PER_CONNECTION_50K (4: see BENCHMARKS.md).
@@ -139,6 +141,14 @@ hdsd = json.load(open(f"{out}/saturation-hdsd.json"))
 ratio = hdsd["reports_per_s"] / null["reports_per_s"]
 summary = {"null_reports_per_s": null["reports_per_s"], "hdsd_reports_per_s": hdsd["reports_per_s"],
            "ratio_hdsd_over_null": round(ratio, 3)}
+# CPU per report, each server's own (/proc), reports counted by the loadgen:
+# independent of which process the shared cores favoured.
+try:
+    n, h = null["server"]["cpu_us_per_report"], hdsd["server"]["cpu_us_per_report"]
+    summary.update({"null_cpu_us_per_report": n, "hdsd_cpu_us_per_report": h,
+                    "cpu_per_report_ratio_hdsd_over_null": round(h / n, 3)})
+except (KeyError, TypeError, ZeroDivisionError):
+    pass
 json.dump(summary, open(f"{out}/saturation.json", "w"))
 print("bench: saturation:", summary, file=sys.stderr)
 EOF
@@ -155,11 +165,17 @@ EOF
     loadgen churn --dataplanes-dir "$d/dataplanes" --duration 10s --churn 20000 --churn-rate 1000
     stop_hdsd
     ;;
+  soak10k)
+    d=$WORK/soak10k && mkdir -p "$d" && gen "$d/dataplanes" 10000
+    start_hdsd "$d"
+    loadgen soak10k --dataplanes-dir "$d/dataplanes" --duration "${DURATION_SOAK:-2h}" --rss-sample-every 10s
+    stop_hdsd
+    ;;
   micro)
     cargo bench --bench specifier --bench readiness 2>&1 | tee "$OUT/micro.txt" >&2
     ;;
   *)
-    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn micro)" >&2
+    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn soak10k micro)" >&2
     exit 2
     ;;
   esac

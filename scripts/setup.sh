@@ -8,6 +8,7 @@
 #   - Playwright (Python) into ./.venv and Debian's chromium, for the browser
 #     test of the fleet page (Playwright drives the system Chromium: its own
 #     browser download is never used)
+#   - valgrind (Debian's package), when missing: the instruction-count regression guard
 # Prints the Envoy binary's path on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +63,9 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
 fi
 if ! command -v debootstrap >/dev/null 2>&1 && [ ! -x /usr/sbin/debootstrap ]; then
   missing+=(debootstrap)
+fi
+if ! command -v valgrind >/dev/null 2>&1; then
+  missing+=(valgrind)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

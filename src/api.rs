@@ -470,9 +470,7 @@ async fn require_token(
     }
     match bearer_token(request.headers()) {
         // Constant-time per token, so timing does not reveal a token's prefix.
-        Ok(t) if is_api_token(&s.tokens, t) => {
-            next.run(request).await
-        }
+        Ok(t) if is_api_token(&s.tokens, t) => next.run(request).await,
         Ok(_) => error(
             StatusCode::UNAUTHORIZED,
             "invalid API token; use one of api.tokens",

@@ -522,8 +522,8 @@ mod tests {
                 port: 10001,
                 service_port: 8080,
                 service_address: "127.0.0.1".parse().unwrap(),
-                    name: None,
-                    state: crate::dataplane::InboundState::Ready,
+                name: None,
+                state: crate::dataplane::InboundState::Ready,
                 tags: [("kuma.io/service".to_string(), "web".to_string())].into(),
                 health: HealthItem {
                     ready: status == "healthy",

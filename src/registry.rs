@@ -290,17 +290,30 @@ impl DataplaneTask {
         self.publish();
         // State restored from the store may already be stale.
         self.expire();
+        // One timer for the task's life, re-armed only when the next expiry
+        // moves earlier. A report moves it later: the timer then fires early,
+        // `expire` finds nothing to do, and the timer is re-armed. So a
+        // report costs neither a clock read nor a timer-wheel update here.
+        let timer = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(timer);
+        let mut armed: Option<Timestamp> = None;
         loop {
-            let expiry = next_expiry(&self.state.borrow().health, self.stale_after).map(|at| {
-                let wait = (at - self.clock.now()).to_std().unwrap_or_default();
-                Instant::now() + wait
-            });
+            if let Some(at) = next_expiry(&self.state.borrow().health, self.stale_after) {
+                if armed.is_none_or(|armed| at < armed) {
+                    let wait = (at - self.clock.now()).to_std().unwrap_or_default();
+                    timer.as_mut().reset(Instant::now() + wait);
+                    armed = Some(at);
+                }
+            }
             tokio::select! {
                 command = commands.recv() => match command {
                     Some(command) => self.command(command),
                     None => return,
                 },
-                () = sleep_until_some(expiry) => self.expire(),
+                () = &mut timer, if armed.is_some() => {
+                    armed = None;
+                    self.expire();
+                }
             }
         }
     }
@@ -404,19 +417,24 @@ impl DataplaneTask {
     }
 }
 
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// What applying a command did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Applied {
     /// Watchers must wake (specifier, status or connection changed).
     pub notify: bool,
     pub fold: FoldOutcome,
+}
+
+/// Applies one command to the state behind `state` and wakes its watchers
+/// only when [`Applied::notify`] says so: what a dataplane's task does with
+/// each command.
+pub fn publish(state: &watch::Sender<DataplaneState>, command: Command, now: Timestamp) -> Applied {
+    let mut applied = Applied::default();
+    state.send_if_modified(|s| {
+        applied = apply(s, command, now);
+        applied.notify
+    });
+    applied
 }
 
 /// Applies one command to a dataplane's state: the pure core of its task.

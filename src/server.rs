@@ -74,6 +74,17 @@ impl ServeError {
 /// The kernel caps it at `net.core.somaxconn`.
 const HDS_BACKLOG: u32 = 4096;
 
+/// HTTP/2 flow-control windows of the HDS listener: how much an Envoy may
+/// send before hdsd has read it. A window is a bound, not an allocation: data
+/// is buffered only while hdsd has not read it yet. hyper's default is 1 MiB
+/// for each stream and for each connection; an Envoy's HDS stream carries one
+/// report of a few hundred bytes per report interval, so 64 KiB (HTTP/2's own
+/// default, 65,535 bytes) is hundreds of reports of slack, and it caps what a
+/// client whose dataplane task is busy can make hdsd hold at 64 KiB per
+/// connection instead of 1 MiB.
+const HDS_STREAM_WINDOW: u32 = 65_535;
+const HDS_CONNECTION_WINDOW: u32 = 65_535;
+
 fn bind_with_backlog(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
@@ -258,6 +269,8 @@ pub async fn run(
         let server = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(config.hds.keepalive.interval))
             .http2_keepalive_timeout(Some(config.hds.keepalive.timeout))
+            .initial_stream_window_size(HDS_STREAM_WINDOW)
+            .initial_connection_window_size(HDS_CONNECTION_WINDOW)
             .add_service(service.into_server())
             .add_service(eds.into_server());
         let signal = async move {

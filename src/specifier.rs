@@ -11,6 +11,7 @@
 //! have to parse names.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{
@@ -23,6 +24,8 @@ use envoy_types::pb::envoy::service::health::v3::{
     ClusterHealthCheck, HealthCheckSpecifier, LocalityEndpoints,
 };
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+use prost::bytes::Bytes;
+use prost::Message;
 
 use crate::dataplane::Dataplane;
 use crate::probe::{Check, HttpCheck, Payload, ProbeSettings, StatusRange, ValidationError};
@@ -66,7 +69,7 @@ pub struct ProbeTarget {
 }
 
 /// A dataplane's specifier and the map needed to read reports against it.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Specifier {
     pub message: HealthCheckSpecifier,
     pub targets: Vec<ProbeTarget>,
@@ -74,6 +77,22 @@ pub struct Specifier {
     pub target_of_inbound: Vec<Option<usize>>,
     /// The target checking the Envoy's own admin `/ready`, if any.
     pub envoy_ready: Option<usize>,
+    /// `message` in protobuf encoding, made at the first send and shared by
+    /// every later one (reconnects, answers to requests) instead of copying
+    /// and encoding the message again. Not made at build time: a file change
+    /// rebuilds the specifiers of every dataplane in the file, most of them
+    /// unchanged and never sent again.
+    encoded: OnceLock<Bytes>,
+}
+
+impl PartialEq for Specifier {
+    /// The encoding cache is not part of the value.
+    fn eq(&self, other: &Self) -> bool {
+        self.message == other.message
+            && self.targets == other.targets
+            && self.target_of_inbound == other.target_of_inbound
+            && self.envoy_ready == other.envoy_ready
+    }
 }
 
 impl Specifier {
@@ -91,15 +110,37 @@ impl Specifier {
 
     /// An empty specifier: Envoy stops every check. Sent to deleted dataplanes.
     pub fn empty(report_interval: Duration) -> Specifier {
-        Specifier {
-            message: HealthCheckSpecifier {
+        Specifier::new(
+            HealthCheckSpecifier {
                 cluster_health_checks: Vec::new(),
                 interval: Some(pb_duration(report_interval)),
             },
-            targets: Vec::new(),
-            target_of_inbound: Vec::new(),
-            envoy_ready: None,
+            Vec::new(),
+            Vec::new(),
+            None,
+        )
+    }
+
+    fn new(
+        message: HealthCheckSpecifier,
+        targets: Vec<ProbeTarget>,
+        target_of_inbound: Vec<Option<usize>>,
+        envoy_ready: Option<usize>,
+    ) -> Specifier {
+        Specifier {
+            message,
+            targets,
+            target_of_inbound,
+            envoy_ready,
+            encoded: OnceLock::new(),
         }
+    }
+
+    /// The message's protobuf encoding (a shared, reference-counted buffer),
+    /// made on the first call. `message` must not change after that.
+    pub fn encoded(&self) -> &Bytes {
+        self.encoded
+            .get_or_init(|| self.message.encode_to_vec().into())
     }
 }
 
@@ -217,12 +258,12 @@ pub fn build(
         cluster_health_checks: targets.iter().map(cluster_health_check).collect(),
         interval: Some(pb_duration(settings.report_interval)),
     };
-    Ok(Specifier {
+    Ok(Specifier::new(
         message,
         targets,
         target_of_inbound,
         envoy_ready,
-    })
+    ))
 }
 
 fn cluster_health_check(target: &ProbeTarget) -> ClusterHealthCheck {
@@ -848,5 +889,26 @@ mod tests {
         let spec = build(&dataplane(vec![]), &defaults()).unwrap();
         assert!(spec.message.cluster_health_checks.is_empty());
         assert_eq!(spec.message.interval.unwrap().seconds, 5);
+    }
+
+    #[test]
+    fn the_encoded_bytes_are_the_message() {
+        let empty = Specifier::empty(Duration::from_secs(7));
+        let decoded = HealthCheckSpecifier::decode(&empty.encoded()[..]).unwrap();
+        assert_eq!(decoded, empty.message);
+        assert_eq!(decoded.interval.unwrap().seconds, 7);
+        let spec = build(
+            &dataplane(vec![inbound(10001, 8080, None), inbound(10002, 8081, None)]),
+            &defaults(),
+        )
+        .unwrap();
+        let not_yet_encoded = spec.clone();
+        assert_eq!(spec.encoded()[..], spec.message.encode_to_vec()[..]);
+        // Encoded once, then shared; the cache is not part of the value.
+        assert_eq!(spec.encoded().as_ptr(), spec.encoded().as_ptr());
+        assert_eq!(spec, not_yet_encoded);
+        let decoded = HealthCheckSpecifier::decode(&spec.encoded()[..]).unwrap();
+        assert_eq!(decoded.cluster_health_checks.len(), 2);
+        assert_eq!(decoded, spec.message);
     }
 }

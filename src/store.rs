@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Builder, Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
@@ -115,6 +115,18 @@ pub trait ReadinessStore: Send + Sync + Debug + 'static {
 
 const TABLE: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("readiness");
 
+/// The most memory redb may use to cache the store's pages (its default is
+/// 1 GiB). A dataplane with 2 inbounds takes about 0.6 KiB in the file (its
+/// JSON record, key and B-tree overhead), so 32 MiB holds the whole table of
+/// about 50k such dataplanes; a larger table still works, reading the pages
+/// it misses from the file. The cache fills as pages are used: a small fleet
+/// costs its table's size, not the bound.
+pub const CACHE_SIZE: usize = 32 * 1024 * 1024;
+
+fn create(path: &Path) -> Result<Database, redb::DatabaseError> {
+    Builder::new().set_cache_size(CACHE_SIZE).create(path)
+}
+
 /// The embedded redb store, one file under `state_dir`.
 #[derive(Debug)]
 pub struct RedbStore {
@@ -135,7 +147,7 @@ impl RedbStore {
             std::fs::create_dir_all(parent)
                 .map_err(|e| err(format!("cannot create its directory: {e}")))?;
         }
-        let db = match Database::create(path) {
+        let db = match create(path) {
             Ok(db) => db,
             Err(e) if path.exists() => {
                 let aside = path.with_extension(format!(
@@ -149,7 +161,7 @@ impl RedbStore {
                 );
                 std::fs::rename(path, &aside)
                     .map_err(|e| err(format!("cannot move the corrupt file aside: {e}")))?;
-                Database::create(path).map_err(|e| err(e.to_string()))?
+                create(path).map_err(|e| err(e.to_string()))?
             }
             Err(e) => return Err(err(e.to_string())),
         };

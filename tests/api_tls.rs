@@ -91,7 +91,10 @@ impl TlsHdsd {
             .stderr(log);
         {
             use std::os::fd::AsFd;
-            pass_fds(&mut command, &[self.sockets[0].as_fd(), self.sockets[1].as_fd()]);
+            pass_fds(
+                &mut command,
+                &[self.sockets[0].as_fd(), self.sockets[1].as_fd()],
+            );
         }
         self.child = Some(command.spawn().expect("start hdsd"));
         // Up once `hdsd status` gets through, over HTTPS.

@@ -194,7 +194,7 @@ fn key_rotation_old_and_new_tokens_work_until_the_old_key_is_removed() {
         "the old key to be dropped",
         Duration::from_secs(5),
         || match hdsd.metric("hdsd_auth_signing_keys") {
-            Some(n) if n == 1.0 => Ok(()),
+            Some(1.0) => Ok(()),
             other => Err(format!("{other:?} signing keys")),
         },
     );

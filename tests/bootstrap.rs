@@ -153,7 +153,7 @@ fn a_machine_fetches_its_bootstrap_with_its_token_and_is_served() {
     let token = hdsd.issue_token("default.web-01", "1h");
 
     // No token, a bad token: 401 with a message.
-    let url = hdsd.api_url(&"/api/v1/bootstrap?adminPort=0");
+    let url = hdsd.api_url("/api/v1/bootstrap?adminPort=0");
     let no_token = ureq::get(&url)
         .config()
         .http_status_as_error(false)

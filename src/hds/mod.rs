@@ -9,6 +9,9 @@
 //! detach, end with a status).
 
 pub mod stream;
+mod transport;
+
+pub use transport::{HdsServer, CODEC_BUFFER};
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -17,12 +20,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::health::v3::health_check_request_or_endpoint_health_response::RequestType;
-use envoy_types::pb::envoy::service::health::v3::health_discovery_service_server::{
-    HealthDiscoveryService, HealthDiscoveryServiceServer,
-};
 use envoy_types::pb::envoy::service::health::v3::{
-    HealthCheckRequest, HealthCheckRequestOrEndpointHealthResponse, HealthCheckSpecifier,
+    HealthCheckRequest, HealthCheckRequestOrEndpointHealthResponse,
 };
+use prost::bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
@@ -88,22 +89,25 @@ impl HdsService {
         Ok(claims.map(|claims| TokenWatch::new(claims, self.gate.clone(), reloads, &*self.clock)))
     }
 
-    pub fn into_server(self) -> HealthDiscoveryServiceServer<Self> {
-        HealthDiscoveryServiceServer::new(self)
+    pub fn into_server(self) -> HdsServer {
+        HdsServer::new(self)
     }
 }
 
-type SpecifierStream =
-    Pin<Box<dyn tokio_stream::Stream<Item = Result<HealthCheckSpecifier, Status>> + Send>>;
+/// Specifiers (or the final status) waiting for tonic to take them. The
+/// driver waits for each send, so a few places suffice. (tokio allocates a
+/// channel's slots 32 at a time whatever its capacity: with 32-byte items,
+/// 1 KiB per stream.)
+const OUT_QUEUE: usize = 4;
 
-#[tonic::async_trait]
-impl HealthDiscoveryService for HdsService {
-    type StreamHealthCheckStream = SpecifierStream;
+/// Specifiers to one Envoy, already encoded.
+type SpecifierStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<Bytes, Status>> + Send>>;
 
+impl HdsService {
     async fn stream_health_check(
         &self,
         request: Request<Streaming<HealthCheckRequestOrEndpointHealthResponse>>,
-    ) -> Result<Response<Self::StreamHealthCheckStream>, Status> {
+    ) -> Result<Response<SpecifierStream>, Status> {
         let token = match self.admit(&request) {
             Ok(token) => token,
             Err(status) => {
@@ -113,7 +117,7 @@ impl HealthDiscoveryService for HdsService {
         };
         let peer = request.remote_addr();
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(4);
+        let (tx, rx) = mpsc::channel(OUT_QUEUE);
         let claims = token.as_ref().map(|t| t.claims.clone());
         let driver = Driver {
             id,
@@ -149,7 +153,7 @@ impl HealthDiscoveryService for HdsService {
     async fn fetch_health_check(
         &self,
         request: Request<HealthCheckRequestOrEndpointHealthResponse>,
-    ) -> Result<Response<HealthCheckSpecifier>, Status> {
+    ) -> Result<Response<Bytes>, Status> {
         let token = self.admit(&request)?;
         let peer = request.remote_addr();
         let id = match request.into_inner().request_type {
@@ -174,7 +178,9 @@ impl HealthDiscoveryService for HdsService {
                 .map_err(|r| refuse(&r, peer, Some(&id)))?;
         }
         Ok(Response::new(
-            stream::current_specifier(&handle.state(), &self.settings).message,
+            stream::current_specifier(&handle.state(), &self.settings)
+                .encoded()
+                .clone(),
         ))
     }
 }
@@ -253,7 +259,7 @@ struct Driver {
     settings: Arc<HdsSettings>,
     token: Option<TokenWatch>,
     drain: watch::Receiver<bool>,
-    out: mpsc::Sender<Result<HealthCheckSpecifier, Status>>,
+    out: mpsc::Sender<Result<Bytes, Status>>,
     /// The dataplane being served, once resolved.
     attached: Option<Attachment>,
     /// The dataplane just resolved, until the machine attaches to it.
@@ -308,7 +314,7 @@ impl Driver {
                             Ok(Some(msg)) => match msg.request_type {
                                 Some(RequestType::HealthCheckRequest(r)) => {
                                     m::hot().health_check_requests.increment(1);
-                                    Event::Request(r)
+                                    Event::Request(Box::new(r))
                                 }
                                 Some(RequestType::EndpointHealthResponse(r)) => {
                                     m::hot().reports.increment(1);
@@ -401,14 +407,13 @@ impl Driver {
                 }
                 None
             }
-            Action::Send(message) => {
+            Action::Send(specifier) => {
                 tracing::debug!(
-                    clusters = message.cluster_health_checks.len(),
+                    clusters = specifier.message.cluster_health_checks.len(),
                     "sending specifier"
                 );
-                let out = self.out.clone();
                 tokio::select! {
-                    sent = out.send(Ok(*message)) => match sent {
+                    sent = self.out.send(Ok(specifier.encoded().clone())) => match sent {
                         Ok(()) => {
                             m::hot().specifiers_sent.increment(1);
                             None
@@ -427,9 +432,8 @@ impl Driver {
                     stream: self.id,
                     report,
                 };
-                let handle = a.handle.clone();
                 tokio::select! {
-                    ok = handle.send(command) => (!ok).then_some(Event::DataplaneGone),
+                    ok = a.handle.send(command) => (!ok).then_some(Event::DataplaneGone),
                     rejection = token_invalidated(&mut self.token) => Some(Event::TokenInvalid(rejection)),
                     () = drained(&mut self.drain) => Some(Event::Drain),
                 }

@@ -11,9 +11,7 @@
 
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::service::health::v3::{
-    EndpointHealthResponse, HealthCheckRequest, HealthCheckSpecifier,
-};
+use envoy_types::pb::envoy::service::health::v3::{EndpointHealthResponse, HealthCheckRequest};
 use tokio::time::Instant;
 use tonic::{Code, Status};
 
@@ -27,8 +25,8 @@ use super::{node_id, not_found, HdsSettings};
 /// Something that happened to the stream.
 #[derive(Debug)]
 pub enum Event {
-    /// Envoy sent a `HealthCheckRequest`.
-    Request(HealthCheckRequest),
+    /// Envoy sent a `HealthCheckRequest` (boxed: it is rare and large).
+    Request(Box<HealthCheckRequest>),
     /// Envoy sent a health report.
     Report(Box<EndpointHealthResponse>),
     /// Envoy sent a message with neither a request nor a report.
@@ -69,8 +67,8 @@ pub enum Action {
     /// Follow the resolved dataplane's state and tell its task that this
     /// stream now speaks for it.
     Attach,
-    /// Send this specifier to Envoy.
-    Send(Box<HealthCheckSpecifier>),
+    /// Send this specifier to Envoy (its encoded bytes, shared).
+    Send(Arc<Specifier>),
     /// Give this report to the dataplane's task.
     Forward(Box<EndpointHealthResponse>),
     /// Tell the dataplane's task this stream no longer speaks for it.
@@ -205,7 +203,12 @@ impl Stream {
         }
     }
 
-    fn request(&mut self, request: HealthCheckRequest, now: Instant, actions: &mut Vec<Action>) {
+    fn request(
+        &mut self,
+        request: Box<HealthCheckRequest>,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) {
         match &self.phase {
             Phase::AwaitingRequest => {
                 let id = match node_id(&request) {
@@ -308,9 +311,7 @@ impl Stream {
             return self.end(End::Status(status), actions);
         }
         if answer || a.state.version != a.sent_version {
-            actions.push(Action::Send(Box::new(
-                current_specifier(&a.state, &self.settings).message,
-            )));
+            actions.push(Action::Send(current_specifier(&a.state, &self.settings)));
             a.sent_version = a.state.version;
         }
         if a.state.defined.is_none() {
@@ -376,10 +377,12 @@ pub(super) fn authorize_for(
     authorize(claims, &id.mesh, &id.name, &tags)
 }
 
-pub(super) fn current_specifier(state: &DataplaneState, settings: &HdsSettings) -> Specifier {
+/// The specifier to send for `state`: the dataplane's own (shared, not
+/// copied), or an empty one once it was deleted.
+pub(super) fn current_specifier(state: &DataplaneState, settings: &HdsSettings) -> Arc<Specifier> {
     match &state.defined {
-        Some(d) => (*d.specifier).clone(),
-        None => Specifier::empty(settings.report_interval),
+        Some(d) => d.specifier.clone(),
+        None => Arc::new(Specifier::empty(settings.report_interval)),
     }
 }
 
@@ -419,14 +422,14 @@ mod tests {
     }
     const STALE: Duration = Duration::from_secs(15);
 
-    fn request(node: &str) -> HealthCheckRequest {
-        HealthCheckRequest {
+    fn request(node: &str) -> Box<HealthCheckRequest> {
+        Box::new(HealthCheckRequest {
             node: Some(Node {
                 id: node.to_string(),
                 ..Default::default()
             }),
             ..Default::default()
-        }
+        })
     }
 
     fn defined(yaml: &str) -> Defined {
@@ -543,7 +546,7 @@ mod tests {
         let Action::Send(spec) = &a[1] else {
             unreachable!()
         };
-        assert_eq!(spec.cluster_health_checks.len(), 1);
+        assert_eq!(spec.message.cluster_health_checks.len(), 1);
         assert_eq!(h.stream.deadline(), Some(h.now + STALE));
     }
 
@@ -559,7 +562,7 @@ mod tests {
         assert_eq!(ended_with(&a).0, Code::InvalidArgument);
 
         let mut h = Harness::new(None);
-        let a = h.on(Event::Request(HealthCheckRequest::default()));
+        let a = h.on(Event::Request(Box::default()));
         let (code, message) = ended_with(&a);
         assert_eq!(code, Code::InvalidArgument);
         assert!(message.contains("node.id"), "{message}");
@@ -659,7 +662,7 @@ mod tests {
         let Action::Send(spec) = &a[0] else {
             unreachable!()
         };
-        assert!(spec.cluster_health_checks.is_empty());
+        assert!(spec.message.cluster_health_checks.is_empty());
         assert!(matches!(
             &a[2],
             Action::Resolve {

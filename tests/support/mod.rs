@@ -16,7 +16,7 @@ pub mod apps;
 pub mod grpc;
 
 use std::net::{SocketAddr, TcpListener as StdListener};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -553,7 +553,7 @@ pub fn pass_fds(command: &mut Command, fds: &[std::os::fd::BorrowedFd<'_>]) {
         .iter()
         .zip(3..)
         .map(|(fd, child_fd)| FdMapping {
-            parent_fd: fd.try_clone_to_owned().map(OwnedFd::from).expect("dup"),
+            parent_fd: fd.try_clone_to_owned().expect("dup"),
             child_fd,
         })
         .collect();

@@ -93,6 +93,11 @@ pub struct Args {
     /// Keep the streams open this long after printing the results.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     pub linger: Duration,
+    /// Soak: sample the server's resident memory this often during the steady
+    /// window (e.g. 10s with --duration 2h); the results get every sample and
+    /// the growth over the window's last hour.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub rss_sample_every: Option<Duration>,
     /// Print the results as one JSON line.
     #[arg(long)]
     pub json: bool,
@@ -561,6 +566,51 @@ fn proc_sample(pid: Option<u32>) -> Option<sys::ProcSample> {
     pid.and_then(|p| sys::sample(Some(p)).ok())
 }
 
+/// The server's resident memory every `every` for `duration`: (seconds since
+/// the first sample, bytes).
+async fn sample_rss(pid: Option<u32>, every: Duration, duration: Duration) -> Vec<(f64, u64)> {
+    let start = Instant::now();
+    let mut ticks = tokio::time::interval(every);
+    let mut samples = Vec::new();
+    loop {
+        ticks.tick().await;
+        if let Some(p) = proc_sample(pid) {
+            samples.push((start.elapsed().as_secs_f64(), p.rss_bytes));
+        }
+        if start.elapsed() >= duration {
+            return samples;
+        }
+    }
+}
+
+/// The soak's RSS curve and its growth: over the last hour (null when the
+/// window is shorter), and over the window's second half.
+fn rss_soak(samples: &[(f64, u64)]) -> Value {
+    let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+        return Value::Null;
+    };
+    let growth =
+        |from: &(f64, u64)| round3((last.1 as f64 - from.1 as f64) / from.1 as f64 * 100.0);
+    let at = |t: f64| samples.iter().find(|s| s.0 >= t);
+    let hour = 3600.0;
+    json!({
+        "samples": samples.len(),
+        "first_mib": round3(first.1 as f64 / 1048576.0),
+        "last_mib": round3(last.1 as f64 / 1048576.0),
+        "max_mib": round3(samples.iter().map(|s| s.1).max().unwrap_or(0) as f64 / 1048576.0),
+        "growth_last_hour_percent": if last.0 - first.0 >= hour {
+            at(last.0 - hour).map(growth).map(Value::from).unwrap_or(Value::Null)
+        } else {
+            Value::Null
+        },
+        "growth_second_half_percent": at(first.0 + (last.0 - first.0) / 2.0).map(growth),
+        "curve_s_mib": samples
+            .iter()
+            .map(|s| json!([round3(s.0), round3(s.1 as f64 / 1048576.0)]))
+            .collect::<Vec<_>>(),
+    })
+}
+
 async fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
@@ -817,7 +867,13 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         Instant::now(),
     );
     ctx.measuring.store(true, Ordering::Relaxed);
-    tokio::time::sleep(args.duration).await;
+    let rss_samples = match (args.rss_sample_every, args.server_pid) {
+        (Some(every), Some(_)) => sample_rss(args.server_pid, every, args.duration).await,
+        _ => {
+            tokio::time::sleep(args.duration).await;
+            Vec::new()
+        }
+    };
     ctx.measuring.store(false, Ordering::Relaxed);
     let s1 = (
         ctx.reports.load(Ordering::Relaxed),
@@ -851,6 +907,11 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
                 "cpu_seconds_connect": round3(c.cpu_seconds - b.cpu_seconds),
                 "cpu_seconds_steady": round3(z.cpu_seconds - a.cpu_seconds),
                 "cpu_percent_of_one_core_steady": round3(cpu * 100.0),
+                "cpu_us_per_report": if reports > 0 {
+                    json!(round3((z.cpu_seconds - a.cpu_seconds) / reports as f64 * 1e6))
+                } else {
+                    Value::Null
+                },
             })
         }
         _ => Value::Null,
@@ -903,6 +964,12 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             "served_after": summary(&ctx.storm_times.lock().unwrap()),
             "server_cpu_seconds": match (cpu0, cpu1) {
                 (Some(a), Some(b)) => json!(round3(b.cpu_seconds - a.cpu_seconds)),
+                _ => Value::Null,
+            },
+            "server_cpu_us_per_reconnect": match (cpu0, cpu1) {
+                (Some(a), Some(b)) if target > 0 => {
+                    json!(round3((b.cpu_seconds - a.cpu_seconds) / target as f64 * 1e6))
+                }
                 _ => Value::Null,
             },
         }))
@@ -960,6 +1027,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         } else { Value::Null },
         "churn": churn_result,
         "reconnect_storm": storm,
+        "rss_soak": rss_soak(&rss_samples),
     });
     if args.json {
         println!("{}", serde_json::to_string(&result)?);

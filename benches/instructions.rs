@@ -1,0 +1,257 @@
+//! Hot paths measured in instructions, for the regression guard
+//! (`scripts/instructions.py`, `make bench-instructions`).
+//!
+//! `instructions list` prints every benchmark with its iteration count;
+//! `instructions run NAME` prepares NAME's inputs, runs one untimed warm-up
+//! iteration, then calls [`hdsd_bench_measured`] once, which runs the
+//! iterations. The script runs this binary under
+//! `valgrind --tool=callgrind --toggle-collect=*hdsd_bench_measured*`, so only
+//! the iterations are counted: no setup, no process start. Inputs are fixed
+//! (no clock, no randomness), so the same binary gives the same count.
+//!
+//! Benchmarks:
+//! - `report/{unchanged,flip}/{2,16}`: one report of a dataplane with 2 or 16
+//!   inbounds, from its encoded bytes to the published state: prost decode,
+//!   the stream machine (`Event::Report` -> `Action::Forward`), the dataplane
+//!   task's `publish` (`apply` + `fold_report` + the watch send). In `flip` the
+//!   first endpoint alternates HEALTHY/UNHEALTHY, so every report also wakes
+//!   the stream's watcher, which takes the new state and hands it to its
+//!   machine (`Event::StateChanged`), as the stream driver does.
+//! - `specifier/build/{2,16}`: `specifier::build` of a dataplane.
+//! - `specifier/push/{2,16}`: a new specifier reaching a stream: its machine
+//!   gets the state with a new version and returns `Action::Send`; the
+//!   specifier is encoded (its first send) and the bytes copied into a reused
+//!   buffer, as the codec in `hds::transport` does before writing them.
+//! - `specifier/resend/{2,16}`: the same specifier sent again (a reconnect, an
+//!   answer to a request): its bytes are already encoded, only copied.
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+use envoy_types::pb::envoy::config::core::v3::{HealthStatus, Node};
+use envoy_types::pb::envoy::service::health::v3::health_check_request_or_endpoint_health_response::RequestType;
+use envoy_types::pb::envoy::service::health::v3::{
+    HealthCheckRequest, HealthCheckRequestOrEndpointHealthResponse,
+};
+use hdsd::hds::stream::{Action, Event, Stream};
+use hdsd::hds::HdsSettings;
+use hdsd::readiness::{rebase, Timestamp};
+use hdsd::registry::{publish, Command, Connection, DataplaneState};
+use hdsd::source::Defined;
+use hdsd::specifier::Specifier;
+use prost::Message;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+mod common;
+
+/// Iterations per measured call: the guard divides the count by this.
+const ITERATIONS: u64 = 200;
+
+const BENCHMARKS: &[&str] = &[
+    "report/unchanged/2",
+    "report/flip/2",
+    "report/unchanged/16",
+    "report/flip/16",
+    "specifier/build/2",
+    "specifier/build/16",
+    "specifier/push/2",
+    "specifier/push/16",
+    "specifier/resend/2",
+    "specifier/resend/16",
+];
+
+/// The only function callgrind counts (inclusive of everything it calls).
+#[inline(never)]
+fn hdsd_bench_measured(iteration: &mut dyn FnMut()) {
+    for _ in 0..ITERATIONS {
+        iteration();
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["list"] => {
+            for name in BENCHMARKS {
+                println!("{name} {ITERATIONS}");
+            }
+        }
+        ["run", name] => {
+            let Some(mut iteration) = benchmark(name) else {
+                eprintln!("instructions: no benchmark {name:?}; `instructions list` names them");
+                std::process::exit(2);
+            };
+            iteration();
+            hdsd_bench_measured(&mut *iteration);
+        }
+        // `cargo test --benches` and `cargo bench` run bench targets with
+        // their own flags: run every benchmark once, as a smoke test.
+        _ => {
+            for name in BENCHMARKS {
+                let mut iteration = benchmark(name).expect("every listed benchmark exists");
+                iteration();
+            }
+        }
+    }
+}
+
+fn benchmark(name: &str) -> Option<Box<dyn FnMut()>> {
+    let mut parts = name.split('/');
+    let (group, case, k) = (parts.next()?, parts.next()?, parts.next()?);
+    let k: u16 = k.parse().ok()?;
+    Some(match (group, case) {
+        ("report", "unchanged") => report(k, false),
+        ("report", "flip") => report(k, true),
+        ("specifier", "build") => {
+            let dp = common::dataplane(k);
+            let settings = common::settings();
+            Box::new(move || {
+                black_box(hdsd::specifier::build(black_box(&dp), &settings).unwrap());
+            })
+        }
+        ("specifier", "push") => push(k, true),
+        ("specifier", "resend") => push(k, false),
+        _ => return None,
+    })
+}
+
+const STREAM: u64 = 7;
+
+fn now() -> Timestamp {
+    Utc.timestamp_opt(1_700_000_000, 0).unwrap()
+}
+
+fn hds_settings() -> Arc<HdsSettings> {
+    Arc::new(HdsSettings {
+        unknown_dataplane_grace: Duration::from_secs(30),
+        report_interval: Duration::from_secs(5),
+        stale_after: Duration::from_secs(15),
+        dataplanes_dir: "dataplanes".into(),
+    })
+}
+
+/// The state of a connected dataplane with `k` inbounds, attached to `STREAM`.
+fn connected_state(k: u16) -> DataplaneState {
+    let dp = common::dataplane(k);
+    let spec = hdsd::specifier::build(&dp, &common::settings()).unwrap();
+    let health = rebase(None, &dp, &spec, now());
+    DataplaneState {
+        defined: Some(Defined {
+            dataplane: Arc::new(dp),
+            specifier: Arc::new(spec),
+            file: PathBuf::from("dataplanes/dp.yaml"),
+        }),
+        version: 1,
+        health,
+        connection: Connection {
+            stream: Some(STREAM),
+            peer: None,
+            connected_at: Some(now()),
+        },
+    }
+}
+
+/// A stream machine serving `state`, its first specifier already sent.
+fn attached_machine(state: &DataplaneState, at: Instant) -> Stream {
+    let mut machine = Stream::new(STREAM, hds_settings(), None);
+    let mut actions = Vec::new();
+    let request = HealthCheckRequest {
+        node: Some(Node {
+            id: "default.dp-000001".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    machine.handle(Event::Request(Box::new(request)), at, &mut actions);
+    machine.handle(Event::Resolved(state.clone()), at, &mut actions);
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Send(_))),
+        "the machine attached and answered: {actions:?}"
+    );
+    machine
+}
+
+fn encoded_report(k: u16, first: HealthStatus) -> Vec<u8> {
+    HealthCheckRequestOrEndpointHealthResponse {
+        request_type: Some(RequestType::EndpointHealthResponse(common::report(
+            k, first,
+        ))),
+    }
+    .encode_to_vec()
+}
+
+fn report(k: u16, flip: bool) -> Box<dyn FnMut()> {
+    let at = Instant::now();
+    let state = connected_state(k);
+    let mut machine = attached_machine(&state, at);
+    let (tx, mut rx) = watch::channel(state);
+    let healthy = encoded_report(k, HealthStatus::Healthy);
+    let unhealthy = encoded_report(k, HealthStatus::Unhealthy);
+    let mut actions = Vec::with_capacity(4);
+    let mut odd = false;
+    Box::new(move || {
+        odd = !odd;
+        let bytes = if flip && odd { &unhealthy } else { &healthy };
+        let message = HealthCheckRequestOrEndpointHealthResponse::decode(&bytes[..]).unwrap();
+        let Some(RequestType::EndpointHealthResponse(r)) = message.request_type else {
+            unreachable!("the input is a report")
+        };
+        machine.handle(Event::Report(Box::new(r)), at, &mut actions);
+        for action in actions.drain(..) {
+            let Action::Forward(report) = action else {
+                panic!("a report is forwarded, nothing else: {action:?}")
+            };
+            let command = Command::Report {
+                stream: STREAM,
+                report,
+            };
+            black_box(publish(&tx, command, now()));
+        }
+        if rx.has_changed().unwrap() {
+            let state = rx.borrow_and_update().clone();
+            machine.handle(Event::StateChanged(state), at, &mut actions);
+            assert!(actions.is_empty(), "nothing to do on a status change");
+        }
+    })
+}
+
+/// `fresh`: every iteration pushes a new specifier (a new definition), which
+/// is encoded at this first send; otherwise the same one is sent again (an
+/// answer to a request, a reconnect), already encoded.
+fn push(k: u16, fresh: bool) -> Box<dyn FnMut()> {
+    let at = Instant::now();
+    let mut state = connected_state(k);
+    let mut machine = attached_machine(&state, at);
+    let mut actions = Vec::with_capacity(4);
+    let mut buf: Vec<u8> = Vec::with_capacity(8 * 1024);
+    // Built beforehand: building is `specifier/build`. One per iteration, warm-up included.
+    let dp = common::dataplane(k);
+    let mut new_specifiers: Vec<Arc<Specifier>> = if fresh {
+        (0..=ITERATIONS)
+            .map(|_| Arc::new(hdsd::specifier::build(&dp, &common::settings()).unwrap()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Box::new(move || {
+        if let (Some(next), Some(defined)) = (new_specifiers.pop(), state.defined.as_mut()) {
+            defined.specifier = next;
+        }
+        state.version += 1;
+        machine.handle(Event::StateChanged(state.clone()), at, &mut actions);
+        for action in actions.drain(..) {
+            let Action::Send(message) = action else {
+                panic!("a new version is sent, nothing else: {action:?}")
+            };
+            // What the codec does with it (`hds::transport`): copy the
+            // bytes encoded when the specifier was built into the buffer.
+            buf.clear();
+            buf.extend_from_slice(message.encoded());
+            black_box(&buf);
+        }
+    })
+}

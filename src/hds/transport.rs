@@ -1,0 +1,193 @@
+//! The gRPC server of the `HealthDiscoveryService`, in place of the one
+//! generated in `envoy-types`, for two reasons:
+//!
+//! - specifiers go out as the bytes encoded once when they were built
+//!   ([`Specifier::encoded`](crate::specifier::Specifier::encoded)): a send
+//!   copies them into the stream's buffer instead of copying and encoding the
+//!   message again;
+//! - the per-stream encode and decode buffers start at [`CODEC_BUFFER`]
+//!   instead of tonic's 8 KiB each: an HDS stream carries messages of a few
+//!   hundred bytes, and these buffers are a large part of what each connected
+//!   Envoy costs in memory. They still grow to the largest message seen.
+//!
+//! On the wire nothing changes: same service, methods, messages, limits and
+//! (no) compression as the generated server.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use envoy_types::pb::envoy::service::health::v3::HealthCheckRequestOrEndpointHealthResponse;
+use prost::bytes::{BufMut, Bytes};
+use prost::Message;
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
+use tonic::server::{Grpc, NamedService, StreamingService, UnaryService};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{HdsService, SpecifierStream};
+
+/// Initial size of a stream's encode buffer and of its decode buffer.
+/// Envoy's requests and reports, and hdsd's specifiers, are a few hundred
+/// bytes for a dataplane with a few inbounds; a larger message grows the
+/// buffer (once per stream) like tonic's default would.
+pub const CODEC_BUFFER: usize = 1024;
+
+/// tonic's default: how much an encoder writes before it yields.
+const YIELD_THRESHOLD: usize = 32 * 1024;
+
+fn buffer_settings() -> BufferSettings {
+    BufferSettings::new(CODEC_BUFFER, YIELD_THRESHOLD)
+}
+
+/// Specifiers out as already-encoded bytes; requests and reports in.
+#[derive(Debug, Clone, Copy, Default)]
+struct HdsCodec;
+
+impl Codec for HdsCodec {
+    type Encode = Bytes;
+    type Decode = HealthCheckRequestOrEndpointHealthResponse;
+    type Encoder = PreEncoded;
+    type Decoder = Decode;
+
+    fn encoder(&mut self) -> PreEncoded {
+        PreEncoded
+    }
+
+    fn decoder(&mut self) -> Decode {
+        Decode
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PreEncoded;
+
+impl Encoder for PreEncoded {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn encode(&mut self, item: Bytes, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        buf.put_slice(&item);
+        Ok(())
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        buffer_settings()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Decode;
+
+impl Decoder for Decode {
+    type Item = HealthCheckRequestOrEndpointHealthResponse;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Status> {
+        // As tonic-prost reports a message that does not decode.
+        Message::decode(buf)
+            .map(Some)
+            .map_err(|e| Status::internal(e.to_string()))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        buffer_settings()
+    }
+}
+
+/// The `HealthDiscoveryService` server: add it with
+/// `tonic::transport::Server::add_service`.
+#[derive(Debug, Clone)]
+pub struct HdsServer {
+    inner: Arc<HdsService>,
+}
+
+impl HdsServer {
+    pub fn new(service: HdsService) -> HdsServer {
+        HdsServer {
+            inner: Arc::new(service),
+        }
+    }
+}
+
+impl NamedService for HdsServer {
+    const NAME: &'static str = "envoy.service.health.v3.HealthDiscoveryService";
+}
+
+struct StreamHealthCheck(Arc<HdsService>);
+
+impl StreamingService<HealthCheckRequestOrEndpointHealthResponse> for StreamHealthCheck {
+    type Response = Bytes;
+    type ResponseStream = SpecifierStream;
+    type Future = BoxFuture<Response<SpecifierStream>, Status>;
+
+    fn call(
+        &mut self,
+        request: Request<Streaming<HealthCheckRequestOrEndpointHealthResponse>>,
+    ) -> Self::Future {
+        let inner = self.0.clone();
+        Box::pin(async move { inner.stream_health_check(request).await })
+    }
+}
+
+struct FetchHealthCheck(Arc<HdsService>);
+
+impl UnaryService<HealthCheckRequestOrEndpointHealthResponse> for FetchHealthCheck {
+    type Response = Bytes;
+    type Future = BoxFuture<Response<Bytes>, Status>;
+
+    fn call(
+        &mut self,
+        request: Request<HealthCheckRequestOrEndpointHealthResponse>,
+    ) -> Self::Future {
+        let inner = self.0.clone();
+        Box::pin(async move { inner.fetch_health_check(request).await })
+    }
+}
+
+impl<B> Service<http::Request<B>> for HdsServer
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let inner = self.inner.clone();
+        match request.uri().path() {
+            "/envoy.service.health.v3.HealthDiscoveryService/StreamHealthCheck" => {
+                Box::pin(async move {
+                    let mut grpc = Grpc::new(HdsCodec);
+                    Ok(grpc.streaming(StreamHealthCheck(inner), request).await)
+                })
+            }
+            "/envoy.service.health.v3.HealthDiscoveryService/FetchHealthCheck" => {
+                Box::pin(async move {
+                    let mut grpc = Grpc::new(HdsCodec);
+                    Ok(grpc.unary(FetchHealthCheck(inner), request).await)
+                })
+            }
+            _ => Box::pin(async move { Ok(Status::unimplemented("").into_http()) }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// tokio allocates a stream's outbound queue 32 slots at a time: an item
+    /// (pre-encoded bytes or the final status; tonic boxes a `Status`'s
+    /// fields) must stay at 32 bytes, 1 KiB per stream (see `OUT_QUEUE`).
+    #[test]
+    fn an_outbound_queue_slot_is_small() {
+        let slot = std::mem::size_of::<Result<Bytes, Status>>();
+        assert!(slot <= 32, "{slot} bytes");
+    }
+}
