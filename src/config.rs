@@ -342,11 +342,26 @@ pub enum ConfigError {
 /// The smallest report interval hdsd accepts: Envoy would flood the server below it.
 pub const MIN_REPORT_INTERVAL: Duration = Duration::from_millis(100);
 
+/// `HDSD_*` variables that belong to the project's tests and scripts, not to
+/// the server: `HDSD_REQUIRE_DOCKER` (CI: the compose test must run),
+/// `HDSD_COMPOSE_BUILD`, `HDSD_CHROMIUM`. They never count as settings.
+pub const TOOLING_ENV: [&str; 3] = ["require_docker", "compose_build", "chromium"];
+
 impl Config {
     /// Loads the configuration: defaults, then the optional file, then `HDSD_*`
     /// variables (`__` separates nesting levels: `HDSD_HDS__REPORT_INTERVAL=10s`).
+    /// The project's own tooling variables ([`TOOLING_ENV`]) are not settings.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
-        Self::load_with_env(file, Env::prefixed("HDSD_").split("__"))
+        Self::load_with_env(
+            file,
+            Env::prefixed("HDSD_")
+                .filter(|key| {
+                    !TOOLING_ENV
+                        .iter()
+                        .any(|t| key.as_str().eq_ignore_ascii_case(t))
+                })
+                .split("__"),
+        )
     }
 
     fn load_with_env(file: Option<&Path>, env: Env) -> Result<Config, ConfigError> {
@@ -653,6 +668,8 @@ mod tests {
             jail.create_file("c.toml", "[hds]\nreport_interval = \"7s\"\n")?;
             jail.set_env("HDSD_HDS__REPORT_INTERVAL", "10s");
             jail.set_env("HDSD_API__LISTEN", "127.0.0.1:9999");
+            // The tests' own switches are not settings (CI sets this one).
+            jail.set_env("HDSD_REQUIRE_DOCKER", "1");
             let c = Config::load(Some(Path::new("c.toml"))).unwrap();
             assert_eq!(c.hds.report_interval, Duration::from_secs(10));
             assert_eq!(c.api.listen.port(), 9999);
