@@ -134,22 +134,9 @@ impl Front {
             String::from_utf8_lossy(&out.stderr)
         );
         let yaml = String::from_utf8(out.stdout).unwrap();
-        let admin_file = dir.path().join("admin-address");
-        let admin_path = admin_file.display().to_string();
-        let envoy =
-            Envoy::start_with_args(dir, "front", &yaml, &["--admin-address-path", &admin_path]);
-        let admin = wait_for("the front's admin address", Duration::from_secs(20), || {
-            std::fs::read_to_string(&admin_file)
-                .map_err(|e| e.to_string())
-                .and_then(|s| {
-                    let s = s.trim().to_string();
-                    if s.is_empty() {
-                        Err("empty".into())
-                    } else {
-                        Ok(s)
-                    }
-                })
-        });
+        // The harness passes --admin-address-path; Envoy::admin reads it back.
+        let envoy = Envoy::start_with_bootstrap(dir, "front", &yaml);
+        let admin = envoy.admin().to_string();
         let listener = wait_for("the front's listener port", Duration::from_secs(20), || {
             let v: serde_json::Value = ureq::get(&format!("http://{admin}/listeners?format=json"))
                 .call()
