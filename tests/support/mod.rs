@@ -460,13 +460,16 @@ impl Drop for Envoy {
     }
 }
 
-/// A tiny TCP application: accepts connections and closes them. Stops when dropped.
-pub struct App {
-    pub port: u16,
-    /// While stopped: the port, bound but not listening (connections are refused).
+/// A loopback listener on a port the kernel chose, serving each connection
+/// with `handle` on its thread. [`Served::stop`] closes the listener but keeps
+/// the port bound (not listening: connections are refused, and no other test
+/// can take it); [`Served::resume`] listens on it again.
+struct Served {
+    port: u16,
     reserved: Option<socket2::Socket>,
     stop: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    handle: std::sync::Arc<dyn Fn(std::net::TcpStream) + Send + Sync>,
 }
 
 /// A TCP socket on 127.0.0.1:`port` (0: the kernel chooses) that can share
@@ -482,8 +485,8 @@ fn app_socket(port: u16) -> socket2::Socket {
     socket
 }
 
-impl App {
-    pub fn start() -> App {
+impl Served {
+    fn start(handle: impl Fn(std::net::TcpStream) + Send + Sync + 'static) -> Served {
         let socket = app_socket(0);
         let port = socket
             .local_addr()
@@ -491,29 +494,30 @@ impl App {
             .and_then(|a| a.as_socket())
             .expect("bound address")
             .port();
-        let mut app = App {
+        let mut served = Served {
             port,
             reserved: Some(socket),
             stop: None,
             thread: None,
+            handle: std::sync::Arc::new(handle),
         };
-        app.resume();
-        app
+        served.resume();
+        served
     }
 
-    /// Listens again on the same port after [`App::stop`].
-    pub fn resume(&mut self) {
+    fn resume(&mut self) {
         let socket = self.reserved.take().expect("the app is stopped");
         socket.listen(128).expect("listen on the app port");
         let listener: StdListener = socket.into();
         listener.set_nonblocking(true).unwrap();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let handle = self.handle.clone();
         let thread = std::thread::spawn(move || loop {
             match listener.accept() {
-                Ok((stream, _)) => drop(stream),
+                Ok((stream, _)) => handle(stream),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     // Wait for the next connection or the stop signal.
-                    match stop_rx.recv_timeout(Duration::from_millis(5)) {
+                    match stop_rx.recv_timeout(Duration::from_millis(2)) {
                         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                         _ => return,
                     }
@@ -525,9 +529,7 @@ impl App {
         self.thread = Some(thread);
     }
 
-    /// Closes the listening socket: probes now fail with "connection refused".
-    /// The port stays reserved for [`App::resume`].
-    pub fn stop(&mut self) {
+    fn stop(&mut self) {
         if self.reserved.is_none() {
             self.reserved = Some(app_socket(self.port));
         }
@@ -540,9 +542,36 @@ impl App {
     }
 }
 
-impl Drop for App {
+impl Drop for Served {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A tiny TCP application: accepts connections and closes them. Stops when dropped.
+pub struct App {
+    pub port: u16,
+    served: Served,
+}
+
+impl App {
+    pub fn start() -> App {
+        let served = Served::start(drop);
+        App {
+            port: served.port,
+            served,
+        }
+    }
+
+    /// Listens again on the same port after [`App::stop`].
+    pub fn resume(&mut self) {
+        self.served.resume();
+    }
+
+    /// Closes the listening socket: probes now fail with "connection refused".
+    /// The port stays reserved for [`App::resume`].
+    pub fn stop(&mut self) {
+        self.served.stop();
     }
 }
 
@@ -561,101 +590,52 @@ pub fn pass_fds(command: &mut Command, fds: &[std::os::fd::BorrowedFd<'_>]) {
 }
 
 /// A tiny HTTP application that answers every request with its own name
-/// (`Connection: close`). Its port is chosen by the kernel and read back;
-/// while stopped the port stays reserved (bound, not listening), and
-/// [`HttpApp::resume`] listens on it again. Stops when dropped.
+/// (`Connection: close`); a TCP probe (connect, close) gets no answer. Stops
+/// when dropped; [`HttpApp::stop`] keeps its port for [`HttpApp::resume`].
 pub struct HttpApp {
     pub name: String,
     pub port: u16,
-    reserved: Option<socket2::Socket>,
-    stop: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    served: Served,
 }
 
 impl HttpApp {
     pub fn start(name: &str) -> HttpApp {
-        let socket = app_socket(0);
-        let port = socket
-            .local_addr()
-            .ok()
-            .and_then(|a| a.as_socket())
-            .expect("bound address")
-            .port();
-        let mut app = HttpApp {
+        let body = name.to_string();
+        let served = Served::start(move |mut stream| {
+            use std::io::{Read as _, Write as _};
+            let _ = stream.set_nonblocking(false);
+            let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}",
+                body.len(),
+                body
+            );
+            let _ = stream.flush();
+        });
+        HttpApp {
             name: name.to_string(),
-            port,
-            reserved: Some(socket),
-            stop: None,
-            thread: None,
-        };
-        app.resume();
-        app
+            port: served.port,
+            served,
+        }
     }
 
     /// Listens again on the same port after [`HttpApp::stop`].
     pub fn resume(&mut self) {
-        use std::io::{Read as _, Write as _};
-        let socket = self.reserved.take().expect("the app is stopped");
-        socket.listen(128).expect("listen on the app port");
-        let listener: StdListener = socket.into();
-        listener.set_nonblocking(true).unwrap();
-        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-        let body = self.name.clone();
-        let thread = std::thread::spawn(move || loop {
-            match listener.accept() {
-                Ok((mut stream, _)) => {
-                    let _ = stream.set_nonblocking(false);
-                    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-                    let mut request = Vec::new();
-                    let mut buf = [0u8; 1024];
-                    // A TCP probe connects and closes: EOF, no answer.
-                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match stream.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => request.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    if request.windows(4).any(|w| w == b"\r\n\r\n") {
-                        let _ = write!(
-                            stream,
-                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}",
-                            body.len(),
-                            body
-                        );
-                        let _ = stream.flush();
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    match stop_rx.recv_timeout(Duration::from_millis(2)) {
-                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                        _ => return,
-                    }
-                }
-                Err(_) => return,
-            }
-        });
-        self.stop = Some(stop_tx);
-        self.thread = Some(thread);
+        self.served.resume();
     }
 
-    /// Closes the listening socket: probes and requests are refused. The
-    /// port stays reserved for [`HttpApp::resume`].
+    /// Closes the listening socket: probes and requests are refused.
     pub fn stop(&mut self) {
-        if self.reserved.is_none() {
-            self.reserved = Some(app_socket(self.port));
-        }
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for HttpApp {
-    fn drop(&mut self) {
-        self.stop();
+        self.served.stop();
     }
 }
 
