@@ -206,9 +206,11 @@ fn key_rotation_old_and_new_tokens_work_until_the_old_key_is_removed() {
 #[test]
 fn a_token_that_expires_while_connected_ends_the_stream_at_expiry() {
     let hdsd = token_server();
-    let (_app, envoy, _token) = served(&hdsd, "web", "3s");
+    // Valid long enough for a slow (loaded) Envoy to start and be served
+    // first: with 3 s it could expire before Envoy ever connected.
+    let (_app, envoy, _token) = served(&hdsd, "web", "8s");
     // The stream ends when the token expires, and every reconnect is refused.
-    let line = envoy.wait_closure("token expired at ", Duration::from_secs(10));
+    let line = envoy.wait_closure("token expired at ", Duration::from_secs(20));
     assert!(line.contains("closed: 16, "), "{line}");
     hdsd.wait_connected("default.web", false, Duration::from_secs(5));
 }
