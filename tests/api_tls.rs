@@ -2,8 +2,6 @@
 //! HTTPS with a private CA (`--ca`), the token, and `hdsd watch` reconnecting
 //! and resuming after hdsd restarts.
 
-mod support;
-
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -11,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-use support::{dataplane_yaml, listener, pass_fds, wait_for};
+use crate::support::{dataplane_yaml, listener, pass_fds, wait_for};
 
 const TOKEN: &str = "tls-t0ken";
 

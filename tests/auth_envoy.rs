@@ -1,13 +1,11 @@
 //! Dataplane tokens with real Envoy 1.40: who is served, who is refused, and
 //! why, without harming the dataplanes that are served.
 
-mod support;
-
 use std::time::Duration;
 
 use chrono::Utc;
 use hdsd::auth::KeyRing;
-use support::*;
+use crate::support::*;
 
 const CONNECT: Duration = Duration::from_secs(20);
 
@@ -218,7 +216,7 @@ fn a_token_that_expires_while_connected_ends_the_stream_at_expiry() {
 #[test]
 fn a_revocation_ends_a_stream_that_is_busy_forwarding_reports() {
     use envoy_types::pb::envoy::config::core::v3::HealthStatus;
-    use support::grpc::{report, GrpcClient, Next};
+    use crate::support::grpc::{report, GrpcClient, Next};
 
     let hdsd = token_server();
     let app = App::start();
@@ -226,7 +224,7 @@ fn a_revocation_ends_a_stream_that_is_busy_forwarding_reports() {
     let token = hdsd.issue_token("default.busy", "1h");
     let client = GrpcClient::connect(hdsd.hds);
     let mut stream = client.open_with_token(Some(&token));
-    stream.send(support::grpc::hc_request(Some("default.busy")));
+    stream.send(crate::support::grpc::hc_request(Some("default.busy")));
     stream.expect_specifier(CONNECT);
 
     // Reports as fast as the stream takes them, from another thread, until

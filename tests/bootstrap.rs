@@ -2,13 +2,11 @@
 //! `hdsd bootstrap` prints, the real Envoy accepts each of them, and
 //! `GET /api/v1/bootstrap` hands a machine its bootstrap for nothing but its token.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 
 fn testdata() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/envoy")

@@ -4,9 +4,7 @@
 //! the local demo (`scripts/demo.py`), bootstraps that Envoy 1.40 accepts.
 //!
 //! Needs docker-compose (`scripts/setup.sh` installs 1.29.2 into .venv) and
-//! Envoy (`support::envoy_bin`).
-
-mod support;
+//! Envoy (`crate::support::envoy_bin`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -334,7 +332,7 @@ fn bearer_token(path: &Path) -> String {
 }
 
 fn envoy_validate(path: &Path) {
-    let mut c = Command::new(support::envoy_bin());
+    let mut c = Command::new(crate::support::envoy_bin());
     c.args(["--mode", "validate", "--log-level", "warn", "-c"])
         .arg(path);
     run(c);

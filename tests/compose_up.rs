@@ -17,8 +17,6 @@
 //! Without a Docker engine it says so on one line and passes, unless
 //! HDSD_REQUIRE_DOCKER=1 (set by .ci/run): then it fails.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
@@ -29,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use hdsd::api::DataplaneItem;
 use serde_json::Value;
-use support::wait_for;
+use crate::support::wait_for;
 
 /// How hdsd's image is made: the Dockerfile's `runtime` target with the hdsd
 /// `cargo test` built mounted (prebuilt.yml; the default, seconds), or the
@@ -338,7 +336,7 @@ fn compose_up_runs_the_demo_offline() {
         if compiles_in_docker() {
             c.arg("--rust");
         }
-        c.env("ENVOY_BIN", support::envoy_bin());
+        c.env("ENVOY_BIN", crate::support::envoy_bin());
         c
     });
     let tag = tag.lines().last().unwrap_or_default().to_string();

@@ -3,14 +3,12 @@
 //! each with its dataplane and its own HDS Envoy. A client sends ~50
 //! requests/s through the front for the whole test: not one may fail.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::*;
+use crate::support::*;
 
 /// unhealthy_threshold (2) x interval (200ms) + timeout (100ms) + report
 /// interval (200ms), the worst case `hdsd validate` prints for these settings.

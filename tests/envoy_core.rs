@@ -1,10 +1,8 @@
 //! hdsd serving real Envoy 1.40 processes: readiness follows the application.
 
-mod support;
-
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 
 /// Worst-case detection with the harness defaults
 /// (2 x 200ms + 100ms + 200ms = 700ms), plus a generous margin for a loaded machine.

@@ -3,8 +3,6 @@
 //! foreign node ids, unknown clusters, the deprecated flat report shape,
 //! duplicate streams.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::{
@@ -15,8 +13,8 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use hdsd::api::DataplaneItem;
 use tonic::Code;
 
-use support::grpc::*;
-use support::*;
+use crate::support::grpc::*;
+use crate::support::*;
 
 /// Anything hdsd should do promptly, with a margin for a loaded 2-core machine.
 const PROMPT: Duration = Duration::from_secs(10);

@@ -1,13 +1,11 @@
 //! Dataplane files in the shapes current Kuma writes: mixed-resource files,
 //! gateways, zone proxies, the new inbound fields, JSON, templates.
 
-mod support;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 
 /// Envoy start, first connection and first report.
 const CONNECT: Duration = Duration::from_secs(20);

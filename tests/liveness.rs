@@ -1,12 +1,10 @@
 //! Liveness and lifecycle with real Envoy 1.40: hung and killed Envoys,
 //! graceful shutdown, and restarts of hdsd that do not flap readiness.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use support::*;
+use crate::support::*;
 
 const CONNECT: Duration = Duration::from_secs(20);
 

@@ -2,14 +2,12 @@
 //! against a real hdsd for about ten seconds, then against the null server.
 //! It checks what the loadgen measured and what hdsd's API shows.
 
-mod support;
-
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{wait_for, Hdsd, HdsdOptions};
+use crate::support::{wait_for, Hdsd, HdsdOptions};
 
 const LOADGEN: &str = env!("CARGO_BIN_EXE_hdsd-loadgen");
 const DATAPLANES: u64 = 500;

@@ -4,13 +4,11 @@
 //! gauges must agree with the REST API, and promtool must accept the
 //! metrics, the alert rules and their unit tests.
 
-mod support;
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 
 const CONNECT: Duration = Duration::from_secs(20);
 const REPO: &str = env!("CARGO_MANIFEST_DIR");

@@ -2,12 +2,10 @@
 //! ranges), gRPC (grpc.health.v1), TCP payloads, a separate probe port, and
 //! the Envoy's own admin /ready turning its inbounds `draining`.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::apps::{GrpcApp, HttpApp, TcpApp};
-use support::*;
+use crate::support::apps::{GrpcApp, HttpApp, TcpApp};
+use crate::support::*;
 
 /// Worst-case detection with the harness defaults (700ms), plus a generous
 /// margin for a loaded machine.

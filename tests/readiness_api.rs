@@ -4,8 +4,6 @@
 //! checks auth, errors and the standard health service; SSE carries the same
 //! watch.
 
-mod support;
-
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use hdsd::consumers::pb;
 use serde_json::Value;
-use support::{dataplane_yaml, wait_for, App, Envoy, Hdsd, HdsdOptions};
+use crate::support::{dataplane_yaml, wait_for, App, Envoy, Hdsd, HdsdOptions};
 
 fn python() -> PathBuf {
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");

@@ -1,13 +1,11 @@
 //! Startup failures: `hdsd serve` exits 1 when it cannot start, naming what
 //! to fix.
 
-mod support;
-
 use std::net::TcpListener;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use support::wait_for;
+use crate::support::wait_for;
 
 /// Runs `hdsd serve` with a config whose listeners are `hds` and `api`, and
 /// waits for it to exit (it must not start).

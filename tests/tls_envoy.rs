@@ -1,8 +1,6 @@
 //! HDS over TLS with real Envoy 1.40: server TLS, mutual TLS, and certificate
 //! reload without dropping connected Envoys.
 
-mod support;
-
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,7 +13,7 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 use rustls::pki_types::{CertificateDer, ServerName};
-use support::*;
+use crate::support::*;
 
 /// Envoy start, TLS handshake, first connection and first report.
 const CONNECT: Duration = Duration::from_secs(20);

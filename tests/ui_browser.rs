@@ -2,14 +2,12 @@
 //! (`tests/ui/browser_test.py`), against the real hdsd with real Envoys and
 //! apps. The script asks for changes (`ACTION ...`); this side makes them.
 
-mod support;
-
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use support::{dataplane_yaml, App, Envoy, Hdsd, HdsdOptions};
+use crate::support::{dataplane_yaml, App, Envoy, Hdsd, HdsdOptions};
 
 fn python() -> PathBuf {
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
@@ -192,7 +190,7 @@ fn with_api_tokens_the_page_asks_for_a_token_then_works() {
     hdsd.write_dataplane("web-1.yaml", &dataplane("web-1", 21011, "web", app.port));
     let _envoy = Envoy::start(hdsd.hds, "default.web-1", None);
     // The harness reads the API without a token: wait on the Envoy's report instead.
-    support::wait_for("web-1 healthy", Duration::from_secs(30), || {
+    crate::support::wait_for("web-1 healthy", Duration::from_secs(30), || {
         let v = ureq::get(&hdsd.api_url("/api/v1/dataplanes/default/web-1"))
             .header("Authorization", "Bearer ui-secret-token")
             .call()
@@ -216,7 +214,7 @@ fn with_api_tokens_the_page_asks_for_a_token_then_works() {
 }
 
 /// A longer run (not part of `make test`): an app flaps while the page stays
-/// open, and its heap must level off. `cargo test --test ui_browser -- --ignored`
+/// open, and its heap must level off. `cargo test --test integration ui_browser:: -- --ignored`
 /// (`UI_SOAK_FLAPS=N` for N flaps, default 60).
 #[test]
 #[ignore = "a soak of a minute or more; run by hand"]

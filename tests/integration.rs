@@ -1,0 +1,25 @@
+//! hdsd's integration tests, in one test binary (one link instead of one per
+//! file: the build is faster and much smaller on disk). Each module drives the
+//! real binary, real Envoys and the other real parts; run one with
+//! `cargo test --test integration <module>::`.
+
+mod support;
+
+mod api_tls;
+mod auth_envoy;
+mod bootstrap;
+mod compose;
+mod compose_up;
+mod eds_envoy;
+mod envoy_core;
+mod hds_protocol;
+mod kuma_files;
+mod liveness;
+mod loadgen_smoke;
+mod observability;
+mod probes_envoy;
+mod probes_validate;
+mod readiness_api;
+mod startup;
+mod tls_envoy;
+mod ui_browser;
