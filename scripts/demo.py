@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""hdsd's demo: hdsd with token auth, two real Envoys and three tiny apps on this machine.
+"""hdsd's demo: hdsd with token auth, real Envoys and tiny apps on this machine.
 
     make demo                      # or: ./scripts/demo.py
     ./scripts/demo.py --once       # the same story, non-interactive: PASS/FAIL per step
@@ -7,14 +7,22 @@
 In a fresh work directory (.demo/) it creates a signing key, issues one token
 per dataplane and writes the Envoy bootstraps (all through docker/hdsd-init.sh,
 the recipe docker-compose.yml uses too), then starts hdsd (examples/hdsd.toml,
-dataplanes from examples/dataplanes/), the demo apps and one Envoy per
-dataplane, each with its log in .demo/logs/. Then it tells the story, every step
-waiting on hdsd's REST API with a deadline:
+dataplanes from examples/dataplanes/ plus a second web dataplane, web-02, that
+only the demo adds), the demo apps and one Envoy per dataplane, each with its
+log in .demo/logs/. The web Envoys also proxy their inbound port to their app,
+as a sidecar does. A front Envoy (`hdsd bootstrap front --service web`) takes
+the web service's endpoints from hdsd over EDS, and a client sends it about 50
+requests/s for the whole story, counting who answers and every failure.
+Then it tells the story, every step waiting on hdsd's REST API with a deadline:
 
-  (a) every inbound becomes ready;
-  (b) the web app stops: its inbound turns not ready within the documented
-      worst-case detection time, the others stay ready;
-  (c) the web app starts again: its inbound is ready again;
+  (a) every inbound becomes ready, and the front Envoy sends requests to both
+      web apps;
+  (b) the web app of web-01 stops: its inbound turns not ready within the
+      documented worst-case detection time, the others stay ready; the front
+      Envoy marks web-01's endpoint unhealthy and web-02 answers everything:
+      not one client request fails;
+  (c) the web app starts again: its inbound is ready again and the front sends
+      it requests again, still with no failed request;
   (d) a third Envoy claims to be backend-01 with web-01's token: hdsd refuses it
       and keeps backend-01's own Envoy.
 
@@ -34,11 +42,13 @@ import argparse
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -56,6 +66,28 @@ DEFAULT_HDSD = Path(os.environ.get("CARGO_TARGET_DIR") or "target") / "release" 
 
 MESH = "default"
 WEB, BACKEND = "web-01", "backend-01"
+# The demo's own second web dataplane (not in examples/dataplanes/: the compose
+# setup has one web app), so that the front Envoy has somewhere to send
+# requests while web-01's app is stopped.
+WEB2 = "web-02"
+WEB2_INBOUND = 10084
+WEB2_FILE = """# Written by scripts/demo.py: a second web dataplane, so that traffic has
+# somewhere to go while web-01's app is stopped.
+type: Dataplane
+mesh: default
+name: web-02
+networking:
+  address: 127.0.0.1
+  inbound:
+    - port: {inbound}
+      servicePort: {app_port}
+      serviceAddress: 127.0.0.1
+      tags:
+        kuma.io/service: web
+        kuma.io/protocol: http
+"""
+# Requests per second the demo's client sends through the front Envoy.
+CLIENT_RATE = 50
 # The servicePort values in examples/dataplanes/, in --app-ports order.
 EXAMPLE_APP_PORTS = (18081, 18082, 18083)
 # Envoy's public inbound ports in examples/dataplanes/ (identify the inbounds).
@@ -343,6 +375,72 @@ class Deadline(DemoError):
     pass
 
 
+def sidecar_inbound(port, app_port):
+    """Envoy config merged into a web Envoy's bootstrap (--config-yaml): its
+    inbound listener, proxying 127.0.0.1:port to the app, as a sidecar does."""
+    cluster = f"inbound:127.0.0.1:{app_port}"
+    return {"static_resources": {
+        "listeners": [{
+            "name": f"inbound:127.0.0.1:{port}",
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+            "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.tcp_proxy",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                    "stat_prefix": "inbound", "cluster": cluster}}]}]}],
+        "clusters": [{
+            "name": cluster, "type": "STATIC", "connect_timeout": "0.25s",
+            "load_assignment": {"cluster_name": cluster, "endpoints": [{"lb_endpoints": [{"endpoint": {
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": app_port}}}}]}]}}]}}
+
+
+class Client:
+    """Sends CLIENT_RATE requests/s through the front Envoy from a thread,
+    counting the answers per app and every failure (status or connection)."""
+
+    def __init__(self, url):
+        self.url = url
+        self.lock = threading.Lock()
+        self.answers = {}      # app name -> count
+        self.failures = 0
+        self.last_failure = None
+        self.last_answer = {}  # app name -> time.monotonic() of its last answer
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="front-client", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        period = 1.0 / CLIENT_RATE
+        next_at = time.monotonic()
+        while not self.stopping.is_set():
+            try:
+                status, body = http_get(self.url, timeout=2.0)
+                app = body.strip().removeprefix("hello from ") if status == 200 else None
+                error = None if app else f"HTTP {status}: {body.strip()[:80]}"
+            except urllib.error.HTTPError as e:
+                app, error = None, f"HTTP {e.code}: {e.read().decode(errors='replace').strip()[:80]}"
+            except OSError as e:
+                app, error = None, f"{type(e).__name__}: {e}"
+            with self.lock:
+                if app:
+                    self.answers[app] = self.answers.get(app, 0) + 1
+                    self.last_answer[app] = time.monotonic()
+                else:
+                    self.failures += 1
+                    self.last_failure = error
+            next_at += period
+            self.stopping.wait(max(0.0, next_at - time.monotonic()))
+
+    def counts(self):
+        """(answers per app, failures, last failure), a consistent snapshot."""
+        with self.lock:
+            return dict(self.answers), self.failures, self.last_failure
+
+    def stop(self):
+        self.stopping.set()
+        self.thread.join(timeout=5)
+
+
 def wait_until(sup, what, timeout, check):
     """Polls `check` until it returns (True, value); returns (seconds, value).
 
@@ -376,7 +474,12 @@ class Demo:
         self.api = f"http://127.0.0.1:{args.api_port}"
         self.hds = f"127.0.0.1:{args.hds_port}"
         self.app_ports = dict(zip(("web", "backend-api", "backend-admin"), args.app_ports))
-        self.admin_ports = dict(zip((WEB, BACKEND, "intruder"), args.admin_ports))
+        self.app_ports["web-2"] = args.web2_port
+        self.admin_ports = dict(zip((WEB, BACKEND, "intruder", WEB2, "front"), args.admin_ports))
+        # Each web Envoy's inbound listener (a sidecar's public port) and its app.
+        self.inbound_ports = {WEB: (WEB_INBOUND, "web"), WEB2: (WEB2_INBOUND, "web-2")}
+        self.front_url = f"http://127.0.0.1:{args.front_port}/"
+        self.eds_token = "demo-front-" + secrets.token_hex(16)
         self.results = []  # (step, passed, seconds, note)
         env = {k: v for k, v in os.environ.items() if not k.startswith("HDSD_")}
         env.update({
@@ -384,10 +487,13 @@ class Demo:
             "HDSD_DATAPLANES__DIR": str(WORK / "dataplanes"),
             "HDSD_HDS__LISTEN": self.hds,
             "HDSD_API__LISTEN": f"127.0.0.1:{args.api_port}",
+            # The front Envoy's EDS token: it takes endpoints, it cannot read the REST API.
+            "HDSD_EDS__TOKENS": f"[{self.eds_token}]",
         })
         self.sup = Supervisor(env)
         self.apps = {}
         self.envoys = {}
+        self.client = None
 
     # -- setup
 
@@ -407,6 +513,9 @@ class Demo:
         wanted = [(self.args.hds_port, "hdsd HDS (--hds-port)"), (self.args.api_port, "hdsd REST API (--api-port)")]
         wanted += [(p, f"demo app {n} (--app-ports)") for n, p in self.app_ports.items()]
         wanted += [(p, f"Envoy admin of {n} (--admin-ports)") for n, p in self.admin_ports.items()]
+        wanted += [(self.args.front_port, "front Envoy's HTTP listener (--front-port)")]
+        wanted += [(p, f"{n}'s inbound listener (its Dataplane's inbound port)")
+                   for n, (p, _) in self.inbound_ports.items()]
         ports = [p for p, _ in wanted]
         if len(set(ports)) != len(ports):
             raise DemoError(f"the demo's ports must all differ: {ports}")
@@ -435,6 +544,8 @@ class Demo:
         if seen != set(EXAMPLE_APP_PORTS):
             raise DemoError(f"{EXAMPLE_DATAPLANES}/ uses servicePorts {sorted(seen)}; the demo expects "
                             f"{list(EXAMPLE_APP_PORTS)}: update EXAMPLE_APP_PORTS in scripts/demo.py")
+        (work / "dataplanes" / f"{WEB2}.yaml").write_text(
+            WEB2_FILE.format(inbound=WEB2_INBOUND, app_port=self.app_ports["web-2"]))
         self.sup.run("hdsd validate", [self.hdsd, "validate", "--config", CONFIG], WORK / "logs/hdsd-validate.log")
         # Key, tokens and bootstraps: the same script as docker-compose.yml's hdsd-init.
         self.sup.run("docker/hdsd-init.sh", self.init_argv(), WORK / "logs/hdsd-init.log")
@@ -444,6 +555,27 @@ class Demo:
                       "--token-file", WORK / f"bootstrap/tokens/{MESH}.{WEB}.jwt",
                       "--admin-port", self.admin_ports["intruder"], "--out", WORK / "bootstrap/intruder.yaml"],
                      WORK / "logs/hdsd-bootstrap-intruder.log")
+        # web-02 is the demo's own: its token and bootstrap by the same commands the init script runs.
+        token = WORK / f"bootstrap/tokens/{MESH}.{WEB2}.jwt"
+        self.sup.run("hdsd token issue (web-02)",
+                     ["sh", "-c", f'umask 077 && "$0" token issue --config "$1" --mesh {MESH} --name {WEB2} '
+                      f'--valid-for 24h > "$2"', self.hdsd, CONFIG, token],
+                     WORK / "logs/hdsd-token-web-02.log")
+        self.sup.run("hdsd bootstrap (web-02)",
+                     [self.hdsd, "bootstrap", "--mesh", MESH, "--name", WEB2, "--server", self.hds,
+                      "--token-file", token, "--admin-port", self.admin_ports[WEB2],
+                      "--out", WORK / f"bootstrap/{MESH}.{WEB2}.yaml"],
+                     WORK / "logs/hdsd-bootstrap-web-02.log")
+        # The front proxy: routes to the EDS cluster default/web, fed by hdsd.
+        front_token = WORK / "bootstrap/tokens/front.token"
+        (ROOT / front_token).write_text(self.eds_token + "\n")
+        os.chmod(ROOT / front_token, 0o600)
+        self.sup.run("hdsd bootstrap front",
+                     [self.hdsd, "bootstrap", "front", "--service", "web", "--mesh", MESH,
+                      "--listen", f"127.0.0.1:{self.args.front_port}", "--server", self.hds,
+                      "--token-file", front_token, "--admin-port", self.admin_ports["front"],
+                      "--out", WORK / "bootstrap/front.yaml"],
+                     WORK / "logs/hdsd-bootstrap-front.log")
         say(f"    key, tokens and bootstraps made by {INIT_SCRIPT} in {WORK}/bootstrap/ (log: {WORK}/logs/hdsd-init.log)")
 
     def start_hdsd(self):
@@ -467,9 +599,14 @@ class Demo:
         return proc
 
     def start_envoy(self, key, bootstrap):
-        return self.sup.start(f"envoy {key}",
-                              [self.envoy, "-c", bootstrap, "--use-dynamic-base-id", "--log-level", "info"],
-                              WORK / f"logs/envoy-{key}.log")
+        argv = [self.envoy, "-c", bootstrap, "--use-dynamic-base-id", "--log-level", "info"]
+        if key in self.inbound_ports:
+            argv += ["--config-yaml", json.dumps(sidecar_inbound(*self.inbound_port_and_app(key)))]
+        return self.sup.start(f"envoy {key}", argv, WORK / f"logs/envoy-{key}.log")
+
+    def inbound_port_and_app(self, key):
+        port, app = self.inbound_ports[key]
+        return port, self.app_ports[app]
 
     # -- API views
 
@@ -485,7 +622,7 @@ class Demo:
     def readiness(self):
         dps = self.dataplanes()
         return {(name, i["port"]): (i["health"]["ready"], i["health"]["status"])
-                for name in (WEB, BACKEND) for i in dps.get(f"{MESH}.{name}", {"inbounds": []})["inbounds"]}
+                for name in (WEB, BACKEND, WEB2) for i in dps.get(f"{MESH}.{name}", {"inbounds": []})["inbounds"]}
 
     # -- the story
 
@@ -500,50 +637,113 @@ class Demo:
 
     def step_a(self):
         step_line("(a) hdsd sends each Envoy its health checks; Envoy probes the apps and reports: "
-                  "waiting for all 3 inbounds to be ready")
+                  "waiting for all 4 inbounds to be ready, then for the front Envoy to route to both web apps")
         t0 = time.monotonic()
-        self.envoys[WEB] = self.start_envoy(WEB, WORK / f"bootstrap/{MESH}.{WEB}.yaml")
-        self.envoys[BACKEND] = self.start_envoy(BACKEND, WORK / f"bootstrap/{MESH}.{BACKEND}.yaml")
+        for name in (WEB, BACKEND, WEB2):
+            self.envoys[name] = self.start_envoy(name, WORK / f"bootstrap/{MESH}.{name}.yaml")
 
         def all_ready():
             r = self.readiness()
-            return len(r) == 3 and all(ready for ready, _ in r.values()), r
+            return len(r) == 4 and all(ready for ready, _ in r.values()), r
         wait_until(self.sup, "every inbound ready", 30, all_ready)
         secs = time.monotonic() - t0
-        self.record("a", True, secs, f"all 3 inbounds ready {secs:.1f}s after starting the Envoys")
+        # The front proxy: its endpoints come from hdsd's EDS, with health from readiness.
+        self.envoys["front"] = self.sup.start(
+            "envoy front", [self.envoy, "-c", WORK / "bootstrap/front.yaml", "--use-dynamic-base-id",
+                            "--log-level", "info"], WORK / "logs/envoy-front.log")
+        wait_until(self.sup, "the front Envoy to get both web endpoints from hdsd (EDS), healthy", 30,
+                   lambda: (lambda h: (h.get(WEB_INBOUND) == "healthy" and h.get(WEB2_INBOUND) == "healthy", h))(
+                       self.front_health()))
+        self.client = Client(self.front_url)
+
+        def both_answer():
+            answers, failures, last = self.client.counts()
+            if failures:
+                raise DemoError(f"a request through the front Envoy failed before anything was stopped: {last}")
+            return answers.get("web", 0) > 0 and answers.get("web-2", 0) > 0, answers
+        _, answers = wait_until(self.sup, "both web apps to answer through the front Envoy", 20, both_answer)
+        self.record("a", True, secs,
+                    f"all 4 inbounds ready {secs:.1f}s after starting the Envoys; the front Envoy "
+                    f"({self.front_url}) takes web's endpoints from hdsd (EDS) and both web apps answer "
+                    f"({CLIENT_RATE} requests/s)")
+
+    def front_health(self):
+        """{inbound port: health flags} of the web endpoints in the front Envoy's /clusters."""
+        _, body = http_get(f"http://127.0.0.1:{self.admin_ports['front']}/clusters")
+        flags = {}
+        for line in body.splitlines():
+            m = re.match(r"^[^:]+/web::127\.0\.0\.1:(\d+)::health_flags::(.*)$", line)
+            if m:
+                flags[int(m.group(1))] = m.group(2)
+        return flags
+
+    def traffic_note(self, since):
+        """What the client saw since the `since` counts snapshot, and whether none failed."""
+        answers, failures, last = self.client.counts()
+        before, _, _ = since
+        delta = {app: n - before.get(app, 0) for app, n in answers.items() if n - before.get(app, 0)}
+        total = sum(answers.values()) + failures
+        text = (f"front: {sum(delta.values())} requests since, answered by "
+                + ", ".join(f"{app} {n}" for app, n in sorted(delta.items()))
+                + f"; failed requests over the whole story: {failures} of {total}"
+                + (f" (last: {last})" if failures else ""))
+        return text, failures == 0
 
     def step_b(self):
         s = self.settings
         worst = s.worst_case_detection()
         step_line(f"(b) stopping the web app (127.0.0.1:{self.app_ports['web']}): "
                   f"web-01's inbound must turn not ready within {fmt_s(worst)} ({s.formula()}); "
-                  f"on the fleet page ({self.page_url()}) its row turns red, without a reload")
+                  f"on the fleet page ({self.page_url()}) its row turns red, without a reload; "
+                  f"the front Envoy stops sending it requests and not one request fails")
+        counts_at_stop = self.client.counts()
         self.sup.stop(self.apps["web"])
+        t_stop = time.monotonic()
         secs, seen = wait_until(
             self.sup, "web-01's inbound to be not ready", worst + 10,
             lambda: (lambda i: (not i["health"]["ready"], i["health"]))(self.inbound(self.dataplanes(), WEB, WEB_INBOUND)))
         others = self.readiness()
-        still = [k for k in ((BACKEND, API_INBOUND), (BACKEND, ADMIN_INBOUND)) if not others.get(k, (False,))[0]]
+        still = [k for k in ((BACKEND, API_INBOUND), (BACKEND, ADMIN_INBOUND), (WEB2, WEB2_INBOUND))
+                 if not others.get(k, (False,))[0]]
         within = secs <= worst + MEASUREMENT_SLACK
         note = (f"web-01:{WEB_INBOUND} not ready ({seen['status']}) {secs:.1f}s after the app stopped; "
                 f"documented worst case {fmt_s(worst)}"
                 + (" - within it" if within else f" - {secs - worst:.1f}s OVER it"))
         if still:
-            note += f"; but backend inbounds {still} are not ready either"
+            note += f"; but inbounds {still} are not ready either"
         else:
-            note += "; backend-01's 2 inbounds stay ready"
-        self.record("b", within and not still, secs, note)
+            note += "; backend-01's 2 inbounds and web-02 stay ready"
+        # The front Envoy learns it over EDS and stops sending web-01 requests.
+        wait_until(self.sup, "the front Envoy to mark web-01's endpoint unhealthy", 10,
+                   lambda: (lambda h: ("failed_eds_health" in h.get(WEB_INBOUND, ""), h))(self.front_health()))
+        marked_at = time.monotonic() - t_stop
+        after_mark = self.client.counts()[0].get("web-2", 0)
+        wait_until(self.sup, "web-02 to answer a second of requests through the front", 10,
+                   lambda: (lambda n: (n - after_mark >= CLIENT_RATE, n - after_mark))(
+                       self.client.counts()[0].get("web-2", 0)))
+        traffic, none_failed = self.traffic_note(counts_at_stop)
+        note += (f"; the front Envoy marked web-01 unhealthy (EDS) {marked_at:.1f}s after the app stopped; "
+                 + traffic)
+        self.record("b", within and not still and none_failed, secs, note)
 
     def step_c(self):
         bound = self.settings.worst_case_recovery()
         step_line(f"(c) starting the web app again: web-01's inbound becomes ready "
                   f"(expected within {fmt_s(bound)}: healthy_threshold x no_traffic_interval + timeout + report_interval)")
+        counts_at_start = self.client.counts()
         self.start_app("web")
         t0 = time.monotonic()
         wait_until(self.sup, "web-01's inbound to be ready", bound + 10,
                    lambda: (lambda i: (i["health"]["ready"], i["health"]))(self.inbound(self.dataplanes(), WEB, WEB_INBOUND)))
         secs = time.monotonic() - t0
-        self.record("c", True, secs, f"web-01:{WEB_INBOUND} ready again {secs:.1f}s after the app started")
+        wait_until(self.sup, "web-01's app to answer through the front Envoy again", 10,
+                             lambda: (lambda a: (a.get("web", 0) > counts_at_start[0].get("web", 0), a))(
+                                 self.client.counts()[0]))
+        back = time.monotonic() - t0
+        traffic, none_failed = self.traffic_note(counts_at_start)
+        self.record("c", none_failed, secs,
+                    f"web-01:{WEB_INBOUND} ready again {secs:.1f}s after the app started; the front Envoy "
+                    f"sends it requests again {back:.1f}s after; {traffic}")
 
     def step_d(self):
         step_line(f"(d) a third Envoy claims to be {MESH}.{BACKEND} but holds {MESH}.{WEB}'s token: "
@@ -600,17 +800,19 @@ class Demo:
         say(f"  {self.page_url()}   (the fleet page, in a browser)")
         binary = str(self.hdsd) if self.hdsd.is_absolute() else f"./{self.hdsd}"
         say(f"  {binary} status --watch --api {self.api}")
+        say(f"  curl -s {self.front_url}   (the front Envoy: web-01 and web-02 answer in turn)")
         say(f"  curl -s {self.api}/api/v1/dataplanes")
         say(f"  curl -s {self.api}/metrics")
         say(f"  logs: {WORK}/logs/ (hdsd.log, envoy-*.log, app-*.log)")
 
     def run(self):
         say(f"Fleet page: {self.page_url()} (open it in a browser; it follows the story live)")
-        say(f"hdsd demo: hdsd (token auth) + Envoy {WEB} + Envoy {BACKEND} + 3 apps; work dir {WORK}/")
+        say(f"hdsd demo: hdsd (token auth) + Envoys {WEB}, {BACKEND}, {WEB2} + 4 apps + a front Envoy "
+            f"on {self.front_url} (EDS from hdsd); work dir {WORK}/")
         self.preflight()
         if not self.once:
             self.where_to_look()
-        step_line("setting up: signing key, tokens, bootstraps, hdsd, the 3 demo apps")
+        step_line("setting up: signing key, tokens, bootstraps, hdsd, the 4 demo apps")
         self.prepare()
         self.start_hdsd()
         for key in self.app_ports:
@@ -625,6 +827,10 @@ class Demo:
                     if self.once:
                         say(f"    FAIL {letter}: {str(e).splitlines()[0]}")
                 raise
+        answers, failures, _ = self.client.counts()
+        self.client.stop()
+        say(f"    the client stopped: {sum(answers.values()) + failures} requests through the front Envoy, "
+            f"{failures} failed")
         if self.once:
             return
         step_line(f"the story is over: the live table (`hdsd status --watch`) follows in 3s. In another terminal, "
@@ -686,8 +892,12 @@ def parse_args(argv):
     p.add_argument("--api-port", type=int, default=15680, help="hdsd's REST API port (default 15680)")
     p.add_argument("--app-ports", type=ports(3), default=list(EXAMPLE_APP_PORTS),
                    help="web,backend-api,backend-admin app ports (default 18081,18082,18083)")
-    p.add_argument("--admin-ports", type=ports(3), default=[19901, 19902, 19903],
-                   help="Envoy admin ports of web-01,backend-01,the intruder (default 19901,19902,19903)")
+    p.add_argument("--web2-port", type=int, default=18084, help="the second web app's port (web-02's servicePort, default 18084)")
+    p.add_argument("--front-port", type=int, default=18080,
+                   help="the front Envoy's HTTP listener (default 18080): curl it while the demo runs")
+    p.add_argument("--admin-ports", type=ports(5), default=[19901, 19902, 19903, 19904, 19905],
+                   help="Envoy admin ports of web-01,backend-01,the intruder,web-02,the front "
+                        "(default 19901,19902,19903,19904,19905)")
     p.add_argument("--print-init-args", action="store_true",
                    help="print the docker/hdsd-init.sh command line the demo runs, as JSON, and exit (used by tests/compose.rs)")
     return p.parse_args(argv)
@@ -728,6 +938,8 @@ def main(argv):
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
         if demo is not None:
+            if demo.client:
+                demo.client.stop()
             left = demo.sup.stop_all()
             if left:
                 say("STILL RUNNING after SIGTERM and SIGKILL: "

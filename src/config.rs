@@ -32,7 +32,7 @@ pub struct Config {
 }
 
 /// How readiness becomes EDS endpoints.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EdsConfig {
     /// How a `stale` inbound is served: `degraded` (a fallback Envoy uses only
@@ -40,6 +40,10 @@ pub struct EdsConfig {
     pub stale_as: crate::consumers::eds::StaleAs,
     /// Leave not-ready endpoints out of assignments instead of marking them.
     pub omit_not_ready: bool,
+    /// Bearer tokens for EDS clients only (with `auth.mode = "token"`), beside
+    /// `api.tokens`: a front proxy that holds one can take endpoints but not
+    /// read the REST API.
+    pub tokens: Vec<String>,
 }
 
 impl EdsConfig {
@@ -577,14 +581,17 @@ dir = "./dataplanes"
 
 [eds]
 # EDS (Envoy's EndpointDiscoveryService) is served on hds.listen: one ClusterLoadAssignment
-# per <mesh>/<service>. With auth.mode = "token", EDS clients send one of api.tokens as
-# `authorization: Bearer <token>`.
+# per <mesh>/<service>. With auth.mode = "token", EDS clients send one of api.tokens or
+# eds.tokens as `authorization: Bearer <token>`.
 # How a `stale` inbound (its checker stopped reporting) is served: "degraded" (kept as a
 # fallback, used only when nothing healthy is left) or "unhealthy".
 stale_as = "degraded"
 # Leave not-ready endpoints out instead of marking them unhealthy (Kuma's behaviour); Envoy's
 # admin /clusters then no longer shows them.
 omit_not_ready = false
+# Bearer tokens accepted from EDS clients only (beside api.tokens), e.g. for front proxies
+# that should not read the REST API.
+tokens = []
 
 [log]
 # Log filter: error, warn, info, debug, trace, or a tracing directive. RUST_LOG wins when set.
@@ -619,10 +626,11 @@ mod tests {
     fn eds_options() {
         let c = load_str(
             ".toml",
-            "[eds]\nstale_as = \"unhealthy\"\nomit_not_ready = true\n",
+            "[eds]\nstale_as = \"unhealthy\"\nomit_not_ready = true\ntokens = [\"front\"]\n",
         )
         .unwrap();
         assert_eq!(c.eds.stale_as, crate::consumers::eds::StaleAs::Unhealthy);
+        assert_eq!(c.eds.tokens, ["front"]);
         assert!(c.eds.options().omit_not_ready);
         let e = load_str(".toml", "[eds]\nstale_as = \"gone\"\n").unwrap_err();
         assert!(e.to_string().contains("degraded"), "{e}");

@@ -138,10 +138,10 @@ enum BootstrapCommand {
         /// hdsd's HDS address (EDS is served there), HOST:PORT.
         #[arg(long, default_value = "127.0.0.1:5678")]
         server: String,
-        /// File holding one of hdsd's api.tokens (needed with auth.mode = "token").
+        /// File holding one of hdsd's api.tokens or eds.tokens (needed with auth.mode = "token").
         #[arg(long, conflicts_with = "token")]
         token_file: Option<PathBuf>,
-        /// One of hdsd's api.tokens.
+        /// One of hdsd's api.tokens or eds.tokens.
         #[arg(long)]
         token: Option<String>,
         /// Envoy's admin port (bound on 127.0.0.1; 0: any free port).

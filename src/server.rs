@@ -256,8 +256,14 @@ pub async fn run(
     let eds = crate::consumers::eds::server::EdsService::new(
         assignments,
         match config.auth.mode {
-            AuthMode::Token => crate::consumers::eds::server::EdsAuth::ApiTokens(Arc::new(
-                config.api.tokens.clone(),
+            AuthMode::Token => crate::consumers::eds::server::EdsAuth::Tokens(Arc::new(
+                config
+                    .api
+                    .tokens
+                    .iter()
+                    .chain(&config.eds.tokens)
+                    .cloned()
+                    .collect(),
             )),
             AuthMode::None => crate::consumers::eds::server::EdsAuth::Open,
         },

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use crate::support::*;
 use chrono::Utc;
 use hdsd::auth::KeyRing;
-use crate::support::*;
 
 const CONNECT: Duration = Duration::from_secs(20);
 
@@ -215,8 +215,8 @@ fn a_token_that_expires_while_connected_ends_the_stream_at_expiry() {
 
 #[test]
 fn a_revocation_ends_a_stream_that_is_busy_forwarding_reports() {
-    use envoy_types::pb::envoy::config::core::v3::HealthStatus;
     use crate::support::grpc::{report, GrpcClient, Next};
+    use envoy_types::pb::envoy::config::core::v3::HealthStatus;
 
     let hdsd = token_server();
     let app = App::start();

@@ -25,9 +25,9 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use crate::support::wait_for;
 use hdsd::api::DataplaneItem;
 use serde_json::Value;
-use crate::support::wait_for;
 
 /// How hdsd's image is made: the Dockerfile's `runtime` target with the hdsd
 /// `cargo test` built mounted (prebuilt.yml; the default, seconds), or the

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use crate::support::*;
+use chrono::Utc;
 
 const CONNECT: Duration = Duration::from_secs(20);
 

@@ -6,8 +6,8 @@ use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
 use crate::support::{wait_for, Hdsd, HdsdOptions};
+use serde_json::Value;
 
 const LOADGEN: &str = env!("CARGO_BIN_EXE_hdsd-loadgen");
 const DATAPLANES: u64 = 500;

@@ -10,9 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::{dataplane_yaml, wait_for, App, Envoy, Hdsd, HdsdOptions};
 use hdsd::consumers::pb;
 use serde_json::Value;
-use crate::support::{dataplane_yaml, wait_for, App, Envoy, Hdsd, HdsdOptions};
 
 fn python() -> PathBuf {
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use hdsd::bootstrap::{bootstrap, BootstrapParams};
 use hdsd::dataplane::DataplaneId;
 use rcgen::{
@@ -13,7 +14,6 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 use rustls::pki_types::{CertificateDer, ServerName};
-use crate::support::*;
 
 /// Envoy start, TLS handshake, first connection and first report.
 const CONNECT: Duration = Duration::from_secs(20);

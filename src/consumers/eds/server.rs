@@ -26,8 +26,9 @@ use crate::metrics as m;
 pub enum EdsAuth {
     /// `auth.mode = "none"`: anyone who reaches the port.
     Open,
-    /// `auth.mode = "token"`: one of `api.tokens` as `authorization: Bearer <token>`.
-    ApiTokens(Arc<Vec<String>>),
+    /// `auth.mode = "token"`: one of `api.tokens` or `eds.tokens` as
+    /// `authorization: Bearer <token>`.
+    Tokens(Arc<Vec<String>>),
 }
 
 /// Why a subscriber was refused: the message it gets and the metric reason.
@@ -39,13 +40,13 @@ pub struct Refusal {
 
 /// Checks the `authorization` metadata of an EDS stream.
 pub fn check(auth: &EdsAuth, metadata: &MetadataMap) -> Result<(), Refusal> {
-    let EdsAuth::ApiTokens(tokens) = auth else {
+    let EdsAuth::Tokens(tokens) = auth else {
         return Ok(());
     };
     if tokens.is_empty() {
         return Err(Refusal {
             reason: "no_api_tokens",
-            message: "EDS needs an API token with auth.mode = \"token\", but api.tokens is empty; add one to api.tokens and send it as `authorization: Bearer <token>`",
+            message: "EDS needs a token with auth.mode = \"token\", but api.tokens and eds.tokens are empty; add one to eds.tokens (or api.tokens) and send it as `authorization: Bearer <token>`",
         });
     }
     // The one bearer rule (auth::bearer), the one API-token comparison.
@@ -57,12 +58,12 @@ pub fn check(auth: &EdsAuth, metadata: &MetadataMap) -> Result<(), Refusal> {
     match presented {
         None => Err(Refusal {
             reason: "missing",
-            message: "EDS clients must send `authorization: Bearer <token>` (gRPC initial_metadata) with one of api.tokens",
+            message: "EDS clients must send `authorization: Bearer <token>` (gRPC initial_metadata) with one of api.tokens or eds.tokens",
         }),
         Some(Ok(t)) if crate::api::is_api_token(tokens, t) => Ok(()),
         Some(_) => Err(Refusal {
             reason: "invalid_api_token",
-            message: "invalid EDS token: it is not one of api.tokens",
+            message: "invalid EDS token: it is not one of api.tokens or eds.tokens",
         }),
     }
 }
@@ -270,7 +271,7 @@ mod tests {
 
     #[test]
     fn api_tokens_guard_eds_with_token_auth() {
-        let auth = EdsAuth::ApiTokens(Arc::new(vec!["s3cret".into()]));
+        let auth = EdsAuth::Tokens(Arc::new(vec!["s3cret".into()]));
         assert_eq!(check(&auth, &metadata(Some("Bearer s3cret"))), Ok(()));
         assert_eq!(check(&auth, &metadata(None)).unwrap_err().reason, "missing");
         assert_eq!(
@@ -279,7 +280,7 @@ mod tests {
                 .reason,
             "invalid_api_token"
         );
-        let none = EdsAuth::ApiTokens(Arc::new(vec![]));
+        let none = EdsAuth::Tokens(Arc::new(vec![]));
         let r = check(&none, &metadata(Some("Bearer s3cret"))).unwrap_err();
         assert_eq!(r.reason, "no_api_tokens");
         assert!(r.message.contains("api.tokens"));
