@@ -683,8 +683,9 @@ class Demo:
         before, _, _ = since
         delta = {app: n - before.get(app, 0) for app, n in answers.items() if n - before.get(app, 0)}
         total = sum(answers.values()) + failures
+        owner = {"web": WEB, "web-2": WEB2}
         text = (f"front: {sum(delta.values())} requests since, answered by "
-                + ", ".join(f"{app} {n}" for app, n in sorted(delta.items()))
+                + ", ".join(f"{owner.get(app, app)}'s app {n}" for app, n in sorted(delta.items()))
                 + f"; failed requests over the whole story: {failures} of {total}"
                 + (f" (last: {last})" if failures else ""))
         return text, failures == 0
