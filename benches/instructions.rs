@@ -208,6 +208,8 @@ fn report(k: u16, flip: bool) -> Box<dyn FnMut()> {
             let command = Command::Report {
                 stream: STREAM,
                 report,
+                // A fixed instant: the clock read belongs to the stream task.
+                received: at.into_std(),
             };
             black_box(publish(&tx, command, now()));
         }

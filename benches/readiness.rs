@@ -70,6 +70,7 @@ fn registry_apply(c: &mut Criterion) {
                 let command = Command::Report {
                     stream: 7,
                     report: Box::new(healthy.clone()),
+                    received: std::time::Instant::now(),
                 };
                 apply(&mut state, black_box(command), now)
             })
@@ -83,6 +84,7 @@ fn registry_apply(c: &mut Criterion) {
                 let command = Command::Report {
                     stream: 7,
                     report: Box::new(r.clone()),
+                    received: std::time::Instant::now(),
                 };
                 apply(&mut state, black_box(command), now)
             })

@@ -269,7 +269,8 @@ impl Drop for ActiveEdsStream {
 
 /// Report folding takes microseconds.
 const REPORT_BUCKETS: &[f64] = &[
-    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2,
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+    5e-2, 0.1,
 ];
 /// Specifier generation: microseconds for a small dataplane, milliseconds for a huge one.
 const GENERATION_BUCKETS: &[f64] = &[
@@ -346,7 +347,7 @@ fn describe() {
     describe_histogram!(
         REPORT_PROCESSING,
         Unit::Seconds,
-        "Time to fold one health report into readiness."
+        "Time from a health report's arrival on its stream to its result being visible (folded into readiness and published to the API and the change feed)."
     );
     describe_counter!(
         REPORT_UNKNOWN_ENDPOINTS,

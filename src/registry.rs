@@ -63,6 +63,9 @@ pub enum Command {
     Report {
         stream: StreamId,
         report: Box<EndpointHealthResponse>,
+        /// When the stream handed the report on: the start of
+        /// `hdsd_report_processing_seconds` (report received -> visible).
+        received: std::time::Instant,
     },
 }
 
@@ -320,9 +323,11 @@ impl DataplaneTask {
 
     fn command(&mut self, command: Command) {
         let now = self.clock.now();
-        let is_report = matches!(command, Command::Report { .. });
+        let received = match &command {
+            Command::Report { received, .. } => Some(*received),
+            _ => None,
+        };
         let redefines = matches!(command, Command::Define(_) | Command::Remove);
-        let started = std::time::Instant::now();
         let mut applied = Applied::default();
         let mut visible = true;
         self.state.send_if_modified(|s| {
@@ -344,9 +349,10 @@ impl DataplaneTask {
         if applied.notify && visible {
             self.publish();
         }
-        if is_report {
+        if let Some(received) = received {
+            // Folded and published: what the API and every consumer read now.
             let fold = &applied.fold;
-            crate::metrics::report_folded(started.elapsed(), fold.unknown_endpoints);
+            crate::metrics::report_folded(received.elapsed(), fold.unknown_endpoints);
             crate::metrics::transitions(fold.became_ready, fold.became_not_ready);
         }
         self.persist(applied.fold.changed || (redefines && applied.notify));
@@ -493,7 +499,7 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 ..Default::default()
             }
         }
-        Command::Report { stream, report } => {
+        Command::Report { stream, report, .. } => {
             // Only the newest stream speaks for the dataplane.
             if s.connection.stream != Some(stream) {
                 return Applied::default();
@@ -587,6 +593,7 @@ mod tests {
             Command::Report {
                 stream: 1,
                 report: healthy(8080),
+                received: std::time::Instant::now(),
             },
             t(3),
         );
@@ -597,6 +604,7 @@ mod tests {
             Command::Report {
                 stream: 2,
                 report: healthy(8080),
+                received: std::time::Instant::now(),
             },
             t(4),
         );
@@ -648,6 +656,7 @@ mod tests {
             .send(Command::Report {
                 stream: 1,
                 report: healthy(8080),
+                received: std::time::Instant::now(),
             })
             .await;
         let status = |s: &DataplaneState| s.health.inbounds[0].status;
@@ -715,6 +724,7 @@ mod tests {
             Command::Report {
                 stream: 1,
                 report: healthy(8080),
+                received: std::time::Instant::now(),
             },
             t(2),
         );
@@ -737,7 +747,8 @@ mod tests {
                 &mut s,
                 Command::Report {
                     stream: 1,
-                    report: healthy(9090)
+                    report: healthy(9090),
+                    received: std::time::Instant::now(),
                 },
                 t(6)
             )

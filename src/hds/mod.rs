@@ -431,6 +431,7 @@ impl Driver {
                 let command = Command::Report {
                     stream: self.id,
                     report,
+                    received: std::time::Instant::now(),
                 };
                 tokio::select! {
                     ok = a.handle.send(command) => (!ok).then_some(Event::DataplaneGone),
