@@ -6,7 +6,7 @@
 #   scripts/bench.sh                  # every scenario
 #   scripts/bench.sh steady10k storm10k   # some of them
 #
-# Scenarios: steady10k steady50k saturation storm10k churn micro, and (only when
+# Scenarios: steady10k steady50k saturation storm10k churn detection micro, and (only when
 # named) soak10k: 10k dataplanes for DURATION_SOAK (default 2h), hdsd's RSS
 # sampled every 10 s, growth over the last hour in soak10k.json (rss_soak).
 # Results: one JSON file per scenario in $OUT (default target/bench-results).
@@ -25,7 +25,7 @@ mkdir -p "$OUT"
 
 scenarios=("$@")
 if [ ${#scenarios[@]} -eq 0 ]; then
-  scenarios=(steady10k steady50k saturation storm10k churn micro)
+  scenarios=(steady10k steady50k saturation storm10k churn detection micro)
 fi
 
 if pgrep -f 'cargo test' >/dev/null; then
@@ -171,11 +171,16 @@ EOF
     loadgen soak10k --dataplanes-dir "$d/dataplanes" --duration "${DURATION_SOAK:-2h}" --rss-sample-every 10s
     stop_hdsd
     ;;
+  detection)
+    # A real Envoy, 100 app stops and starts: times against the floor and worst case.
+    ENVOY_BIN=${ENVOY_BIN:-$(./scripts/setup.sh)} python3 scripts/detection.py --hdsd "$BIN/hdsd" \
+      --cycles "${DETECTION_CYCLES:-100}" --json "$OUT/detection.json" >/dev/null
+    ;;
   micro)
     cargo bench --bench specifier --bench readiness 2>&1 | tee "$OUT/micro.txt" >&2
     ;;
   *)
-    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn soak10k micro)" >&2
+    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn soak10k detection micro)" >&2
     exit 2
     ;;
   esac
