@@ -198,6 +198,9 @@ fn loadgen_against_hdsd_and_null_server() {
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(num(&r, "connected"), 100.0, "{r}");
     assert_eq!(num(&r, "invalid_specifiers"), 0.0, "{r}");
-    let rate = num(&r, "reports_per_s");
-    assert!((80.0..=120.0).contains(&rate), "reports/s {rate}: {r}");
+    // Every simulated Envoy reported in the 3 s window (at 1 report/s). No
+    // rate check: 3 s hold 2 to 4 report rounds depending on where the timers
+    // fall, so a rate is a benchmark figure, not a test result.
+    assert!(num(&r, "reports_sent") >= 100.0, "{r}");
+    assert!(num(&r, "reports_per_s") > 0.0, "{r}");
 }
