@@ -10,7 +10,7 @@
 # named) soak10k: 10k dataplanes for DURATION_SOAK (default 2h), hdsd's RSS
 # sampled every 10 s, growth over the last hour in soak10k.json (rss_soak).
 # Results: one JSON file per scenario in $OUT (default target/bench-results).
-# Knobs: DURATION_10K (default 300s), DURATION_50K (120s), SATURATION_DURATION (30s),
+# Knobs: BENCH_PORT_BASE (default 25678: HDS, null server, API), DURATION_10K (default 300s), DURATION_50K (120s), SATURATION_DURATION (30s),
 #        SATURATION_DATAPLANES (1000), STREAMS_PER_CONNECTION_50K (4: see BENCHMARKS.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,9 +18,11 @@ cd "$(dirname "$0")/.."
 TARGET=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET/bench-results}
 BIN=$TARGET/release
-HDS=127.0.0.1:25678
-API=127.0.0.1:25680
-NULL=127.0.0.1:25679
+# BENCH_PORT_BASE moves the three ports (e.g. to run the soak beside other scenarios).
+PORT_BASE=${BENCH_PORT_BASE:-25678}
+HDS=127.0.0.1:$PORT_BASE
+API=127.0.0.1:$((PORT_BASE + 2))
+NULL=127.0.0.1:$((PORT_BASE + 1))
 mkdir -p "$OUT"
 
 scenarios=("$@")
