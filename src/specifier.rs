@@ -10,6 +10,7 @@
 //! endpoint) back to inbounds is kept beside the message, so reports never
 //! have to parse names.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -77,6 +78,9 @@ pub struct Specifier {
     pub target_of_inbound: Vec<Option<usize>>,
     /// The target checking the Envoy's own admin `/ready`, if any.
     pub envoy_ready: Option<usize>,
+    /// Each endpoint's first target: a report's endpoints are matched by
+    /// lookup, not by a scan of the targets (a report may name many).
+    by_endpoint: HashMap<SocketAddr, usize>,
     /// `message` in protobuf encoding, made at the first send and shared by
     /// every later one (reconnects, answers to requests) instead of copying
     /// and encoding the message again. Not made at build time: a file change
@@ -98,14 +102,19 @@ impl PartialEq for Specifier {
 impl Specifier {
     /// The target a reported (cluster, endpoint) pair belongs to.
     pub fn target(&self, cluster: &str, endpoint: SocketAddr) -> Option<usize> {
-        self.targets
-            .iter()
-            .position(|t| t.cluster == cluster && t.endpoint == endpoint)
+        let first = *self.by_endpoint.get(&endpoint)?;
+        if self.targets[first].cluster == cluster {
+            return Some(first);
+        }
+        // Inbound targets have distinct endpoints; only the Envoy's own
+        // `/ready` check may share one with an inbound.
+        self.envoy_ready
+            .filter(|&e| self.targets[e].endpoint == endpoint && self.targets[e].cluster == cluster)
     }
 
     /// The target with this endpoint (reports from older Envoys carry no cluster).
     pub fn target_by_endpoint(&self, endpoint: SocketAddr) -> Option<usize> {
-        self.targets.iter().position(|t| t.endpoint == endpoint)
+        self.by_endpoint.get(&endpoint).copied()
     }
 
     /// An empty specifier: Envoy stops every check. Sent to deleted dataplanes.
@@ -127,11 +136,16 @@ impl Specifier {
         target_of_inbound: Vec<Option<usize>>,
         envoy_ready: Option<usize>,
     ) -> Specifier {
+        let mut by_endpoint = HashMap::with_capacity(targets.len());
+        for (i, t) in targets.iter().enumerate() {
+            by_endpoint.entry(t.endpoint).or_insert(i);
+        }
         Specifier {
             message,
             targets,
             target_of_inbound,
             envoy_ready,
+            by_endpoint,
             encoded: OnceLock::new(),
         }
     }
@@ -189,6 +203,7 @@ pub fn build(
     settings: &SpecifierSettings,
 ) -> Result<Specifier, SpecifierError> {
     let mut targets: Vec<ProbeTarget> = Vec::new();
+    let mut target_at: HashMap<SocketAddr, usize> = HashMap::new();
     let mut target_of_inbound = Vec::with_capacity(dataplane.inbounds.len());
     for (index, inbound) in dataplane.inbounds.iter().enumerate() {
         let ignored = inbound.state == crate::dataplane::InboundState::Ignored;
@@ -217,7 +232,7 @@ pub fn build(
                 .and_then(|o| o.port)
                 .unwrap_or(inbound.service_port),
         );
-        match targets.iter().position(|t| t.endpoint == endpoint) {
+        match target_at.get(&endpoint).copied() {
             Some(t) if targets[t].settings != probe || targets[t].check != check => {
                 return Err(SpecifierError::ConflictingProbes {
                     first: targets[t].inbounds[0],
@@ -237,6 +252,7 @@ pub fn build(
                     check,
                     inbounds: vec![index],
                 });
+                target_at.insert(endpoint, targets.len() - 1);
                 target_of_inbound.push(Some(targets.len() - 1));
             }
         }

@@ -33,7 +33,7 @@ pub mod reload;
 #[cfg(test)]
 mod testutil;
 
-pub use listener::{TlsListener, HANDSHAKE_TIMEOUT};
+pub use listener::{TlsHandshake, TlsListener, HANDSHAKE_TIMEOUT};
 pub use pem::server_config;
 pub use reload::{Reload, ServerTls};
 
