@@ -871,6 +871,25 @@ mod tests {
     }
 
     #[test]
+    fn report_endpoints_are_looked_up_by_cluster_and_endpoint() {
+        // An inbound whose application is on the admin port's address: two
+        // targets share the endpoint, the cluster tells them apart.
+        let mut dp = dataplane(vec![inbound(10001, 9901, None), inbound(10002, 8080, None)]);
+        dp.admin_port = Some(9901);
+        let spec = build(&dp, &defaults()).unwrap();
+        let shared: SocketAddr = "127.0.0.1:9901".parse().unwrap();
+        let app: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let ready = spec.envoy_ready.unwrap();
+        assert_eq!(spec.target(&spec.targets[0].cluster, shared), Some(0));
+        assert_eq!(spec.target(ENVOY_READY_CLUSTER, shared), Some(ready));
+        assert_eq!(spec.target(&spec.targets[1].cluster, app), Some(1));
+        assert_eq!(spec.target("probe_other", app), None);
+        assert_eq!(spec.target(&spec.targets[1].cluster, "10.0.0.1:1".parse().unwrap()), None);
+        assert_eq!(spec.target_by_endpoint(app), Some(1));
+        assert_eq!(spec.target_by_endpoint(shared), Some(0));
+    }
+
+    #[test]
     fn invalid_checks_and_different_kinds_on_one_target_are_refused() {
         let dp = dataplane(vec![
             inbound(10001, 8080, None),

@@ -667,6 +667,32 @@ impl Driver {
     }
 }
 
+#[cfg(test)]
+mod counts_tests {
+    use super::*;
+
+    #[test]
+    fn streams_per_node_and_waiting_streams_are_capped_and_released() {
+        let counts = StreamCounts::new(2, 1);
+        let web: DataplaneId = "default.web".parse().unwrap();
+        let db: DataplaneId = "default.db".parse().unwrap();
+        let a = counts.bind(&web).unwrap();
+        let b = counts.bind(&web).unwrap();
+        assert!(counts.bind(&web).is_none());
+        let c = counts.bind(&db).unwrap();
+        assert_eq!(counts.bound(&web), 2);
+        drop(a);
+        assert_eq!(counts.bound(&web), 1);
+        drop((b, c));
+        assert!(counts.per_node.lock().unwrap().is_empty());
+
+        let w = counts.wait().unwrap();
+        assert!(counts.wait().is_none());
+        drop(w);
+        assert!(counts.wait().is_some());
+    }
+}
+
 /// Completes with the pending lookup's result; never when there is none.
 async fn wait_opt(resolve: &mut Option<Waiting>) -> Option<DataplaneHandle> {
     match resolve {
