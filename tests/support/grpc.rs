@@ -95,7 +95,23 @@ impl GrpcClient {
 
     /// FetchHealthCheck with `message`.
     pub fn fetch(&self, message: Message) -> Result<HealthCheckSpecifier, Status> {
+        self.fetch_with_token(message, None)
+    }
+
+    /// FetchHealthCheck with `message`, carrying `token` as `authorization`.
+    pub fn fetch_with_token(
+        &self,
+        message: Message,
+        token: Option<&str>,
+    ) -> Result<HealthCheckSpecifier, Status> {
         let mut client = self.client.clone();
+        let mut message = tonic::Request::new(message);
+        if let Some(token) = token {
+            message.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {token}").parse().expect("ASCII token"),
+            );
+        }
         self.rt
             .block_on(async {
                 tokio::time::timeout(CONNECT, client.fetch_health_check(message)).await
