@@ -327,7 +327,13 @@ fn jti(hdsd: &Hdsd, token: &str) -> String {
 fn revocation_ends_a_stream_waiting_for_its_first_request() {
     let dir = tempfile::tempdir().unwrap();
     let revocations = dir.path().join("lists").join("revoked");
-    let hdsd = Hdsd::start(token_options(&format!("revocations = {:?}", revocations.display().to_string())));
+    let hdsd = Hdsd::start(HdsdOptions {
+        stale_after: Some("30s".into()),
+        ..token_options(&format!(
+            "revocations = {:?}",
+            revocations.display().to_string()
+        ))
+    });
     served_web(&hdsd);
     let client = GrpcClient::connect(hdsd.hds);
 
@@ -367,8 +373,11 @@ fn revocation_ends_a_stream_waiting_for_its_first_request() {
         .metric(r#"hdsd_auth_failures_total{reason="malformed"}"#)
         .unwrap_or(0.0);
     for _ in 0..200 {
-        let mut s = client.open_with_token(Some("not.a.token"));
-        s.expect_status(Code::Unauthenticated, SOON);
+        let refused = match client.try_open_with_token(Some("not.a.token")) {
+            Err(status) => status,
+            Ok(mut s) => s.expect_status(Code::Unauthenticated, SOON),
+        };
+        assert_eq!(refused.code(), Code::Unauthenticated);
     }
     let after = hdsd
         .metric(r#"hdsd_auth_failures_total{reason="malformed"}"#)

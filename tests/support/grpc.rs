@@ -62,6 +62,12 @@ impl GrpcClient {
     /// Opens a StreamHealthCheck stream carrying `token` as `authorization`
     /// metadata (as Envoy's bootstrap sends it); nothing is sent yet.
     pub fn open_with_token(&self, token: Option<&str>) -> HdsStream {
+        self.try_open_with_token(token)
+            .expect("open StreamHealthCheck")
+    }
+
+    /// As [`GrpcClient::open_with_token`], or the status that refused the stream.
+    pub fn try_open_with_token(&self, token: Option<&str>) -> Result<HdsStream, Status> {
         let (tx, rx) = mpsc::channel::<Message>(16);
         let mut client = self.client.clone();
         let mut request = tonic::Request::new(ReceiverStream::new(rx));
@@ -76,14 +82,13 @@ impl GrpcClient {
             .block_on(async {
                 tokio::time::timeout(CONNECT, client.stream_health_check(request)).await
             })
-            .expect("opening the stream timed out")
-            .expect("open StreamHealthCheck")
+            .expect("opening the stream timed out")?
             .into_inner();
-        HdsStream {
+        Ok(HdsStream {
             rt: self.rt.clone(),
             tx: Some(tx),
             inbound: Some(inbound),
-        }
+        })
     }
 
     /// Opens a stream and sends a HealthCheckRequest for `node_id`.
