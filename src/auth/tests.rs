@@ -667,3 +667,15 @@ fn the_gate_refuses_tokens_valid_longer_than_the_maximum_whoever_issued_them() {
         "unknown_key"
     );
 }
+
+#[test]
+fn a_key_made_in_the_same_second_signs_after_the_older_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..20 {
+        // Also within the second, not only on it.
+        let now = t0() + chrono::Duration::milliseconds(i * 40);
+        let made = KeyRing::generate(dir.path(), now).unwrap();
+        let ring = KeyRing::load(dir.path(), &[]).unwrap();
+        assert_eq!(ring.signing_kid(), Some(made.kid.as_str()));
+    }
+}

@@ -677,6 +677,40 @@ mod tests {
         assert!(message.contains(&format!("{} endpoints", max + 1)), "{message}");
     }
 
+    /// The arithmetic behind `max_message_bytes` (README, "Limits and
+    /// hardening"): the worst-case size of one reported endpoint.
+    #[test]
+    fn the_default_message_limit_holds_a_report_of_two_thousand_inbounds() {
+        use envoy_types::pb::envoy::config::core::v3::Locality;
+        use envoy_types::pb::envoy::service::health::v3::{
+            ClusterEndpointsHealth, EndpointHealth, LocalityEndpointsHealth,
+        };
+        use prost::Message;
+        let entry = |addr: std::net::SocketAddr| ClusterEndpointsHealth {
+            cluster_name: crate::specifier::cluster_name(addr),
+            locality_endpoints_health: vec![LocalityEndpointsHealth {
+                locality: Some(Locality::default()),
+                endpoints_health: vec![EndpointHealth {
+                    endpoint: Some(crate::specifier::endpoint(addr)),
+                    health_status: 2,
+                    health_metadata: None,
+                }],
+            }],
+        };
+        let v6: std::net::SocketAddr = "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535".parse().unwrap();
+        let v4: std::net::SocketAddr = "255.255.255.255:65535".parse().unwrap();
+        let report = |addr, n| EndpointHealthResponse {
+            cluster_endpoints_health: vec![entry(addr); n],
+            ..Default::default()
+        };
+        let per_v6 = report(v6, 1000).encoded_len() / 1000;
+        let per_v4 = report(v4, 1000).encoded_len() / 1000;
+        eprintln!("{per_v6} bytes per IPv6 endpoint, {per_v4} per IPv4 endpoint");
+        assert!(per_v6 <= 120 && per_v4 <= 70, "{per_v6} and {per_v4} bytes per endpoint");
+        let max = crate::config::HdsLimits::default().max_message_bytes;
+        assert!(report(v6, 4000).encoded_len() < max);
+    }
+
     #[test]
     fn a_limit_reached_ends_the_stream_with_its_status() {
         let mut h = Harness::new(None);
