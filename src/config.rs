@@ -547,12 +547,27 @@ impl Config {
         let l = &self.hds.limits;
         for (key, value) in [
             ("hds.limits.max_connections", l.max_connections),
-            ("hds.limits.max_connections_per_ip", l.max_connections_per_ip),
-            ("hds.limits.max_streams_per_connection", l.max_streams_per_connection as usize),
-            ("hds.limits.max_streams_per_dataplane", l.max_streams_per_dataplane),
+            (
+                "hds.limits.max_connections_per_ip",
+                l.max_connections_per_ip,
+            ),
+            (
+                "hds.limits.max_streams_per_connection",
+                l.max_streams_per_connection as usize,
+            ),
+            (
+                "hds.limits.max_streams_per_dataplane",
+                l.max_streams_per_dataplane,
+            ),
             ("hds.limits.max_waiting_streams", l.max_waiting_streams),
-            ("api.limits.max_connections", self.api.limits.max_connections),
-            ("api.limits.max_connections_per_ip", self.api.limits.max_connections_per_ip),
+            (
+                "api.limits.max_connections",
+                self.api.limits.max_connections,
+            ),
+            (
+                "api.limits.max_connections_per_ip",
+                self.api.limits.max_connections_per_ip,
+            ),
         ] {
             if value == 0 {
                 problems.push(format!("{key} must be > 0: with 0 nothing could connect; remove the setting to use its default"));
@@ -567,8 +582,14 @@ impl Config {
         for (key, value) in [
             ("hds.limits.handshake_timeout", l.handshake_timeout),
             ("hds.limits.first_request_timeout", l.first_request_timeout),
-            ("api.limits.handshake_timeout", self.api.limits.handshake_timeout),
-            ("api.limits.header_read_timeout", self.api.limits.header_read_timeout),
+            (
+                "api.limits.handshake_timeout",
+                self.api.limits.handshake_timeout,
+            ),
+            (
+                "api.limits.header_read_timeout",
+                self.api.limits.header_read_timeout,
+            ),
             ("api.limits.idle_timeout", self.api.limits.idle_timeout),
         ] {
             if value.is_zero() {

@@ -321,9 +321,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
     }
 }
 
-impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected
-    for Admitted<IO>
-{
+impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected for Admitted<IO> {
     type ConnectInfo = IO::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
@@ -714,7 +712,8 @@ impl LogLimiter {
         let mut key = canonical(key);
         if !self.keys.contains_key(&key) && self.keys.len() >= self.rate.max_keys {
             let window = self.rate.window;
-            self.keys.retain(|_, w| now.duration_since(w.start) < window);
+            self.keys
+                .retain(|_, w| now.duration_since(w.start) < window);
             if self.keys.len() >= self.rate.max_keys {
                 key = OVERFLOW_KEY;
             }

@@ -14,11 +14,11 @@ use crate::auth::Gate;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{AuthMode, Config};
 use crate::hds::{HdsService, HdsSettings};
+use crate::net::{Admission, Incoming, Plain};
 use crate::registry::{Registry, RegistryOptions};
 use crate::source::{self, Loaded};
 use crate::specifier::SpecifierSettings;
 use crate::store::{ReadinessStore, RedbStore, StoreHandle};
-use crate::net::{Admission, Incoming, Plain};
 use crate::tls::TlsHandshake;
 
 /// Why the server could not start or stopped with an error.
@@ -122,7 +122,10 @@ pub fn raise_open_file_limit(config: &Config) {
             return;
         }
     };
-    tracing::info!(open_files = soft, "open-file limit (soft, raised to the hard limit)");
+    tracing::info!(
+        open_files = soft,
+        "open-file limit (soft, raised to the hard limit)"
+    );
     if soft < wanted {
         tracing::warn!(
             open_files = soft,
@@ -322,7 +325,10 @@ pub async fn run(
             .http2_max_local_error_reset_streams(Some(crate::net::H2_MAX_LOCAL_RESETS))
             .http2_max_header_list_size(HDS_MAX_HEADER_LIST)
             .add_service(service.into_server())
-            .add_service(eds.into_server().max_decoding_message_size(limits.max_message_bytes));
+            .add_service(
+                eds.into_server()
+                    .max_decoding_message_size(limits.max_message_bytes),
+            );
         let signal = async move {
             let _ = drain.wait_for(|d| *d).await;
         };

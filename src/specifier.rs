@@ -884,7 +884,10 @@ mod tests {
         assert_eq!(spec.target(ENVOY_READY_CLUSTER, shared), Some(ready));
         assert_eq!(spec.target(&spec.targets[1].cluster, app), Some(1));
         assert_eq!(spec.target("probe_other", app), None);
-        assert_eq!(spec.target(&spec.targets[1].cluster, "10.0.0.1:1".parse().unwrap()), None);
+        assert_eq!(
+            spec.target(&spec.targets[1].cluster, "10.0.0.1:1".parse().unwrap()),
+            None
+        );
         assert_eq!(spec.target_by_endpoint(app), Some(1));
         assert_eq!(spec.target_by_endpoint(shared), Some(0));
     }

@@ -39,7 +39,12 @@ fn closed_within(s: &mut TcpStream, timeout: Duration) -> bool {
         match s.read(&mut buf) {
             Ok(0) => return true,
             Ok(_) => continue,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
                 return false
             }
             Err(_) => return true,
@@ -56,7 +61,13 @@ fn try_metric(hdsd: &Hdsd, series: &str) -> Result<f64, String> {
         .read_to_string()
         .map_err(|e| e.to_string())?;
     text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
         .ok_or_else(|| format!("{series} not exported"))
 }
 
@@ -75,7 +86,13 @@ fn proc_status(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()
-        .find_map(|l| l.strip_prefix(field)?.split_whitespace().next()?.parse().ok())
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
         .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
 }
 
@@ -90,7 +107,9 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 fn served_web(hdsd: &Hdsd) {
     hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, APP_PORT)]));
-    wait_for("web defined", SOON, || hdsd.dataplane("default.web").map(|_| ()));
+    wait_for("web defined", SOON, || {
+        hdsd.dataplane("default.web").map(|_| ())
+    });
 }
 
 /// A valid client opens a stream and gets its specifier; returns how long it took.
@@ -127,7 +146,10 @@ fn idle_connections_neither_lock_out_envoys_nor_stay_open() {
         SOON,
     );
     let took = valid_client_is_served(&hdsd);
-    assert!(took < Duration::from_secs(3), "a valid client waited {took:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "a valid client waited {took:?}"
+    );
     let rss_after = proc_status(hdsd.pid(), "VmRSS:");
     let cpu = cpu_ticks(hdsd.pid()) - cpu_before;
     let wall = opened.elapsed();
@@ -216,7 +238,10 @@ fn stream_limits_end_bad_streams_with_clear_statuses() {
     // Silent: ended at the first-request deadline.
     let mut silent = client.open();
     let status = silent.expect_status(Code::DeadlineExceeded, Duration::from_secs(5));
-    assert!(status.message().contains("first_request_timeout"), "{status:?}");
+    assert!(
+        status.message().contains("first_request_timeout"),
+        "{status:?}"
+    );
 
     // Per node id: two streams for default.ghost wait; a third is refused.
     let mut ghost1 = client.open_as("default.ghost");
@@ -226,22 +251,29 @@ fn stream_limits_end_bad_streams_with_clear_statuses() {
     let status = client
         .open_as("default.ghost")
         .expect_status(Code::ResourceExhausted, SOON);
-    assert!(status.message().contains("max_streams_per_dataplane"), "{status:?}");
+    assert!(
+        status.message().contains("max_streams_per_dataplane"),
+        "{status:?}"
+    );
     // Waiting in total: a third unknown dataplane waits, a fourth is refused.
     let mut other = client.open_as("default.other");
     other.expect_nothing(Duration::from_millis(300));
     let status = client
         .open_as("default.fourth")
         .expect_status(Code::Unavailable, SOON);
-    assert!(status.message().contains("max_waiting_streams"), "{status:?}");
+    assert!(
+        status.message().contains("max_waiting_streams"),
+        "{status:?}"
+    );
     drop((ghost1, ghost2, other));
 
     // An oversized message: refused before it is decoded.
     let mut web = client.open_as("default.web");
     web.expect_specifier(SOON);
     let cluster = probe_cluster(10001);
-    let big: Vec<(&str, u16, HealthStatus)> =
-        (0..300).map(|_| (cluster.as_str(), 10001, HealthStatus::Healthy)).collect();
+    let big: Vec<(&str, u16, HealthStatus)> = (0..300)
+        .map(|_| (cluster.as_str(), 10001, HealthStatus::Healthy))
+        .collect();
     let message = report(&big);
     assert!(message.encoded_len() > 4096);
     web.send(message);
@@ -251,7 +283,9 @@ fn stream_limits_end_bad_streams_with_clear_statuses() {
     // Far more endpoints than the specifier has targets (under the size limit).
     let mut web = client.open_as("default.web");
     web.expect_specifier(SOON);
-    let many: Vec<(u16, HealthStatus)> = (0..100).map(|i| (20_000 + i, HealthStatus::Healthy)).collect();
+    let many: Vec<(u16, HealthStatus)> = (0..100)
+        .map(|i| (20_000 + i, HealthStatus::Healthy))
+        .collect();
     let message = flat_report(&many);
     assert!(message.encoded_len() < 4096);
     web.send(message);
@@ -343,7 +377,11 @@ fn revocation_ends_a_stream_waiting_for_its_first_request() {
     web.send(hc_request(Some("default.web")));
     web.expect_specifier(SOON);
     for _ in 0..10 {
-        web.send(report(&[(&probe_cluster(10001), APP_PORT, HealthStatus::Healthy)]));
+        web.send(report(&[(
+            &probe_cluster(10001),
+            APP_PORT,
+            HealthStatus::Healthy,
+        )]));
         std::thread::sleep(Duration::from_millis(200));
     }
     hdsd.wait_connected("default.web", true, SOON);
@@ -361,11 +399,18 @@ fn revocation_ends_a_stream_waiting_for_its_first_request() {
     hdsd.cli(&["token", "revoke", &jti(&hdsd, &token)]);
     let status = waiting.expect_status(Code::Unauthenticated, Duration::from_secs(5));
     assert!(status.message().contains("revoked"), "{status:?}");
-    eprintln!("revoked stream ended {:?} after the revocation", revoked_at.elapsed());
+    eprintln!(
+        "revoked stream ended {:?} after the revocation",
+        revoked_at.elapsed()
+    );
     assert!(revoked_at.elapsed() < Duration::from_secs(3));
     assert!(hdsd.metric("hdsd_auth_reloads_total").unwrap() >= 1.0);
     // The other token's stream is untouched.
-    web.send(report(&[(&probe_cluster(10001), APP_PORT, HealthStatus::Healthy)]));
+    web.send(report(&[(
+        &probe_cluster(10001),
+        APP_PORT,
+        HealthStatus::Healthy,
+    )]));
     web.expect_nothing(Duration::from_millis(300));
 
     // A flood of refused streams: every one counted, a few logged.
@@ -397,7 +442,11 @@ fn removing_a_signing_key_ends_its_live_streams() {
     let hdsd = Hdsd::start(token_options(""));
     served_web(&hdsd);
     let keys = hdsd.dir.path().join("state").join("keys");
-    let old_files: Vec<_> = std::fs::read_dir(&keys).unwrap().flatten().map(|e| e.path()).collect();
+    let old_files: Vec<_> = std::fs::read_dir(&keys)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     let token = hdsd.issue_token("default.web", "1h");
     let client = GrpcClient::connect(hdsd.hds);
     let mut web = client.open_with_token(Some(&token));
@@ -408,7 +457,10 @@ fn removing_a_signing_key_ends_its_live_streams() {
         std::fs::remove_file(f).unwrap();
     }
     let status = web.expect_status(Code::Unauthenticated, SOON);
-    assert!(status.message().contains("unknown signing key"), "{status:?}");
+    assert!(
+        status.message().contains("unknown signing key"),
+        "{status:?}"
+    );
     hdsd.wait_connected("default.web", false, SOON);
 }
 
@@ -477,7 +529,9 @@ fn revocation_ends_a_stream_blocked_sending() {
     );
     assert!(revoked_at.elapsed() < Duration::from_secs(3));
     assert!(
-        hdsd.metric(r#"hdsd_auth_failures_total{reason="revoked"}"#).unwrap() >= 1.0
+        hdsd.metric(r#"hdsd_auth_failures_total{reason="revoked"}"#)
+            .unwrap()
+            >= 1.0
     );
     let _guard = rt.enter();
     driver.abort();
@@ -526,7 +580,11 @@ fn fetch_for_another_node_is_refused_before_lookup() {
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
     let dir = hdsd.dataplanes_dir().display().to_string();
-    assert!(!e.message().contains(&dir), "reveals the path: {}", e.message());
+    assert!(
+        !e.message().contains(&dir),
+        "reveals the path: {}",
+        e.message()
+    );
     assert!(e.message().contains("ghost.yaml"), "{}", e.message());
 }
 
@@ -540,34 +598,57 @@ fn the_api_bounds_slow_and_excess_clients() {
     });
     // Half a header: closed by the header-read timeout.
     let mut half = TcpStream::connect(hdsd.api).unwrap();
-    half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
+    half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
     let started = Instant::now();
-    assert!(closed_within(&mut half, Duration::from_secs(5)), "half a header kept open");
+    assert!(
+        closed_within(&mut half, Duration::from_secs(5)),
+        "half a header kept open"
+    );
     let took = started.elapsed();
-    assert!(took >= Duration::from_millis(500), "closed too early: {took:?}");
+    assert!(
+        took >= Duration::from_millis(500),
+        "closed too early: {took:?}"
+    );
 
     // A kept-alive connection that goes quiet after a request: closed too.
     let mut kept = TcpStream::connect(hdsd.api).unwrap();
-    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     let mut response = [0u8; 12];
     kept.read_exact(&mut response).unwrap();
     assert_eq!(&response, b"HTTP/1.1 200");
-    assert!(closed_within(&mut kept, Duration::from_secs(5)), "idle keep-alive kept open");
+    assert!(
+        closed_within(&mut kept, Duration::from_secs(5)),
+        "idle keep-alive kept open"
+    );
 
     // Four silent connections from one address are held; the fifth is closed at once.
-    let mut held: Vec<TcpStream> = (0..4).map(|_| connect_from([127, 0, 0, 3], hdsd.api)).collect();
+    let mut held: Vec<TcpStream> = (0..4)
+        .map(|_| connect_from([127, 0, 0, 3], hdsd.api))
+        .collect();
     std::thread::sleep(Duration::from_millis(200));
     let mut fifth = connect_from([127, 0, 0, 3], hdsd.api);
-    assert!(closed_within(&mut fifth, Duration::from_millis(800)), "the fifth connection was admitted");
+    assert!(
+        closed_within(&mut fifth, Duration::from_millis(800)),
+        "the fifth connection was admitted"
+    );
     // Others are served meanwhile.
-    ureq::get(&hdsd.api_url("/readyz")).call().expect("readyz from another address");
+    ureq::get(&hdsd.api_url("/readyz"))
+        .call()
+        .expect("readyz from another address");
     // The silent ones are closed by the handshake deadline.
     for s in &mut held {
-        assert!(closed_within(s, Duration::from_secs(5)), "a silent API client kept open");
+        assert!(
+            closed_within(s, Duration::from_secs(5)),
+            "a silent API client kept open"
+        );
     }
     assert!(
-        hdsd.metric(r#"hdsd_connections_refused_total{listener="api",reason="max_connections_per_ip"}"#)
-            .unwrap()
+        hdsd.metric(
+            r#"hdsd_connections_refused_total{listener="api",reason="max_connections_per_ip"}"#
+        )
+        .unwrap()
             >= 1.0
     );
     assert!(

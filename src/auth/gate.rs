@@ -172,11 +172,7 @@ impl Gate {
     /// anything in the keys directory, the revocation list itself, or a
     /// Kubernetes-style `..data` swap beside it.
     fn is_own_file(&self, path: &Path) -> bool {
-        owns(
-            self.ring.load().keys_dir(),
-            &self.revocations_path,
-            path,
-        )
+        owns(self.ring.load().keys_dir(), &self.revocations_path, path)
     }
 }
 
@@ -193,6 +189,13 @@ fn owns(keys_dir: &Path, revocations: &Path, path: &Path) -> bool {
             .is_some_and(|n| n.starts_with(".."))
 }
 
+fn parent(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,12 +210,5 @@ mod tests {
         assert!(!owns(keys, revoked, Path::new("/s/readiness.redb")));
         assert!(!owns(keys, revoked, Path::new("/s/revoked-tokens.tmp")));
         assert!(!owns(keys, revoked, Path::new("/other/..data")));
-    }
-}
-
-fn parent(path: &Path) -> &Path {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
     }
 }

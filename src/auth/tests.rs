@@ -653,7 +653,11 @@ fn the_gate_refuses_tokens_valid_longer_than_the_maximum_whoever_issued_them() {
     let err = gate.verify(&long, t0()).unwrap_err();
     assert_eq!(err.reason(), "validity_too_long");
     assert_eq!(err.kind(), RejectionKind::Unauthenticated);
-    assert!(err.detail().contains("max_token_validity"), "{}", err.detail());
+    assert!(
+        err.detail().contains("max_token_validity"),
+        "{}",
+        err.detail()
+    );
     assert!(gate.verify(&short, t0()).is_ok());
 
     // Removing the key (rotation) makes the same token fail on the next reload.

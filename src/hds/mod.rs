@@ -131,7 +131,11 @@ pub struct NodeSlot {
 
 impl Drop for NodeSlot {
     fn drop(&mut self) {
-        let mut per_node = self.counts.per_node.lock().unwrap_or_else(|e| e.into_inner());
+        let mut per_node = self
+            .counts
+            .per_node
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if let Some(n) = per_node.get_mut(&self.id) {
             *n -= 1;
             if *n == 0 {
@@ -542,7 +546,9 @@ impl Driver {
                             });
                         };
                         self.waiting = Some(slot);
-                        if let Some(suppressed) = self.log.allow(self.peer.map(|p| p.ip()), Instant::now()) {
+                        if let Some(suppressed) =
+                            self.log.allow(self.peer.map(|p| p.ip()), Instant::now())
+                        {
                             tracing::warn!(
                                 suppressed,
                                 "unknown dataplane; waiting up to {grace} for {}.yaml in the dataplanes directory",
@@ -649,14 +655,16 @@ impl Driver {
             End::Limit { limit, status } => {
                 m::limit_hit(limit);
                 m::stream_closed(close_reason(status.code()));
-                if let Some(suppressed) = self.log.allow(self.peer.map(|p| p.ip()), Instant::now()) {
+                if let Some(suppressed) = self.log.allow(self.peer.map(|p| p.ip()), Instant::now())
+                {
                     tracing::warn!(peer, limit, suppressed, code = ?status.code(), "ending stream: {}", status.message().escape_debug());
                 }
                 status
             }
             End::Status(status) => {
                 m::stream_closed(close_reason(status.code()));
-                if let Some(suppressed) = self.log.allow(self.peer.map(|p| p.ip()), Instant::now()) {
+                if let Some(suppressed) = self.log.allow(self.peer.map(|p| p.ip()), Instant::now())
+                {
                     tracing::warn!(peer, suppressed, code = ?status.code(), "ending stream: {}", status.message().escape_debug());
                 }
                 status
@@ -664,32 +672,6 @@ impl Driver {
         };
         // A client that stopped reading must not keep this task alive.
         let _ = tokio::time::timeout(END_SEND_TIMEOUT, self.out.send(Err(status))).await;
-    }
-}
-
-#[cfg(test)]
-mod counts_tests {
-    use super::*;
-
-    #[test]
-    fn streams_per_node_and_waiting_streams_are_capped_and_released() {
-        let counts = StreamCounts::new(2, 1);
-        let web: DataplaneId = "default.web".parse().unwrap();
-        let db: DataplaneId = "default.db".parse().unwrap();
-        let a = counts.bind(&web).unwrap();
-        let b = counts.bind(&web).unwrap();
-        assert!(counts.bind(&web).is_none());
-        let c = counts.bind(&db).unwrap();
-        assert_eq!(counts.bound(&web), 2);
-        drop(a);
-        assert_eq!(counts.bound(&web), 1);
-        drop((b, c));
-        assert!(counts.per_node.lock().unwrap().is_empty());
-
-        let w = counts.wait().unwrap();
-        assert!(counts.wait().is_none());
-        drop(w);
-        assert!(counts.wait().is_some());
     }
 }
 
@@ -778,4 +760,30 @@ pub(crate) fn not_found(id: &DataplaneId) -> Status {
         mesh = id.mesh,
         name = id.name.escape_debug(),
     ))
+}
+
+#[cfg(test)]
+mod counts_tests {
+    use super::*;
+
+    #[test]
+    fn streams_per_node_and_waiting_streams_are_capped_and_released() {
+        let counts = StreamCounts::new(2, 1);
+        let web: DataplaneId = "default.web".parse().unwrap();
+        let db: DataplaneId = "default.db".parse().unwrap();
+        let a = counts.bind(&web).unwrap();
+        let b = counts.bind(&web).unwrap();
+        assert!(counts.bind(&web).is_none());
+        let c = counts.bind(&db).unwrap();
+        assert_eq!(counts.bound(&web), 2);
+        drop(a);
+        assert_eq!(counts.bound(&web), 1);
+        drop((b, c));
+        assert!(counts.per_node.lock().unwrap().is_empty());
+
+        let w = counts.wait().unwrap();
+        assert!(counts.wait().is_none());
+        drop(w);
+        assert!(counts.wait().is_some());
+    }
 }

@@ -103,7 +103,9 @@ pub enum End {
 #[derive(Debug)]
 enum Phase {
     /// Waiting (until `deadline`) for the first `HealthCheckRequest`.
-    AwaitingRequest { deadline: Instant },
+    AwaitingRequest {
+        deadline: Instant,
+    },
     /// The node is known; waiting (until `deadline`) for its dataplane.
     Resolving {
         id: DataplaneId,
@@ -184,7 +186,9 @@ impl Stream {
             Event::ClientClosed => self.end(End::Closed, actions),
             Event::ClientError(status) => self.end(End::Status(status), actions),
             Event::Drain => self.end(End::Shutdown, actions),
-            Event::LimitReached { limit, status } => self.end(End::Limit { limit, status }, actions),
+            Event::LimitReached { limit, status } => {
+                self.end(End::Limit { limit, status }, actions)
+            }
             Event::TokenInvalid(rejection) => {
                 let node = self.node().cloned();
                 self.end(End::Refused { rejection, node }, actions)
@@ -638,7 +642,10 @@ mod tests {
         let a = h.advance(Duration::from_millis(1));
         assert!(matches!(
             a.last(),
-            Some(Action::End(End::Limit { limit: "first_request_timeout", .. }))
+            Some(Action::End(End::Limit {
+                limit: "first_request_timeout",
+                ..
+            }))
         ));
         let (code, message) = ended_with(&a);
         assert_eq!(code, Code::DeadlineExceeded);
@@ -674,7 +681,10 @@ mod tests {
         assert_eq!(names(&a), ["detach", "end"]);
         let (code, message) = ended_with(&a);
         assert_eq!(code, Code::InvalidArgument);
-        assert!(message.contains(&format!("{} endpoints", max + 1)), "{message}");
+        assert!(
+            message.contains(&format!("{} endpoints", max + 1)),
+            "{message}"
+        );
     }
 
     /// The arithmetic behind `max_message_bytes` (README, "Limits and
@@ -697,7 +707,9 @@ mod tests {
                 }],
             }],
         };
-        let v6: std::net::SocketAddr = "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535".parse().unwrap();
+        let v6: std::net::SocketAddr = "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535"
+            .parse()
+            .unwrap();
         let v4: std::net::SocketAddr = "255.255.255.255:65535".parse().unwrap();
         let report = |addr, n| EndpointHealthResponse {
             cluster_endpoints_health: vec![entry(addr); n],
@@ -706,7 +718,10 @@ mod tests {
         let per_v6 = report(v6, 1000).encoded_len() / 1000;
         let per_v4 = report(v4, 1000).encoded_len() / 1000;
         eprintln!("{per_v6} bytes per IPv6 endpoint, {per_v4} per IPv4 endpoint");
-        assert!(per_v6 <= 120 && per_v4 <= 70, "{per_v6} and {per_v4} bytes per endpoint");
+        assert!(
+            per_v6 <= 120 && per_v4 <= 70,
+            "{per_v6} and {per_v4} bytes per endpoint"
+        );
         let max = crate::config::HdsLimits::default().max_message_bytes;
         assert!(report(v6, 4000).encoded_len() < max);
     }

@@ -182,7 +182,10 @@ mod tests {
                 .expect("a good client is not held up by the others")
                 .unwrap()
                 .unwrap();
-            assert_eq!(server.get_ref().get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+            assert_eq!(
+                server.get_ref().get_ref().1.alpn_protocol(),
+                Some(&b"h2"[..])
+            );
             assert!(server.get_ref().get_ref().0.nodelay().unwrap());
             client.await.unwrap().unwrap();
         }
