@@ -657,3 +657,74 @@ fn the_api_bounds_slow_and_excess_clients() {
             >= 4.0
     );
 }
+
+/// Finding 6: an API connection that goes quiet is closed after
+/// `api.limits.idle_timeout`, also when the header-read timeout is longer.
+#[test]
+fn a_quiet_api_connection_is_closed_after_the_idle_timeout() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        extra: "[api.limits]\nheader_read_timeout = \"30s\"\nidle_timeout = \"2s\"\n".into(),
+        ..Default::default()
+    });
+    let mut kept = TcpStream::connect(hdsd.api).unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut response = [0u8; 12];
+    kept.read_exact(&mut response).unwrap();
+    assert_eq!(&response, b"HTTP/1.1 200");
+    let quiet_from = Instant::now();
+    assert!(closed_within(&mut kept, Duration::from_secs(10)));
+    let took = quiet_from.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_secs(6),
+        "closed after {took:?}"
+    );
+    assert!(
+        hdsd.metric(r#"hdsd_connections_timed_out_total{listener="api",phase="idle"}"#)
+            .unwrap()
+            >= 1.0
+    );
+}
+
+/// Finding 3: a client that opens and resets streams in a loop ("rapid
+/// reset") has its connection closed by hdsd instead of costing unbounded
+/// server work (the client sees the connection end while it floods).
+#[test]
+fn a_reset_flood_ends_the_connection() {
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcome = rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(hdsd.hds).await.unwrap();
+        let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+        let driver = tokio::spawn(connection);
+        let mut client = client;
+        for i in 0..5_000 {
+            client = match client.ready().await {
+                Ok(c) => c,
+                Err(e) => return format!("refused at stream {i}: {e}"),
+            };
+            let request = http::Request::post(format!(
+                "http://{}/envoy.service.health.v3.HealthDiscoveryService/StreamHealthCheck",
+                hdsd.hds
+            ))
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+            match client.send_request(request, false) {
+                Ok((_response, mut body)) => body.send_reset(h2::Reason::CANCEL),
+                Err(e) => return format!("refused at stream {i}: {e}"),
+            }
+        }
+        // The client's handle is still alive: only the server can end it.
+        match tokio::time::timeout(SOON, driver).await {
+            Ok(Ok(Err(e))) => format!("connection ended by the server after the flood: {e}"),
+            other => panic!("the connection survived 5,000 resets: {other:?}"),
+        }
+    });
+    eprintln!("{outcome}");
+    served_web(&hdsd);
+    valid_client_is_served(&hdsd);
+}
