@@ -247,6 +247,7 @@ impl HdsService {
             attached: None,
             resolved: None,
             waiting: None,
+            deleted_wait: None,
             node_slot: None,
             counts: self.counts.clone(),
             log: self.log.clone(),
@@ -402,6 +403,9 @@ struct Driver {
     /// This stream's place among the waiting ones (and in
     /// `hdsd_streams_waiting`) while it waits for an unknown dataplane.
     waiting: Option<WaitSlot>,
+    /// Counts a stream whose dataplane was deleted in `hdsd_streams_waiting`
+    /// while it waits out the grace (not capped: the dataplane was known).
+    deleted_wait: Option<m::WaitingStream>,
     /// This stream's place among its node id's streams, once bound.
     node_slot: Option<NodeSlot>,
     counts: Arc<StreamCounts>,
@@ -437,6 +441,7 @@ impl Driver {
                         found = wait_opt(&mut resolve) => {
                             resolve = None;
                             self.waiting = None;
+                            self.deleted_wait = None;
                             match found {
                                 Some(handle) => self.resolved(handle),
                                 None => Event::Tick,
@@ -561,6 +566,7 @@ impl Driver {
                             "dataplane deleted; sent an empty specifier, waiting {grace} for it to come back"
                         );
                         self.waiting = None;
+                        self.deleted_wait = Some(m::WaitingStream::new());
                     }
                 }
                 let registry = self.registry.clone();
