@@ -274,7 +274,8 @@ impl Stream {
             ),
             Phase::Attached(a) => {
                 let entries = report_entries(&report);
-                let max = max_report_endpoints(&current_specifier(&a.state, &self.settings));
+                let targets = a.state.defined.as_ref().map_or(0, |d| d.specifier.targets.len());
+                let max = max_report_endpoints(targets);
                 if entries > max {
                     let status = Status::invalid_argument(format!(
                         "a health report with {entries} endpoints, more than the {max} this dataplane's specifier allows (2 per probed target + {REPORT_SLACK}); report only the clusters hdsd sent"
@@ -403,9 +404,9 @@ impl Stream {
 /// still report the previous specifier's targets beside the current ones).
 pub const REPORT_SLACK: usize = 64;
 
-/// The most endpoints a report against `specifier` may carry.
-pub fn max_report_endpoints(specifier: &Specifier) -> usize {
-    specifier.targets.len() * 2 + REPORT_SLACK
+/// The most endpoints a report against a specifier of `targets` targets may carry.
+pub fn max_report_endpoints(targets: usize) -> usize {
+    targets * 2 + REPORT_SLACK
 }
 
 /// How many endpoints a report carries.
