@@ -130,7 +130,7 @@ fn hds_settings() -> Arc<HdsSettings> {
         unknown_dataplane_grace: Duration::from_secs(30),
         report_interval: Duration::from_secs(5),
         stale_after: Duration::from_secs(15),
-        dataplanes_dir: "dataplanes".into(),
+        limits: hdsd::config::HdsLimits::default(),
     })
 }
 
@@ -157,7 +157,7 @@ fn connected_state(k: u16) -> DataplaneState {
 
 /// A stream machine serving `state`, its first specifier already sent.
 fn attached_machine(state: &DataplaneState, at: Instant) -> Stream {
-    let mut machine = Stream::new(STREAM, hds_settings(), None);
+    let mut machine = Stream::new(STREAM, hds_settings(), None, at);
     let mut actions = Vec::new();
     let request = HealthCheckRequest {
         node: Some(Node {

@@ -73,6 +73,10 @@ report_interval = "5s"
 listen = "$API"
 [dataplanes]
 dir = "$dir/dataplanes"
+[hds.limits]
+# The simulated fleet connects from a few loopback addresses.
+max_connections = 100000
+max_connections_per_ip = 100000
 [auth]
 mode = "none"
 EOF

@@ -119,6 +119,104 @@ pub struct HdsConfig {
     /// Check each Envoy's own admin `/ready` (dataplanes that declare
     /// `networking.admin.port`); while it fails, every inbound is `draining`.
     pub check_envoy_ready: bool,
+    /// Connection, stream and message limits of the HDS listener.
+    pub limits: HdsLimits,
+}
+
+/// What one client may hold of the HDS listener (see README, "Limits and
+/// hardening").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HdsLimits {
+    /// Connections open at once (HDS and EDS clients together).
+    pub max_connections: usize,
+    /// Connections open at once from one source IP address.
+    pub max_connections_per_ip: usize,
+    /// From accept to the end of the TLS handshake and the HTTP/2 preface.
+    #[serde(with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    /// Concurrent HTTP/2 streams per connection (an Envoy uses one for HDS).
+    pub max_streams_per_connection: u32,
+    /// The largest gRPC message hdsd decodes (a report), in bytes.
+    pub max_message_bytes: usize,
+    /// How long a stream may take to send its first HealthCheckRequest.
+    #[serde(with = "humantime_serde")]
+    pub first_request_timeout: Duration,
+    /// Streams bound to one node id at once (the newest replaces the
+    /// attached one; this caps the ones piling up beside it).
+    pub max_streams_per_dataplane: usize,
+    /// Streams waiting for an unknown dataplane at once, in total.
+    pub max_waiting_streams: usize,
+}
+
+impl Default for HdsLimits {
+    fn default() -> Self {
+        HdsLimits {
+            max_connections: 10_000,
+            max_connections_per_ip: 128,
+            handshake_timeout: Duration::from_secs(10),
+            max_streams_per_connection: 8,
+            max_message_bytes: 512 * 1024,
+            first_request_timeout: Duration::from_secs(10),
+            max_streams_per_dataplane: 4,
+            max_waiting_streams: 1_000,
+        }
+    }
+}
+
+impl HdsLimits {
+    pub fn connections(&self) -> crate::net::ConnectionLimits {
+        crate::net::ConnectionLimits {
+            max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            handshake_timeout: self.handshake_timeout,
+            idle_timeout: None,
+        }
+    }
+}
+
+/// What one client may hold of the API listener.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiLimits {
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// Connections open at once from one source IP address.
+    pub max_connections_per_ip: usize,
+    /// From accept to the end of the TLS handshake and the first bytes of a request.
+    #[serde(with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    /// How long an HTTP/1 request's headers may take to arrive, counted from
+    /// the connection's start or the end of the previous response.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// A connection with no byte in either direction for this long is closed
+    /// (event streams send a keep-alive every 15 s, HTTP/2 a ping every 30 s).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        ApiLimits {
+            max_connections: 512,
+            max_connections_per_ip: 64,
+            handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+impl ApiLimits {
+    pub fn connections(&self) -> crate::net::ConnectionLimits {
+        crate::net::ConnectionLimits {
+            max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            handshake_timeout: self.handshake_timeout,
+            idle_timeout: Some(self.idle_timeout),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -186,6 +284,8 @@ pub struct ApiConfig {
     pub tls: Option<TlsConfig>,
     /// Static bearer tokens for the REST API (required when it listens beyond loopback).
     pub tokens: Vec<String>,
+    /// Connection limits of the API listener.
+    pub limits: ApiLimits,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -236,6 +336,7 @@ impl Default for HdsConfig {
             stale_after: None,
             keepalive: KeepaliveConfig::default(),
             check_envoy_ready: true,
+            limits: HdsLimits::default(),
         }
     }
 }
@@ -281,6 +382,7 @@ impl Default for ApiConfig {
             listen: "127.0.0.1:5680".parse().expect("valid literal"),
             tls: None,
             tokens: Vec::new(),
+            limits: ApiLimits::default(),
         }
     }
 }
@@ -442,6 +544,58 @@ impl Config {
         if self.auth.max_token_validity.is_zero() {
             problems.push("auth.max_token_validity must be > 0 (e.g. 8760h)".to_string());
         }
+        let l = &self.hds.limits;
+        for (key, value) in [
+            ("hds.limits.max_connections", l.max_connections),
+            (
+                "hds.limits.max_connections_per_ip",
+                l.max_connections_per_ip,
+            ),
+            (
+                "hds.limits.max_streams_per_connection",
+                l.max_streams_per_connection as usize,
+            ),
+            (
+                "hds.limits.max_streams_per_dataplane",
+                l.max_streams_per_dataplane,
+            ),
+            ("hds.limits.max_waiting_streams", l.max_waiting_streams),
+            (
+                "api.limits.max_connections",
+                self.api.limits.max_connections,
+            ),
+            (
+                "api.limits.max_connections_per_ip",
+                self.api.limits.max_connections_per_ip,
+            ),
+        ] {
+            if value == 0 {
+                problems.push(format!("{key} must be > 0: with 0 nothing could connect; remove the setting to use its default"));
+            }
+        }
+        if l.max_message_bytes < 4096 {
+            problems.push(format!(
+                "hds.limits.max_message_bytes is {}, below 4096: Envoy's first request alone can be larger; use the default (524288) or more",
+                l.max_message_bytes
+            ));
+        }
+        for (key, value) in [
+            ("hds.limits.handshake_timeout", l.handshake_timeout),
+            ("hds.limits.first_request_timeout", l.first_request_timeout),
+            (
+                "api.limits.handshake_timeout",
+                self.api.limits.handshake_timeout,
+            ),
+            (
+                "api.limits.header_read_timeout",
+                self.api.limits.header_read_timeout,
+            ),
+            ("api.limits.idle_timeout", self.api.limits.idle_timeout),
+        ] {
+            if value.is_zero() {
+                problems.push(format!("{key} must be > 0 (e.g. 10s)"));
+            }
+        }
         if !self.api.listen.ip().is_loopback() && self.api.tokens.is_empty() {
             problems.push(format!(
                 "api.listen is {}, reachable from other machines, but api.tokens is empty; add at least one bearer token to api.tokens (or HDSD_API__TOKENS) or listen on 127.0.0.1",
@@ -526,6 +680,24 @@ interval = "30s"
 # How long a ping may go unanswered before the connection is closed.
 timeout = "10s"
 
+[hds.limits]
+# What one client may hold of the HDS listener; each limit counts its hits in a metric
+# (README: "Limits and hardening").
+# Connections open at once (HDS and EDS clients), and from one source IP address.
+max_connections = 10000
+max_connections_per_ip = 128
+# From accept to the end of the TLS handshake and the HTTP/2 preface; a silent client is closed.
+handshake_timeout = "10s"
+# Concurrent HTTP/2 streams per connection (an Envoy opens one HDS stream).
+max_streams_per_connection = 8
+# The largest gRPC message hdsd decodes (a health report), in bytes.
+max_message_bytes = 524288
+# How long a new stream may take to send its first HealthCheckRequest.
+first_request_timeout = "10s"
+# Streams bound to one node id at once, and streams waiting for unknown dataplanes in total.
+max_streams_per_dataplane = 4
+max_waiting_streams = 1000
+
 [hds.check]
 # Time between two TCP probes of an inbound's application.
 interval = "1s"
@@ -570,6 +742,20 @@ public_keys = []
 listen = "127.0.0.1:5680"
 # Static bearer tokens for the REST API; required when api.listen is not loopback.
 tokens = []
+
+[api.limits]
+# Connections open at once, and from one source IP address.
+max_connections = 512
+max_connections_per_ip = 64
+# From accept to the end of the TLS handshake and the first bytes of a request.
+handshake_timeout = "10s"
+# How long an HTTP/1 request's headers may take, from the connection's start or the
+# previous response (so it is also how long a kept-alive connection may sit idle).
+header_read_timeout = "10s"
+# A connection with no byte either way for this long is closed (event streams send a
+# keep-alive every 15s).
+idle_timeout = "60s"
+
 # TLS for the REST API, same keys as [hds.tls].
 # [api.tls]
 # cert = "/etc/hdsd/tls/api.pem"

@@ -21,6 +21,7 @@ pub mod fswatch;
 pub mod grpc_auth;
 pub mod hds;
 pub mod metrics;
+pub mod net;
 pub mod probe;
 pub mod readiness;
 pub mod registry;

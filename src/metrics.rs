@@ -37,6 +37,55 @@ pub const EDS_STREAMS_ACTIVE: &str = "hdsd_eds_streams_active";
 pub const EDS_PUSHES: &str = "hdsd_eds_pushes_total";
 pub const EDS_NACKS: &str = "hdsd_eds_nacks_total";
 pub const EDS_ENDPOINTS: &str = "hdsd_eds_endpoints";
+pub const CONNECTIONS_OPEN: &str = "hdsd_connections_open";
+pub const CONNECTIONS_REFUSED: &str = "hdsd_connections_refused_total";
+pub const CONNECTIONS_TIMED_OUT: &str = "hdsd_connections_timed_out_total";
+pub const ACCEPT_ERRORS: &str = "hdsd_accept_errors_total";
+pub const LIMIT_HITS: &str = "hdsd_limit_hits_total";
+pub const AUTH_RELOADS: &str = "hdsd_auth_reloads_total";
+
+/// The listeners, the `listener` label of the connection metrics.
+pub const LISTENERS: [&str; 2] = ["hds", "api"];
+
+/// The limits of HDS streams and reports, the `limit` label of
+/// `hdsd_limit_hits_total`.
+pub const STREAM_LIMITS: [&str; 5] = [
+    "first_request_timeout",
+    "max_streams_per_dataplane",
+    "max_waiting_streams",
+    "max_message_bytes",
+    "max_report_endpoints",
+];
+
+/// Counts one admitted connection (`hdsd_connections_open`).
+pub fn connection_opened(listener: &'static str) {
+    gauge!(CONNECTIONS_OPEN, "listener" => listener).increment(1.0);
+}
+
+/// Counts one admitted connection closed.
+pub fn connection_closed(listener: &'static str) {
+    gauge!(CONNECTIONS_OPEN, "listener" => listener).decrement(1.0);
+}
+
+/// Counts a connection refused at accept (`reason`: the cap reached).
+pub fn connection_refused(listener: &'static str, reason: &'static str) {
+    counter!(CONNECTIONS_REFUSED, "listener" => listener, "reason" => reason).increment(1);
+}
+
+/// Counts a connection closed by a deadline (`phase`: handshake or idle).
+pub fn connection_timed_out(listener: &'static str, phase: &'static str) {
+    counter!(CONNECTIONS_TIMED_OUT, "listener" => listener, "phase" => phase).increment(1);
+}
+
+/// Counts a failed accept (`kind`: out_of_file_descriptors or other).
+pub fn accept_error(listener: &'static str, kind: &'static str) {
+    counter!(ACCEPT_ERRORS, "listener" => listener, "kind" => kind).increment(1);
+}
+
+/// Counts a stream or report stopped by one of [`STREAM_LIMITS`].
+pub fn limit_hit(limit: &'static str) {
+    counter!(LIMIT_HITS, "limit" => limit).increment(1);
+}
 
 /// Why a stream ended: the `reason` label of `hdsd_streams_closed_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -422,6 +471,37 @@ fn describe() {
         EDS_ENDPOINTS,
         "Endpoints in the served assignments, by the health_status sent to Envoy (healthy, degraded, draining, unhealthy)."
     );
+    describe_gauge!(
+        CONNECTIONS_OPEN,
+        "Connections open now on a listener (hds, api), counted from accept to close."
+    );
+    describe_counter!(
+        CONNECTIONS_REFUSED,
+        "Connections closed at accept because a cap was reached, by listener and reason (max_connections, max_connections_per_ip)."
+    );
+    describe_counter!(
+        CONNECTIONS_TIMED_OUT,
+        "Connections closed by a deadline, by listener and phase (handshake: no TLS handshake or HTTP start within handshake_timeout; idle: api.limits.idle_timeout)."
+    );
+    describe_counter!(
+        ACCEPT_ERRORS,
+        "Failed accepts, by listener and kind (out_of_file_descriptors: the listener backs off and retries)."
+    );
+    describe_counter!(
+        LIMIT_HITS,
+        "HDS streams ended or reports dropped by a limit of hds.limits, by limit."
+    );
+    describe_counter!(
+        AUTH_RELOADS,
+        "Reloads of the signing keys and the revocation list (on changes to those files only); every live stream re-verifies its token after each."
+    );
+    counter!(AUTH_RELOADS).absolute(0);
+    for listener in LISTENERS {
+        gauge!(CONNECTIONS_OPEN, "listener" => listener).set(0.0);
+    }
+    for limit in STREAM_LIMITS {
+        counter!(LIMIT_HITS, "limit" => limit).absolute(0);
+    }
     gauge!(EDS_STREAMS_ACTIVE).set(0.0);
     for health in crate::consumers::eds::assignment::EdsHealth::ALL {
         gauge!(EDS_ENDPOINTS, "health" => health.as_str()).set(0.0);

@@ -8,18 +8,18 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 use crate::api::{self, ApiState};
 use crate::auth::Gate;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{AuthMode, Config};
 use crate::hds::{HdsService, HdsSettings};
+use crate::net::{Admission, Incoming, Plain};
 use crate::registry::{Registry, RegistryOptions};
 use crate::source::{self, Loaded};
 use crate::specifier::SpecifierSettings;
 use crate::store::{ReadinessStore, RedbStore, StoreHandle};
-use crate::tls::TlsListener;
+use crate::tls::TlsHandshake;
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +83,14 @@ const HDS_BACKLOG: u32 = 4096;
 /// client whose dataplane task is busy can make hdsd hold at 64 KiB per
 /// connection instead of 1 MiB.
 const HDS_STREAM_WINDOW: u32 = 65_535;
+
+/// The largest header block an HDS or EDS client may send: a dataplane token
+/// and gRPC's headers take about 1 KiB.
+const HDS_MAX_HEADER_LIST: u32 = 16 * 1024;
+
+/// Concurrent HTTP/2 streams per API connection (gRPC watches, a browser's
+/// requests).
+const API_MAX_STREAMS: u32 = 64;
 const HDS_CONNECTION_WINDOW: u32 = 65_535;
 
 fn bind_with_backlog(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
@@ -94,6 +102,39 @@ fn bind_with_backlog(addr: std::net::SocketAddr, backlog: u32) -> std::io::Resul
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(backlog)
+}
+
+/// File descriptors hdsd needs beside its connections (files, the store,
+/// watches, the runtime).
+const SPARE_FILES: u64 = 256;
+
+/// Raises the soft open-file limit to the hard limit (systemd's default soft
+/// limit is 1024, far below what many Envoys need) and warns when even the
+/// hard limit is below what the connection caps allow.
+pub fn raise_open_file_limit(config: &Config) {
+    let wanted = (config.hds.limits.max_connections as u64)
+        .saturating_add(config.api.limits.max_connections as u64)
+        .saturating_add(SPARE_FILES);
+    let soft = match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(soft) => soft,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the open-file limit (RLIMIT_NOFILE)");
+            return;
+        }
+    };
+    tracing::info!(
+        open_files = soft,
+        "open-file limit (soft, raised to the hard limit)"
+    );
+    if soft < wanted {
+        tracing::warn!(
+            open_files = soft,
+            needed = wanted,
+            "the open-file limit ({soft}) is below hds.limits.max_connections + api.limits.max_connections + {SPARE_FILES}: \
+             when it runs out, new connections wait until others close. Raise it (LimitNOFILE= in the \
+             systemd unit, ulimit -Hn) or lower the connection caps"
+        );
+    }
 }
 
 /// The listening socket passed in at `index`, if any.
@@ -140,6 +181,7 @@ pub async fn run(
     if !problems.is_empty() {
         return Err(ServeError::Config(problems));
     }
+    raise_open_file_limit(&config);
     let settings = specifier_settings(&config);
     let dir = config.dataplanes.dir.clone();
     let initial = source::load(&dir, &Loaded::default(), &settings)?;
@@ -247,7 +289,7 @@ pub async fn run(
             unknown_dataplane_grace: config.hds.unknown_dataplane_grace,
             report_interval: config.hds.report_interval,
             stale_after: config.hds.stale_after(),
-            dataplanes_dir: dir.display().to_string(),
+            limits: config.hds.limits.clone(),
         },
         gate.clone(),
         clock,
@@ -272,25 +314,36 @@ pub async fn run(
     let hds: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> = {
         let mut drain = drain_rx.clone();
         // HDS for the dataplanes' Envoys, EDS for Envoys that route to them.
+        let limits = &config.hds.limits;
         let server = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(config.hds.keepalive.interval))
             .http2_keepalive_timeout(Some(config.hds.keepalive.timeout))
             .initial_stream_window_size(HDS_STREAM_WINDOW)
             .initial_connection_window_size(HDS_CONNECTION_WINDOW)
+            .max_concurrent_streams(limits.max_streams_per_connection)
+            .http2_max_pending_accept_reset_streams(Some(crate::net::H2_MAX_PENDING_RESETS))
+            .http2_max_local_error_reset_streams(Some(crate::net::H2_MAX_LOCAL_RESETS))
+            .http2_max_header_list_size(HDS_MAX_HEADER_LIST)
             .add_service(service.into_server())
-            .add_service(eds.into_server());
+            .add_service(
+                eds.into_server()
+                    .max_decoding_message_size(limits.max_message_bytes),
+            );
         let signal = async move {
             let _ = drain.wait_for(|d| *d).await;
         };
+        let admission = Admission::new("hds", limits.connections());
         match hds_tls {
             Some(tls) => {
-                let incoming = TlsListener::new(hds_listener, tls).map_err(ServeError::Api)?;
+                let incoming = Incoming::new(hds_listener, admission, TlsHandshake(tls))
+                    .map_err(ServeError::Api)?;
                 Box::pin(server.serve_with_incoming_shutdown(incoming, signal))
             }
-            None => Box::pin(server.serve_with_incoming_shutdown(
-                TcpIncoming::from(hds_listener).with_nodelay(Some(true)),
-                signal,
-            )),
+            None => {
+                let incoming =
+                    Incoming::new(hds_listener, admission, Plain).map_err(ServeError::Api)?;
+                Box::pin(server.serve_with_incoming_shutdown(incoming, signal))
+            }
         }
     };
 
@@ -323,15 +376,24 @@ pub async fn run(
         let signal = async move {
             let _ = drain.wait_for(|d| *d).await;
         };
+        let limits = &config.api.limits;
+        let admission = Admission::new("api", limits.connections());
+        let options = crate::net::HttpOptions {
+            header_read_timeout: limits.header_read_timeout,
+            max_streams_per_connection: API_MAX_STREAMS,
+            keepalive_interval: config.hds.keepalive.interval,
+            keepalive_timeout: config.hds.keepalive.timeout,
+        };
         match api_tls {
             Some(tls) => {
-                let listener = TlsListener::new(api_listener, tls).map_err(ServeError::Api)?;
-                let serve = axum::serve(listener, router).with_graceful_shutdown(signal);
-                Box::pin(async move { serve.await })
+                let incoming = Incoming::new(api_listener, admission, TlsHandshake(tls))
+                    .map_err(ServeError::Api)?;
+                Box::pin(crate::net::serve_http(incoming, router, options, signal))
             }
             None => {
-                let serve = axum::serve(api_listener, router).with_graceful_shutdown(signal);
-                Box::pin(async move { serve.await })
+                let incoming =
+                    Incoming::new(api_listener, admission, Plain).map_err(ServeError::Api)?;
+                Box::pin(crate::net::serve_http(incoming, router, options, signal))
             }
         }
     };

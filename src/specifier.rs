@@ -10,6 +10,7 @@
 //! endpoint) back to inbounds is kept beside the message, so reports never
 //! have to parse names.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -68,6 +69,10 @@ pub struct ProbeTarget {
     pub inbounds: Vec<usize>,
 }
 
+/// Up to this many targets, a reported endpoint is found by a scan (cheaper
+/// than hashing: the instruction-count guard measures it); above, by lookup.
+pub const SCAN_TARGETS: usize = 32;
+
 /// A dataplane's specifier and the map needed to read reports against it.
 #[derive(Debug, Clone, Default)]
 pub struct Specifier {
@@ -77,6 +82,11 @@ pub struct Specifier {
     pub target_of_inbound: Vec<Option<usize>>,
     /// The target checking the Envoy's own admin `/ready`, if any.
     pub envoy_ready: Option<usize>,
+    /// Each endpoint's first target, for specifiers of more than
+    /// [`SCAN_TARGETS`] targets: a report's endpoints are then matched by
+    /// lookup, not by a scan of the targets (a report may name many). Empty
+    /// for smaller ones, where a scan is cheaper than hashing.
+    by_endpoint: HashMap<SocketAddr, usize>,
     /// `message` in protobuf encoding, made at the first send and shared by
     /// every later one (reconnects, answers to requests) instead of copying
     /// and encoding the message again. Not made at build time: a file change
@@ -98,14 +108,28 @@ impl PartialEq for Specifier {
 impl Specifier {
     /// The target a reported (cluster, endpoint) pair belongs to.
     pub fn target(&self, cluster: &str, endpoint: SocketAddr) -> Option<usize> {
-        self.targets
-            .iter()
-            .position(|t| t.cluster == cluster && t.endpoint == endpoint)
+        if self.by_endpoint.is_empty() {
+            return self
+                .targets
+                .iter()
+                .position(|t| t.cluster == cluster && t.endpoint == endpoint);
+        }
+        let first = *self.by_endpoint.get(&endpoint)?;
+        if self.targets[first].cluster == cluster {
+            return Some(first);
+        }
+        // Inbound targets have distinct endpoints; only the Envoy's own
+        // `/ready` check may share one with an inbound.
+        self.envoy_ready
+            .filter(|&e| self.targets[e].endpoint == endpoint && self.targets[e].cluster == cluster)
     }
 
     /// The target with this endpoint (reports from older Envoys carry no cluster).
     pub fn target_by_endpoint(&self, endpoint: SocketAddr) -> Option<usize> {
-        self.targets.iter().position(|t| t.endpoint == endpoint)
+        if self.by_endpoint.is_empty() {
+            return self.targets.iter().position(|t| t.endpoint == endpoint);
+        }
+        self.by_endpoint.get(&endpoint).copied()
     }
 
     /// An empty specifier: Envoy stops every check. Sent to deleted dataplanes.
@@ -127,11 +151,19 @@ impl Specifier {
         target_of_inbound: Vec<Option<usize>>,
         envoy_ready: Option<usize>,
     ) -> Specifier {
+        let mut by_endpoint = HashMap::new();
+        if targets.len() > SCAN_TARGETS {
+            by_endpoint.reserve(targets.len());
+            for (i, t) in targets.iter().enumerate() {
+                by_endpoint.entry(t.endpoint).or_insert(i);
+            }
+        }
         Specifier {
             message,
             targets,
             target_of_inbound,
             envoy_ready,
+            by_endpoint,
             encoded: OnceLock::new(),
         }
     }
@@ -189,6 +221,9 @@ pub fn build(
     settings: &SpecifierSettings,
 ) -> Result<Specifier, SpecifierError> {
     let mut targets: Vec<ProbeTarget> = Vec::new();
+    // Targets by endpoint, kept only for large dataplanes (see SCAN_TARGETS).
+    let large = dataplane.inbounds.len() > SCAN_TARGETS;
+    let mut target_at: HashMap<SocketAddr, usize> = HashMap::new();
     let mut target_of_inbound = Vec::with_capacity(dataplane.inbounds.len());
     for (index, inbound) in dataplane.inbounds.iter().enumerate() {
         let ignored = inbound.state == crate::dataplane::InboundState::Ignored;
@@ -217,7 +252,12 @@ pub fn build(
                 .and_then(|o| o.port)
                 .unwrap_or(inbound.service_port),
         );
-        match targets.iter().position(|t| t.endpoint == endpoint) {
+        let existing = if large {
+            target_at.get(&endpoint).copied()
+        } else {
+            targets.iter().position(|t| t.endpoint == endpoint)
+        };
+        match existing {
             Some(t) if targets[t].settings != probe || targets[t].check != check => {
                 return Err(SpecifierError::ConflictingProbes {
                     first: targets[t].inbounds[0],
@@ -237,6 +277,9 @@ pub fn build(
                     check,
                     inbounds: vec![index],
                 });
+                if large {
+                    target_at.insert(endpoint, targets.len() - 1);
+                }
                 target_of_inbound.push(Some(targets.len() - 1));
             }
         }
@@ -852,6 +895,49 @@ mod tests {
         dp.admin_port = None;
         let spec = build(&dp, &defaults()).unwrap();
         assert_eq!((spec.envoy_ready, spec.targets.len()), (None, 1));
+    }
+
+    #[test]
+    fn report_endpoints_are_looked_up_by_cluster_and_endpoint() {
+        // An inbound whose application is on the admin port's address: two
+        // targets share the endpoint, the cluster tells them apart.
+        let mut dp = dataplane(vec![inbound(10001, 9901, None), inbound(10002, 8080, None)]);
+        dp.admin_port = Some(9901);
+        let spec = build(&dp, &defaults()).unwrap();
+        let shared: SocketAddr = "127.0.0.1:9901".parse().unwrap();
+        let app: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let ready = spec.envoy_ready.unwrap();
+        assert_eq!(spec.target(&spec.targets[0].cluster, shared), Some(0));
+        assert_eq!(spec.target(ENVOY_READY_CLUSTER, shared), Some(ready));
+        assert_eq!(spec.target(&spec.targets[1].cluster, app), Some(1));
+        assert_eq!(spec.target("probe_other", app), None);
+        assert_eq!(
+            spec.target(&spec.targets[1].cluster, "10.0.0.1:1".parse().unwrap()),
+            None
+        );
+        assert_eq!(spec.target_by_endpoint(app), Some(1));
+        assert_eq!(spec.target_by_endpoint(shared), Some(0));
+    }
+
+    #[test]
+    fn a_large_specifier_finds_endpoints_by_lookup_like_a_small_one_by_scan() {
+        let inbounds: Vec<_> = (0..100)
+            .map(|i| inbound(10000 + i, 20000 + i, None))
+            .collect();
+        let mut dp = dataplane(inbounds);
+        dp.admin_port = Some(20050);
+        let spec = build(&dp, &defaults()).unwrap();
+        assert!(spec.targets.len() > SCAN_TARGETS && !spec.by_endpoint.is_empty());
+        for (i, t) in spec.targets.iter().enumerate() {
+            assert_eq!(spec.target(&t.cluster, t.endpoint), Some(i), "{t:?}");
+        }
+        let shared: SocketAddr = "127.0.0.1:20050".parse().unwrap();
+        assert_eq!(spec.target_by_endpoint(shared), Some(50));
+        assert_eq!(spec.target("probe_other", shared), None);
+        assert_eq!(
+            spec.target_by_endpoint("127.0.0.1:1".parse().unwrap()),
+            None
+        );
     }
 
     #[test]

@@ -60,6 +60,8 @@ fn num(v: &Value, path: &str) -> f64 {
 fn loadgen_against_hdsd_and_null_server() {
     let hdsd = Hdsd::start(HdsdOptions {
         report_interval: "1s",
+        // 500 simulated Envoys from 4 loopback addresses.
+        extra: "[hds.limits]\nmax_connections_per_ip = 1000\n".into(),
         ..HdsdOptions::default()
     });
     let dataplanes = hdsd.dataplanes_dir();

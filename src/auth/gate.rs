@@ -39,6 +39,8 @@ pub struct Gate {
     revocations_path: PathBuf,
     ring: ArcSwap<KeyRing>,
     revoked: ArcSwap<Revocations>,
+    /// `auth.max_token_validity`: the longest `exp - iat` accepted.
+    max_validity: Duration,
     /// Bumped after every reload: streams re-check their token.
     version: watch::Sender<u64>,
 }
@@ -74,6 +76,7 @@ impl Gate {
             revocations_path,
             ring: ArcSwap::from_pointee(ring),
             revoked: ArcSwap::from_pointee(revoked),
+            max_validity: config.auth.max_token_validity,
             version: watch::channel(0).0,
         })
     }
@@ -82,14 +85,20 @@ impl Gate {
         self.mode
     }
 
-    /// Verifies a token (taken from a request by the edge that received it).
+    /// Verifies a token (taken from a request by the edge that received it):
+    /// signed by a key trusted now, not revoked, not expired, and valid for
+    /// no longer than `auth.max_token_validity` (whoever issued it).
     pub fn verify(&self, token: &str, now: DateTime<Utc>) -> Result<Claims, Rejection> {
-        self.ring.load().verify(token, &self.revoked.load(), now)
-    }
-
-    /// Whether the token with this id has been revoked since it was checked.
-    pub fn is_revoked(&self, jti: &str) -> bool {
-        self.revoked.load().contains(jti)
+        let claims = self.ring.load().verify(token, &self.revoked.load(), now)?;
+        let validity = claims.exp.saturating_sub(claims.iat);
+        let max = self.max_validity.as_secs();
+        if validity > i64::try_from(max).unwrap_or(i64::MAX) {
+            return Err(Rejection::ValidityTooLong {
+                validity_secs: validity,
+                max_secs: max,
+            });
+        }
+        Ok(claims)
     }
 
     /// How many signing keys are trusted now.
@@ -105,6 +114,7 @@ impl Gate {
     /// Reloads keys and revocations; a failure keeps the previous ones.
     pub fn reload(&self) {
         tracing::debug!("keys or revocations changed; reloading");
+        metrics::counter!(crate::metrics::AUTH_RELOADS).increment(1);
         match Revocations::load(&self.revocations_path) {
             Ok(r) => {
                 if **self.revoked.load() != r {
@@ -149,15 +159,56 @@ impl Gate {
                 tracing::error!(dir = %dir.display(), "cannot watch for changes: {e}; restart hdsd after changing files there");
             }
         }
-        while changes.next().await.is_some() {
-            self.reload();
+        while let Some(changed) = changes.next().await {
+            // The revocation list's directory may be state_dir, where the
+            // readiness store is written all the time: only our files count.
+            if changed.rescan || changed.paths.iter().any(|p| self.is_own_file(p)) {
+                self.reload();
+            }
         }
     }
+
+    /// Whether a changed path can change the keys or the revocation list:
+    /// anything in the keys directory, the revocation list itself, or a
+    /// Kubernetes-style `..data` swap beside it.
+    fn is_own_file(&self, path: &Path) -> bool {
+        owns(self.ring.load().keys_dir(), &self.revocations_path, path)
+    }
+}
+
+/// See [`Gate::is_own_file`].
+fn owns(keys_dir: &Path, revocations: &Path, path: &Path) -> bool {
+    if path.starts_with(keys_dir) || path == revocations {
+        return true;
+    }
+    let beside = path.parent() == Some(parent(revocations));
+    beside
+        && path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(".."))
 }
 
 fn parent(path: &Path) -> &Path {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_keys_and_the_revocation_list_are_the_gates_files() {
+        let keys = Path::new("/s/keys");
+        let revoked = Path::new("/s/revoked-tokens");
+        assert!(owns(keys, revoked, Path::new("/s/keys/k1.pub.pem")));
+        assert!(owns(keys, revoked, Path::new("/s/revoked-tokens")));
+        assert!(owns(keys, revoked, Path::new("/s/..data")));
+        assert!(!owns(keys, revoked, Path::new("/s/readiness.redb")));
+        assert!(!owns(keys, revoked, Path::new("/s/revoked-tokens.tmp")));
+        assert!(!owns(keys, revoked, Path::new("/other/..data")));
     }
 }

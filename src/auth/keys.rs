@@ -260,9 +260,24 @@ impl KeyRing {
     /// Once loaded, it is the newest key, so it signs new tokens. Never
     /// overwrites an existing file.
     pub fn generate(state_dir: &Path, now: DateTime<Utc>) -> Result<GeneratedKey, KeyError> {
+        // The newest key (the last kid in order) signs: a key made in the
+        // same second as another (or while the clock is behind its stamp)
+        // is stamped one second after it, so it sorts last whatever its
+        // random suffix.
+        let (privates, _) = list_key_files(&state_dir.join(KEYS_DIR))?;
+        let newest_stamp = privates
+            .keys()
+            .next_back()
+            .and_then(|kid| kid.get(1..17))
+            .and_then(|t| chrono::NaiveDateTime::parse_from_str(t, "%Y%m%dT%H%M%SZ").ok())
+            .map(|t| t.and_utc());
+        let stamp = match newest_stamp {
+            Some(t) if t.timestamp() >= now.timestamp() => t + chrono::Duration::seconds(1),
+            _ => now,
+        };
         let mut suffix = [0u8; 3];
         rand::rngs::OsRng.fill_bytes(&mut suffix);
-        let kid = format!("k{}-{}", now.format("%Y%m%dT%H%M%SZ"), hex(&suffix));
+        let kid = format!("k{}-{}", stamp.format("%Y%m%dT%H%M%SZ"), hex(&suffix));
         generate_with_kid(state_dir, &kid)
     }
 

@@ -55,6 +55,15 @@ pub enum Rejection {
         /// The token's `iat`.
         issued_at: DateTime<Utc>,
     },
+    /// `exp - iat` is longer than `auth.max_token_validity` (a token of
+    /// another issuer, or one issued before the maximum was lowered).
+    #[error("token validity is longer than this server's maximum (auth.max_token_validity); issue a shorter-lived token")]
+    ValidityTooLong {
+        /// `exp - iat`, in seconds.
+        validity_secs: i64,
+        /// `auth.max_token_validity`, in seconds.
+        max_secs: u64,
+    },
     /// The token's `jti` is on the revocation list.
     #[error("token revoked")]
     Revoked {
@@ -102,6 +111,7 @@ impl Rejection {
             Rejection::Expired { .. } => "expired",
             Rejection::NotYetValid { .. } => "not_yet_valid",
             Rejection::Revoked { .. } => "revoked",
+            Rejection::ValidityTooLong { .. } => "validity_too_long",
             Rejection::WrongIdentity { .. } => "wrong_identity",
             Rejection::TagsMismatch { .. } => "tags_mismatch",
         }
@@ -142,6 +152,12 @@ impl Rejection {
             Rejection::Revoked { jti } => {
                 format!("token jti {jti} is on the revocation list")
             }
+            Rejection::ValidityTooLong {
+                validity_secs,
+                max_secs,
+            } => format!(
+                "token is valid for {validity_secs}s (exp - iat), longer than auth.max_token_validity ({max_secs}s)"
+            ),
             Rejection::WrongIdentity { .. } | Rejection::TagsMismatch { .. } => self.to_string(),
         }
     }

@@ -633,3 +633,53 @@ fn inspect_forged_token_shows_claims_and_rejection() {
         "{text}"
     );
 }
+
+#[test]
+fn the_gate_refuses_tokens_valid_longer_than_the_maximum_whoever_issued_them() {
+    let dir = tempfile::tempdir().unwrap();
+    KeyRing::generate(dir.path(), t0()).unwrap();
+    let ring = KeyRing::load(dir.path(), &[]).unwrap();
+    let century = YEAR * 100;
+    let long = ring
+        .issue("default", "web-01", century, century, BTreeMap::new(), t0())
+        .unwrap();
+    let short = issue(&ring, HOUR);
+    let mut config = crate::config::Config {
+        state_dir: dir.path().to_path_buf(),
+        ..Default::default()
+    };
+    config.auth.max_token_validity = YEAR;
+    let gate = Gate::new(&config, t0()).unwrap();
+    let err = gate.verify(&long, t0()).unwrap_err();
+    assert_eq!(err.reason(), "validity_too_long");
+    assert_eq!(err.kind(), RejectionKind::Unauthenticated);
+    assert!(
+        err.detail().contains("max_token_validity"),
+        "{}",
+        err.detail()
+    );
+    assert!(gate.verify(&short, t0()).is_ok());
+
+    // Removing the key (rotation) makes the same token fail on the next reload.
+    for entry in fs::read_dir(dir.path().join("keys")).unwrap() {
+        fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    KeyRing::generate(dir.path(), t0()).unwrap();
+    gate.reload();
+    assert_eq!(
+        gate.verify(&short, t0()).unwrap_err().reason(),
+        "unknown_key"
+    );
+}
+
+#[test]
+fn a_key_made_in_the_same_second_signs_after_the_older_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..20 {
+        // Also within the second, not only on it.
+        let now = t0() + chrono::Duration::milliseconds(i * 40);
+        let made = KeyRing::generate(dir.path(), now).unwrap();
+        let ring = KeyRing::load(dir.path(), &[]).unwrap();
+        assert_eq!(ring.signing_kid(), Some(made.kid.as_str()));
+    }
+}

@@ -13,10 +13,11 @@ mod transport;
 
 pub use transport::{HdsServer, CODEC_BUFFER};
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::health::v3::health_check_request_or_endpoint_health_response::RequestType;
@@ -35,6 +36,7 @@ use crate::clock::Clock;
 use crate::dataplane::DataplaneId;
 use crate::grpc_auth;
 use crate::metrics::{self as m, ActiveStream, CloseReason};
+use crate::net::{SharedLogLimiter, REFUSAL_LOG};
 use crate::registry::{Command, DataplaneHandle, DataplaneState, Registry, StreamId};
 
 use stream::{Action, Awaiting, End, Event, Stream};
@@ -46,8 +48,8 @@ pub struct HdsSettings {
     pub report_interval: Duration,
     /// A stream with no report for this long is ended (`hds.stale_after`).
     pub stale_after: Duration,
-    /// Shown in NOT_FOUND messages: where dataplane files go.
-    pub dataplanes_dir: String,
+    /// `hds.limits`.
+    pub limits: crate::config::HdsLimits,
 }
 
 #[derive(Debug)]
@@ -59,6 +61,101 @@ pub struct HdsService {
     next_stream: AtomicU64,
     /// Becomes true when hdsd shuts down: every stream ends.
     drain: watch::Receiver<bool>,
+    /// Streams per node id and streams waiting, against `hds.limits`.
+    counts: Arc<StreamCounts>,
+    /// Refusals and stream ends logged per peer at a bounded rate.
+    log: Arc<SharedLogLimiter>,
+}
+
+/// The streams bound to each node id, and the streams waiting for an
+/// unknown dataplane. Touched when a stream binds, starts or stops waiting,
+/// and ends: never per report.
+#[derive(Debug)]
+pub struct StreamCounts {
+    per_node: Mutex<HashMap<DataplaneId, usize>>,
+    waiting: AtomicUsize,
+    max_per_node: usize,
+    max_waiting: usize,
+}
+
+impl StreamCounts {
+    pub fn new(max_per_node: usize, max_waiting: usize) -> Arc<StreamCounts> {
+        Arc::new(StreamCounts {
+            per_node: Mutex::new(HashMap::new()),
+            waiting: AtomicUsize::new(0),
+            max_per_node,
+            max_waiting,
+        })
+    }
+
+    /// A place for one more stream of `id`, unless `max_per_node` are open.
+    pub fn bind(self: &Arc<Self>, id: &DataplaneId) -> Option<NodeSlot> {
+        let mut per_node = self.per_node.lock().unwrap_or_else(|e| e.into_inner());
+        let n = per_node.entry(id.clone()).or_insert(0);
+        if *n >= self.max_per_node {
+            return None;
+        }
+        *n += 1;
+        Some(NodeSlot {
+            counts: self.clone(),
+            id: id.clone(),
+        })
+    }
+
+    /// A place among the streams waiting for unknown dataplanes.
+    pub fn wait(self: &Arc<Self>) -> Option<WaitSlot> {
+        self.waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_waiting).then_some(n + 1)
+            })
+            .ok()?;
+        Some(WaitSlot {
+            counts: self.clone(),
+            _gauge: m::WaitingStream::new(),
+        })
+    }
+
+    /// Streams bound to `id` now.
+    pub fn bound(&self, id: &DataplaneId) -> usize {
+        let per_node = self.per_node.lock().unwrap_or_else(|e| e.into_inner());
+        per_node.get(id).copied().unwrap_or(0)
+    }
+}
+
+/// One stream's place among its node id's streams; released on drop.
+#[derive(Debug)]
+pub struct NodeSlot {
+    counts: Arc<StreamCounts>,
+    id: DataplaneId,
+}
+
+impl Drop for NodeSlot {
+    fn drop(&mut self) {
+        let mut per_node = self
+            .counts
+            .per_node
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = per_node.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                per_node.remove(&self.id);
+            }
+        }
+    }
+}
+
+/// One stream's place among the waiting ones; released on drop.
+#[derive(Debug)]
+pub struct WaitSlot {
+    counts: Arc<StreamCounts>,
+    _gauge: m::WaitingStream,
+}
+
+impl Drop for WaitSlot {
+    fn drop(&mut self) {
+        self.counts.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl HdsService {
@@ -69,6 +166,10 @@ impl HdsService {
         clock: Arc<dyn Clock>,
         drain: watch::Receiver<bool>,
     ) -> Self {
+        let counts = StreamCounts::new(
+            settings.limits.max_streams_per_dataplane,
+            settings.limits.max_waiting_streams,
+        );
         HdsService {
             registry,
             settings: Arc::new(settings),
@@ -76,17 +177,32 @@ impl HdsService {
             clock,
             next_stream: AtomicU64::new(1),
             drain,
+            counts,
+            log: Arc::new(SharedLogLimiter::new(REFUSAL_LOG)),
         }
     }
 
     /// Checks the token a request carries, before any message is trusted.
     /// The returned watch follows the token's validity from this moment on.
     fn admit<T>(&self, request: &Request<T>) -> Result<Option<TokenWatch>, Status> {
+        if self.gate.mode() == crate::config::AuthMode::None {
+            return Ok(None);
+        }
         // Subscribe first: a reload that lands after the check is still seen.
         let reloads = self.gate.subscribe();
-        let claims = grpc_auth::authenticate(&self.gate, request.metadata(), self.clock.now())
-            .map_err(|r| refuse(&r, request.remote_addr(), None))?;
-        Ok(claims.map(|claims| TokenWatch::new(claims, self.gate.clone(), reloads, &*self.clock)))
+        let peer = request.remote_addr();
+        let token = grpc_auth::token_from_metadata(request.metadata())
+            .map(zeroize::Zeroizing::new)
+            .map_err(|r| refuse(&r, peer, None, &self.log))?;
+        let claims = (self.gate.verify(&token, self.clock.now()))
+            .map_err(|r| refuse(&r, peer, None, &self.log))?;
+        Ok(Some(TokenWatch::new(
+            token,
+            claims,
+            self.gate.clone(),
+            reloads,
+            self.clock.clone(),
+        )))
     }
 
     pub fn into_server(self) -> HdsServer {
@@ -122,7 +238,7 @@ impl HdsService {
         let driver = Driver {
             id,
             peer,
-            machine: Stream::new(id, self.settings.clone(), claims),
+            machine: Stream::new(id, self.settings.clone(), claims, Instant::now()),
             registry: self.registry.clone(),
             settings: self.settings.clone(),
             token,
@@ -130,7 +246,11 @@ impl HdsService {
             out: tx,
             attached: None,
             resolved: None,
-            waiting_gauge: None,
+            waiting: None,
+            deleted_wait: None,
+            node_slot: None,
+            counts: self.counts.clone(),
+            log: self.log.clone(),
         };
         let span = tracing::info_span!(
             "stream",
@@ -167,15 +287,15 @@ impl HdsService {
         // The token's identity first: a token holder learns nothing of other dataplanes.
         if let Some(t) = &token {
             check_identity(&t.claims, &id.mesh, &id.name)
-                .map_err(|r| refuse(&r, peer, Some(&id)))?;
+                .map_err(|r| refuse(&r, peer, Some(&id), &self.log))?;
         }
         let handle = self
             .registry
             .get_defined(&id)
-            .ok_or_else(|| not_found(&id, &self.settings))?;
+            .ok_or_else(|| not_found(&id))?;
         if let Some(t) = &token {
             stream::authorize_for(&t.claims, &id, &handle.state())
-                .map_err(|r| refuse(&r, peer, Some(&id)))?;
+                .map_err(|r| refuse(&r, peer, Some(&id), &self.log))?;
         }
         Ok(Response::new(
             stream::current_specifier(&handle.state(), &self.settings)
@@ -187,29 +307,45 @@ impl HdsService {
 
 /// The validity of one stream's token, followed for the stream's life: it
 /// expires at `exp`, and every reload of the gate (keys, revocations)
-/// re-checks it. One receiver for the whole stream, so no reload is missed,
-/// whatever the stream was busy with when it landed.
-#[derive(Debug)]
+/// verifies the token again, as a new stream's would be (its key still
+/// trusted, not revoked, not expired, validity within the maximum). One
+/// receiver for the whole stream, so no reload is missed, whatever the stream
+/// was busy with when it landed.
 struct TokenWatch {
+    token: zeroize::Zeroizing<String>,
     claims: Claims,
     gate: Arc<Gate>,
     reloads: watch::Receiver<u64>,
+    clock: Arc<dyn Clock>,
     expiry: Instant,
+}
+
+impl std::fmt::Debug for TokenWatch {
+    /// Never the token itself.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenWatch")
+            .field("claims", &self.claims)
+            .field("expiry", &self.expiry)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TokenWatch {
     fn new(
+        token: zeroize::Zeroizing<String>,
         claims: Claims,
         gate: Arc<Gate>,
         reloads: watch::Receiver<u64>,
-        clock: &dyn Clock,
+        clock: Arc<dyn Clock>,
     ) -> TokenWatch {
         let left = (claims.exp - clock.now().timestamp()).max(0);
         TokenWatch {
             expiry: Instant::now() + Duration::from_secs(left.unsigned_abs()),
+            token,
             claims,
             gate,
             reloads,
+            clock,
         }
     }
 
@@ -224,8 +360,8 @@ impl TokenWatch {
                     if changed.is_err() {
                         return std::future::pending().await;
                     }
-                    if self.gate.is_revoked(&self.claims.jti) {
-                        return Rejection::Revoked { jti: self.claims.jti.clone() };
+                    if let Err(rejection) = self.gate.verify(&self.token, self.clock.now()) {
+                        return rejection;
                     }
                 }
             }
@@ -264,8 +400,16 @@ struct Driver {
     attached: Option<Attachment>,
     /// The dataplane just resolved, until the machine attaches to it.
     resolved: Option<DataplaneHandle>,
-    /// Counts this stream in `hdsd_streams_waiting` while it waits.
-    waiting_gauge: Option<m::WaitingStream>,
+    /// This stream's place among the waiting ones (and in
+    /// `hdsd_streams_waiting`) while it waits for an unknown dataplane.
+    waiting: Option<WaitSlot>,
+    /// Counts a stream whose dataplane was deleted in `hdsd_streams_waiting`
+    /// while it waits out the grace (not capped: the dataplane was known).
+    deleted_wait: Option<m::WaitingStream>,
+    /// This stream's place among its node id's streams, once bound.
+    node_slot: Option<NodeSlot>,
+    counts: Arc<StreamCounts>,
+    log: Arc<SharedLogLimiter>,
 }
 
 /// How long a stream that is ending may wait for Envoy to take its status.
@@ -296,7 +440,8 @@ impl Driver {
                         () = drained(&mut self.drain) => Event::Drain,
                         found = wait_opt(&mut resolve) => {
                             resolve = None;
-                            self.waiting_gauge = None;
+                            self.waiting = None;
+                            self.deleted_wait = None;
                             match found {
                                 Some(handle) => self.resolved(handle),
                                 None => Event::Tick,
@@ -323,6 +468,14 @@ impl Driver {
                                 None => Event::EmptyMessage,
                             },
                             Ok(None) => Event::ClientClosed,
+                            Err(status) if status.code() == tonic::Code::OutOfRange => Event::LimitReached {
+                                limit: "max_message_bytes",
+                                status: Status::resource_exhausted(format!(
+                                    "a message larger than hds.limits.max_message_bytes ({} bytes) was refused: {}",
+                                    self.settings.limits.max_message_bytes,
+                                    status.message()
+                                )),
+                            },
                             Err(status) => Event::ClientError(status),
                         },
                     }
@@ -361,23 +514,61 @@ impl Driver {
         match action {
             Action::Resolve { id, why } => {
                 let span = tracing::Span::current();
+                // Escaped: a node id is the client's text (a newline must not forge a log line).
                 span.record("mesh", tracing::field::display(&id.mesh));
-                span.record("name", tracing::field::display(&id.name));
+                span.record("name", tracing::field::display(id.name.escape_debug()));
+                if why == Awaiting::FirstRequest {
+                    match self.counts.bind(&id) {
+                        Some(slot) => self.node_slot = Some(slot),
+                        None => {
+                            return Some(Event::LimitReached {
+                                limit: "max_streams_per_dataplane",
+                                status: Status::resource_exhausted(format!(
+                                    "{} streams are already open for dataplane {}.{} (hds.limits.max_streams_per_dataplane); close them, or wait for the older ones to end",
+                                    self.counts.max_per_node,
+                                    id.mesh,
+                                    id.name.escape_debug()
+                                )),
+                            })
+                        }
+                    }
+                }
                 if let Some(handle) = self.registry.get_defined(&id) {
                     return Some(self.resolved(handle));
                 }
                 let grace = humantime::format_duration(self.settings.unknown_dataplane_grace);
                 match why {
-                    Awaiting::FirstRequest => tracing::warn!(
-                        "unknown dataplane; waiting up to {grace} for {}/{}.yaml",
-                        self.settings.dataplanes_dir,
-                        id.name
-                    ),
-                    Awaiting::Deleted => tracing::info!(
-                        "dataplane deleted; sent an empty specifier, waiting {grace} for it to come back"
-                    ),
+                    Awaiting::FirstRequest => {
+                        let Some(slot) = self.counts.wait() else {
+                            return Some(Event::LimitReached {
+                                limit: "max_waiting_streams",
+                                status: Status::unavailable(format!(
+                                    "dataplane {}.{} is not registered, and {} streams already wait for unknown dataplanes (hds.limits.max_waiting_streams); add its file to the dataplanes directory, then reconnect",
+                                    id.mesh,
+                                    id.name.escape_debug(),
+                                    self.counts.max_waiting
+                                )),
+                            });
+                        };
+                        self.waiting = Some(slot);
+                        if let Some(suppressed) =
+                            self.log.allow(self.peer.map(|p| p.ip()), Instant::now())
+                        {
+                            tracing::warn!(
+                                suppressed,
+                                "unknown dataplane; waiting up to {grace} for {}.yaml in the dataplanes directory",
+                                id.name.escape_debug()
+                            );
+                        }
+                    }
+                    Awaiting::Deleted => {
+                        tracing::info!(
+                            "dataplane deleted; sent an empty specifier, waiting {grace} for it to come back"
+                        );
+                        self.waiting = None;
+                        self.deleted_wait = Some(m::WaitingStream::new());
+                    }
                 }
-                self.waiting_gauge = Some(m::WaitingStream::new());
                 let registry = self.registry.clone();
                 let deadline = Instant::now() + self.settings.unknown_dataplane_grace;
                 *resolve = Some(Box::pin(
@@ -460,17 +651,29 @@ impl Driver {
             }
             End::Stale(status) => {
                 m::stream_closed(CloseReason::Stale);
-                tracing::warn!(peer, code = ?status.code(), "ending stream: {}", status.message());
+                tracing::warn!(peer, code = ?status.code(), "ending stream: {}", status.message().escape_debug());
                 status
             }
             End::Refused { rejection, node } => {
-                let status = refuse(&rejection, self.peer, node.as_ref());
+                let status = refuse(&rejection, self.peer, node.as_ref(), &self.log);
                 m::stream_closed(close_reason(status.code()));
+                status
+            }
+            End::Limit { limit, status } => {
+                m::limit_hit(limit);
+                m::stream_closed(close_reason(status.code()));
+                if let Some(suppressed) = self.log.allow(self.peer.map(|p| p.ip()), Instant::now())
+                {
+                    tracing::warn!(peer, limit, suppressed, code = ?status.code(), "ending stream: {}", status.message().escape_debug());
+                }
                 status
             }
             End::Status(status) => {
                 m::stream_closed(close_reason(status.code()));
-                tracing::warn!(peer, code = ?status.code(), "ending stream: {}", status.message());
+                if let Some(suppressed) = self.log.allow(self.peer.map(|p| p.ip()), Instant::now())
+                {
+                    tracing::warn!(peer, suppressed, code = ?status.code(), "ending stream: {}", status.message().escape_debug());
+                }
                 status
             }
         };
@@ -504,17 +707,27 @@ async fn drained(drain: &mut watch::Receiver<bool>) {
     let _ = drain.wait_for(|d| *d).await;
 }
 
-/// Logs and counts an authentication or authorization failure; the status
-/// carries the short message only, the detail goes to the log.
-fn refuse(r: &Rejection, peer: Option<SocketAddr>, node: Option<&DataplaneId>) -> Status {
+/// Counts an authentication or authorization failure (every one) and logs
+/// it (a few per peer per minute: one client retrying in a loop must not
+/// flood the log); the status carries the short message only, the detail
+/// goes to the log. The node id is escaped: it is the client's text.
+fn refuse(
+    r: &Rejection,
+    peer: Option<SocketAddr>,
+    node: Option<&DataplaneId>,
+    log: &SharedLogLimiter,
+) -> Status {
     metrics::counter!(m::AUTH_FAILURES, "reason" => r.reason()).increment(1);
-    tracing::warn!(
-        peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
-        node = %node.map(|n| n.to_string()).unwrap_or_default(),
-        reason = r.reason(),
-        "stream refused: {}",
-        r.detail()
-    );
+    if let Some(suppressed) = log.allow(peer.map(|p| p.ip()), Instant::now()) {
+        tracing::warn!(
+            peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
+            node = %node.map(|n| n.to_string().escape_debug().to_string()).unwrap_or_default(),
+            reason = r.reason(),
+            suppressed,
+            "stream refused: {}",
+            r.detail().escape_debug()
+        );
+    }
     grpc_auth::status(r)
 }
 
@@ -544,13 +757,40 @@ pub fn node_id(request: &HealthCheckRequest) -> Result<DataplaneId, Status> {
         .map_err(|e: crate::dataplane::BadNodeId| Status::invalid_argument(e.to_string()))
 }
 
-pub(crate) fn not_found(id: &DataplaneId, settings: &HdsSettings) -> Status {
+/// The dataplane is not defined. The message says what file to add, never
+/// where the server keeps its files (a client learns nothing of the host).
+pub(crate) fn not_found(id: &DataplaneId) -> Status {
     Status::not_found(format!(
-        "dataplane {id} is not registered; create {dir}/{name}.yaml containing\n\
+        "dataplane {mesh}.{name} is not registered; add {name}.yaml to the dataplanes directory of hdsd (dataplanes.dir) containing\n\
          type: Dataplane\nmesh: {mesh}\nname: {name}\nnetworking:\n  address: <this machine's IP>\n  inbound:\n  - port: <Envoy's port for the app>\n    servicePort: <the app's port>\n    serviceAddress: 127.0.0.1\n\
          (hdsd picks it up without a restart)",
-        dir = settings.dataplanes_dir,
         mesh = id.mesh,
-        name = id.name,
+        name = id.name.escape_debug(),
     ))
+}
+
+#[cfg(test)]
+mod counts_tests {
+    use super::*;
+
+    #[test]
+    fn streams_per_node_and_waiting_streams_are_capped_and_released() {
+        let counts = StreamCounts::new(2, 1);
+        let web: DataplaneId = "default.web".parse().unwrap();
+        let db: DataplaneId = "default.db".parse().unwrap();
+        let a = counts.bind(&web).unwrap();
+        let b = counts.bind(&web).unwrap();
+        assert!(counts.bind(&web).is_none());
+        let c = counts.bind(&db).unwrap();
+        assert_eq!(counts.bound(&web), 2);
+        drop(a);
+        assert_eq!(counts.bound(&web), 1);
+        drop((b, c));
+        assert!(counts.per_node.lock().unwrap().is_empty());
+
+        let w = counts.wait().unwrap();
+        assert!(counts.wait().is_none());
+        drop(w);
+        assert!(counts.wait().is_some());
+    }
 }

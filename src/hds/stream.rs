@@ -47,6 +47,9 @@ pub enum Event {
     TokenInvalid(Rejection),
     /// hdsd is shutting down.
     Drain,
+    /// The driver found a limit of `hds.limits` reached (streams per
+    /// dataplane, streams waiting): the stream ends with this status.
+    LimitReached { limit: &'static str, status: Status },
 }
 
 /// Why the machine waits for a dataplane to be defined.
@@ -93,12 +96,16 @@ pub enum End {
     },
     /// hdsd is shutting down.
     Shutdown,
+    /// A limit of `hds.limits` (its name, as in `hdsd_limit_hits_total`).
+    Limit { limit: &'static str, status: Status },
 }
 
 #[derive(Debug)]
 enum Phase {
-    /// Waiting for the first `HealthCheckRequest`.
-    AwaitingRequest,
+    /// Waiting (until `deadline`) for the first `HealthCheckRequest`.
+    AwaitingRequest {
+        deadline: Instant,
+    },
     /// The node is known; waiting (until `deadline`) for its dataplane.
     Resolving {
         id: DataplaneId,
@@ -130,12 +137,20 @@ pub struct Stream {
 }
 
 impl Stream {
-    pub fn new(id: StreamId, settings: Arc<HdsSettings>, claims: Option<Claims>) -> Stream {
+    /// A stream opened at `now`: its first request is due within
+    /// `hds.limits.first_request_timeout`.
+    pub fn new(
+        id: StreamId,
+        settings: Arc<HdsSettings>,
+        claims: Option<Claims>,
+        now: Instant,
+    ) -> Stream {
+        let deadline = now + settings.limits.first_request_timeout;
         Stream {
             id,
             settings,
             claims,
-            phase: Phase::AwaitingRequest,
+            phase: Phase::AwaitingRequest { deadline },
         }
     }
 
@@ -144,7 +159,8 @@ impl Stream {
         match &self.phase {
             Phase::Resolving { deadline, .. } => Some(*deadline),
             Phase::Attached(a) => Some(a.last_report + self.settings.stale_after),
-            Phase::AwaitingRequest | Phase::Ended => None,
+            Phase::AwaitingRequest { deadline } => Some(*deadline),
+            Phase::Ended => None,
         }
     }
 
@@ -153,7 +169,7 @@ impl Stream {
         match &self.phase {
             Phase::Resolving { id, .. } => Some(id),
             Phase::Attached(a) => Some(&a.id),
-            Phase::AwaitingRequest | Phase::Ended => None,
+            Phase::AwaitingRequest { .. } | Phase::Ended => None,
         }
     }
 
@@ -170,6 +186,9 @@ impl Stream {
             Event::ClientClosed => self.end(End::Closed, actions),
             Event::ClientError(status) => self.end(End::Status(status), actions),
             Event::Drain => self.end(End::Shutdown, actions),
+            Event::LimitReached { limit, status } => {
+                self.end(End::Limit { limit, status }, actions)
+            }
             Event::TokenInvalid(rejection) => {
                 let node = self.node().cloned();
                 self.end(End::Refused { rejection, node }, actions)
@@ -178,7 +197,7 @@ impl Stream {
             Event::Report(report) => self.report(report, now, actions),
             Event::EmptyMessage => {
                 let message = match self.phase {
-                    Phase::AwaitingRequest => "the first message has neither a HealthCheckRequest nor a report; send a HealthCheckRequest with node.id",
+                    Phase::AwaitingRequest { .. } => "the first message has neither a HealthCheckRequest nor a report; send a HealthCheckRequest with node.id",
                     // Ignored while the dataplane is unknown: nothing to serve yet.
                     Phase::Resolving { .. } => return,
                     _ => "a message with neither a HealthCheckRequest nor a report",
@@ -210,7 +229,7 @@ impl Stream {
         actions: &mut Vec<Action>,
     ) {
         match &self.phase {
-            Phase::AwaitingRequest => {
+            Phase::AwaitingRequest { .. } => {
                 let id = match node_id(&request) {
                     Ok(id) => id,
                     Err(status) => return self.end(End::Status(status), actions),
@@ -247,13 +266,23 @@ impl Stream {
         actions: &mut Vec<Action>,
     ) {
         match &mut self.phase {
-            Phase::AwaitingRequest => self.end(
+            Phase::AwaitingRequest { .. } => self.end(
                 End::Status(Status::failed_precondition(
                     "a health report arrived before any HealthCheckRequest; the first message of a stream must be a HealthCheckRequest with node.id",
                 )),
                 actions,
             ),
             Phase::Attached(a) => {
+                let entries = report_entries(&report);
+                let targets = a.state.defined.as_ref().map_or(0, |d| d.specifier.targets.len());
+                let max = max_report_endpoints(targets);
+                if entries > max {
+                    let status = Status::invalid_argument(format!(
+                        "a health report with {entries} endpoints, more than the {max} this dataplane's specifier allows (2 per probed target + {REPORT_SLACK}); report only the clusters hdsd sent"
+                    ));
+                    let limit = "max_report_endpoints";
+                    return self.end(End::Limit { limit, status }, actions);
+                }
                 a.last_report = now;
                 actions.push(Action::Forward(report));
             }
@@ -323,8 +352,16 @@ impl Stream {
 
     fn tick(&mut self, now: Instant, actions: &mut Vec<Action>) {
         match &self.phase {
+            Phase::AwaitingRequest { deadline } if now >= *deadline => {
+                let status = Status::deadline_exceeded(format!(
+                    "no HealthCheckRequest within {} of opening the stream (hds.limits.first_request_timeout); send one with node.id first",
+                    humantime::format_duration(self.settings.limits.first_request_timeout)
+                ));
+                let limit = "first_request_timeout";
+                self.end(End::Limit { limit, status }, actions)
+            }
             Phase::Resolving { id, deadline } if now >= *deadline => {
-                let status = not_found(id, &self.settings);
+                let status = not_found(id);
                 self.end(End::Status(status), actions)
             }
             Phase::Attached(a) if now >= a.last_report + self.settings.stale_after => {
@@ -361,6 +398,28 @@ impl Stream {
         self.phase = Phase::Ended;
         actions.push(Action::End(end));
     }
+}
+
+/// Endpoints a report may carry beyond two per probed target (Envoy may
+/// still report the previous specifier's targets beside the current ones).
+pub const REPORT_SLACK: usize = 64;
+
+/// The most endpoints a report against a specifier of `targets` targets may carry.
+pub fn max_report_endpoints(targets: usize) -> usize {
+    targets * 2 + REPORT_SLACK
+}
+
+/// How many endpoints a report carries.
+pub fn report_entries(report: &EndpointHealthResponse) -> usize {
+    let grouped: usize = report
+        .cluster_endpoints_health
+        .iter()
+        .flat_map(|c| &c.locality_endpoints_health)
+        .map(|l| l.endpoints_health.len())
+        .sum();
+    #[allow(deprecated)]
+    let flat = report.endpoints_health.len();
+    grouped + flat
 }
 
 /// The token must name this dataplane, and its tags must be on its inbounds.
@@ -417,7 +476,7 @@ mod tests {
             unknown_dataplane_grace: grace,
             report_interval: Duration::from_millis(200),
             stale_after,
-            dataplanes_dir: "/etc/hdsd/dataplanes".into(),
+            limits: crate::config::HdsLimits::default(),
         })
     }
     const STALE: Duration = Duration::from_secs(15);
@@ -482,9 +541,10 @@ mod tests {
 
     impl Harness {
         fn new(claims: Option<Claims>) -> Harness {
+            let now = Instant::now();
             Harness {
-                stream: Stream::new(5, settings(GRACE, STALE), claims),
-                now: Instant::now(),
+                stream: Stream::new(5, settings(GRACE, STALE), claims, now),
+                now,
             }
         }
 
@@ -524,7 +584,9 @@ mod tests {
 
     fn ended_with(actions: &[Action]) -> (Code, String) {
         match actions.last() {
-            Some(Action::End(End::Status(s) | End::Stale(s))) => (s.code(), s.message().into()),
+            Some(Action::End(End::Status(s) | End::Stale(s) | End::Limit { status: s, .. })) => {
+                (s.code(), s.message().into())
+            }
             Some(Action::End(End::Refused { rejection, .. })) => {
                 (Code::PermissionDenied, rejection.to_string())
             }
@@ -573,6 +635,111 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_that_sends_no_request_ends_at_the_first_request_deadline() {
+        let mut h = Harness::new(None);
+        let timeout = crate::config::HdsLimits::default().first_request_timeout;
+        assert_eq!(h.stream.deadline(), Some(h.now + timeout));
+        assert!(h.advance(timeout - Duration::from_millis(1)).is_empty());
+        let a = h.advance(Duration::from_millis(1));
+        assert!(matches!(
+            a.last(),
+            Some(Action::End(End::Limit {
+                limit: "first_request_timeout",
+                ..
+            }))
+        ));
+        let (code, message) = ended_with(&a);
+        assert_eq!(code, Code::DeadlineExceeded);
+        assert!(message.contains("first_request_timeout"), "{message}");
+        // Once the request came, that deadline no longer applies.
+        let mut h = Harness::new(None);
+        h.on(Event::Request(request("default.web")));
+        assert_eq!(h.stream.deadline(), Some(h.now + GRACE));
+    }
+
+    #[test]
+    fn a_report_with_far_more_endpoints_than_targets_ends_the_stream() {
+        use envoy_types::pb::envoy::service::health::v3::{
+            ClusterEndpointsHealth, EndpointHealth, LocalityEndpointsHealth,
+        };
+        let mut h = Harness::attached(None);
+        let report = |n: usize| {
+            Box::new(EndpointHealthResponse {
+                cluster_endpoints_health: vec![ClusterEndpointsHealth {
+                    cluster_name: "x".into(),
+                    locality_endpoints_health: vec![LocalityEndpointsHealth {
+                        endpoints_health: vec![EndpointHealth::default(); n],
+                        ..Default::default()
+                    }],
+                }],
+                ..Default::default()
+            })
+        };
+        // One target: 2 + slack endpoints are accepted, one more is not.
+        let max = 2 + REPORT_SLACK;
+        assert_eq!(names(&h.on(Event::Report(report(max)))), ["forward"]);
+        let a = h.on(Event::Report(report(max + 1)));
+        assert_eq!(names(&a), ["detach", "end"]);
+        let (code, message) = ended_with(&a);
+        assert_eq!(code, Code::InvalidArgument);
+        assert!(
+            message.contains(&format!("{} endpoints", max + 1)),
+            "{message}"
+        );
+    }
+
+    /// The arithmetic behind `max_message_bytes` (README, "Limits and
+    /// hardening"): the worst-case size of one reported endpoint.
+    #[test]
+    fn the_default_message_limit_holds_a_report_of_two_thousand_inbounds() {
+        use envoy_types::pb::envoy::config::core::v3::Locality;
+        use envoy_types::pb::envoy::service::health::v3::{
+            ClusterEndpointsHealth, EndpointHealth, LocalityEndpointsHealth,
+        };
+        use prost::Message;
+        let entry = |addr: std::net::SocketAddr| ClusterEndpointsHealth {
+            cluster_name: crate::specifier::cluster_name(addr),
+            locality_endpoints_health: vec![LocalityEndpointsHealth {
+                locality: Some(Locality::default()),
+                endpoints_health: vec![EndpointHealth {
+                    endpoint: Some(crate::specifier::endpoint(addr)),
+                    health_status: 2,
+                    health_metadata: None,
+                }],
+            }],
+        };
+        let v6: std::net::SocketAddr = "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535"
+            .parse()
+            .unwrap();
+        let v4: std::net::SocketAddr = "255.255.255.255:65535".parse().unwrap();
+        let report = |addr, n| EndpointHealthResponse {
+            cluster_endpoints_health: vec![entry(addr); n],
+            ..Default::default()
+        };
+        let per_v6 = report(v6, 1000).encoded_len() / 1000;
+        let per_v4 = report(v4, 1000).encoded_len() / 1000;
+        eprintln!("{per_v6} bytes per IPv6 endpoint, {per_v4} per IPv4 endpoint");
+        assert!(
+            per_v6 <= 120 && per_v4 <= 70,
+            "{per_v6} and {per_v4} bytes per endpoint"
+        );
+        let max = crate::config::HdsLimits::default().max_message_bytes;
+        assert!(report(v6, 4000).encoded_len() < max);
+    }
+
+    #[test]
+    fn a_limit_reached_ends_the_stream_with_its_status() {
+        let mut h = Harness::new(None);
+        h.on(Event::Request(request("default.web")));
+        let a = h.on(Event::LimitReached {
+            limit: "max_waiting_streams",
+            status: Status::resource_exhausted("busy"),
+        });
+        assert_eq!(ended_with(&a).0, Code::ResourceExhausted);
+        assert!(h.stream.is_ended());
+    }
+
+    #[test]
     fn events_after_the_end_do_nothing() {
         let mut h = Harness::new(None);
         h.on(Event::ClientClosed);
@@ -591,10 +758,9 @@ mod tests {
         let a = h.advance(Duration::from_millis(1));
         let (code, message) = ended_with(&a);
         assert_eq!(code, Code::NotFound);
-        assert!(
-            message.contains("/etc/hdsd/dataplanes/web.yaml"),
-            "{message}"
-        );
+        // It says which file to add, never where the server keeps them.
+        assert!(message.contains("web.yaml"), "{message}");
+        assert!(!message.contains('/'), "no path: {message}");
     }
 
     #[test]

@@ -10,8 +10,9 @@
 //!   hundred bytes, and these buffers are a large part of what each connected
 //!   Envoy costs in memory. They still grow to the largest message seen.
 //!
-//! On the wire nothing changes: same service, methods, messages, limits and
-//! (no) compression as the generated server.
+//! On the wire nothing changes: same service, methods, messages and (no)
+//! compression as the generated server; the largest message decoded is
+//! `hds.limits.max_message_bytes` instead of tonic's 4 MiB.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -160,16 +161,20 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let inner = self.inner.clone();
+        // A report of a dataplane with thousands of inbounds is well under
+        // the limit (README: "Limits and hardening"); a larger message is
+        // refused before it is buffered whole.
+        let max = inner.settings.limits.max_message_bytes;
         match request.uri().path() {
             "/envoy.service.health.v3.HealthDiscoveryService/StreamHealthCheck" => {
                 Box::pin(async move {
-                    let mut grpc = Grpc::new(HdsCodec);
+                    let mut grpc = Grpc::new(HdsCodec).max_decoding_message_size(max);
                     Ok(grpc.streaming(StreamHealthCheck(inner), request).await)
                 })
             }
             "/envoy.service.health.v3.HealthDiscoveryService/FetchHealthCheck" => {
                 Box::pin(async move {
-                    let mut grpc = Grpc::new(HdsCodec);
+                    let mut grpc = Grpc::new(HdsCodec).max_decoding_message_size(max);
                     Ok(grpc.unary(FetchHealthCheck(inner), request).await)
                 })
             }

@@ -1,171 +1,85 @@
-//! The accept loop: TCP connections in, established TLS connections out, for
-//! tonic and axum.
+//! The TLS handshake of hdsd's listeners: a [`Handshake`] for the one accept
+//! loop in [`crate::net`], which admits connections, bounds them and hands
+//! established TLS connections to tonic and axum.
 
 use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tokio::sync::mpsc;
-use tokio::task::JoinSet;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use super::{Alpn, ServerTls, TlsStream};
+use crate::net::{Admission, ConnectionLimits, Handshake, Incoming};
 
-/// How long a client may take to complete the TLS handshake.
+/// How long a client may take to complete the TLS handshake (and send the
+/// HTTP/2 preface) when no limit is configured.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Established connections waiting to be taken by the server.
-const READY_QUEUE: usize = 64;
+/// Established TLS connections of one listening socket.
+pub type TlsListener = Incoming<TlsStream>;
 
-/// Accepts TCP connections and completes TLS handshakes concurrently.
-///
-/// As a [`Stream`](tokio_stream::Stream) it is the `incoming` of tonic's
-/// `Server::serve_with_incoming_shutdown` (it never yields an error: failed
-/// handshakes are logged and skipped). It is also an
-/// [`axum::serve::Listener`]. Dropping it closes the listening socket and
-/// abandons handshakes in progress.
-pub struct TlsListener {
-    local_addr: SocketAddr,
-    ready: mpsc::Receiver<(TlsStream, SocketAddr)>,
-    acceptor: tokio::task::JoinHandle<()>,
-}
+/// TLS with the configuration in force when each handshake starts.
+#[derive(Debug, Clone)]
+pub struct TlsHandshake(pub ServerTls);
 
-impl std::fmt::Debug for TlsListener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TlsListener")
-            .field("local_addr", &self.local_addr)
-            .finish_non_exhaustive()
+impl Handshake for TlsHandshake {
+    type Io = TlsStream;
+
+    async fn handshake(
+        &self,
+        tcp: TcpStream,
+        peer: SocketAddr,
+        deadline: Instant,
+    ) -> Option<TlsStream> {
+        let tls = &self.0;
+        let acceptor = TlsAcceptor::from(tls.current());
+        match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
+            Ok(Ok(stream)) => Some(stream),
+            Ok(Err(e)) => {
+                log_handshake_error(tls, peer, &e);
+                None
+            }
+            Err(_) => {
+                crate::metrics::connection_timed_out(tls.listener(), "handshake");
+                tracing::debug!(
+                    %peer,
+                    section = tls.section(),
+                    "TLS handshake failed: not completed within the handshake timeout; connection closed"
+                );
+                None
+            }
+        }
     }
 }
 
-impl TlsListener {
-    /// Serves TLS on `listener` with [`HANDSHAKE_TIMEOUT`]. Must be called
-    /// within a tokio runtime.
-    pub fn new(listener: TcpListener, tls: ServerTls) -> io::Result<TlsListener> {
-        Self::with_handshake_timeout(listener, tls, HANDSHAKE_TIMEOUT)
+impl Incoming<TlsStream> {
+    /// Serves TLS on `listener` with [`HANDSHAKE_TIMEOUT`] and no connection
+    /// caps (tests, tools). Must be called within a tokio runtime.
+    pub fn tls(listener: TcpListener, tls: ServerTls) -> io::Result<TlsListener> {
+        Self::tls_with_handshake_timeout(listener, tls, HANDSHAKE_TIMEOUT)
     }
 
     /// Serves TLS on `listener`; a client that has not completed its handshake
     /// within `timeout` is disconnected.
-    pub fn with_handshake_timeout(
+    pub fn tls_with_handshake_timeout(
         listener: TcpListener,
         tls: ServerTls,
         timeout: Duration,
     ) -> io::Result<TlsListener> {
-        let local_addr = listener.local_addr()?;
-        let (tx, ready) = mpsc::channel(READY_QUEUE);
-        let acceptor = tokio::spawn(accept_loop(listener, tls, timeout, tx));
-        Ok(TlsListener {
-            local_addr,
-            ready,
-            acceptor,
-        })
-    }
-
-    /// The address the listener is bound to.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
-    }
-
-    /// The next established connection and its peer address.
-    pub async fn accept(&mut self) -> (TlsStream, SocketAddr) {
-        match self.ready.recv().await {
-            Some(conn) => conn,
-            // The accept loop only ends when this listener is dropped, or if
-            // it panicked: then no connection will ever come.
-            None => std::future::pending().await,
-        }
-    }
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.acceptor.abort();
-    }
-}
-
-impl tokio_stream::Stream for TlsListener {
-    type Item = Result<TlsStream, io::Error>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        match self.ready.poll_recv(cx) {
-            Poll::Ready(Some((stream, _))) => Poll::Ready(Some(Ok(stream))),
-            // See `accept`: never end the stream of connections.
-            Poll::Ready(None) | Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        TlsListener::accept(self).await
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        Ok(self.local_addr)
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    tls: ServerTls,
-    timeout: Duration,
-    ready: mpsc::Sender<(TlsStream, SocketAddr)>,
-) {
-    let mut handshakes = JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, peer)) => {
-                    if let Err(e) = tcp.set_nodelay(true) {
-                        tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
-                    }
-                    let acceptor = TlsAcceptor::from(tls.current());
-                    let ready = ready.clone();
-                    let tls = tls.clone();
-                    handshakes.spawn(async move {
-                        match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
-                            Ok(Ok(stream)) => {
-                                let _ = ready.send((stream, peer)).await;
-                            }
-                            Ok(Err(e)) => log_handshake_error(&tls, peer, &e),
-                            Err(_) => tracing::warn!(
-                                %peer,
-                                section = tls.section(),
-                                "TLS handshake failed: not completed within {}s; connection closed",
-                                timeout.as_secs_f64()
-                            ),
-                        }
-                    });
-                }
-                Err(e) => accept_error(e).await,
+        let admission: Arc<Admission> = Admission::new(
+            tls.listener(),
+            ConnectionLimits {
+                max_connections: usize::MAX,
+                max_connections_per_ip: usize::MAX,
+                handshake_timeout: timeout,
+                idle_timeout: None,
             },
-            // Reap finished handshakes so the set does not grow.
-            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => {}
-            () = ready.closed() => return,
-        }
+        );
+        Incoming::new(listener, admission, TlsHandshake(tls))
     }
-}
-
-/// As axum does: per-connection errors are retried at once; others (such as
-/// running out of file descriptors) are logged and retried after a pause.
-async fn accept_error(e: io::Error) {
-    if matches!(
-        e.kind(),
-        io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-    ) {
-        return;
-    }
-    tracing::error!(error = %e, "accepting a TCP connection failed; retrying in 1s");
-    tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
 /// Why a handshake failed, in terms an operator can act on, and whether it is
@@ -247,7 +161,7 @@ mod tests {
         let tls = ServerTls::load("hds.tls", &f.config, Alpn::Grpc).unwrap();
         let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut listener =
-            TlsListener::with_handshake_timeout(tcp, tls, Duration::from_secs(2)).unwrap();
+            TlsListener::tls_with_handshake_timeout(tcp, tls, Duration::from_secs(2)).unwrap();
         let addr = listener.local_addr();
 
         // A client that never speaks, one that speaks plaintext HTTP/2, one
@@ -268,8 +182,11 @@ mod tests {
                 .expect("a good client is not held up by the others")
                 .unwrap()
                 .unwrap();
-            assert_eq!(server.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-            assert!(server.get_ref().0.nodelay().unwrap());
+            assert_eq!(
+                server.get_ref().get_ref().1.alpn_protocol(),
+                Some(&b"h2"[..])
+            );
+            assert!(server.get_ref().get_ref().0.nodelay().unwrap());
             client.await.unwrap().unwrap();
         }
 
@@ -291,7 +208,7 @@ mod tests {
         let f = files(&ca.server("hdsd"), Some(&clients));
         let tls = ServerTls::load("hds.tls", &f.config, Alpn::Grpc).unwrap();
         let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut listener = TlsListener::new(tcp, tls).unwrap();
+        let mut listener = TlsListener::tls(tcp, tls).unwrap();
         let addr = listener.local_addr();
 
         async fn refused(addr: SocketAddr, config: rustls::ClientConfig) {
@@ -318,7 +235,7 @@ mod tests {
         let good = client_config(&ca, Some(&clients.client("dp")), &[b"h2"]);
         let client = tokio::spawn(connect(addr, good));
         let (server, peer) = listener.accept().await;
-        let certs = server.get_ref().1.peer_certificates().unwrap();
+        let certs = server.get_ref().get_ref().1.peer_certificates().unwrap();
         assert_eq!(certs.len(), 1);
         let client = client.await.unwrap().unwrap();
         assert_eq!(peer, client.get_ref().0.local_addr().unwrap());
@@ -330,7 +247,7 @@ mod tests {
         let f = files(&ca.server("hdsd"), None);
         let tls = ServerTls::load("api.tls", &f.config, Alpn::Http).unwrap();
         let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let listener = TlsListener::new(tcp, tls).unwrap();
+        let listener = TlsListener::tls(tcp, tls).unwrap();
         let addr = listener.local_addr();
         let app = axum::Router::new().route("/hello", axum::routing::get(|| async { "hi" }));
         let server = tokio::spawn(async move { axum::serve(listener, app).await });

@@ -6,11 +6,11 @@
 //!   A failed rebuild keeps the previous configuration and logs what to fix.
 //!   New handshakes use the configuration in force when they start; existing
 //!   connections are never touched.
-//! - [`TlsListener`] turns a [`TcpListener`] into a stream of established TLS
-//!   connections: the incoming stream for tonic's
-//!   `Server::serve_with_incoming_shutdown`, and an [`axum::serve::Listener`].
-//!   Handshakes run concurrently, each bounded by a timeout; a failed one is
-//!   logged and skipped, never ending the stream.
+//! - [`TlsHandshake`] is the TLS step of [`crate::net`]'s accept loop, which
+//!   admits connections and hands established ones to tonic and axum
+//!   ([`TlsListener`]). Handshakes run concurrently, each bounded by the
+//!   listener's handshake deadline; a failed one is logged and skipped, never
+//!   ending the stream of connections.
 //!
 //! With `client_ca` set, clients must present a certificate signed by that CA
 //! (mutual TLS).
@@ -33,7 +33,7 @@ pub mod reload;
 #[cfg(test)]
 mod testutil;
 
-pub use listener::{TlsListener, HANDSHAKE_TIMEOUT};
+pub use listener::{TlsHandshake, TlsListener, HANDSHAKE_TIMEOUT};
 pub use pem::server_config;
 pub use reload::{Reload, ServerTls};
 

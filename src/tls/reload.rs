@@ -99,6 +99,14 @@ impl ServerTls {
         &self.inner.section
     }
 
+    /// The listener's name in metrics: `hds` or `api`.
+    pub fn listener(&self) -> &'static str {
+        match self.inner.alpn {
+            Alpn::Grpc => "hds",
+            Alpn::Http => "api",
+        }
+    }
+
     /// The protocols this listener offers.
     pub fn alpn(&self) -> Alpn {
         self.inner.alpn

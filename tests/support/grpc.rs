@@ -62,6 +62,12 @@ impl GrpcClient {
     /// Opens a StreamHealthCheck stream carrying `token` as `authorization`
     /// metadata (as Envoy's bootstrap sends it); nothing is sent yet.
     pub fn open_with_token(&self, token: Option<&str>) -> HdsStream {
+        self.try_open_with_token(token)
+            .expect("open StreamHealthCheck")
+    }
+
+    /// As [`GrpcClient::open_with_token`], or the status that refused the stream.
+    pub fn try_open_with_token(&self, token: Option<&str>) -> Result<HdsStream, Status> {
         let (tx, rx) = mpsc::channel::<Message>(16);
         let mut client = self.client.clone();
         let mut request = tonic::Request::new(ReceiverStream::new(rx));
@@ -76,14 +82,13 @@ impl GrpcClient {
             .block_on(async {
                 tokio::time::timeout(CONNECT, client.stream_health_check(request)).await
             })
-            .expect("opening the stream timed out")
-            .expect("open StreamHealthCheck")
+            .expect("opening the stream timed out")?
             .into_inner();
-        HdsStream {
+        Ok(HdsStream {
             rt: self.rt.clone(),
             tx: Some(tx),
             inbound: Some(inbound),
-        }
+        })
     }
 
     /// Opens a stream and sends a HealthCheckRequest for `node_id`.
@@ -95,7 +100,23 @@ impl GrpcClient {
 
     /// FetchHealthCheck with `message`.
     pub fn fetch(&self, message: Message) -> Result<HealthCheckSpecifier, Status> {
+        self.fetch_with_token(message, None)
+    }
+
+    /// FetchHealthCheck with `message`, carrying `token` as `authorization`.
+    pub fn fetch_with_token(
+        &self,
+        message: Message,
+        token: Option<&str>,
+    ) -> Result<HealthCheckSpecifier, Status> {
         let mut client = self.client.clone();
+        let mut message = tonic::Request::new(message);
+        if let Some(token) = token {
+            message.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {token}").parse().expect("ASCII token"),
+            );
+        }
         self.rt
             .block_on(async {
                 tokio::time::timeout(CONNECT, client.fetch_health_check(message)).await

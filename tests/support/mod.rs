@@ -94,6 +94,10 @@ pub struct HdsdOptions {
     pub auth_mode: &'static str,
     /// Extra TOML appended to the config file.
     pub extra: String,
+    /// Extra keys of the `[auth]` table.
+    pub auth_extra: String,
+    /// Run hdsd with this open-file limit (soft and hard), through `prlimit`.
+    pub nofile: Option<u64>,
 }
 
 impl Default for HdsdOptions {
@@ -108,6 +112,8 @@ impl Default for HdsdOptions {
             api_tokens: "[]",
             auth_mode: "none",
             extra: String::new(),
+            auth_extra: String::new(),
+            nofile: None,
         }
     }
 }
@@ -155,7 +161,7 @@ impl Hdsd {
     fn spawn(&mut self) {
         let o = &self.options;
         let config = format!(
-            "state_dir = {state:?}\n\n[hds]\nlisten = \"{hds}\"\nreport_interval = \"{ri}\"\nunknown_dataplane_grace = \"{grace}\"\n{stale}\n[hds.check]\ninterval = \"{ci}\"\ntimeout = \"{ct}\"\nunhealthy_threshold = {ut}\n\n[api]\nlisten = \"{api}\"\ntokens = {api_tokens}\n\n[dataplanes]\ndir = {dps:?}\n\n[auth]\nmode = \"{auth}\"\n\n[log]\nlevel = \"info,hdsd=debug\"\n\n{extra}\n",
+            "state_dir = {state:?}\n\n[hds]\nlisten = \"{hds}\"\nreport_interval = \"{ri}\"\nunknown_dataplane_grace = \"{grace}\"\n{stale}\n[hds.check]\ninterval = \"{ci}\"\ntimeout = \"{ct}\"\nunhealthy_threshold = {ut}\n\n[api]\nlisten = \"{api}\"\ntokens = {api_tokens}\n\n[dataplanes]\ndir = {dps:?}\n\n[auth]\nmode = \"{auth}\"\n{auth_extra}\n\n[log]\nlevel = \"info,hdsd=debug\"\n\n{extra}\n",
             state = self.dir.path().join("state").display().to_string(),
             hds = self.hds,
             ri = o.report_interval,
@@ -166,6 +172,7 @@ impl Hdsd {
             api = self.api,
             dps = self.dataplanes_dir().display().to_string(),
             auth = o.auth_mode,
+            auth_extra = o.auth_extra,
             api_tokens = o.api_tokens,
             stale = o
                 .stale_after
@@ -180,7 +187,16 @@ impl Hdsd {
             .append(true)
             .open(self.log_path())
             .unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_hdsd"));
+        let mut command = match o.nofile {
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}"))
+                    .arg("--")
+                    .arg(env!("CARGO_BIN_EXE_hdsd"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_hdsd")),
+        };
         command
             .arg("serve")
             .arg("--config")

@@ -1,0 +1,730 @@
+//! Hostile clients against the real hdsd binary: idle and excess
+//! connections, running out of file descriptors, streams that never speak,
+//! too many streams, oversized and overlong reports, revoked tokens and
+//! removed keys while a stream waits or is blocked sending, forged log
+//! lines, probing other dataplanes with Fetch, slow API clients. Each test
+//! reproduces one finding and asserts the bounded, fixed behaviour, and that
+//! a valid client is still served.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::config::core::v3::HealthStatus;
+use prost::Message as _;
+use tonic::Code;
+
+use crate::support::grpc::{flat_report, hc_request, probe_cluster, report, GrpcClient};
+use crate::support::{dataplane_yaml, wait_for, Hdsd, HdsdOptions};
+
+const APP_PORT: u16 = 18_080;
+const SOON: Duration = Duration::from_secs(10);
+
+/// A TCP connection to `to` from `from` (another loopback address: a
+/// different client IP for hdsd).
+fn connect_from(from: [u8; 4], to: SocketAddr) -> TcpStream {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket
+        .bind(&SocketAddr::from((from, 0)).into())
+        .expect("bind a loopback source address");
+    socket.connect(&to.into()).expect("connect");
+    socket.into()
+}
+
+/// Whether the server closed `s` within `timeout` (EOF or reset).
+fn closed_within(s: &mut TcpStream, timeout: Duration) -> bool {
+    s.set_read_timeout(Some(timeout)).unwrap();
+    let mut buf = [0u8; 64];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// A metric's value, or an error while the API cannot answer.
+fn try_metric(hdsd: &Hdsd, series: &str) -> Result<f64, String> {
+    let text = ureq::get(&hdsd.api_url("/metrics"))
+        .call()
+        .map_err(|e| e.to_string())?
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| e.to_string())?;
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .ok_or_else(|| format!("{series} not exported"))
+}
+
+fn wait_metric_at_least(hdsd: &Hdsd, series: &str, min: f64, timeout: Duration) -> f64 {
+    wait_for(&format!("{series} >= {min}"), timeout, || {
+        let v = try_metric(hdsd, series)?;
+        if v >= min {
+            Ok(v)
+        } else {
+            Err(format!("{v}"))
+        }
+    })
+}
+
+fn proc_status(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
+}
+
+/// CPU time (user + system) of `pid`, in clock ticks (1/100 s on Linux).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // utime and stime are fields 14 and 15; after the name, 12 and 13 (1-based: 3 is the first here).
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+fn served_web(hdsd: &Hdsd) {
+    hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, APP_PORT)]));
+    wait_for("web defined", SOON, || {
+        hdsd.dataplane("default.web").map(|_| ())
+    });
+}
+
+/// A valid client opens a stream and gets its specifier; returns how long it took.
+fn valid_client_is_served(hdsd: &Hdsd) -> Duration {
+    let started = Instant::now();
+    let client = GrpcClient::connect(hdsd.hds);
+    let mut stream = client.open_as("default.web");
+    stream.expect_specifier(SOON);
+    started.elapsed()
+}
+
+/// Finding 1: idle TCP connections without a token. One address holds at most
+/// `max_connections_per_ip`; the rest are closed at accept; the held ones are
+/// closed at the handshake deadline; a valid client (another address) is
+/// served at once throughout; memory stays flat.
+#[test]
+fn idle_connections_neither_lock_out_envoys_nor_stay_open() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        nofile: Some(256),
+        extra: "[hds.limits]\nmax_connections_per_ip = 50\nhandshake_timeout = \"3s\"\n".into(),
+        ..Default::default()
+    });
+    served_web(&hdsd);
+    let rss_before = proc_status(hdsd.pid(), "VmRSS:");
+    let cpu_before = cpu_ticks(hdsd.pid());
+    let opened = Instant::now();
+    let mut idle: Vec<TcpStream> = (0..300)
+        .map(|_| connect_from([127, 0, 0, 2], hdsd.hds))
+        .collect();
+    wait_metric_at_least(
+        &hdsd,
+        r#"hdsd_connections_refused_total{listener="hds",reason="max_connections_per_ip"}"#,
+        250.0,
+        SOON,
+    );
+    let took = valid_client_is_served(&hdsd);
+    assert!(
+        took < Duration::from_secs(3),
+        "a valid client waited {took:?}"
+    );
+    let rss_after = proc_status(hdsd.pid(), "VmRSS:");
+    let cpu = cpu_ticks(hdsd.pid()) - cpu_before;
+    let wall = opened.elapsed();
+    eprintln!(
+        "300 idle connections: RSS {rss_before} -> {rss_after} kB, {cpu} CPU ticks in {wall:?}, valid client served in {took:?}"
+    );
+    assert!(
+        rss_after < rss_before + 20 * 1024,
+        "RSS grew from {rss_before} to {rss_after} kB"
+    );
+
+    // The held ones are closed by the deadline (3 s after their accept).
+    let mut open = 0;
+    for s in &mut idle {
+        if !closed_within(s, Duration::from_secs(6)) {
+            open += 1;
+        }
+    }
+    assert_eq!(open, 0, "idle connections still open after the deadline");
+    wait_metric_at_least(
+        &hdsd,
+        r#"hdsd_connections_timed_out_total{listener="hds",phase="handshake"}"#,
+        50.0,
+        SOON,
+    );
+    // The open-file limit below the caps is told at start.
+    let log = hdsd.log();
+    assert!(
+        log.contains("the open-file limit (256) is below hds.limits.max_connections"),
+        "{log}"
+    );
+    drop(idle);
+    valid_client_is_served(&hdsd);
+}
+
+/// Finding 1: out of file descriptors (caps above the open-file limit). The
+/// accept loop backs off instead of spinning, counts it, and serves again
+/// once the idle connections are cut off by the deadline.
+#[test]
+fn running_out_of_file_descriptors_backs_off_and_recovers() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        nofile: Some(128),
+        extra: "[hds.limits]\nmax_connections_per_ip = 1000\nhandshake_timeout = \"3s\"\n".into(),
+        ..Default::default()
+    });
+    served_web(&hdsd);
+    let cpu_before = cpu_ticks(hdsd.pid());
+    let started = Instant::now();
+    let idle: Vec<TcpStream> = (0..200)
+        .map(|_| connect_from([127, 0, 0, 2], hdsd.hds))
+        .collect();
+    // While the descriptors are used up (before the deadline frees them).
+    std::thread::sleep(Duration::from_millis(2000).saturating_sub(started.elapsed()));
+    let cpu = cpu_ticks(hdsd.pid()) - cpu_before;
+    let wall = started.elapsed();
+    eprintln!("out of file descriptors: {cpu} CPU ticks in {wall:?}");
+    // A spinning accept loop burns ~100 ticks per second; backing off, a few.
+    assert!(
+        (cpu as f64) < wall.as_secs_f64() * 100.0 * 0.3,
+        "{cpu} ticks in {wall:?}: the accept loop spins"
+    );
+    wait_metric_at_least(
+        &hdsd,
+        r#"hdsd_accept_errors_total{listener="hds",kind="out_of_file_descriptors"}"#,
+        1.0,
+        Duration::from_secs(20),
+    );
+    drop(idle);
+    let took = valid_client_is_served(&hdsd);
+    eprintln!("valid client served {took:?} after the flood ended");
+}
+
+/// Finding 3: a stream that never sends its first request, streams waiting
+/// for unknown dataplanes, streams per node id, an oversized message and a
+/// report with far more endpoints than targets: each ends with a status that
+/// says which limit, and each is counted.
+#[test]
+fn stream_limits_end_bad_streams_with_clear_statuses() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        extra: "[hds.limits]\nfirst_request_timeout = \"1s\"\nmax_streams_per_dataplane = 2\nmax_waiting_streams = 3\nmax_message_bytes = 4096\n".into(),
+        ..Default::default()
+    });
+    served_web(&hdsd);
+    let client = GrpcClient::connect(hdsd.hds);
+
+    // Silent: ended at the first-request deadline.
+    let mut silent = client.open();
+    let status = silent.expect_status(Code::DeadlineExceeded, Duration::from_secs(5));
+    assert!(
+        status.message().contains("first_request_timeout"),
+        "{status:?}"
+    );
+
+    // Per node id: two streams for default.ghost wait; a third is refused.
+    let mut ghost1 = client.open_as("default.ghost");
+    let mut ghost2 = client.open_as("default.ghost");
+    ghost1.expect_nothing(Duration::from_millis(300));
+    ghost2.expect_nothing(Duration::from_millis(10));
+    let status = client
+        .open_as("default.ghost")
+        .expect_status(Code::ResourceExhausted, SOON);
+    assert!(
+        status.message().contains("max_streams_per_dataplane"),
+        "{status:?}"
+    );
+    // Waiting in total: a third unknown dataplane waits, a fourth is refused.
+    let mut other = client.open_as("default.other");
+    other.expect_nothing(Duration::from_millis(300));
+    let status = client
+        .open_as("default.fourth")
+        .expect_status(Code::Unavailable, SOON);
+    assert!(
+        status.message().contains("max_waiting_streams"),
+        "{status:?}"
+    );
+    drop((ghost1, ghost2, other));
+
+    // An oversized message: refused before it is decoded.
+    let mut web = client.open_as("default.web");
+    web.expect_specifier(SOON);
+    let cluster = probe_cluster(10001);
+    let big: Vec<(&str, u16, HealthStatus)> = (0..300)
+        .map(|_| (cluster.as_str(), 10001, HealthStatus::Healthy))
+        .collect();
+    let message = report(&big);
+    assert!(message.encoded_len() > 4096);
+    web.send(message);
+    let status = web.expect_status(Code::ResourceExhausted, SOON);
+    assert!(status.message().contains("max_message_bytes"), "{status:?}");
+
+    // Far more endpoints than the specifier has targets (under the size limit).
+    let mut web = client.open_as("default.web");
+    web.expect_specifier(SOON);
+    let many: Vec<(u16, HealthStatus)> = (0..100)
+        .map(|i| (20_000 + i, HealthStatus::Healthy))
+        .collect();
+    let message = flat_report(&many);
+    assert!(message.encoded_len() < 4096);
+    web.send(message);
+    let status = web.expect_status(Code::InvalidArgument, SOON);
+    assert!(status.message().contains("100 endpoints"), "{status:?}");
+
+    for limit in [
+        "first_request_timeout",
+        "max_streams_per_dataplane",
+        "max_waiting_streams",
+        "max_message_bytes",
+        "max_report_endpoints",
+    ] {
+        let v = hdsd
+            .metric(&format!(r#"hdsd_limit_hits_total{{limit="{limit}"}}"#))
+            .unwrap_or(0.0);
+        assert!(v >= 1.0, "{limit} counted: {v}");
+    }
+    // The server still serves.
+    valid_client_is_served(&hdsd);
+}
+
+/// Finding 3: the HTTP/2 settings a client sees: a small concurrent-stream
+/// limit per connection.
+#[test]
+fn a_connection_may_open_only_a_few_concurrent_streams() {
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(hdsd.hds).await.unwrap();
+        let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+        let driver = tokio::spawn(connection);
+        let mut client = client.ready().await.unwrap();
+        // The SETTINGS frame has arrived once a request round-trips.
+        let request = http::Request::post(format!(
+            "http://{}/envoy.service.health.v3.HealthDiscoveryService/StreamHealthCheck",
+            hdsd.hds
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (response, _body) = client.send_request(request, false).unwrap();
+        tokio::time::timeout(SOON, response).await.unwrap().unwrap();
+        assert_eq!(client.current_max_send_streams(), 8);
+        driver.abort();
+    });
+}
+
+fn token_options(extra_auth: &str) -> HdsdOptions {
+    HdsdOptions {
+        auth_mode: "token",
+        auth_extra: extra_auth.to_string(),
+        ..Default::default()
+    }
+}
+
+fn jti(hdsd: &Hdsd, token: &str) -> String {
+    hdsd.cli(&["token", "inspect", token])
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("jti:").map(|j| j.trim().to_string()))
+        .expect("inspect prints the jti")
+}
+
+/// Finding 2a and 10: a stream that has not sent its first request is ended
+/// when its token is revoked (the list outside state_dir); the gate reloads
+/// only when its own files change, not on readiness-store writes. Finding 5:
+/// a client retrying with a bad token is counted every time, logged a few times.
+#[test]
+fn revocation_ends_a_stream_waiting_for_its_first_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let revocations = dir.path().join("lists").join("revoked");
+    let hdsd = Hdsd::start(HdsdOptions {
+        stale_after: Some("30s".into()),
+        ..token_options(&format!(
+            "revocations = {:?}",
+            revocations.display().to_string()
+        ))
+    });
+    served_web(&hdsd);
+    let client = GrpcClient::connect(hdsd.hds);
+
+    // An attached, reporting stream makes the readiness store write.
+    let web_token = hdsd.issue_token("default.web", "1h");
+    let mut web = client.open_with_token(Some(&web_token));
+    web.send(hc_request(Some("default.web")));
+    web.expect_specifier(SOON);
+    for _ in 0..10 {
+        web.send(report(&[(
+            &probe_cluster(10001),
+            APP_PORT,
+            HealthStatus::Healthy,
+        )]));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    hdsd.wait_connected("default.web", true, SOON);
+    assert_eq!(
+        hdsd.metric("hdsd_auth_reloads_total"),
+        Some(0.0),
+        "the gate reloaded without a change to keys or revocations"
+    );
+
+    // A stream that sent nothing yet, then its token is revoked.
+    let token = hdsd.issue_token("default.web", "1h");
+    let mut waiting = client.open_with_token(Some(&token));
+    waiting.expect_nothing(Duration::from_millis(200));
+    let revoked_at = Instant::now();
+    hdsd.cli(&["token", "revoke", &jti(&hdsd, &token)]);
+    let status = waiting.expect_status(Code::Unauthenticated, Duration::from_secs(5));
+    assert!(status.message().contains("revoked"), "{status:?}");
+    eprintln!(
+        "revoked stream ended {:?} after the revocation",
+        revoked_at.elapsed()
+    );
+    assert!(revoked_at.elapsed() < Duration::from_secs(3));
+    assert!(hdsd.metric("hdsd_auth_reloads_total").unwrap() >= 1.0);
+    // The other token's stream is untouched.
+    web.send(report(&[(
+        &probe_cluster(10001),
+        APP_PORT,
+        HealthStatus::Healthy,
+    )]));
+    web.expect_nothing(Duration::from_millis(300));
+
+    // A flood of refused streams: every one counted, a few logged.
+    let before = hdsd
+        .metric(r#"hdsd_auth_failures_total{reason="malformed"}"#)
+        .unwrap_or(0.0);
+    for _ in 0..200 {
+        let refused = match client.try_open_with_token(Some("not.a.token")) {
+            Err(status) => status,
+            Ok(mut s) => s.expect_status(Code::Unauthenticated, SOON),
+        };
+        assert_eq!(refused.code(), Code::Unauthenticated);
+    }
+    let after = hdsd
+        .metric(r#"hdsd_auth_failures_total{reason="malformed"}"#)
+        .unwrap();
+    assert_eq!(after - before, 200.0);
+    let logged = hdsd
+        .log()
+        .lines()
+        .filter(|l| l.contains("stream refused") && l.contains("malformed"))
+        .count();
+    assert!(logged <= 5, "{logged} refusal lines for one peer");
+}
+
+/// Finding 2c: removing a signing key ends the live streams of its tokens.
+#[test]
+fn removing_a_signing_key_ends_its_live_streams() {
+    let hdsd = Hdsd::start(token_options(""));
+    served_web(&hdsd);
+    let keys = hdsd.dir.path().join("state").join("keys");
+    let old_files: Vec<_> = std::fs::read_dir(&keys)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    let token = hdsd.issue_token("default.web", "1h");
+    let client = GrpcClient::connect(hdsd.hds);
+    let mut web = client.open_with_token(Some(&token));
+    web.send(hc_request(Some("default.web")));
+    web.expect_specifier(SOON);
+    hdsd.cli(&["token", "keygen"]);
+    for f in &old_files {
+        std::fs::remove_file(f).unwrap();
+    }
+    let status = web.expect_status(Code::Unauthenticated, SOON);
+    assert!(
+        status.message().contains("unknown signing key"),
+        "{status:?}"
+    );
+    hdsd.wait_connected("default.web", false, SOON);
+}
+
+/// gRPC framing of one message.
+fn grpc_frame(message: &impl prost::Message) -> prost::bytes::Bytes {
+    let body = message.encode_to_vec();
+    let mut frame = Vec::with_capacity(5 + body.len());
+    frame.push(0);
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    frame.into()
+}
+
+/// Finding 2b: a client that holds its flow-control window at zero keeps
+/// hdsd's sends waiting; a revocation still ends the stream (hdsd detaches
+/// the dataplane and counts the refusal: the client itself cannot read the
+/// status through a shut window).
+#[test]
+fn revocation_ends_a_stream_blocked_sending() {
+    let hdsd = Hdsd::start(token_options(""));
+    served_web(&hdsd);
+    let token = hdsd.issue_token("default.web", "1h");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (client, driver, body) = rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(hdsd.hds).await.unwrap();
+        let (client, connection) = h2::client::Builder::new()
+            .initial_window_size(0)
+            .handshake::<_, prost::bytes::Bytes>(tcp)
+            .await
+            .unwrap();
+        let driver = tokio::spawn(connection);
+        let mut client = client.ready().await.unwrap();
+        let request = http::Request::post(format!(
+            "http://{}/envoy.service.health.v3.HealthDiscoveryService/StreamHealthCheck",
+            hdsd.hds
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {token}"))
+        .body(())
+        .unwrap();
+        let (response, mut body) = client.send_request(request, false).unwrap();
+        // Every request is answered with a specifier: more than hdsd can queue.
+        for _ in 0..20 {
+            body.send_data(grpc_frame(&hc_request(Some("default.web"))), false)
+                .unwrap();
+        }
+        let response = tokio::time::timeout(SOON, response).await.unwrap().unwrap();
+        (client, driver, (body, response))
+    });
+    hdsd.wait_connected("default.web", true, SOON);
+    // hdsd has sent nothing the client could read: its sends wait.
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = hdsd.metric("hdsd_specifiers_sent_total").unwrap();
+    assert!(sent < 20.0, "{sent} specifiers sent through a zero window");
+
+    let revoked_at = Instant::now();
+    hdsd.cli(&["token", "revoke", &jti(&hdsd, &token)]);
+    hdsd.wait_connected("default.web", false, Duration::from_secs(5));
+    eprintln!(
+        "stream blocked sending ended {:?} after the revocation",
+        revoked_at.elapsed()
+    );
+    assert!(revoked_at.elapsed() < Duration::from_secs(3));
+    assert!(
+        hdsd.metric(r#"hdsd_auth_failures_total{reason="revoked"}"#)
+            .unwrap()
+            >= 1.0
+    );
+    let _guard = rt.enter();
+    driver.abort();
+    drop((client, body));
+}
+
+/// Finding 8: a newline in a node id does not forge a log line.
+#[test]
+fn a_newline_in_a_node_id_is_escaped_in_the_log() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        grace: "1s",
+        ..Default::default()
+    });
+    let client = GrpcClient::connect(hdsd.hds);
+    let mut s = client.open_as("default.evil\nFORGED-LINE level=ERROR");
+    s.expect_status(Code::NotFound, SOON);
+    let log = hdsd.log();
+    assert!(
+        !log.lines().any(|l| l.starts_with("FORGED-LINE")),
+        "a forged line:\n{log}"
+    );
+    assert!(log.contains(r"evil\nFORGED-LINE"), "{log}");
+}
+
+/// Finding 7: Fetch checks the token's identity before looking anything up,
+/// and NOT_FOUND names no server path.
+#[test]
+fn fetch_for_another_node_is_refused_before_lookup() {
+    let hdsd = Hdsd::start(token_options(""));
+    served_web(&hdsd);
+    let client = GrpcClient::connect(hdsd.hds);
+    let web_token = hdsd.issue_token("default.web", "1h");
+    // Another node, existing or not: the same refusal, nothing learnt.
+    for other in ["default.ghost", "default.web2"] {
+        let e = client
+            .fetch_with_token(hc_request(Some(other)), Some(&web_token))
+            .unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    }
+    assert!(client
+        .fetch_with_token(hc_request(Some("default.web")), Some(&web_token))
+        .is_ok());
+    let ghost_token = hdsd.issue_token("default.ghost", "1h");
+    let e = client
+        .fetch_with_token(hc_request(Some("default.ghost")), Some(&ghost_token))
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let dir = hdsd.dataplanes_dir().display().to_string();
+    assert!(
+        !e.message().contains(&dir),
+        "reveals the path: {}",
+        e.message()
+    );
+    assert!(e.message().contains("ghost.yaml"), "{}", e.message());
+}
+
+/// Finding 6: the API closes a client that sends no request, one that sends
+/// half a header, and refuses connections over its per-address cap.
+#[test]
+fn the_api_bounds_slow_and_excess_clients() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        extra: "[api.limits]\nmax_connections_per_ip = 4\nhandshake_timeout = \"1s\"\nheader_read_timeout = \"1s\"\n".into(),
+        ..Default::default()
+    });
+    // Half a header: closed by the header-read timeout.
+    let mut half = TcpStream::connect(hdsd.api).unwrap();
+    half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let started = Instant::now();
+    assert!(
+        closed_within(&mut half, Duration::from_secs(5)),
+        "half a header kept open"
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(500),
+        "closed too early: {took:?}"
+    );
+
+    // A kept-alive connection that goes quiet after a request: closed too.
+    let mut kept = TcpStream::connect(hdsd.api).unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut response = [0u8; 12];
+    kept.read_exact(&mut response).unwrap();
+    assert_eq!(&response, b"HTTP/1.1 200");
+    assert!(
+        closed_within(&mut kept, Duration::from_secs(5)),
+        "idle keep-alive kept open"
+    );
+
+    // Four silent connections from one address are held; the fifth is closed at once.
+    let mut held: Vec<TcpStream> = (0..4)
+        .map(|_| connect_from([127, 0, 0, 3], hdsd.api))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut fifth = connect_from([127, 0, 0, 3], hdsd.api);
+    assert!(
+        closed_within(&mut fifth, Duration::from_millis(800)),
+        "the fifth connection was admitted"
+    );
+    // Others are served meanwhile.
+    ureq::get(&hdsd.api_url("/readyz"))
+        .call()
+        .expect("readyz from another address");
+    // The silent ones are closed by the handshake deadline.
+    for s in &mut held {
+        assert!(
+            closed_within(s, Duration::from_secs(5)),
+            "a silent API client kept open"
+        );
+    }
+    assert!(
+        hdsd.metric(
+            r#"hdsd_connections_refused_total{listener="api",reason="max_connections_per_ip"}"#
+        )
+        .unwrap()
+            >= 1.0
+    );
+    assert!(
+        hdsd.metric(r#"hdsd_connections_timed_out_total{listener="api",phase="handshake"}"#)
+            .unwrap()
+            >= 4.0
+    );
+}
+
+/// Finding 6: an API connection that goes quiet is closed after
+/// `api.limits.idle_timeout`, also when the header-read timeout is longer.
+#[test]
+fn a_quiet_api_connection_is_closed_after_the_idle_timeout() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        extra: "[api.limits]\nheader_read_timeout = \"30s\"\nidle_timeout = \"2s\"\n".into(),
+        ..Default::default()
+    });
+    let mut kept = TcpStream::connect(hdsd.api).unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut response = [0u8; 12];
+    kept.read_exact(&mut response).unwrap();
+    assert_eq!(&response, b"HTTP/1.1 200");
+    let quiet_from = Instant::now();
+    assert!(closed_within(&mut kept, Duration::from_secs(10)));
+    let took = quiet_from.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_secs(6),
+        "closed after {took:?}"
+    );
+    assert!(
+        hdsd.metric(r#"hdsd_connections_timed_out_total{listener="api",phase="idle"}"#)
+            .unwrap()
+            >= 1.0
+    );
+}
+
+/// Finding 3: a client that opens and resets streams in a loop ("rapid
+/// reset") has its connection closed by hdsd instead of costing unbounded
+/// server work (the client sees the connection end while it floods).
+#[test]
+fn a_reset_flood_ends_the_connection() {
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcome = rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(hdsd.hds).await.unwrap();
+        let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+        let driver = tokio::spawn(connection);
+        let mut client = client;
+        for i in 0..5_000 {
+            client = match client.ready().await {
+                Ok(c) => c,
+                Err(e) => return format!("refused at stream {i}: {e}"),
+            };
+            let request = http::Request::post(format!(
+                "http://{}/envoy.service.health.v3.HealthDiscoveryService/StreamHealthCheck",
+                hdsd.hds
+            ))
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+            match client.send_request(request, false) {
+                Ok((_response, mut body)) => body.send_reset(h2::Reason::CANCEL),
+                Err(e) => return format!("refused at stream {i}: {e}"),
+            }
+        }
+        // The client's handle is still alive: only the server can end it.
+        match tokio::time::timeout(SOON, driver).await {
+            Ok(Ok(Err(e))) => format!("connection ended by the server after the flood: {e}"),
+            other => panic!("the connection survived 5,000 resets: {other:?}"),
+        }
+    });
+    eprintln!("{outcome}");
+    served_web(&hdsd);
+    valid_client_is_served(&hdsd);
+}
