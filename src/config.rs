@@ -192,6 +192,30 @@ pub struct ApiConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct DataplanesConfig {
     pub dir: PathBuf,
+    /// Bytes a dataplane file may have (and the most its YAML aliases may
+    /// expand it to).
+    pub max_file_size: u64,
+    /// Levels of YAML nesting a dataplane file may have.
+    pub max_nesting: usize,
+    /// YAML aliases (`*name`) a dataplane file may have.
+    pub max_aliases: usize,
+    /// Inbounds a dataplane may have.
+    pub max_inbounds: usize,
+    /// Tags an inbound may have.
+    pub max_tags: usize,
+}
+
+impl DataplanesConfig {
+    /// The limits every dataplane file is read within.
+    pub fn limits(&self) -> crate::dataplane::FileLimits {
+        crate::dataplane::FileLimits {
+            max_file_size: self.max_file_size,
+            max_nesting: self.max_nesting,
+            max_aliases: self.max_aliases,
+            max_inbounds: self.max_inbounds,
+            max_tags: self.max_tags,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -287,8 +311,14 @@ impl Default for ApiConfig {
 
 impl Default for DataplanesConfig {
     fn default() -> Self {
+        let limits = crate::dataplane::FileLimits::default();
         DataplanesConfig {
             dir: PathBuf::from("./dataplanes"),
+            max_file_size: limits.max_file_size,
+            max_nesting: limits.max_nesting,
+            max_aliases: limits.max_aliases,
+            max_inbounds: limits.max_inbounds,
+            max_tags: limits.max_tags,
         }
     }
 }
@@ -368,6 +398,24 @@ impl Config {
         )
     }
 
+    /// Loads a configuration from the text of a file with extension `ext`
+    /// (`toml`, `yaml` or `yml`) over the defaults, without the environment.
+    pub fn from_text(text: &str, ext: &str) -> Result<Config, ConfigError> {
+        let figment = Figment::from(Serialized::defaults(Config::default()));
+        let figment = match ext {
+            "toml" => figment.merge(Toml::string(text)),
+            "yaml" | "yml" => figment.merge(Yaml::string(text)),
+            _ => {
+                return Err(ConfigError::Extension {
+                    path: PathBuf::from(format!("config.{ext}")),
+                })
+            }
+        };
+        figment
+            .extract()
+            .map_err(|e| ConfigError::Parse(describe_figment_error(e)))
+    }
+
     fn load_with_env(file: Option<&Path>, env: Env) -> Result<Config, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
@@ -435,6 +483,25 @@ impl Config {
                 "hds.keepalive.interval and hds.keepalive.timeout must be > 0 (e.g. 30s and 10s)"
                     .to_string(),
             );
+        }
+        let d = &self.dataplanes;
+        for (key, value) in [
+            ("max_file_size", d.max_file_size),
+            ("max_nesting", d.max_nesting as u64),
+            ("max_inbounds", d.max_inbounds as u64),
+            ("max_tags", d.max_tags as u64),
+        ] {
+            if value == 0 {
+                problems.push(format!(
+                    "dataplanes.{key} must be > 0: no dataplane file could be read within it (the default is {})",
+                    match key {
+                        "max_file_size" => crate::dataplane::FileLimits::default().max_file_size,
+                        "max_nesting" => crate::dataplane::FileLimits::default().max_nesting as u64,
+                        "max_inbounds" => crate::dataplane::FileLimits::default().max_inbounds as u64,
+                        _ => crate::dataplane::FileLimits::default().max_tags as u64,
+                    }
+                ));
+            }
         }
         if self.shutdown_timeout.is_zero() {
             problems.push("shutdown_timeout must be > 0 (e.g. 10s)".to_string());
@@ -578,6 +645,18 @@ tokens = []
 [dataplanes]
 # Directory of Dataplane YAML files (*.yaml, *.yml), watched for changes.
 dir = "./dataplanes"
+# Limits on each file; a file past one is rejected like a broken file (its last good
+# definitions stay) and counted in hdsd_dataplane_file_limit_hits_total.
+# Bytes a file may have (1 MiB); also the most its YAML aliases may expand it to.
+max_file_size = 1048576
+# Levels of YAML nesting (a Dataplane needs about 6).
+max_nesting = 32
+# YAML aliases (*name) per file; 0 refuses every alias.
+max_aliases = 64
+# Inbounds per dataplane.
+max_inbounds = 4096
+# Tags per inbound.
+max_tags = 64
 
 [eds]
 # EDS (Envoy's EndpointDiscoveryService) is served on hds.listen: one ClusterLoadAssignment
