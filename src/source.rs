@@ -88,34 +88,30 @@ const MESSAGE_CHARS: usize = 400;
 /// its content echoed into the log and the API.
 pub fn excerpted(message: &str) -> String {
     let mut out = String::with_capacity(message.len().min(MESSAGE_CHARS + 8));
+    // Characters kept so far, and the quote open now with its length.
+    let mut kept = 0;
     let mut quote: Option<(char, usize)> = None;
-    for (count, c) in message.chars().enumerate() {
-        if count >= MESSAGE_CHARS {
+    for c in message.chars() {
+        if kept >= MESSAGE_CHARS {
             out.push('…');
             break;
         }
         match quote {
-            Some((q, _)) if c == q => {
-                quote = None;
-                out.push(c);
-                continue;
-            }
+            Some((q, _)) if c == q => quote = None,
             Some((q, n)) => {
                 quote = Some((q, n + 1));
                 if n == EXCERPT_CHARS {
                     out.push('…');
+                    kept += 1;
                 }
                 if n >= EXCERPT_CHARS {
                     continue;
                 }
             }
-            None if c == '"' || c == '`' => {
-                quote = Some((c, 0));
-                out.push(c);
-                continue;
-            }
+            None if c == '"' || c == '`' => quote = Some((c, 0)),
             None => {}
         }
+        kept += 1;
         if c.is_control() {
             out.extend(c.escape_default());
         } else {

@@ -5,6 +5,7 @@
 
 mod support;
 
+mod abuse_files;
 mod api_tls;
 mod auth_envoy;
 mod bootstrap;
