@@ -484,22 +484,24 @@ impl Config {
                     .to_string(),
             );
         }
-        let d = &self.dataplanes;
-        for (key, value) in [
-            ("max_file_size", d.max_file_size),
-            ("max_nesting", d.max_nesting as u64),
-            ("max_inbounds", d.max_inbounds as u64),
-            ("max_tags", d.max_tags as u64),
+        let (d, default) = (&self.dataplanes, crate::dataplane::FileLimits::default());
+        for (key, value, default) in [
+            ("max_file_size", d.max_file_size, default.max_file_size),
+            (
+                "max_nesting",
+                d.max_nesting as u64,
+                default.max_nesting as u64,
+            ),
+            (
+                "max_inbounds",
+                d.max_inbounds as u64,
+                default.max_inbounds as u64,
+            ),
+            ("max_tags", d.max_tags as u64, default.max_tags as u64),
         ] {
             if value == 0 {
                 problems.push(format!(
-                    "dataplanes.{key} must be > 0: no dataplane file could be read within it (the default is {})",
-                    match key {
-                        "max_file_size" => crate::dataplane::FileLimits::default().max_file_size,
-                        "max_nesting" => crate::dataplane::FileLimits::default().max_nesting as u64,
-                        "max_inbounds" => crate::dataplane::FileLimits::default().max_inbounds as u64,
-                        _ => crate::dataplane::FileLimits::default().max_tags as u64,
-                    }
+                    "dataplanes.{key} must be > 0 (the default is {default}): no dataplane file could be read within 0"
                 ));
             }
         }
@@ -802,6 +804,40 @@ mod tests {
         );
         let e = load_str(".toml", "[hds.check]\nkind = \"grpc\"\n").unwrap_err();
         assert!(e.to_string().contains("grpc"), "{e}");
+    }
+
+    #[test]
+    fn dataplane_file_limits() {
+        let c = load_str(
+            ".toml",
+            "[dataplanes]\nmax_file_size = 2048\nmax_nesting = 8\nmax_aliases = 0\nmax_inbounds = 10\nmax_tags = 3\n",
+        )
+        .unwrap();
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        let l = c.dataplanes.limits();
+        assert_eq!(
+            (
+                l.max_file_size,
+                l.max_nesting,
+                l.max_aliases,
+                l.max_inbounds,
+                l.max_tags
+            ),
+            (2048, 8, 0, 10, 3)
+        );
+        assert_eq!(
+            Config::default().dataplanes.limits(),
+            crate::dataplane::FileLimits::default()
+        );
+        let c = load_str(".toml", "[dataplanes]\nmax_nesting = 0\n").unwrap();
+        assert_eq!(
+            c.validate(),
+            vec!["dataplanes.max_nesting must be > 0 (the default is 32): no dataplane file could be read within 0".to_string()]
+        );
+        // The text form the fuzz target uses.
+        let c = Config::from_text("dataplanes:\n  max_tags: 5\n", "yaml").unwrap();
+        assert_eq!(c.dataplanes.max_tags, 5);
+        assert!(Config::from_text("[dataplanes]\nmax_tagz = 5\n", "toml").is_err());
     }
 
     #[test]
