@@ -1828,7 +1828,7 @@ networking:
             "web"
         );
 
-        let many = format!("a: &a x\nb: [{}]\n", vec!["*a"; 4].join(", "));
+        let many = format!("a: &a x\nb: [{}]\n", ["*a"; 4].join(", "));
         assert_eq!(limit_of(&many), Some(Limit::Aliases));
 
         // One large value aliased a few times: under the count, past the size.
