@@ -77,6 +77,7 @@ fn structured(spec: &Specifier, data: &[u8]) -> EndpointHealthResponse {
                 ..Default::default()
             }),
             health_status: i32::from(status % 8),
+            ..Default::default()
         };
         let name = if cluster & 1 == 0 {
             format!("probe_{addr}")
