@@ -68,9 +68,9 @@ fn structured(spec: &Specifier, data: &[u8]) -> EndpointHealthResponse {
                 address: Some(Address {
                     address: Some(address::Address::SocketAddress(SocketAddress {
                         address: addr.ip().to_string(),
-                        port_specifier: Some(socket_address::PortSpecifier::PortValue(
-                            u32::from(addr.port()),
-                        )),
+                        port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
+                            addr.port(),
+                        ))),
                         ..Default::default()
                     })),
                 }),
@@ -85,7 +85,9 @@ fn structured(spec: &Specifier, data: &[u8]) -> EndpointHealthResponse {
             format!("other_{cluster}")
         };
         match clusters.iter_mut().find(|c| c.cluster_name == name) {
-            Some(c) => c.locality_endpoints_health[0].endpoints_health.push(endpoint),
+            Some(c) => c.locality_endpoints_health[0]
+                .endpoints_health
+                .push(endpoint),
             None => clusters.push(ClusterEndpointsHealth {
                 cluster_name: name,
                 locality_endpoints_health: vec![LocalityEndpointsHealth {

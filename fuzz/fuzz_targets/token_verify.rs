@@ -45,7 +45,9 @@ fn token(data: &[u8]) -> Option<String> {
     let mut lines = data.splitn(3, |&b| b == b'\n');
     match (lines.next(), lines.next(), lines.next()) {
         (Some(header), Some(claims), Some(signature)) => {
-            let header = std::str::from_utf8(header).ok()?.replace("KID", &fixture().kid);
+            let header = std::str::from_utf8(header)
+                .ok()?
+                .replace("KID", &fixture().kid);
             Some(format!(
                 "{}.{}.{}",
                 URL_SAFE_NO_PAD.encode(header),
