@@ -1,7 +1,7 @@
 # The two commands a newcomer needs:
 #   make demo   - hdsd with real Envoys and demo apps on this machine
 #   make test   - every test (installs Envoy and Prometheus first)
-.PHONY: demo test setup lint build bench bench-instructions bench-baseline
+.PHONY: demo test setup lint build bench bench-instructions bench-baseline fuzz
 
 CARGO ?= cargo
 
@@ -40,3 +40,10 @@ bench-instructions: setup
 
 bench-baseline: setup
 	CARGO="$(CARGO)" ./scripts/instructions.py update
+
+# Fuzzing (README, "Fuzzing"): every target for FUZZ_SECONDS (default 30) each.
+# Not part of `make test`: its sanitizer build of every dependency takes far
+# longer than the runs (README, "Fuzzing").
+FUZZ_SECONDS ?= 30
+fuzz:
+	./scripts/fuzz.sh $(FUZZ_SECONDS)

@@ -292,6 +292,30 @@ pub struct ApiConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct DataplanesConfig {
     pub dir: PathBuf,
+    /// Bytes a dataplane file may have (and the most its YAML aliases may
+    /// expand it to).
+    pub max_file_size: u64,
+    /// Levels of YAML nesting a dataplane file may have.
+    pub max_nesting: usize,
+    /// YAML aliases (`*name`) a dataplane file may have.
+    pub max_aliases: usize,
+    /// Inbounds a dataplane may have.
+    pub max_inbounds: usize,
+    /// Tags an inbound may have.
+    pub max_tags: usize,
+}
+
+impl DataplanesConfig {
+    /// The limits every dataplane file is read within.
+    pub fn limits(&self) -> crate::dataplane::FileLimits {
+        crate::dataplane::FileLimits {
+            max_file_size: self.max_file_size,
+            max_nesting: self.max_nesting,
+            max_aliases: self.max_aliases,
+            max_inbounds: self.max_inbounds,
+            max_tags: self.max_tags,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -389,8 +413,14 @@ impl Default for ApiConfig {
 
 impl Default for DataplanesConfig {
     fn default() -> Self {
+        let limits = crate::dataplane::FileLimits::default();
         DataplanesConfig {
             dir: PathBuf::from("./dataplanes"),
+            max_file_size: limits.max_file_size,
+            max_nesting: limits.max_nesting,
+            max_aliases: limits.max_aliases,
+            max_inbounds: limits.max_inbounds,
+            max_tags: limits.max_tags,
         }
     }
 }
@@ -470,6 +500,24 @@ impl Config {
         )
     }
 
+    /// Loads a configuration from the text of a file with extension `ext`
+    /// (`toml`, `yaml` or `yml`) over the defaults, without the environment.
+    pub fn from_text(text: &str, ext: &str) -> Result<Config, ConfigError> {
+        let figment = Figment::from(Serialized::defaults(Config::default()));
+        let figment = match ext {
+            "toml" => figment.merge(Toml::string(text)),
+            "yaml" | "yml" => figment.merge(Yaml::string(text)),
+            _ => {
+                return Err(ConfigError::Extension {
+                    path: PathBuf::from(format!("config.{ext}")),
+                })
+            }
+        };
+        figment
+            .extract()
+            .map_err(|e| ConfigError::Parse(describe_figment_error(e)))
+    }
+
     fn load_with_env(file: Option<&Path>, env: Env) -> Result<Config, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
@@ -537,6 +585,27 @@ impl Config {
                 "hds.keepalive.interval and hds.keepalive.timeout must be > 0 (e.g. 30s and 10s)"
                     .to_string(),
             );
+        }
+        let (d, default) = (&self.dataplanes, crate::dataplane::FileLimits::default());
+        for (key, value, default) in [
+            ("max_file_size", d.max_file_size, default.max_file_size),
+            (
+                "max_nesting",
+                d.max_nesting as u64,
+                default.max_nesting as u64,
+            ),
+            (
+                "max_inbounds",
+                d.max_inbounds as u64,
+                default.max_inbounds as u64,
+            ),
+            ("max_tags", d.max_tags as u64, default.max_tags as u64),
+        ] {
+            if value == 0 {
+                problems.push(format!(
+                    "dataplanes.{key} must be > 0 (the default is {default}): no dataplane file could be read within 0"
+                ));
+            }
         }
         if self.shutdown_timeout.is_zero() {
             problems.push("shutdown_timeout must be > 0 (e.g. 10s)".to_string());
@@ -764,6 +833,18 @@ idle_timeout = "60s"
 [dataplanes]
 # Directory of Dataplane YAML files (*.yaml, *.yml), watched for changes.
 dir = "./dataplanes"
+# Limits on each file; a file past one is rejected like a broken file (its last good
+# definitions stay) and counted in hdsd_dataplane_file_limit_hits_total.
+# Bytes a file may have (1 MiB); also the most its YAML aliases may expand it to.
+max_file_size = 1048576
+# Levels of YAML nesting (a Dataplane needs about 6).
+max_nesting = 32
+# YAML aliases (*name) per file; 0 refuses every alias.
+max_aliases = 64
+# Inbounds per dataplane.
+max_inbounds = 4096
+# Tags per inbound.
+max_tags = 64
 
 [eds]
 # EDS (Envoy's EndpointDiscoveryService) is served on hds.listen: one ClusterLoadAssignment
@@ -909,6 +990,40 @@ mod tests {
         );
         let e = load_str(".toml", "[hds.check]\nkind = \"grpc\"\n").unwrap_err();
         assert!(e.to_string().contains("grpc"), "{e}");
+    }
+
+    #[test]
+    fn dataplane_file_limits() {
+        let c = load_str(
+            ".toml",
+            "[dataplanes]\nmax_file_size = 2048\nmax_nesting = 8\nmax_aliases = 0\nmax_inbounds = 10\nmax_tags = 3\n",
+        )
+        .unwrap();
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        let l = c.dataplanes.limits();
+        assert_eq!(
+            (
+                l.max_file_size,
+                l.max_nesting,
+                l.max_aliases,
+                l.max_inbounds,
+                l.max_tags
+            ),
+            (2048, 8, 0, 10, 3)
+        );
+        assert_eq!(
+            Config::default().dataplanes.limits(),
+            crate::dataplane::FileLimits::default()
+        );
+        let c = load_str(".toml", "[dataplanes]\nmax_nesting = 0\n").unwrap();
+        assert_eq!(
+            c.validate(),
+            vec!["dataplanes.max_nesting must be > 0 (the default is 32): no dataplane file could be read within 0".to_string()]
+        );
+        // The text form the fuzz target uses.
+        let c = Config::from_text("dataplanes:\n  max_tags: 5\n", "yaml").unwrap();
+        assert_eq!(c.dataplanes.max_tags, 5);
+        assert!(Config::from_text("[dataplanes]\nmax_tagz = 5\n", "toml").is_err());
     }
 
     #[test]

@@ -315,6 +315,225 @@ pub struct ParseError {
     /// 1-based line, when the parser knows it.
     pub line: Option<usize>,
     pub message: String,
+    /// The limit the file went past, when that is the problem.
+    pub limit: Option<Limit>,
+}
+
+/// A limit a dataplane file can go past: the `limit` label of
+/// `hdsd_dataplane_file_limit_hits_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Limit {
+    /// Not a regular file (a FIFO, a device, a socket, or a symlink to one).
+    NotRegularFile,
+    /// Larger than `dataplanes.max_file_size`.
+    FileSize,
+    /// YAML nested deeper than `dataplanes.max_nesting`.
+    Nesting,
+    /// More YAML aliases than `dataplanes.max_aliases`.
+    Aliases,
+    /// YAML aliases that expand the file past `dataplanes.max_file_size`.
+    Expansion,
+    /// A dataplane with more inbounds than `dataplanes.max_inbounds`.
+    Inbounds,
+    /// An inbound with more tags than `dataplanes.max_tags`.
+    Tags,
+}
+
+impl Limit {
+    pub const ALL: [Limit; 7] = [
+        Limit::NotRegularFile,
+        Limit::FileSize,
+        Limit::Nesting,
+        Limit::Aliases,
+        Limit::Expansion,
+        Limit::Inbounds,
+        Limit::Tags,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limit::NotRegularFile => "not_regular_file",
+            Limit::FileSize => "file_size",
+            Limit::Nesting => "nesting",
+            Limit::Aliases => "aliases",
+            Limit::Expansion => "alias_expansion",
+            Limit::Inbounds => "inbounds",
+            Limit::Tags => "tags",
+        }
+    }
+}
+
+/// What one dataplane file may hold (the `dataplanes.max_*` settings). A
+/// file past a limit is rejected like any broken file: its last good
+/// definitions stay in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileLimits {
+    /// Bytes a file may have; also the most its YAML aliases may expand it to.
+    pub max_file_size: u64,
+    /// Levels of YAML nesting (mappings and sequences, block or flow).
+    pub max_nesting: usize,
+    /// YAML aliases (`*name`) per file.
+    pub max_aliases: usize,
+    /// Inbounds per dataplane.
+    pub max_inbounds: usize,
+    /// Tags per inbound.
+    pub max_tags: usize,
+}
+
+impl Default for FileLimits {
+    fn default() -> Self {
+        FileLimits {
+            max_file_size: 1024 * 1024,
+            max_nesting: 32,
+            max_aliases: 64,
+            max_inbounds: 4096,
+            max_tags: 64,
+        }
+    }
+}
+
+impl ParseError {
+    fn limit(limit: Limit, line: Option<usize>, message: String) -> ParseError {
+        ParseError {
+            line,
+            message,
+            limit: Some(limit),
+        }
+    }
+}
+
+/// Checks a YAML text against `limits` before it is deserialized, with a
+/// streaming parser that holds one event at a time and stops at the first
+/// limit: nesting (deep nesting makes the deserializer's parser slow, and
+/// quadratically so in flow style), the number of aliases, and the size the
+/// aliases expand the text to (every alias is a copy once deserialized: a
+/// large anchored value aliased many times would take memory many times the
+/// file's size). A text the streaming parser cannot read is an error too,
+/// so nothing it has not checked reaches the deserializer.
+pub fn check_yaml(text: &str, limits: &FileLimits) -> Result<(), ParseError> {
+    use yaml_rust2::parser::{Event, Parser};
+    // One open collection: its anchor and its expanded size so far.
+    struct Open {
+        anchor: usize,
+        size: u64,
+    }
+    let cap = limits.max_file_size;
+    let mut parser = Parser::new_from_str(text);
+    let mut open: Vec<Open> = Vec::new();
+    let mut anchored: std::collections::HashMap<usize, u64> = std::collections::HashMap::new();
+    let mut aliases = 0usize;
+    let mut total = 0u64;
+    let nesting = |line| {
+        ParseError::limit(
+            Limit::Nesting,
+            line,
+            format!(
+                "nested deeper than {} levels (dataplanes.max_nesting); a Dataplane needs about 6: flatten the document or raise the limit",
+                limits.max_nesting
+            ),
+        )
+    };
+    loop {
+        let (event, mark) = parser.next_token().map_err(|e| {
+            let line = Some(e.marker().line());
+            // The streaming parser's own cap on flow nesting (255 levels).
+            if e.info() == "recursion limit exceeded" {
+                nesting(line)
+            } else {
+                ParseError {
+                    line,
+                    message: e.info().to_string(),
+                    limit: None,
+                }
+            }
+        })?;
+        let line = Some(mark.line());
+        // A finished node: (its anchor, its expanded size).
+        let done = match event {
+            Event::StreamEnd => return Ok(()),
+            Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
+                open.push(Open { anchor, size: 1 });
+                if open.len() > limits.max_nesting {
+                    return Err(nesting(line));
+                }
+                None
+            }
+            Event::SequenceEnd | Event::MappingEnd => open.pop().map(|o| (o.anchor, o.size)),
+            Event::Scalar(value, _, anchor, _) => Some((anchor, 1 + value.len() as u64)),
+            Event::Alias(id) => {
+                aliases += 1;
+                if aliases > limits.max_aliases {
+                    return Err(ParseError::limit(
+                        Limit::Aliases,
+                        line,
+                        format!(
+                            "more than {} YAML aliases (*name) (dataplanes.max_aliases); write the values out or raise the limit",
+                            limits.max_aliases
+                        ),
+                    ));
+                }
+                Some((0, anchored.get(&id).copied().unwrap_or(1)))
+            }
+            _ => None,
+        };
+        let Some((anchor, size)) = done else { continue };
+        if anchor != 0 {
+            anchored.insert(anchor, size);
+        }
+        let sum = match open.last_mut() {
+            Some(parent) => {
+                parent.size = parent.size.saturating_add(size);
+                parent.size
+            }
+            None => {
+                total = total.saturating_add(size);
+                total
+            }
+        };
+        if sum > cap {
+            return Err(ParseError::limit(
+                Limit::Expansion,
+                line,
+                format!(
+                    "YAML aliases expand this file past {cap} bytes (dataplanes.max_file_size): every alias is a copy of its anchor's value; write the values out instead of repeating a large anchor"
+                ),
+            ));
+        }
+    }
+}
+
+/// The inbound and tag limits of one parsed dataplane.
+fn check_sizes(dp: &Dataplane, limits: &FileLimits) -> Result<(), ParseError> {
+    if dp.inbounds.len() > limits.max_inbounds {
+        return Err(ParseError::limit(
+            Limit::Inbounds,
+            None,
+            format!(
+                "dataplane {} has {} inbounds, more than dataplanes.max_inbounds ({}); split it into several dataplanes or raise the limit",
+                dp.id,
+                dp.inbounds.len(),
+                limits.max_inbounds
+            ),
+        ));
+    }
+    if let Some((i, inbound)) = dp
+        .inbounds
+        .iter()
+        .enumerate()
+        .find(|(_, inbound)| inbound.tags.len() > limits.max_tags)
+    {
+        return Err(ParseError::limit(
+            Limit::Tags,
+            None,
+            format!(
+                "dataplane {}: networking.inbound[{i}] has {} tags, more than dataplanes.max_tags ({}); remove some or raise the limit",
+                dp.id,
+                inbound.tags.len(),
+                limits.max_tags
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl fmt::Display for ParseError {
@@ -371,10 +590,33 @@ pub fn parse_documents(text: &str) -> Result<Vec<Dataplane>, ParseError> {
 
 /// Parses one file: YAML documents separated by `---`, or a stream of JSON
 /// objects. Documents whose `type` is not `Dataplane` are listed as ignored;
-/// a document without `type` is an error.
+/// a document without `type` is an error. The default [`FileLimits`] apply.
 pub fn parse_file(text: &str, format: Format) -> Result<ParsedFile, ParseError> {
+    parse_file_with(text, format, &FileLimits::default())
+}
+
+/// [`parse_file`] within the given limits. YAML is checked by
+/// [`check_yaml`] before it is deserialized; JSON, which has no aliases, is
+/// deserialized at once (its parser stops at 128 levels, in linear time).
+pub fn parse_file_with(
+    text: &str,
+    format: Format,
+    limits: &FileLimits,
+) -> Result<ParsedFile, ParseError> {
+    if text.len() as u64 > limits.max_file_size {
+        return Err(ParseError::limit(
+            Limit::FileSize,
+            None,
+            format!(
+                "the file has {} bytes, more than dataplanes.max_file_size ({}); split it into several files or raise the limit",
+                text.len(),
+                limits.max_file_size
+            ),
+        ));
+    }
     if let Some((line, placeholder)) = find_template(text) {
         return Err(ParseError {
+        limit: None,
             line: Some(line),
             message: format!(
                 "{placeholder} is a template placeholder: this file is a kuma-dp Dataplane template; render it first (replace every {{{{ ... }}}} with its value, as `kuma-dp run --dataplane-var` does) and put the rendered file in the dataplanes directory"
@@ -383,8 +625,14 @@ pub fn parse_file(text: &str, format: Format) -> Result<ParsedFile, ParseError> 
     }
     let mut out = ParsedFile::default();
     match format {
-        Format::Yaml => parse_yaml(text, &mut out)?,
+        Format::Yaml => {
+            check_yaml(text, limits)?;
+            parse_yaml(text, &mut out)?
+        }
         Format::Json => parse_json(text, &mut out)?,
+    }
+    for dp in &out.dataplanes {
+        check_sizes(dp, limits)?;
     }
     Ok(out)
 }
@@ -396,6 +644,7 @@ fn parse_yaml(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
     for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         headers.push(
             Option::<Header>::deserialize(document).map_err(|e| ParseError {
+                limit: None,
                 line: e.location().map(|l| l.line()),
                 message: format!("document {}: {}", index + 1, strip_location(&e.to_string())),
             })?,
@@ -409,6 +658,7 @@ fn parse_yaml(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
             continue;
         }
         let doc = DataplaneDoc::deserialize(document).map_err(|e| ParseError {
+            limit: None,
             line: e.location().map(|l| l.line()),
             message: format!("document {}: {}", index + 1, strip_location(&e.to_string())),
         })?;
@@ -420,6 +670,7 @@ fn parse_yaml(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
 fn parse_json(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
     let json_error =
         |index: usize, first_line: usize, e: &serde_json::Error, path: String| ParseError {
+            limit: None,
             line: (e.line() > 0).then(|| first_line + e.line() - 1),
             message: format!(
                 "document {}: {path}{}",
@@ -465,6 +716,7 @@ fn classify(
         return Ok(false);
     };
     let error = |message: String| ParseError {
+        limit: None,
         line: None,
         message: format!("document {}: {message}", index + 1),
     };
@@ -492,11 +744,13 @@ fn classify(
 
 fn add(index: usize, doc: DataplaneDoc, out: &mut ParsedFile) -> Result<(), ParseError> {
     let dataplane = doc.into_dataplane().map_err(|message| ParseError {
+        limit: None,
         line: None,
         message: format!("document {}: {message}", index + 1),
     })?;
     if out.dataplanes.iter().any(|d| d.id == dataplane.id) {
         return Err(ParseError {
+        limit: None,
             line: None,
             message: format!(
                 "document {}: dataplane {} is defined twice in this file; remove one of the documents",
@@ -1516,5 +1770,136 @@ networking:
         assert_eq!(Format::of_path(Path::new("a.yml")), Some(Format::Yaml));
         assert_eq!(Format::of_path(Path::new("a.json")), Some(Format::Json));
         assert_eq!(Format::of_path(Path::new("a.txt")), None);
+    }
+
+    fn limits() -> FileLimits {
+        FileLimits {
+            max_file_size: 4096,
+            max_nesting: 8,
+            max_aliases: 3,
+            max_inbounds: 2,
+            max_tags: 2,
+        }
+    }
+
+    fn limit_of(text: &str) -> Option<Limit> {
+        parse_file_with(text, Format::Yaml, &limits())
+            .err()
+            .and_then(|e| e.limit)
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_fast_in_any_style() {
+        let deep = 200_000;
+        for text in [
+            format!("{}{}", "[".repeat(deep), "]".repeat(deep)),
+            format!("{}{}", "{a: ".repeat(deep), "}".repeat(deep)),
+            format!("{}x\n", "- ".repeat(deep)),
+            format!(
+                "type: Dataplane\ntags: {}{}\n",
+                "[".repeat(deep),
+                "]".repeat(deep)
+            ),
+        ] {
+            let started = std::time::Instant::now();
+            let e = parse_file_with(
+                &text,
+                Format::Yaml,
+                &FileLimits {
+                    max_file_size: 10 << 20,
+                    ..limits()
+                },
+            )
+            .unwrap_err();
+            assert_eq!(e.limit, Some(Limit::Nesting), "{e}");
+            assert!(e.message.contains("dataplanes.max_nesting"), "{e}");
+            assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        }
+        // Within the limit: the file's own problem, not a limit.
+        assert_eq!(limit_of("type: Dataplane\nmesh: [[[[x]]]]\n"), None);
+    }
+
+    #[test]
+    fn aliases_are_counted_and_their_expansion_bounded() {
+        let ok = "type: Dataplane\nmesh: default\nname: a\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 1\n    servicePort: 2\n    tags: &t {kuma.io/service: web}\n  - port: 3\n    servicePort: 4\n    tags: *t\n";
+        let parsed = parse_file_with(ok, Format::Yaml, &limits()).unwrap();
+        assert_eq!(
+            parsed.dataplanes[0].inbounds[1].tags["kuma.io/service"],
+            "web"
+        );
+
+        let many = format!("a: &a x\nb: [{}]\n", ["*a"; 4].join(", "));
+        assert_eq!(limit_of(&many), Some(Limit::Aliases));
+
+        // One large value aliased a few times: under the count, past the size.
+        let big = format!("a: &a {}\nb: [*a, *a]\n", "x".repeat(1500));
+        assert_eq!(limit_of(&big), Some(Limit::Expansion));
+
+        // Nested anchors (a billion laughs): each level doubles the size.
+        let mut laughs = String::from("l0: &l0 [xxxxxxxxxxxxxxxx, xxxxxxxxxxxxxxxx]\n");
+        for i in 1..3 {
+            laughs.push_str(&format!(
+                "l{i}: &l{i} [*l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}]\n",
+                p = i - 1
+            ));
+        }
+        let e = parse_file_with(
+            &laughs,
+            Format::Yaml,
+            &FileLimits {
+                max_aliases: 100,
+                max_file_size: 1000,
+                ..limits()
+            },
+        )
+        .unwrap_err();
+        assert_eq!(e.limit, Some(Limit::Expansion), "{e}");
+    }
+
+    #[test]
+    fn size_inbounds_and_tags_are_capped() {
+        let e = parse_file_with(&"#".repeat(5000), Format::Yaml, &limits()).unwrap_err();
+        assert_eq!(e.limit, Some(Limit::FileSize));
+        let inbound = |port: u16, tags: &str| {
+            format!("  - port: {port}\n    servicePort: 8080\n    tags: {{{tags}}}\n")
+        };
+        let head = "type: Dataplane\nmesh: default\nname: a\nnetworking:\n  address: 127.0.0.1\n  inbound:\n";
+        let three = format!(
+            "{head}{}{}{}",
+            inbound(1, "a: b"),
+            inbound(2, "a: b"),
+            inbound(3, "a: b")
+        );
+        let e = parse_file_with(&three, Format::Yaml, &limits()).unwrap_err();
+        assert_eq!(e.limit, Some(Limit::Inbounds));
+        assert!(
+            e.message
+                .contains("3 inbounds, more than dataplanes.max_inbounds (2)"),
+            "{e}"
+        );
+        let tags = format!("{head}{}", inbound(1, "a: b, c: d, e: f"));
+        let e = parse_file_with(&tags, Format::Yaml, &limits()).unwrap_err();
+        assert_eq!(e.limit, Some(Limit::Tags));
+        assert!(
+            e.message.contains("networking.inbound[0] has 3 tags"),
+            "{e}"
+        );
+        // JSON too.
+        let json = r#"{"type": "Dataplane", "mesh": "default", "name": "a", "networking": {"address": "127.0.0.1", "inbound": [{"port": 1, "servicePort": 2, "tags": {"a": "1", "b": "2", "c": "3"}}]}}"#;
+        let e = parse_file_with(json, Format::Json, &limits()).unwrap_err();
+        assert_eq!(e.limit, Some(Limit::Tags));
+    }
+
+    #[test]
+    fn the_fixtures_pass_the_default_limits() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/kuma");
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let Some(format) = Format::of_path(&path) else {
+                continue;
+            };
+            let text = std::fs::read_to_string(&path).unwrap();
+            parse_file(&text, format).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
     }
 }

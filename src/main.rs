@@ -377,7 +377,12 @@ fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut dataplanes = 0;
     let mut ignored = String::new();
     if problems.is_empty() {
-        match source::load(&config.dataplanes.dir, &Loaded::default(), &settings) {
+        match source::load(
+            &config.dataplanes.dir,
+            &Loaded::default(),
+            &settings,
+            &config.dataplanes.limits(),
+        ) {
             Ok(loaded) => {
                 dataplanes = loaded.dataplanes.len();
                 problems.extend(loaded.problems());

@@ -25,6 +25,7 @@ pub const INBOUNDS: &str = "hdsd_inbounds";
 pub const READINESS_TRANSITIONS: &str = "hdsd_readiness_transitions_total";
 pub const AUTH_FAILURES: &str = "hdsd_auth_failures_total";
 pub const SOURCE_ERRORS: &str = "hdsd_dataplane_source_errors";
+pub const FILE_LIMIT_HITS: &str = "hdsd_dataplane_file_limit_hits_total";
 pub const BUILD_INFO: &str = "hdsd_build_info";
 pub const STREAMS_WAITING: &str = "hdsd_streams_waiting";
 pub const AUTH_SIGNING_KEYS: &str = "hdsd_auth_signing_keys";
@@ -238,6 +239,12 @@ pub fn specifier_built(ok: bool, took: std::time::Duration) {
     if !ok {
         counter!(SPECIFIER_GENERATION_ERRORS).increment(1);
     }
+}
+
+/// Counts a dataplane file rejected for going past a limit (`limit`: see
+/// `dataplane::Limit::as_str`), once per rejection the log reports.
+pub fn dataplane_file_limit_hit(limit: &'static str) {
+    counter!(FILE_LIMIT_HITS, "limit" => limit).increment(1);
 }
 
 /// Counts changes the feed numbered (one revision each).
@@ -501,6 +508,13 @@ fn describe() {
     }
     for limit in STREAM_LIMITS {
         counter!(LIMIT_HITS, "limit" => limit).absolute(0);
+    }
+    describe_counter!(
+        FILE_LIMIT_HITS,
+        "Dataplane files rejected for going past a limit, by limit (not_regular_file, file_size, nesting, aliases, alias_expansion, inbounds, tags: the dataplanes.max_* settings); counted when the rejection is logged."
+    );
+    for limit in crate::dataplane::Limit::ALL {
+        counter!(FILE_LIMIT_HITS, "limit" => limit.as_str()).absolute(0);
     }
     gauge!(EDS_STREAMS_ACTIVE).set(0.0);
     for health in crate::consumers::eds::assignment::EdsHealth::ALL {

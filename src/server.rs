@@ -184,7 +184,8 @@ pub async fn run(
     raise_open_file_limit(&config);
     let settings = specifier_settings(&config);
     let dir = config.dataplanes.dir.clone();
-    let initial = source::load(&dir, &Loaded::default(), &settings)?;
+    let limits = config.dataplanes.limits();
+    let initial = source::load(&dir, &Loaded::default(), &settings, &limits)?;
     source::log_problems(&initial, &Loaded::default());
     tracing::info!(
         dir = %dir.display(),
@@ -193,7 +194,7 @@ pub async fn run(
         "dataplanes loaded"
     );
     let (sources_tx, sources_rx) = watch::channel(Arc::new(initial));
-    let watcher = tokio::spawn(source::watch(dir.clone(), settings, sources_tx)?);
+    let watcher = tokio::spawn(source::watch(dir.clone(), settings, limits, sources_tx)?);
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store_path = config.state_dir.join("readiness.redb");

@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::dataplane::{self, Dataplane, DataplaneId, Format, IgnoredDocument};
+use crate::dataplane::{self, Dataplane, DataplaneId, FileLimits, Format, IgnoredDocument, Limit};
 use crate::fswatch;
 use crate::specifier::{build, Specifier, SpecifierError, SpecifierSettings};
 
@@ -58,7 +58,67 @@ pub struct FileState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FileError {
     pub line: Option<usize>,
+    /// What is wrong, with at most a short excerpt of the file's content.
     pub message: String,
+    /// The limit the file went past, when that is the problem (counted in
+    /// `hdsd_dataplane_file_limit_hits_total`).
+    #[serde(skip)]
+    pub limit: Option<Limit>,
+}
+
+impl FileError {
+    fn new(line: Option<usize>, message: &str, limit: Option<Limit>) -> FileError {
+        FileError {
+            line,
+            message: excerpted(message),
+            limit,
+        }
+    }
+}
+
+/// The longest quoted text an error message keeps (in characters).
+const EXCERPT_CHARS: usize = 24;
+/// The longest error message kept (in characters).
+const MESSAGE_CHARS: usize = 400;
+
+/// `message` with every quoted run (`"..."`, `` `...` ``) cut to
+/// [`EXCERPT_CHARS`], control characters escaped, and the whole cut to
+/// [`MESSAGE_CHARS`]: parser messages quote the values they reject, and a
+/// file that is not a dataplane (a symlink to a secret, say) must not have
+/// its content echoed into the log and the API.
+pub fn excerpted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(MESSAGE_CHARS + 8));
+    // Characters kept so far, and the quote open now with its length.
+    let mut kept = 0;
+    let mut quote: Option<(char, usize)> = None;
+    for c in message.chars() {
+        if kept >= MESSAGE_CHARS {
+            out.push('…');
+            break;
+        }
+        match quote {
+            Some((q, _)) if c == q => quote = None,
+            Some((q, n)) => {
+                quote = Some((q, n + 1));
+                if n == EXCERPT_CHARS {
+                    out.push('…');
+                    kept += 1;
+                }
+                if n >= EXCERPT_CHARS {
+                    continue;
+                }
+            }
+            None if c == '"' || c == '`' => quote = Some((c, 0)),
+            None => {}
+        }
+        kept += 1;
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The result of loading the directory.
@@ -100,7 +160,7 @@ impl Loaded {
 }
 
 /// The raw content of one file, as read from disk.
-pub type FileRead = Result<String, String>;
+pub type FileRead = Result<String, FileError>;
 
 /// Builds one dataplane's specifier: [`build`] with the server's settings, or
 /// that wrapped by an edge that measures it.
@@ -114,7 +174,9 @@ pub fn assemble(
     previous: &Loaded,
     settings: &SpecifierSettings,
 ) -> Loaded {
-    assemble_with(dir, files, previous, &mut |dp| build(dp, settings))
+    assemble_with(dir, files, previous, &FileLimits::default(), &mut |dp| {
+        build(dp, settings)
+    })
 }
 
 /// [`assemble`] with the given specifier builder.
@@ -122,12 +184,13 @@ pub fn assemble_with(
     dir: &Path,
     files: BTreeMap<PathBuf, FileRead>,
     previous: &Loaded,
+    limits: &FileLimits,
     build: &mut Build<'_>,
 ) -> Loaded {
     let states = files
         .into_iter()
         .map(|(path, read)| {
-            let state = file_state(&path, read, previous.files.get(&path), build);
+            let state = file_state(&path, read, previous.files.get(&path), limits, build);
             (path, state)
         })
         .collect();
@@ -141,20 +204,23 @@ pub fn reassemble(
     changed: BTreeMap<PathBuf, Option<FileRead>>,
     settings: &SpecifierSettings,
 ) -> Loaded {
-    reassemble_with(previous, changed, &mut |dp| build(dp, settings))
+    reassemble_with(previous, changed, &FileLimits::default(), &mut |dp| {
+        build(dp, settings)
+    })
 }
 
 /// [`reassemble`] with the given specifier builder.
 pub fn reassemble_with(
     previous: &Loaded,
     changed: BTreeMap<PathBuf, Option<FileRead>>,
+    limits: &FileLimits,
     build: &mut Build<'_>,
 ) -> Loaded {
     let mut states = previous.files.clone();
     for (path, read) in changed {
         match read {
             Some(read) => {
-                let state = file_state(&path, read, previous.files.get(&path), build);
+                let state = file_state(&path, read, previous.files.get(&path), limits, build);
                 states.insert(path, state);
             }
             None => {
@@ -169,14 +235,10 @@ fn file_state(
     path: &Path,
     read: FileRead,
     previous: Option<&FileState>,
+    limits: &FileLimits,
     build: &mut Build<'_>,
 ) -> FileState {
-    let result = read
-        .map_err(|message| FileError {
-            line: None,
-            message,
-        })
-        .and_then(|text| parse_file(path, &text, build));
+    let result = read.and_then(|text| parse_file(path, &text, limits, build));
     match result {
         Ok((dataplanes, ignored)) => FileState {
             dataplanes,
@@ -215,6 +277,7 @@ fn merge(dir: &Path, mut states: BTreeMap<PathBuf, FileState>) -> Loaded {
             (!duplicates.is_empty()).then(|| FileError {
                 line: None,
                 message: duplicates.join("; "),
+                limit: None,
             })
         });
     }
@@ -228,21 +291,18 @@ fn merge(dir: &Path, mut states: BTreeMap<PathBuf, FileState>) -> Loaded {
 fn parse_file(
     path: &Path,
     text: &str,
+    limits: &FileLimits,
     build: &mut Build<'_>,
 ) -> Result<(Vec<Defined>, Vec<IgnoredDocument>), FileError> {
     let format = Format::of_path(path).unwrap_or(Format::Yaml);
-    let parsed = dataplane::parse_file(text, format).map_err(|e| FileError {
-        line: e.line,
-        message: e.message,
-    })?;
+    let parsed = dataplane::parse_file_with(text, format, limits)
+        .map_err(|e| FileError::new(e.line, &e.message, e.limit))?;
     let defined = parsed
         .dataplanes
         .into_iter()
         .map(|dp| {
-            let specifier = build(&dp).map_err(|e| FileError {
-                line: None,
-                message: format!("dataplane {}: {e}", dp.id),
-            })?;
+            let specifier = build(&dp)
+                .map_err(|e| FileError::new(None, &format!("dataplane {}: {e}", dp.id), None))?;
             Ok(Defined {
                 dataplane: Arc::new(dp),
                 specifier: Arc::new(specifier),
@@ -262,8 +322,9 @@ pub struct DirError {
     pub source: std::io::Error,
 }
 
-/// Reads every `*.yaml` / `*.yml` / `*.json` file of `dir` (not recursive, hidden files skipped).
-pub fn read_dir(dir: &Path) -> Result<BTreeMap<PathBuf, FileRead>, DirError> {
+/// Reads every `*.yaml` / `*.yml` / `*.json` file of `dir` (not recursive,
+/// hidden files and directories skipped) with [`read_file`].
+pub fn read_dir(dir: &Path, max_size: u64) -> Result<BTreeMap<PathBuf, FileRead>, DirError> {
     let entries = std::fs::read_dir(dir).map_err(|source| DirError {
         dir: dir.to_path_buf(),
         source,
@@ -271,13 +332,97 @@ pub fn read_dir(dir: &Path) -> Result<BTreeMap<PathBuf, FileRead>, DirError> {
     let mut files = BTreeMap::new();
     for entry in entries.flatten() {
         let path = entry.path();
-        if !is_dataplane_file(&path) || !path.is_file() {
+        if !is_dataplane_file(&path) {
             continue;
         }
-        let read = std::fs::read_to_string(&path).map_err(|e| format!("cannot read file: {e}"));
-        files.insert(path, read);
+        if let Some(read) = read_file(&path, max_size) {
+            files.insert(path, read);
+        }
     }
     Ok(files)
+}
+
+/// Reads one dataplane file, or `None` when there is no file to read (it is
+/// gone, or it is a directory). The file is opened without blocking, so a
+/// FIFO never hangs the reader; it must be a regular file (a symlink to one
+/// is fine: the type is checked on the opened file, not on its name); and
+/// at most `max_size` bytes are read, so a symlink to `/dev/zero` or a file
+/// still growing costs no more than that.
+pub fn read_file(path: &Path, max_size: u64) -> Option<FileRead> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let cannot = |e: std::io::Error| {
+        Some(Err(FileError::new(
+            None,
+            &format!("cannot read file: {e}"),
+            None,
+        )))
+    };
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => return cannot(e),
+    };
+    let meta = match file.metadata() {
+        Ok(meta) => meta,
+        Err(e) => return cannot(e),
+    };
+    let kind = meta.file_type();
+    if kind.is_dir() {
+        return None;
+    }
+    if !kind.is_file() {
+        let what = if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else if kind.is_block_device() {
+            "a block device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Some(Err(FileError::new(
+            None,
+            &format!("this is {what} (or a symlink to one), not a regular file; dataplane files must be regular files (a symlink to a regular file is fine): remove it or give it another extension"),
+            Some(Limit::NotRegularFile),
+        )));
+    }
+    let too_large = || {
+        Some(Err(FileError::new(
+            None,
+            &format!("the file is larger than dataplanes.max_file_size ({max_size} bytes); split it into several files or raise the limit"),
+            Some(Limit::FileSize),
+        )))
+    };
+    if meta.len() > max_size {
+        return too_large();
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    if let Err(e) = file
+        .take(max_size.saturating_add(1))
+        .read_to_end(&mut bytes)
+    {
+        return cannot(e);
+    }
+    if bytes.len() as u64 > max_size {
+        return too_large();
+    }
+    Some(String::from_utf8(bytes).map_err(|e| {
+        FileError::new(
+            None,
+            &format!(
+                "the file is not UTF-8 text (invalid byte at offset {}); save it as UTF-8",
+                e.utf8_error().valid_up_to()
+            ),
+            None,
+        )
+    }))
 }
 
 fn is_dataplane_file(path: &Path) -> bool {
@@ -293,11 +438,13 @@ pub fn load(
     dir: &Path,
     previous: &Loaded,
     settings: &SpecifierSettings,
+    limits: &FileLimits,
 ) -> Result<Loaded, DirError> {
     Ok(assemble_with(
         dir,
-        read_dir(dir)?,
+        read_dir(dir, limits.max_file_size)?,
         previous,
+        limits,
         &mut measured(settings),
     ))
 }
@@ -323,6 +470,7 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 pub fn watch(
     dir: PathBuf,
     settings: SpecifierSettings,
+    limits: FileLimits,
     tx: watch::Sender<Arc<Loaded>>,
 ) -> Result<impl std::future::Future<Output = ()> + Send + 'static, notify::Error> {
     let (mut watching, mut changes) = fswatch::watch(DEBOUNCE)?;
@@ -348,7 +496,8 @@ pub fn watch(
             let settings = settings.clone();
             let loaded = if everything {
                 tracing::debug!(dir = %dir.display(), "dataplanes directory changed; reloading");
-                tokio::task::spawn_blocking(move || load(&dir2, &previous, &settings)).await
+                tokio::task::spawn_blocking(move || load(&dir2, &previous, &settings, &limits))
+                    .await
             } else {
                 let changed: Vec<PathBuf> = changed
                     .into_iter()
@@ -364,7 +513,8 @@ pub fn watch(
                 tokio::task::spawn_blocking(move || {
                     Ok(reassemble_with(
                         &previous,
-                        read_files(changed),
+                        read_files(changed, limits.max_file_size),
+                        &limits,
                         &mut measured(&settings),
                     ))
                 })
@@ -392,27 +542,26 @@ pub fn watch(
 }
 
 /// Reads the named files; `None` for a file that no longer exists.
-fn read_files(paths: Vec<PathBuf>) -> BTreeMap<PathBuf, Option<FileRead>> {
+fn read_files(paths: Vec<PathBuf>, max_size: u64) -> BTreeMap<PathBuf, Option<FileRead>> {
     paths
         .into_iter()
         .map(|path| {
-            let read = match std::fs::read_to_string(&path) {
-                Ok(text) => Some(Ok(text)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(_) if path.is_dir() => None,
-                Err(e) => Some(Err(format!("cannot read file: {e}"))),
-            };
+            let read = read_file(&path, max_size);
             (path, read)
         })
         .collect()
 }
 
-/// Logs each file error once, when it appears or changes.
+/// Logs each file error once, when it appears or changes, and counts the
+/// limits hit in `hdsd_dataplane_file_limit_hits_total`.
 pub fn log_problems(loaded: &Loaded, before: &Loaded) {
     for (path, state) in &loaded.files {
         let Some(error) = &state.error else { continue };
         if before.files.get(path).and_then(|f| f.error.as_ref()) == Some(error) {
             continue;
+        }
+        if let Some(limit) = error.limit {
+            crate::metrics::dataplane_file_limit_hit(limit.as_str());
         }
         let kept = state.dataplanes.len();
         tracing::error!(
@@ -618,15 +767,18 @@ mod tests {
             built.push(dp.id.to_string());
             build(dp, &settings)
         };
+        let limits = FileLimits::default();
         let first = assemble_with(
             dir,
             files(&[("d/a.yaml", &doc("a", 1)), ("d/b.yaml", &doc("b", 2))]),
             &Loaded::default(),
+            &limits,
             &mut counting,
         );
         let second = reassemble_with(
             &first,
             [(PathBuf::from("d/b.yaml"), Some(Ok(doc("b", 20))))].into(),
+            &limits,
             &mut counting,
         );
         assert_eq!(built, vec!["default.a", "default.b", "default.b"]);
@@ -708,13 +860,86 @@ mod tests {
         std::fs::write(dir.path().join("c.txt"), "junk").unwrap();
         std::fs::write(dir.path().join(".d.yaml.swp"), "junk").unwrap();
         std::fs::write(dir.path().join(".e.yaml"), "junk").unwrap();
-        let l = load(dir.path(), &Loaded::default(), &settings()).unwrap();
+        let l = load(
+            dir.path(),
+            &Loaded::default(),
+            &settings(),
+            &FileLimits::default(),
+        )
+        .unwrap();
         assert_eq!(names(&l), vec!["default.a", "default.b", "default.c"]);
-        assert!(
-            load(&dir.path().join("missing"), &Loaded::default(), &settings())
-                .unwrap_err()
-                .to_string()
-                .contains("create it or point dataplanes.dir")
+        assert!(load(
+            &dir.path().join("missing"),
+            &Loaded::default(),
+            &settings(),
+            &FileLimits::default()
+        )
+        .unwrap_err()
+        .to_string()
+        .contains("create it or point dataplanes.dir"));
+    }
+
+    #[test]
+    fn excerpts_cut_quoted_content_and_escape_control_characters() {
+        let secret = "root:x:0:0:root:/root:/bin/bash daemon:x:1:1:daemon:/usr/sbin";
+        let m = excerpted(&format!("invalid type: string \"{secret}\", expected x"));
+        assert_eq!(
+            m,
+            "invalid type: string \"root:x:0:0:root:/root:/b…\", expected x"
         );
+        assert_eq!(excerpted("unknown field `a\nb`"), "unknown field `a\\nb`");
+        assert_eq!(
+            excerpted(&"y".repeat(1000)).chars().count(),
+            MESSAGE_CHARS + 1
+        );
+    }
+
+    #[test]
+    fn only_regular_files_are_read_and_never_past_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("ok.yaml"), doc("a", 1)).unwrap();
+        std::fs::write(d.join("big.yaml"), "#".repeat(2000)).unwrap();
+        std::os::unix::fs::symlink(d.join("ok.yaml"), d.join("link.yaml")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", d.join("zero.yaml")).unwrap();
+        std::fs::create_dir(d.join("dir.yaml")).unwrap();
+        let fifo = d.join("fifo.yaml");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+
+        assert!(read_file(&d.join("ok.yaml"), 1000).unwrap().is_ok());
+        assert!(
+            read_file(&d.join("link.yaml"), 1000).unwrap().is_ok(),
+            "a symlink to a regular file is read"
+        );
+        assert!(read_file(&d.join("dir.yaml"), 1000).is_none());
+        assert!(read_file(&d.join("gone.yaml"), 1000).is_none());
+        let err = |name: &str| read_file(&d.join(name), 1000).unwrap().unwrap_err();
+        // A FIFO with no writer: refused at once, not waited on.
+        let e = err("fifo.yaml");
+        assert_eq!(e.limit, Some(Limit::NotRegularFile));
+        assert!(e.message.contains("a FIFO"), "{e:?}");
+        let e = err("zero.yaml");
+        assert_eq!(e.limit, Some(Limit::NotRegularFile));
+        assert!(e.message.contains("character device"), "{e:?}");
+        let e = err("big.yaml");
+        assert_eq!(e.limit, Some(Limit::FileSize));
+        assert!(
+            e.message.contains("dataplanes.max_file_size (1000 bytes)"),
+            "{e:?}"
+        );
+
+        // The directory read reports them too, beside the good files.
+        let limits = FileLimits {
+            max_file_size: 1000,
+            ..FileLimits::default()
+        };
+        let l = load(d, &Loaded::default(), &settings(), &limits).unwrap();
+        assert_eq!(names(&l), vec!["default.a"]);
+        assert_eq!(l.error_count(), 4, "{:?}", l.problems());
+        assert!(!l.files.contains_key(&d.join("dir.yaml")));
     }
 }

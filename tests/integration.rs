@@ -6,6 +6,7 @@
 mod support;
 
 mod abuse_network;
+mod abuse_files;
 mod api_tls;
 mod auth_envoy;
 mod bootstrap;

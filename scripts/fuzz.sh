@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Fuzzes hdsd's parsers of untrusted input with cargo fuzz (libFuzzer):
+#
+#   scripts/fuzz.sh [seconds per target] [target...]
+#
+# Targets (fuzz/fuzz_targets/): dataplane_file (the Dataplane YAML/JSON parser
+# and its limits), token_verify (the token verifier), config_load (the
+# configuration loader and validation), report_fold (Envoy's health reports
+# folded into readiness). Default: every target, 30 s each (what CI runs).
+# Each target's corpus (fuzz/corpus/<target>/) is seeded from the test
+# fixtures (testdata/, examples/, docker/) and grows across runs; a crash
+# stops the run with a non-zero exit and leaves its input in
+# fuzz/artifacts/<target>/ (replay: cargo fuzz run -O <target> <file>).
+#
+# cargo fuzz needs a nightly compiler's flags (-Zsanitizer=address); the
+# stable compiler accepts them with RUSTC_BOOTSTRAP=1, set here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds="${1:-30}"
+shift || true
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+    targets=(dataplane_file token_verify config_load report_fold)
+fi
+export RUSTC_BOOTSTRAP=1
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    cargo install cargo-fuzz --locked
+fi
+
+# seed TARGET SELECTOR FILE...: copies each file into the target's corpus,
+# behind a first byte that picks the input's form (the targets read it).
+seed() {
+    local target="$1" selector="$2"
+    shift 2
+    mkdir -p "fuzz/corpus/$target"
+    for f in "$@"; do
+        [ -f "$f" ] || continue
+        local name
+        name="seed-$selector-$(basename "$f")"
+        { printf "\\x$selector"; cat "$f"; } >"fuzz/corpus/$target/$name"
+    done
+}
+seed dataplane_file 00 testdata/kuma/*.yaml testdata/kuma-invalid/*.yaml examples/dataplanes/*.yaml
+seed dataplane_file 01 testdata/kuma/*.json
+seed config_load 00 examples/hdsd.toml docker/hdsd.toml
+seed config_load 01 testdata/envoy/*.yaml
+mkdir -p fuzz/corpus/token_verify
+cp testdata/envoy/token fuzz/corpus/token_verify/seed-token
+# Three lines: header, claims, signature (the target encodes them, with the
+# trusted key's id in place of KID).
+{
+    printf '{"alg":"EdDSA","typ":"JWT","kid":"KID"}\n'
+    printf '{"mesh":"default","name":"web-01","iat":1800000000,"exp":1900000000,"jti":"00"}\n'
+    head -c 64 /dev/zero
+} >fuzz/corpus/token_verify/seed-parts
+seed report_fold 00 testdata/kuma/dataplane.json
+seed report_fold 01 testdata/kuma/dataplane.json
+
+cargo fuzz build -O
+for target in "${targets[@]}"; do
+    echo "== $target: ${seconds}s"
+    cargo fuzz run -O "$target" "fuzz/corpus/$target" -- \
+        -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+done
