@@ -170,36 +170,26 @@ async fn run_registry(
     mut options: RegistryOptions,
 ) {
     let mut current: BTreeMap<DataplaneId, (Defined, DataplaneHandle)> = BTreeMap::new();
+    // The source revision reconciled last: the next snapshot says which
+    // dataplanes changed since (a change costs what it touched, not the fleet).
+    let mut reconciled: Option<u64> = None;
     loop {
         let loaded = sources.borrow_and_update().clone();
         let mut changed = false;
-        current.retain(|id, (_, handle)| {
-            if loaded.dataplanes.contains_key(id) {
-                return true;
-            }
-            // Sent from its own task: a full queue must not block the registry.
-            let handle = handle.clone();
-            tokio::spawn(async move { handle.send(Command::Remove).await });
-            tracing::info!(dataplane = %id, "dataplane removed");
-            changed = true;
-            false
-        });
-        for (id, defined) in &loaded.dataplanes {
-            match current.get_mut(id) {
-                Some((old, _)) if old == defined => {}
-                Some((old, handle)) => {
-                    *old = defined.clone();
-                    handle.send(Command::Define(defined.clone())).await;
-                    tracing::info!(dataplane = %id, "dataplane definition changed");
-                }
-                None => {
-                    let restored = options.restored.remove(id);
-                    let handle = spawn_dataplane(defined.clone(), restored, &options);
-                    current.insert(id.clone(), (defined.clone(), handle));
-                    tracing::info!(dataplane = %id, file = %defined.file.display(), "dataplane added");
-                    changed = true;
-                }
-            }
+        let ids: Vec<DataplaneId> = match reconciled.and_then(|r| loaded.changed_since(r)) {
+            Some(ids) => ids.into_iter().collect(),
+            // The first snapshot, or one further ahead than its change log
+            // reaches: every dataplane either side.
+            None => current
+                .keys()
+                .filter(|id| !loaded.dataplanes.contains_key(*id))
+                .cloned()
+                .chain(loaded.dataplanes.keys().cloned())
+                .collect(),
+        };
+        reconciled = Some(loaded.revision());
+        for id in ids {
+            changed |= reconcile(&mut current, &id, loaded.dataplanes.get(&id), &mut options).await;
         }
         // Stored state of dataplanes that no longer exist is dropped.
         if let Some(store) = &options.store {
@@ -216,6 +206,41 @@ async fn run_registry(
         }
         if sources.changed().await.is_err() {
             return;
+        }
+    }
+}
+
+/// Brings one dataplane of the catalog in line with its definition (`None`:
+/// removed). True when the catalog's membership changed.
+async fn reconcile(
+    current: &mut BTreeMap<DataplaneId, (Defined, DataplaneHandle)>,
+    id: &DataplaneId,
+    defined: Option<&Defined>,
+    options: &mut RegistryOptions,
+) -> bool {
+    match (current.get_mut(id), defined) {
+        (None, None) => false,
+        (Some(_), None) => {
+            if let Some((_, handle)) = current.remove(id) {
+                // Sent from its own task: a full queue must not block the registry.
+                tokio::spawn(async move { handle.send(Command::Remove).await });
+                tracing::info!(dataplane = %id, "dataplane removed");
+            }
+            true
+        }
+        (Some((old, _)), Some(defined)) if old == defined => false,
+        (Some((old, handle)), Some(defined)) => {
+            *old = defined.clone();
+            handle.send(Command::Define(defined.clone())).await;
+            tracing::info!(dataplane = %id, "dataplane definition changed");
+            false
+        }
+        (None, Some(defined)) => {
+            let restored = options.restored.remove(id);
+            let handle = spawn_dataplane(defined.clone(), restored, options);
+            current.insert(id.clone(), (defined.clone(), handle));
+            tracing::info!(dataplane = %id, file = %defined.file.display(), "dataplane added");
+            true
         }
     }
 }
@@ -618,7 +643,7 @@ mod tests {
         let d = defined(8080);
         let id = d.dataplane.id.clone();
         let loaded = Loaded {
-            dataplanes: [(id.clone(), d)].into(),
+            dataplanes: vec![(id.clone(), d)].into(),
             ..Default::default()
         };
         let (_sources, rx) = watch::channel(Arc::new(loaded));
