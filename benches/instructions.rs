@@ -285,7 +285,16 @@ fn churn_doc(i: usize, port: u16) -> String {
 /// File `f` of 100 dataplanes; `changed`: its first dataplane's port differs.
 fn churn_file(f: usize, changed: bool) -> String {
     (f * 100..(f + 1) * 100)
-        .map(|i| churn_doc(i, if changed && i == f * 100 { 30001 } else { 20001 }))
+        .map(|i| {
+            churn_doc(
+                i,
+                if changed && i == f * 100 {
+                    30001
+                } else {
+                    20001
+                },
+            )
+        })
         .collect::<Vec<_>>()
         .join("---\n")
 }
@@ -307,11 +316,8 @@ fn churn(count: usize) -> Box<dyn FnMut()> {
     Box::new(move || {
         odd = !odd;
         let text = texts[usize::from(!odd)].clone();
-        let next = hdsd::source::reassemble(
-            &loaded,
-            [(path.clone(), Some(Ok(text)))].into(),
-            &settings,
-        );
+        let next =
+            hdsd::source::reassemble(&loaded, [(path.clone(), Some(Ok(text)))].into(), &settings);
         assert_ne!(next.revision(), loaded.revision(), "the file changed");
         let ids = next
             .changed_since(loaded.revision())

@@ -35,7 +35,10 @@ if pgrep -f 'cargo test' >/dev/null; then
   echo "bench: warning: a cargo test is running; timings will be off" >&2
 fi
 
-cargo build --release --bins >&2
+# NO_BUILD=1: use the release binaries already in $TARGET/release.
+if [ "${NO_BUILD:-0}" != 1 ]; then
+  cargo build --release --bins >&2
+fi
 
 {
   echo "nproc: $(nproc)"

@@ -635,6 +635,74 @@ mod tests {
         assert_eq!(s.connection.connected_at, Some(t(2)));
     }
 
+    /// The registry applies what each snapshot says changed, also when it
+    /// only sees the last of several snapshots.
+    #[tokio::test]
+    async fn the_registry_follows_the_changes_the_snapshots_name() {
+        use crate::source::{assemble, reassemble};
+        use std::path::PathBuf;
+        let doc = |name: &str, port: u16| {
+            format!("type: Dataplane\nmesh: default\nname: {name}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: {port}\n")
+        };
+        let settings = SpecifierSettings::default();
+        let first = assemble(
+            std::path::Path::new("d"),
+            [
+                (PathBuf::from("d/a.yaml"), Ok(doc("a", 1))),
+                (PathBuf::from("d/b.yaml"), Ok(doc("b", 2))),
+            ]
+            .into(),
+            &Loaded::default(),
+            &settings,
+        );
+        let (tx, rx) = watch::channel(Arc::new(first.clone()));
+        let registry = Registry::spawn(
+            rx,
+            RegistryOptions {
+                clock: Arc::new(crate::clock::ManualClock::new(t(0))),
+                stale_after: Duration::from_secs(15),
+                report_interval: Duration::from_secs(5),
+                store: None,
+                restored: BTreeMap::new(),
+                feed: None,
+            },
+        );
+        let (a, b) = (
+            DataplaneId::new("default", "a"),
+            DataplaneId::new("default", "b"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        assert!(registry.wait_for(&a, deadline).await.is_some());
+        let second = reassemble(
+            &first,
+            [(PathBuf::from("d/b.yaml"), Some(Ok(doc("b", 20))))].into(),
+            &settings,
+        );
+        let third = reassemble(
+            &second,
+            [(PathBuf::from("d/a.yaml"), None)].into(),
+            &settings,
+        );
+        tx.send_replace(Arc::new(second));
+        tx.send_replace(Arc::new(third));
+        let port = |h: &DataplaneHandle| {
+            h.state()
+                .defined
+                .map(|d| d.dataplane.inbounds[0].service_port)
+        };
+        loop {
+            let catalog = registry.catalog();
+            if !catalog.contains_key(&a) && catalog.get(&b).and_then(port) == Some(20) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a removed and b redefined in time"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// The task expires reports by itself, on the clock the test controls.
     #[tokio::test(start_paused = true)]
     async fn a_dataplane_task_marks_silent_inbounds_stale_on_time() {

@@ -796,16 +796,17 @@ mod tests {
     #[test]
     fn a_change_costs_its_file_and_names_only_what_it_touched() {
         let files = fleet(30, 10);
-        let first = assemble(Path::new("d"), files.clone(), &Loaded::default(), &settings());
+        let first = assemble(
+            Path::new("d"),
+            files.clone(),
+            &Loaded::default(),
+            &settings(),
+        );
         assert_eq!(first.dataplanes.len(), 30);
         assert_eq!(first.revision(), 1);
         // One dataplane of f001.yaml changes; the file is read again.
         let mut text = files[Path::new("d/f001.yaml")].clone().unwrap();
-        text = text.replacen(
-            &doc("dp-00012", 20000),
-            &doc("dp-00012", 30000),
-            1,
-        );
+        text = text.replacen(&doc("dp-00012", 20000), &doc("dp-00012", 30000), 1);
         let mut built = 0;
         let mut counting = |dp: &Dataplane| {
             built += 1;
@@ -816,7 +817,10 @@ mod tests {
             [(PathBuf::from("d/f001.yaml"), Some(Ok(text.clone())))].into(),
             &mut counting,
         );
-        assert_eq!(built, 1, "only the changed dataplane's specifier is built again");
+        assert_eq!(
+            built, 1,
+            "only the changed dataplane's specifier is built again"
+        );
         assert_eq!(second.revision(), 2);
         let changed: Vec<String> = second
             .changed_since(first.revision())
@@ -869,14 +873,21 @@ mod tests {
         for n in 0..CHANGE_LOG as u16 + 1 {
             l = reassemble(
                 &l,
-                [(PathBuf::from("d/f000.yaml"), Some(Ok(doc("dp-00000", 1000 + n))))].into(),
+                [(
+                    PathBuf::from("d/f000.yaml"),
+                    Some(Ok(doc("dp-00000", 1000 + n))),
+                )]
+                .into(),
                 &settings(),
             );
         }
         assert_eq!(l.revision(), start + CHANGE_LOG as u64 + 1);
         assert!(l.changed_since(start).is_none());
         assert_eq!(l.changed_since(start + 1).unwrap().len(), 1);
-        assert!(l.changed_since(l.revision() + 1).is_none(), "another lineage");
+        assert!(
+            l.changed_since(l.revision() + 1).is_none(),
+            "another lineage"
+        );
     }
 
     #[test]

@@ -264,7 +264,8 @@ pub async fn eds_subscriber(
     };
     let (tx, rx) = mpsc::channel::<DiscoveryRequest>(4);
     let _ = tx.try_send(request(String::new(), String::new(), true));
-    let mut client = EndpointDiscoveryServiceClient::new(channel).max_decoding_message_size(1 << 30);
+    let mut client =
+        EndpointDiscoveryServiceClient::new(channel).max_decoding_message_size(1 << 30);
     let mut inbound = match client.stream_endpoints(ReceiverStream::new(rx)).await {
         Ok(r) => r.into_inner(),
         Err(s) => return tally.failure(format!("stream_endpoints: {:?}", s.code())),
@@ -356,7 +357,10 @@ mod tests {
     fn flips_are_unseen_until_a_consumer_saw_them() {
         let flips = Flips::default();
         flips.record(1, false, Instant::now());
-        assert!(flips.latest(1).is_none(), "nothing is recorded before recording starts");
+        assert!(
+            flips.latest(1).is_none(),
+            "nothing is recorded before recording starts"
+        );
         flips.set_recording(true);
         flips.record(1, false, Instant::now());
         flips.record(2, true, Instant::now());

@@ -86,9 +86,7 @@ impl Manifest {
         let services: std::collections::BTreeSet<String> = if self.services == 0 {
             (0..self.inbounds).map(|k| self.service(0, k)).collect()
         } else {
-            (0..self.services)
-                .map(|s| format!("svc-{s:04}"))
-                .collect()
+            (0..self.services).map(|s| format!("svc-{s:04}")).collect()
         };
         services
             .into_iter()
@@ -268,9 +266,15 @@ mod tests {
         };
         let dps = hdsd::dataplane::parse_documents(&m.render_file(0, &HashMap::new())).unwrap();
         let tag = |i: usize, k: usize| dps[i].inbounds[k].tags["kuma.io/service"].clone();
-        assert_eq!((tag(0, 0), tag(0, 1), tag(1, 0), tag(2, 0)), (
-            "svc-0000".into(), "svc-0001".into(), "svc-0002".into(), "svc-0000".into()
-        ));
+        assert_eq!(
+            (tag(0, 0), tag(0, 1), tag(1, 0), tag(2, 0)),
+            (
+                "svc-0000".into(),
+                "svc-0001".into(),
+                "svc-0002".into(),
+                "svc-0000".into()
+            )
+        );
         assert_eq!(m.eds_resource_names().len(), 4);
         assert_eq!(m.eds_resource_names()[3], "default/svc-0003");
     }

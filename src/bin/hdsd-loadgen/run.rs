@@ -654,6 +654,7 @@ async fn consumer_phase(
     // Let the first full states' buffers go before measuring memory.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let a = proc_sample(args.server_pid);
+    let own0 = sys::sample(None).ok();
     let flips0 = ctx.flips.recorded();
     let t0 = Instant::now();
     tally.set_measuring(true);
@@ -662,6 +663,7 @@ async fn consumer_phase(
     let window = t0.elapsed().as_secs_f64();
     let flips = ctx.flips.recorded() - flips0;
     let z = proc_sample(args.server_pid);
+    let own1 = sys::sample(None).ok();
     // The last flips' events.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let _ = stop_tx.send(true);
@@ -672,6 +674,11 @@ async fn consumer_phase(
     r["all_synced_within_s"] = json!(synced_in.map(round3));
     r["window_s"] = json!(round3(window));
     r["flips_reported"] = json!(flips);
+    // The loadgen's own CPU in the window: its Envoys and the consumers.
+    r["loadgen_cpu_percent_of_one_core"] = match (own0, own1) {
+        (Some(a), Some(z)) => json!(round3((z.cpu_seconds - a.cpu_seconds) / window * 100.0)),
+        _ => Value::Null,
+    };
     r["flips_per_s"] = json!(round3(flips as f64 / window));
     let expected = flips as f64 * n as f64;
     let samples = r["latency"]["samples"].as_f64().unwrap_or(0.0);
@@ -1033,15 +1040,22 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             }),
         };
         Some(
-            consumer_phase(&ctx, &args, steady_cpu, "watcher", args.watchers, |tally, stop, _| {
-                tokio::spawn(consumers::watcher(
-                    api.trim_end_matches('/').to_string(),
-                    m.clone(),
-                    ctx.flips.clone(),
-                    tally,
-                    stop,
-                ));
-            })
+            consumer_phase(
+                &ctx,
+                &args,
+                steady_cpu,
+                "watcher",
+                args.watchers,
+                |tally, stop, _| {
+                    tokio::spawn(consumers::watcher(
+                        api.trim_end_matches('/').to_string(),
+                        m.clone(),
+                        ctx.flips.clone(),
+                        tally,
+                        stop,
+                    ));
+                },
+            )
             .await,
         )
     } else {
