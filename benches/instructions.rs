@@ -24,6 +24,12 @@
 //!   buffer, as the codec in `hds::transport` does before writing them.
 //! - `specifier/resend/{2,16}`: the same specifier sent again (a reconnect, an
 //!   answer to a request): its bytes are already encoded, only copied.
+//! - `churn/file/{1000,10000}`: one definition change in a file of 100
+//!   dataplanes, in a fleet of 1,000 or 10,000: the file read again
+//!   (`source::reassemble`), the new snapshot published or not (its revision),
+//!   the registry's diff (`Loaded::changed_since` and each named dataplane's
+//!   comparison), and the previous snapshot dropped. The two counts should be
+//!   close: a change costs its file, not the fleet.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -62,12 +68,24 @@ const BENCHMARKS: &[&str] = &[
     "specifier/push/16",
     "specifier/resend/2",
     "specifier/resend/16",
+    "churn/file/1000",
+    "churn/file/10000",
 ];
+
+/// Iterations of one benchmark: a churn iteration parses a file of 100
+/// dataplanes, so fewer of them.
+fn iterations(name: &str) -> u64 {
+    if name.starts_with("churn/") {
+        20
+    } else {
+        ITERATIONS
+    }
+}
 
 /// The only function callgrind counts (inclusive of everything it calls).
 #[inline(never)]
-fn hdsd_bench_measured(iteration: &mut dyn FnMut()) {
-    for _ in 0..ITERATIONS {
+fn hdsd_bench_measured(iteration: &mut dyn FnMut(), iterations: u64) {
+    for _ in 0..iterations {
         iteration();
     }
 }
@@ -77,7 +95,7 @@ fn main() {
     match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["list"] => {
             for name in BENCHMARKS {
-                println!("{name} {ITERATIONS}");
+                println!("{name} {}", iterations(name));
             }
         }
         ["run", name] => {
@@ -86,7 +104,7 @@ fn main() {
                 std::process::exit(2);
             };
             iteration();
-            hdsd_bench_measured(&mut *iteration);
+            hdsd_bench_measured(&mut *iteration, iterations(name));
         }
         // `cargo test --benches` and `cargo bench` run bench targets with
         // their own flags: run every benchmark once, as a smoke test.
@@ -115,6 +133,7 @@ fn benchmark(name: &str) -> Option<Box<dyn FnMut()>> {
         }
         ("specifier", "push") => push(k, true),
         ("specifier", "resend") => push(k, false),
+        ("churn", "file") => churn(usize::from(k)),
         _ => return None,
     })
 }
@@ -255,5 +274,60 @@ fn push(k: u16, fresh: bool) -> Box<dyn FnMut()> {
             buf.extend_from_slice(message.encoded());
             black_box(&buf);
         }
+    })
+}
+
+/// One dataplane of the loadgen's kind (2 inbounds), its first service port given.
+fn churn_doc(i: usize, port: u16) -> String {
+    format!(
+        "type: Dataplane\nmesh: default\nname: dp-{i:06}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: {port}\n    serviceAddress: 127.0.0.1\n    tags: {{kuma.io/service: svc-0}}\n  - port: 10002\n    servicePort: 20002\n    serviceAddress: 127.0.0.1\n    tags: {{kuma.io/service: svc-1}}\n"
+    )
+}
+
+/// File `f` of 100 dataplanes; `changed`: its first dataplane's port differs.
+fn churn_file(f: usize, changed: bool) -> String {
+    (f * 100..(f + 1) * 100)
+        .map(|i| {
+            churn_doc(
+                i,
+                if changed && i == f * 100 {
+                    30001
+                } else {
+                    20001
+                },
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+fn churn(count: usize) -> Box<dyn FnMut()> {
+    use std::collections::BTreeMap;
+    let settings = common::settings();
+    let dir = PathBuf::from("dataplanes");
+    let files: BTreeMap<PathBuf, hdsd::source::FileRead> = (0..count / 100)
+        .map(|f| (dir.join(format!("f{f:05}.yaml")), Ok(churn_file(f, false))))
+        .collect();
+    let mut loaded = hdsd::source::assemble(&dir, files, &Default::default(), &settings);
+    assert_eq!(loaded.dataplanes.len(), count);
+    // The file in the middle of the fleet, alternating between two contents.
+    let f = count / 200;
+    let path = dir.join(format!("f{f:05}.yaml"));
+    let texts = [churn_file(f, true), churn_file(f, false)];
+    let mut odd = false;
+    Box::new(move || {
+        odd = !odd;
+        let text = texts[usize::from(!odd)].clone();
+        let next =
+            hdsd::source::reassemble(&loaded, [(path.clone(), Some(Ok(text)))].into(), &settings);
+        assert_ne!(next.revision(), loaded.revision(), "the file changed");
+        let ids = next
+            .changed_since(loaded.revision())
+            .expect("one revision behind");
+        assert_eq!(ids.len(), 1, "one dataplane changed");
+        for id in &ids {
+            black_box(next.dataplanes.get(id) != loaded.dataplanes.get(id));
+        }
+        loaded = next;
     })
 }

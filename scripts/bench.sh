@@ -6,12 +6,16 @@
 #   scripts/bench.sh                  # every scenario
 #   scripts/bench.sh steady10k storm10k   # some of them
 #
-# Scenarios: steady10k steady50k saturation storm10k churn detection micro, and (only when
-# named) soak10k: 10k dataplanes for DURATION_SOAK (default 2h), hdsd's RSS
-# sampled every 10 s, growth over the last hour in soak10k.json (rss_soak).
+# Scenarios: steady10k steady50k saturation storm10k churn watchers10k eds10k detection
+# micro, and (only when named) soak10k: 10k dataplanes for DURATION_SOAK (default 2h),
+# hdsd's RSS sampled every 10 s, growth over the last hour in soak10k.json (rss_soak).
 # Results: one JSON file per scenario in $OUT (default target/bench-results).
-# Knobs: BENCH_PORT_BASE (default 25678: HDS, null server, API), DURATION_10K (default 300s), DURATION_50K (120s), SATURATION_DURATION (30s),
-#        SATURATION_DATAPLANES (1000), STREAMS_PER_CONNECTION_50K (4: see BENCHMARKS.md).
+# Knobs: BENCH_PORT_BASE (default 25678: HDS, null server, API), DURATION_10K (default 300s),
+#        DURATION_50K (120s), SATURATION_DURATION (30s),
+#        SATURATION_DATAPLANES (1000), STREAMS_PER_CONNECTION_50K (4: see BENCHMARKS.md),
+#        DURATION_CONSUMERS (60s: the window without, then with the consumers),
+#        WATCHERS (100), EDS_SUBSCRIBERS (50), FLIP_FRACTION (0.025: 50 flips/s at 10k, 5 s),
+#        DETECTION_CYCLES (100).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,14 +31,17 @@ mkdir -p "$OUT"
 
 scenarios=("$@")
 if [ ${#scenarios[@]} -eq 0 ]; then
-  scenarios=(steady10k steady50k saturation storm10k churn detection micro)
+  scenarios=(steady10k steady50k saturation storm10k churn watchers10k eds10k detection micro)
 fi
 
 if pgrep -f 'cargo test' >/dev/null; then
   echo "bench: warning: a cargo test is running; timings will be off" >&2
 fi
 
-cargo build --release --bins >&2
+# NO_BUILD=1: use the release binaries already in $TARGET/release.
+if [ "${NO_BUILD:-0}" != 1 ]; then
+  cargo build --release --bins >&2
+fi
 
 {
   echo "nproc: $(nproc)"
@@ -55,10 +62,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# gen DIR COUNT: COUNT dataplanes x 2 inbounds, 100 per file.
+# gen DIR COUNT [ARGS...]: COUNT dataplanes x 2 inbounds, 100 per file.
 gen() {
-  rm -rf "$1"
-  "$BIN/hdsd-loadgen" gen-dataplanes --count "$2" --inbounds 2 --per-file "${PER_FILE:-100}" --dir "$1" >&2
+  local dir=$1 count=$2
+  shift 2
+  rm -rf "$dir"
+  "$BIN/hdsd-loadgen" gen-dataplanes --count "$count" --inbounds 2 --per-file "${PER_FILE:-100}" --dir "$dir" "$@" >&2
 }
 
 # start_hdsd DIR: hdsd serving DIR/dataplanes, state in DIR/state; sets HDSD_PID.
@@ -171,6 +180,24 @@ EOF
     loadgen churn --dataplanes-dir "$d/dataplanes" --duration 10s --churn 20000 --churn-rate 1000
     stop_hdsd
     ;;
+  watchers10k)
+    # 10k dataplanes, 50 flips/s: a steady window without watchers, then
+    # WATCHERS gRPC Watch clients for another window with the same flips.
+    d=$WORK/watchers10k && mkdir -p "$d" && gen "$d/dataplanes" 10000
+    start_hdsd "$d"
+    loadgen watchers10k --dataplanes-dir "$d/dataplanes" --duration "${DURATION_CONSUMERS:-60s}" \
+      --flip-fraction "${FLIP_FRACTION:-0.025}" --sample 0 --watchers "${WATCHERS:-100}"
+    stop_hdsd
+    ;;
+  eds10k)
+    # 10k dataplanes in 500 services, 50 flips/s: a steady window without EDS
+    # subscribers, then EDS_SUBSCRIBERS front Envoys subscribed to every service.
+    d=$WORK/eds10k && mkdir -p "$d" && gen "$d/dataplanes" 10000 --services 500
+    start_hdsd "$d"
+    loadgen eds10k --dataplanes-dir "$d/dataplanes" --duration "${DURATION_CONSUMERS:-60s}" \
+      --flip-fraction "${FLIP_FRACTION:-0.025}" --sample 0 --eds-subscribers "${EDS_SUBSCRIBERS:-50}"
+    stop_hdsd
+    ;;
   soak10k)
     d=$WORK/soak10k && mkdir -p "$d" && gen "$d/dataplanes" 10000
     start_hdsd "$d"
@@ -186,7 +213,7 @@ EOF
     cargo bench --bench specifier --bench readiness 2>&1 | tee "$OUT/micro.txt" >&2
     ;;
   *)
-    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn soak10k detection micro)" >&2
+    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn watchers10k eds10k soak10k detection micro)" >&2
     exit 2
     ;;
   esac

@@ -173,36 +173,26 @@ async fn run_registry(
     mut options: RegistryOptions,
 ) {
     let mut current: BTreeMap<DataplaneId, (Defined, DataplaneHandle)> = BTreeMap::new();
+    // The source revision reconciled last: the next snapshot says which
+    // dataplanes changed since (a change costs what it touched, not the fleet).
+    let mut reconciled: Option<u64> = None;
     loop {
         let loaded = sources.borrow_and_update().clone();
         let mut changed = false;
-        current.retain(|id, (_, handle)| {
-            if loaded.dataplanes.contains_key(id) {
-                return true;
-            }
-            // Sent from its own task: a full queue must not block the registry.
-            let handle = handle.clone();
-            tokio::spawn(async move { handle.send(Command::Remove).await });
-            tracing::info!(dataplane = %id, "dataplane removed");
-            changed = true;
-            false
-        });
-        for (id, defined) in &loaded.dataplanes {
-            match current.get_mut(id) {
-                Some((old, _)) if old == defined => {}
-                Some((old, handle)) => {
-                    *old = defined.clone();
-                    handle.send(Command::Define(defined.clone())).await;
-                    tracing::info!(dataplane = %id, "dataplane definition changed");
-                }
-                None => {
-                    let restored = options.restored.remove(id);
-                    let handle = spawn_dataplane(defined.clone(), restored, &options);
-                    current.insert(id.clone(), (defined.clone(), handle));
-                    tracing::info!(dataplane = %id, file = %defined.file.display(), "dataplane added");
-                    changed = true;
-                }
-            }
+        let ids: Vec<DataplaneId> = match reconciled.and_then(|r| loaded.changed_since(r)) {
+            Some(ids) => ids.into_iter().collect(),
+            // The first snapshot, or one further ahead than its change log
+            // reaches: every dataplane either side.
+            None => current
+                .keys()
+                .filter(|id| !loaded.dataplanes.contains_key(*id))
+                .cloned()
+                .chain(loaded.dataplanes.keys().cloned())
+                .collect(),
+        };
+        reconciled = Some(loaded.revision());
+        for id in ids {
+            changed |= reconcile(&mut current, &id, loaded.dataplanes.get(&id), &mut options).await;
         }
         // Stored state of dataplanes that no longer exist is dropped.
         if let Some(store) = &options.store {
@@ -219,6 +209,41 @@ async fn run_registry(
         }
         if sources.changed().await.is_err() {
             return;
+        }
+    }
+}
+
+/// Brings one dataplane of the catalog in line with its definition (`None`:
+/// removed). True when the catalog's membership changed.
+async fn reconcile(
+    current: &mut BTreeMap<DataplaneId, (Defined, DataplaneHandle)>,
+    id: &DataplaneId,
+    defined: Option<&Defined>,
+    options: &mut RegistryOptions,
+) -> bool {
+    match (current.get_mut(id), defined) {
+        (None, None) => false,
+        (Some(_), None) => {
+            if let Some((_, handle)) = current.remove(id) {
+                // Sent from its own task: a full queue must not block the registry.
+                tokio::spawn(async move { handle.send(Command::Remove).await });
+                tracing::info!(dataplane = %id, "dataplane removed");
+            }
+            true
+        }
+        (Some((old, _)), Some(defined)) if old == defined => false,
+        (Some((old, handle)), Some(defined)) => {
+            *old = defined.clone();
+            handle.send(Command::Define(defined.clone())).await;
+            tracing::info!(dataplane = %id, "dataplane definition changed");
+            false
+        }
+        (None, Some(defined)) => {
+            let restored = options.restored.remove(id);
+            let handle = spawn_dataplane(defined.clone(), restored, options);
+            current.insert(id.clone(), (defined.clone(), handle));
+            tracing::info!(dataplane = %id, file = %defined.file.display(), "dataplane added");
+            true
         }
     }
 }
@@ -618,6 +643,74 @@ mod tests {
         assert_eq!(s.connection.connected_at, Some(t(2)));
     }
 
+    /// The registry applies what each snapshot says changed, also when it
+    /// only sees the last of several snapshots.
+    #[tokio::test]
+    async fn the_registry_follows_the_changes_the_snapshots_name() {
+        use crate::source::{assemble, reassemble};
+        use std::path::PathBuf;
+        let doc = |name: &str, port: u16| {
+            format!("type: Dataplane\nmesh: default\nname: {name}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: {port}\n")
+        };
+        let settings = SpecifierSettings::default();
+        let first = assemble(
+            std::path::Path::new("d"),
+            [
+                (PathBuf::from("d/a.yaml"), Ok(doc("a", 1))),
+                (PathBuf::from("d/b.yaml"), Ok(doc("b", 2))),
+            ]
+            .into(),
+            &Loaded::default(),
+            &settings,
+        );
+        let (tx, rx) = watch::channel(Arc::new(first.clone()));
+        let registry = Registry::spawn(
+            rx,
+            RegistryOptions {
+                clock: Arc::new(crate::clock::ManualClock::new(t(0))),
+                stale_after: Duration::from_secs(15),
+                report_interval: Duration::from_secs(5),
+                store: None,
+                restored: BTreeMap::new(),
+                feed: None,
+            },
+        );
+        let (a, b) = (
+            DataplaneId::new("default", "a"),
+            DataplaneId::new("default", "b"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        assert!(registry.wait_for(&a, deadline).await.is_some());
+        let second = reassemble(
+            &first,
+            [(PathBuf::from("d/b.yaml"), Some(Ok(doc("b", 20))))].into(),
+            &settings,
+        );
+        let third = reassemble(
+            &second,
+            [(PathBuf::from("d/a.yaml"), None)].into(),
+            &settings,
+        );
+        tx.send_replace(Arc::new(second));
+        tx.send_replace(Arc::new(third));
+        let port = |h: &DataplaneHandle| {
+            h.state()
+                .defined
+                .map(|d| d.dataplane.inbounds[0].service_port)
+        };
+        loop {
+            let catalog = registry.catalog();
+            if !catalog.contains_key(&a) && catalog.get(&b).and_then(port) == Some(20) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a removed and b redefined in time"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// The task expires reports by itself, on the clock the test controls.
     #[tokio::test(start_paused = true)]
     async fn a_dataplane_task_marks_silent_inbounds_stale_on_time() {
@@ -626,7 +719,7 @@ mod tests {
         let d = defined(8080);
         let id = d.dataplane.id.clone();
         let loaded = Loaded {
-            dataplanes: [(id.clone(), d)].into(),
+            dataplanes: vec![(id.clone(), d)].into(),
             ..Default::default()
         };
         let (_sources, rx) = watch::channel(Arc::new(loaded));

@@ -9,12 +9,20 @@
 //! and [`watch`] read the files; the watcher re-reads only the files its
 //! events name, so a change costs what its file costs, not what the directory
 //! costs.
+//!
+//! The snapshot is made of persistent maps ([`imbl::OrdMap`]): a new one
+//! shares everything but the changed files' entries with the previous one, so
+//! making it, comparing it and diffing it cost what the changed files
+//! contain, not the fleet. Each snapshot numbers its change ([`Loaded::revision`])
+//! and remembers which dataplanes the last [`CHANGE_LOG`] changes touched, so
+//! the registry reconciles only those ([`Loaded::changed_since`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use imbl::OrdMap;
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -121,16 +129,63 @@ pub fn excerpted(message: &str) -> String {
     out
 }
 
+/// How many changes a snapshot remembers the touched dataplanes of: a reader
+/// that fell further behind diffs everything once.
+pub const CHANGE_LOG: usize = 256;
+
 /// The result of loading the directory.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Loaded {
     pub dir: PathBuf,
-    pub files: BTreeMap<PathBuf, FileState>,
+    pub files: OrdMap<PathBuf, Arc<FileState>>,
     /// The dataplanes in force, first file (in path order) wins on a conflict.
-    pub dataplanes: BTreeMap<DataplaneId, Defined>,
+    pub dataplanes: OrdMap<DataplaneId, Defined>,
+    /// The files that define each dataplane, in path order (two or more: a
+    /// conflict, the first wins).
+    pub(crate) definers: OrdMap<DataplaneId, Vec<PathBuf>>,
+    /// Counts the changes made to this snapshot's lineage (0: nothing loaded).
+    pub(crate) revision: u64,
+    /// The dataplanes whose entry in `dataplanes` changed, by the revision
+    /// that changed them: the last [`CHANGE_LOG`] revisions, contiguous.
+    pub(crate) changes: OrdMap<u64, Arc<[DataplaneId]>>,
+}
+
+impl PartialEq for Loaded {
+    /// The same directory, files and dataplanes, however they were reached.
+    fn eq(&self, other: &Self) -> bool {
+        self.dir == other.dir && self.files == other.files && self.dataplanes == other.dataplanes
+    }
 }
 
 impl Loaded {
+    /// The number of the last change (0: nothing loaded yet). A snapshot with
+    /// the same revision as another of the same lineage is the same.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// The dataplanes whose entry in [`Loaded::dataplanes`] may differ between
+    /// the snapshot at revision `since` (of this lineage) and this one: added,
+    /// changed or removed. `None` when this snapshot does not remember that
+    /// far back: compare everything then.
+    pub fn changed_since(&self, since: u64) -> Option<BTreeSet<DataplaneId>> {
+        if since == self.revision {
+            return Some(BTreeSet::new());
+        }
+        if since > self.revision {
+            return None;
+        }
+        let (first, _) = self.changes.get_min()?;
+        if *first > since + 1 {
+            return None;
+        }
+        let mut ids = BTreeSet::new();
+        for (_, changed) in self.changes.range(since + 1..) {
+            ids.extend(changed.iter().cloned());
+        }
+        Some(ids)
+    }
+
     /// Every problem, one line each, as `validate` and the log print them.
     pub fn problems(&self) -> Vec<String> {
         self.files
@@ -187,14 +242,14 @@ pub fn assemble_with(
     limits: &FileLimits,
     build: &mut Build<'_>,
 ) -> Loaded {
-    let states = files
-        .into_iter()
-        .map(|(path, read)| {
-            let state = file_state(&path, read, previous.files.get(&path), limits, build);
-            (path, state)
-        })
+    let mut changed: BTreeMap<PathBuf, Option<FileRead>> = previous
+        .files
+        .keys()
+        .filter(|p| !files.contains_key(*p))
+        .map(|p| (p.clone(), None))
         .collect();
-    merge(dir, states)
+    changed.extend(files.into_iter().map(|(p, r)| (p, Some(r))));
+    update(previous, dir, changed, limits, build)
 }
 
 /// Like [`assemble`], for the files that changed only: `Some` is a file's new
@@ -216,19 +271,160 @@ pub fn reassemble_with(
     limits: &FileLimits,
     build: &mut Build<'_>,
 ) -> Loaded {
-    let mut states = previous.files.clone();
+    update(previous, &previous.dir, changed, limits, build)
+}
+
+/// The same parse: definitions, skipped documents, own problem (a conflict
+/// is worked out afterwards).
+fn same_parse(a: &FileState, b: &FileState) -> bool {
+    a.parse_error == b.parse_error && a.dataplanes == b.dataplanes && a.ignored == b.ignored
+}
+
+/// The previous snapshot with `changed` applied; costs what the changed files
+/// (and the files sharing a dataplane with them) contain.
+fn update(
+    previous: &Loaded,
+    dir: &Path,
+    changed: BTreeMap<PathBuf, Option<FileRead>>,
+    limits: &FileLimits,
+    build: &mut Build<'_>,
+) -> Loaded {
+    let mut next = previous.clone();
+    next.dir = dir.to_path_buf();
+    let mut modified = next.dir != previous.dir;
+    let mut touched: BTreeSet<DataplaneId> = BTreeSet::new();
     for (path, read) in changed {
-        match read {
-            Some(read) => {
-                let state = file_state(&path, read, previous.files.get(&path), limits, build);
-                states.insert(path, state);
+        let old = next.files.get(&path).cloned();
+        let new = read.map(|read| file_state(&path, read, old.as_deref(), limits, build));
+        match (&old, &new) {
+            (Some(o), Some(n)) if same_parse(o, n) => continue,
+            (None, None) => continue,
+            _ => modified = true,
+        }
+        if let Some(old) = &old {
+            for d in &old.dataplanes {
+                let id = &d.dataplane.id;
+                touched.insert(id.clone());
+                let gone = match next.definers.get_mut(id) {
+                    Some(paths) => {
+                        paths.retain(|p| p != &path);
+                        paths.is_empty()
+                    }
+                    None => false,
+                };
+                if gone {
+                    next.definers.remove(id);
+                }
+            }
+        }
+        match new {
+            Some(state) => {
+                for d in &state.dataplanes {
+                    let id = &d.dataplane.id;
+                    touched.insert(id.clone());
+                    let paths = next.definers.entry(id.clone()).or_default();
+                    if let Err(at) = paths.binary_search(&path) {
+                        paths.insert(at, path.clone());
+                    }
+                }
+                next.files.insert(path, Arc::new(state));
             }
             None => {
-                states.remove(&path);
+                next.files.remove(&path);
             }
         }
     }
-    merge(&previous.dir, states)
+    // The winner of each touched dataplane, and the files whose conflicts
+    // may have changed: every file that defines one of them.
+    let mut by_file: HashMap<PathBuf, HashMap<DataplaneId, Defined>> = HashMap::new();
+    let mut affected: BTreeSet<PathBuf> = BTreeSet::new();
+    let mut changed_ids: Vec<DataplaneId> = Vec::new();
+    for id in touched {
+        let winner = match next.definers.get(&id) {
+            Some(paths) => {
+                affected.extend(paths.iter().cloned());
+                let first = &paths[0];
+                let index = by_file.entry(first.clone()).or_insert_with(|| {
+                    next.files
+                        .get(first)
+                        .map(|f| {
+                            f.dataplanes
+                                .iter()
+                                .map(|d| (d.dataplane.id.clone(), d.clone()))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                });
+                index.get(&id).cloned()
+            }
+            None => None,
+        };
+        let same = match (next.dataplanes.get(&id), &winner) {
+            (Some(a), Some(b)) => a == b,
+            (None, None) => true,
+            _ => false,
+        };
+        if same {
+            continue;
+        }
+        match winner {
+            Some(d) => next.dataplanes.insert(id.clone(), d),
+            None => next.dataplanes.remove(&id),
+        };
+        changed_ids.push(id);
+    }
+    for path in affected {
+        let Some(state) = next.files.get(&path) else {
+            continue;
+        };
+        let error = file_error(&path, state, &next.definers);
+        if state.error != error {
+            let mut state = FileState::clone(state);
+            state.error = error;
+            next.files.insert(path, Arc::new(state));
+            modified = true;
+        }
+    }
+    if modified || !changed_ids.is_empty() {
+        next.revision += 1;
+        next.changes.insert(next.revision, changed_ids.into());
+        while next.changes.len() > CHANGE_LOG {
+            let Some(oldest) = next.changes.get_min().map(|(k, _)| *k) else {
+                break;
+            };
+            next.changes.remove(&oldest);
+        }
+    }
+    next
+}
+
+/// A file's error: its own problem, else its conflicts with files earlier in
+/// path order that define the same dataplanes.
+fn file_error(
+    path: &Path,
+    state: &FileState,
+    definers: &OrdMap<DataplaneId, Vec<PathBuf>>,
+) -> Option<FileError> {
+    if state.parse_error.is_some() {
+        return state.parse_error.clone();
+    }
+    let duplicates: Vec<String> = state
+        .dataplanes
+        .iter()
+        .filter_map(|d| {
+            let first = definers.get(&d.dataplane.id)?.first()?;
+            (first != path).then(|| format!(
+                "dataplane {} is also defined in {}, which wins (first in path order); remove one of the two definitions",
+                d.dataplane.id,
+                first.display()
+            ))
+        })
+        .collect();
+    (!duplicates.is_empty()).then(|| FileError {
+        line: None,
+        message: duplicates.join("; "),
+        limit: None,
+    })
 }
 
 fn file_state(
@@ -238,7 +434,7 @@ fn file_state(
     limits: &FileLimits,
     build: &mut Build<'_>,
 ) -> FileState {
-    let result = read.and_then(|text| parse_file(path, &text, limits, build));
+    let result = read.and_then(|text| parse_file(path, &text, previous, limits, build));
     match result {
         Ok((dataplanes, ignored)) => FileState {
             dataplanes,
@@ -255,45 +451,18 @@ fn file_state(
     }
 }
 
-/// Merges file states in path order: the first definition of an id wins, and
-/// a later one is a conflict reported on its file.
-fn merge(dir: &Path, mut states: BTreeMap<PathBuf, FileState>) -> Loaded {
-    let mut dataplanes: BTreeMap<DataplaneId, Defined> = BTreeMap::new();
-    for state in states.values_mut() {
-        let mut duplicates = Vec::new();
-        for d in &state.dataplanes {
-            match dataplanes.get(&d.dataplane.id) {
-                Some(first) => duplicates.push(format!(
-                    "dataplane {} is also defined in {}, which wins (first in path order); remove one of the two definitions",
-                    d.dataplane.id,
-                    first.file.display()
-                )),
-                None => {
-                    dataplanes.insert(d.dataplane.id.clone(), d.clone());
-                }
-            }
-        }
-        state.error = state.parse_error.clone().or_else(|| {
-            (!duplicates.is_empty()).then(|| FileError {
-                line: None,
-                message: duplicates.join("; "),
-                limit: None,
-            })
-        });
-    }
-    Loaded {
-        dir: dir.to_path_buf(),
-        files: states,
-        dataplanes,
-    }
-}
-
+/// Parses a file; a dataplane defined exactly as in the file's `previous`
+/// state keeps that definition (and its specifier: not built again).
 fn parse_file(
     path: &Path,
     text: &str,
+    previous: Option<&FileState>,
     limits: &FileLimits,
     build: &mut Build<'_>,
 ) -> Result<(Vec<Defined>, Vec<IgnoredDocument>), FileError> {
+    let before: HashMap<&DataplaneId, &Defined> = previous
+        .map(|f| f.dataplanes.iter().map(|d| (&d.dataplane.id, d)).collect())
+        .unwrap_or_default();
     let format = Format::of_path(path).unwrap_or(Format::Yaml);
     let parsed = dataplane::parse_file_with(text, format, limits)
         .map_err(|e| FileError::new(e.line, &e.message, e.limit))?;
@@ -301,6 +470,9 @@ fn parse_file(
         .dataplanes
         .into_iter()
         .map(|dp| {
+            if let Some(d) = before.get(&dp.id).filter(|d| *d.dataplane == dp) {
+                return Ok(Defined::clone(d));
+            }
             let specifier = build(&dp)
                 .map_err(|e| FileError::new(None, &format!("dataplane {}: {e}", dp.id), None))?;
             Ok(Defined {
@@ -524,7 +696,7 @@ pub fn watch(
                 Ok(Ok(loaded)) => {
                     log_problems(&loaded, &tx.borrow());
                     tx.send_if_modified(|current| {
-                        if **current == loaded {
+                        if current.revision == loaded.revision {
                             return false;
                         }
                         *current = Arc::new(loaded);
@@ -756,6 +928,117 @@ mod tests {
             &settings(),
         );
         assert_eq!(second, full);
+    }
+
+    /// `count` dataplanes, `per_file` to a file: d/f000.yaml...
+    fn fleet(count: usize, per_file: usize) -> BTreeMap<PathBuf, FileRead> {
+        (0..count.div_ceil(per_file))
+            .map(|f| {
+                let text = (f * per_file..((f + 1) * per_file).min(count))
+                    .map(|i| doc(&format!("dp-{i:05}"), 20000))
+                    .collect::<Vec<_>>()
+                    .join("---\n");
+                (PathBuf::from(format!("d/f{f:03}.yaml")), Ok(text))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_change_costs_its_file_and_names_only_what_it_touched() {
+        let files = fleet(30, 10);
+        let first = assemble(
+            Path::new("d"),
+            files.clone(),
+            &Loaded::default(),
+            &settings(),
+        );
+        assert_eq!(first.dataplanes.len(), 30);
+        assert_eq!(first.revision(), 1);
+        // One dataplane of f001.yaml changes; the file is read again.
+        let mut text = files[Path::new("d/f001.yaml")].clone().unwrap();
+        text = text.replacen(&doc("dp-00012", 20000), &doc("dp-00012", 30000), 1);
+        let mut built = 0;
+        let mut counting = |dp: &Dataplane| {
+            built += 1;
+            build(dp, &settings())
+        };
+        let second = reassemble_with(
+            &first,
+            [(PathBuf::from("d/f001.yaml"), Some(Ok(text.clone())))].into(),
+            &FileLimits::default(),
+            &mut counting,
+        );
+        assert_eq!(
+            built, 1,
+            "only the changed dataplane's specifier is built again"
+        );
+        assert_eq!(second.revision(), 2);
+        let changed: Vec<String> = second
+            .changed_since(first.revision())
+            .unwrap()
+            .iter()
+            .map(|id| id.to_string())
+            .collect();
+        assert_eq!(changed, ["default.dp-00012"]);
+        // Everything else is shared with the previous snapshot, not copied.
+        assert!(Arc::ptr_eq(
+            &first.files[Path::new("d/f000.yaml")],
+            &second.files[Path::new("d/f000.yaml")]
+        ));
+        let same = DataplaneId::new("default", "dp-00011");
+        assert!(Arc::ptr_eq(
+            &first.dataplanes[&same].specifier,
+            &second.dataplanes[&same].specifier
+        ));
+        // Writing the same content again changes nothing, not even the revision.
+        let third = reassemble(
+            &second,
+            [(PathBuf::from("d/f001.yaml"), Some(Ok(text)))].into(),
+            &settings(),
+        );
+        assert_eq!(third.revision(), second.revision());
+        assert_eq!(third.changed_since(second.revision()).unwrap().len(), 0);
+        // From the start: every dataplane ever touched.
+        assert_eq!(third.changed_since(0).unwrap().len(), 30);
+        // The same result as reading every file.
+        let mut all = files;
+        all.insert(
+            PathBuf::from("d/f001.yaml"),
+            Ok(second.files[Path::new("d/f001.yaml")]
+                .dataplanes
+                .iter()
+                .map(|d| doc(&d.dataplane.id.name, d.dataplane.inbounds[0].service_port))
+                .collect::<Vec<_>>()
+                .join("---\n")),
+        );
+        assert_eq!(
+            assemble(Path::new("d"), all, &Loaded::default(), &settings()),
+            second
+        );
+    }
+
+    #[test]
+    fn a_reader_further_behind_than_the_change_log_diffs_everything() {
+        let mut l = assemble(Path::new("d"), fleet(2, 1), &Loaded::default(), &settings());
+        let start = l.revision();
+        for n in 0..CHANGE_LOG as u16 + 1 {
+            l = reassemble(
+                &l,
+                [(
+                    PathBuf::from("d/f000.yaml"),
+                    Some(Ok(doc("dp-00000", 1000 + n))),
+                )]
+                .into(),
+                &settings(),
+            );
+        }
+        assert_eq!(l.revision(), start + CHANGE_LOG as u64 + 1);
+        assert!(l.changed_since(start).is_none());
+        assert_eq!(l.changed_since(start + 1).unwrap().len(), 1);
+        assert!(
+            l.changed_since(l.revision() + 1).is_none(),
+            "another lineage"
+        );
     }
 
     #[test]

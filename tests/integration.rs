@@ -5,8 +5,8 @@
 
 mod support;
 
-mod abuse_network;
 mod abuse_files;
+mod abuse_network;
 mod api_tls;
 mod auth_envoy;
 mod bootstrap;

@@ -206,3 +206,71 @@ fn loadgen_against_hdsd_and_null_server() {
     assert!(num(&r, "reports_sent") >= 100.0, "{r}");
     assert!(num(&r, "reports_per_s") > 0.0, "{r}");
 }
+
+/// The consumer modes at tiny scale: 200 dataplanes reporting every second,
+/// 40 of them flipping, 3 gRPC watchers, then 2 EDS subscribers to the 10
+/// services: each mode must receive events and time flips.
+#[test]
+fn loadgen_watchers_and_eds_subscribers_measure_flips() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        report_interval: "1s",
+        ..HdsdOptions::default()
+    });
+    let dataplanes = hdsd.dataplanes_dir();
+    let out = Command::new(LOADGEN)
+        .args(["gen-dataplanes", "--count", "200", "--per-file", "20"])
+        .args(["--services", "10", "--dir"])
+        .arg(&dataplanes)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    wait_for("200 dataplanes loaded", Duration::from_secs(20), || {
+        let v = hdsd.get_json("/api/v1/dataplanes")?;
+        let n = v["items"].as_array().map_or(0, Vec::len);
+        if n == 200 {
+            Ok(())
+        } else {
+            Err(format!("{n} loaded"))
+        }
+    });
+    let out = Command::new(LOADGEN)
+        .args(["run", "--hds", &hdsd.hds.to_string()])
+        .args(["--api", &format!("http://{}", hdsd.api)])
+        .args(["--server-pid", &hdsd.pid().to_string()])
+        .arg("--dataplanes-dir")
+        .arg(&dataplanes)
+        .args(["--warmup", "1s", "--duration", "3s", "--source-ips", "4"])
+        .args(["--flip-fraction", "0.2", "--sample", "0"])
+        .args(["--watchers", "3", "--eds-subscribers", "2", "--json"])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(num(&r, "connected"), 200.0, "{r}");
+
+    // 40 flipping dataplanes, one flip a second each.
+    let w = &r["watchers"];
+    assert_eq!(num(w, "watchers"), 3.0, "{r}");
+    assert_eq!(num(w, "synced"), 3.0, "{r}");
+    assert!(num(w, "flips_reported") > 0.0, "{r}");
+    assert!(num(w, "changed_events") > 0.0, "{r}");
+    assert!(num(w, "latency.samples") > 0.0, "{r}");
+    assert!(num(w, "latency.p99_ms") > 0.0, "{r}");
+    assert!(num(w, "flips_seen_fraction") > 0.5, "{r}");
+    assert!(num(w, "server.rss_with_mib") > 0.0, "{r}");
+
+    let e = &r["eds"];
+    assert_eq!(num(e, "subscribers"), 2.0, "{r}");
+    assert_eq!(num(e, "synced"), 2.0, "{r}");
+    assert_eq!(num(e, "resources_subscribed"), 10.0, "{r}");
+    assert!(num(e, "messages_received") > 1.0, "{r}");
+    assert!(num(e, "resources_received") >= 10.0, "{r}");
+    assert!(num(e, "latency.samples") > 0.0, "{r}");
+    assert!(num(e, "flips_seen_fraction") > 0.5, "{r}");
+    assert!(
+        e["failures"].as_object().is_some_and(|f| f.is_empty()),
+        "{r}"
+    );
+}

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 pub const MANIFEST: &str = ".loadgen.json";
 
 /// Inbound `k` listens on `INBOUND_PORT_BASE + k`.
-const INBOUND_PORT_BASE: u16 = 10001;
+pub const INBOUND_PORT_BASE: u16 = 10001;
 /// Inbound `k` probes 127.0.0.1:`SERVICE_PORT_BASE + k` ...
 pub const SERVICE_PORT_BASE: u16 = 20001;
 /// ... or, after a churn rewrite of inbound 0, `CHURN_PORT_BASE + k`.
@@ -40,6 +40,11 @@ pub struct Args {
     /// Dataplanes per YAML file (documents separated by `---`).
     #[arg(long, default_value_t = 100)]
     pub per_file: usize,
+    /// Spread the inbounds over this many `kuma.io/service` values
+    /// (svc-0000...), round robin over every dataplane's inbounds; 0: inbound
+    /// `k` of every dataplane is `svc-k`.
+    #[arg(long, default_value_t = 0)]
+    pub services: usize,
 }
 
 /// What `run` needs to know about generated dataplanes.
@@ -50,6 +55,9 @@ pub struct Manifest {
     pub mesh: String,
     pub prefix: String,
     pub per_file: usize,
+    /// See [`Args::services`] (0 in manifests written before it existed).
+    #[serde(default)]
+    pub services: usize,
 }
 
 impl Manifest {
@@ -59,6 +67,44 @@ impl Manifest {
 
     pub fn file_name(&self, file: usize) -> String {
         format!("{}{file:05}.yaml", self.prefix)
+    }
+
+    /// The `kuma.io/service` tag of inbound `k` of dataplane `index`.
+    pub fn service(&self, index: usize, k: u16) -> String {
+        if self.services == 0 {
+            format!("svc-{k}")
+        } else {
+            format!(
+                "svc-{:04}",
+                (index * usize::from(self.inbounds) + usize::from(k)) % self.services
+            )
+        }
+    }
+
+    /// Every service name, as EDS resource names (`<mesh>/<service>`).
+    pub fn eds_resource_names(&self) -> Vec<String> {
+        let services: std::collections::BTreeSet<String> = if self.services == 0 {
+            (0..self.inbounds).map(|k| self.service(0, k)).collect()
+        } else {
+            (0..self.services).map(|s| format!("svc-{s:04}")).collect()
+        };
+        services
+            .into_iter()
+            .map(|s| format!("{}/{s}", self.mesh))
+            .collect()
+    }
+
+    /// The `networking.address` of dataplane `index`: 10.0.0.1 + index, unique
+    /// per dataplane, so that EDS endpoints (address, inbound port) tell the
+    /// dataplanes apart. Nothing connects to it: probes go to `serviceAddress`.
+    pub fn address(&self, index: usize) -> std::net::Ipv4Addr {
+        std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 0, 0, 1)) + index as u32)
+    }
+
+    /// The dataplane named `name`, if it is one of these.
+    pub fn index_of_name(&self, name: &str) -> Option<usize> {
+        let index: usize = name.strip_prefix(&self.prefix)?.parse().ok()?;
+        (index < self.count && self.name(index) == name).then_some(index)
     }
 
     pub fn file_of(&self, index: usize) -> usize {
@@ -81,9 +127,10 @@ impl Manifest {
             }
             let _ = write!(
                 s,
-                "type: Dataplane\nmesh: {}\nname: {}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n",
+                "type: Dataplane\nmesh: {}\nname: {}\nnetworking:\n  address: {}\n  inbound:\n",
                 self.mesh,
-                self.name(index)
+                self.name(index),
+                self.address(index)
             );
             for k in 0..self.inbounds {
                 let service_port = if k == 0 && churned.get(&index).copied().unwrap_or(false) {
@@ -93,8 +140,9 @@ impl Manifest {
                 };
                 let _ = write!(
                     s,
-                    "  - port: {}\n    servicePort: {service_port}\n    serviceAddress: 127.0.0.1\n    tags: {{kuma.io/service: svc-{k}}}\n",
-                    INBOUND_PORT_BASE + k
+                    "  - port: {}\n    servicePort: {service_port}\n    serviceAddress: 127.0.0.1\n    tags: {{kuma.io/service: {}}}\n",
+                    INBOUND_PORT_BASE + k,
+                    self.service(index, k)
                 );
             }
         }
@@ -145,6 +193,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mesh: args.mesh,
         prefix: args.prefix,
         per_file: args.per_file,
+        services: args.services,
     };
     // Remove files of an earlier, larger generation with the same prefix.
     for entry in std::fs::read_dir(&args.dir)?.flatten() {
@@ -183,6 +232,7 @@ mod tests {
             mesh: "default".into(),
             prefix: "dp-".into(),
             per_file: 2,
+            services: 0,
         };
         assert_eq!(m.files(), 3);
         let mut churned = HashMap::new();
@@ -192,11 +242,40 @@ mod tests {
         assert_eq!(dps[0].id.to_string(), "default.dp-000002");
         assert_eq!(dps[1].inbounds[0].service_port, CHURN_PORT_BASE);
         assert_eq!(dps[1].inbounds[2].service_port, SERVICE_PORT_BASE + 2);
+        assert_eq!(dps[0].inbounds[1].tags["kuma.io/service"], "svc-1");
+        assert_eq!(dps[0].address.to_string(), "10.0.0.3");
+        assert_eq!(m.index_of_name("dp-000004"), Some(4));
+        assert_eq!(m.index_of_name("dp-000005"), None);
         assert_eq!(
             hdsd::dataplane::parse_documents(&m.render_file(2, &churned))
                 .unwrap()
                 .len(),
             1
         );
+    }
+
+    #[test]
+    fn services_spread_inbounds_round_robin() {
+        let m = Manifest {
+            count: 10,
+            inbounds: 2,
+            mesh: "default".into(),
+            prefix: "dp-".into(),
+            per_file: 10,
+            services: 4,
+        };
+        let dps = hdsd::dataplane::parse_documents(&m.render_file(0, &HashMap::new())).unwrap();
+        let tag = |i: usize, k: usize| dps[i].inbounds[k].tags["kuma.io/service"].clone();
+        assert_eq!(
+            (tag(0, 0), tag(0, 1), tag(1, 0), tag(2, 0)),
+            (
+                "svc-0000".into(),
+                "svc-0001".into(),
+                "svc-0002".into(),
+                "svc-0000".into()
+            )
+        );
+        assert_eq!(m.eds_resource_names().len(), 4);
+        assert_eq!(m.eds_resource_names()[3], "default/svc-0003");
     }
 }

@@ -1,13 +1,15 @@
 //! `hdsd-loadgen`: simulated Envoys for load tests of hdsd (see BENCHMARKS.md).
 //!
 //! - `gen-dataplanes` writes Dataplane files for hdsd to serve;
-//! - `run` connects N simulated Envoy 1.40 HDS clients and measures;
+//! - `run` connects N simulated Envoy 1.40 HDS clients and measures, with
+//!   optional consumers of readiness (gRPC watchers, EDS subscribers);
 //! - `null-server` is an HDS server that does nothing but answer: the
 //!   transport's ceiling to compare hdsd with.
 //!
 //! Targets loopback addresses only; every phase is bounded in time.
 #![forbid(unsafe_code)]
 
+mod consumers;
 mod envoy;
 mod gen;
 mod null;

@@ -22,6 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 
+use crate::consumers;
 use crate::envoy::{self, Message, ReportPlan};
 use crate::gen::{Manifest, CHURN_PORT_BASE, SERVICE_PORT_BASE};
 use crate::stats::{round3, summary};
@@ -90,6 +91,19 @@ pub struct Args {
     /// After the steady window (and churn): drop every stream and connection at once and reconnect.
     #[arg(long)]
     pub reconnect_storm: bool,
+    /// After the steady window: this many gRPC `hdsd.v1.ReadinessService/Watch`
+    /// clients on --api (one connection each), for another --duration while the
+    /// same flips go on: latency from each flip's report to the event at every
+    /// watcher, hdsd CPU added, memory per watcher.
+    #[arg(long, default_value_t = 0)]
+    pub watchers: usize,
+    /// After the steady window (and the watchers): this many EDS subscribers
+    /// (front Envoys: `StreamEndpoints` on --hds, one connection each, ACKing)
+    /// subscribed to every service of --dataplanes-dir, for another --duration:
+    /// latency from each flip's report to the push at every subscriber, hdsd
+    /// CPU and memory per subscriber.
+    #[arg(long, default_value_t = 0)]
+    pub eds_subscribers: usize,
     /// Keep the streams open this long after printing the results.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     pub linger: Duration,
@@ -166,6 +180,8 @@ struct Ctx {
     storm_times: Mutex<Vec<f64>>,
     churn_pending: Mutex<HashMap<usize, (u16, Instant)>>,
     churn_latencies: Mutex<Vec<f64>>,
+    /// Flips timed against watchers and EDS subscribers.
+    flips: Arc<consumers::Flips>,
 }
 
 impl Ctx {
@@ -424,6 +440,9 @@ async fn stream_once(
                 let healthy = !flipping || sent % 2 == 0;
                 let msg = p.message(healthy);
                 let at = Instant::now();
+                if flipping && last_first.is_some_and(|l| l != healthy) {
+                    ctx.flips.record(dp.index, healthy, at);
+                }
                 if tx.send(msg).await.is_err() {
                     return End::Failed("request stream closed".into());
                 }
@@ -611,6 +630,80 @@ fn rss_soak(samples: &[(f64, u64)]) -> Value {
     })
 }
 
+/// Starts `n` consumers (`spawn(tally, stop, i)`), waits until they all
+/// synced, then measures a window of `--duration` with the same flips as the
+/// steady window: latency per flip per consumer, the server's CPU beside the
+/// steady window's (`steady_cpu`, no consumers), its memory per consumer.
+async fn consumer_phase(
+    ctx: &Arc<Ctx>,
+    args: &Args,
+    steady_cpu: Option<f64>,
+    what: &str,
+    n: usize,
+    mut spawn: impl FnMut(Arc<consumers::Tally>, watch::Receiver<bool>, usize),
+) -> Value {
+    let tally = Arc::new(consumers::Tally::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let before = proc_sample(args.server_pid);
+    ctx.flips.set_recording(true);
+    for i in 0..n {
+        spawn(tally.clone(), stop_rx.clone(), i);
+    }
+    let synced_in = consumers::wait_synced(&tally, n, Duration::from_secs(120)).await;
+    let connect_cpu = proc_sample(args.server_pid);
+    // Let the first full states' buffers go before measuring memory.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let a = proc_sample(args.server_pid);
+    let own0 = sys::sample(None).ok();
+    let flips0 = ctx.flips.recorded();
+    let t0 = Instant::now();
+    tally.set_measuring(true);
+    tokio::time::sleep(args.duration).await;
+    tally.set_measuring(false);
+    let window = t0.elapsed().as_secs_f64();
+    let flips = ctx.flips.recorded() - flips0;
+    let z = proc_sample(args.server_pid);
+    let own1 = sys::sample(None).ok();
+    // The last flips' events.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _ = stop_tx.send(true);
+    ctx.flips.set_recording(false);
+    let mut r = tally.json();
+    let per = |x: f64| round3(x / n as f64);
+    r[format!("{what}s")] = json!(n);
+    r["all_synced_within_s"] = json!(synced_in.map(round3));
+    r["window_s"] = json!(round3(window));
+    r["flips_reported"] = json!(flips);
+    // The loadgen's own CPU in the window: its Envoys and the consumers.
+    r["loadgen_cpu_percent_of_one_core"] = match (own0, own1) {
+        (Some(a), Some(z)) => json!(round3((z.cpu_seconds - a.cpu_seconds) / window * 100.0)),
+        _ => Value::Null,
+    };
+    r["flips_per_s"] = json!(round3(flips as f64 / window));
+    let expected = flips as f64 * n as f64;
+    let samples = r["latency"]["samples"].as_f64().unwrap_or(0.0);
+    r["flips_seen_fraction"] = if expected > 0.0 {
+        json!(round3(samples / expected))
+    } else {
+        Value::Null
+    };
+    if let (Some(b), Some(c), Some(a), Some(z)) = (before, connect_cpu, a, z) {
+        let cpu = (z.cpu_seconds - a.cpu_seconds) / window * 100.0;
+        let rss = z.rss_bytes as f64 - b.rss_bytes as f64;
+        r["server"] = json!({
+            "rss_before_mib": round3(b.rss_bytes as f64 / 1048576.0),
+            "rss_with_mib": round3(z.rss_bytes as f64 / 1048576.0),
+            format!("rss_per_{what}_kib"): per(rss / 1024.0),
+            "cpu_seconds_connect": round3(c.cpu_seconds - b.cpu_seconds),
+            "cpu_percent_of_one_core_without": steady_cpu,
+            "cpu_percent_of_one_core_with": round3(cpu),
+            "cpu_percent_added": steady_cpu.map(|s| round3(cpu - s)),
+            format!("cpu_percent_added_per_{what}"): steady_cpu.map(|s| per(cpu - s)),
+        });
+    }
+    r
+}
+
 async fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
@@ -730,6 +823,14 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     };
     anyhow::ensure!(count > 0, "no dataplanes");
     anyhow::ensure!(
+        args.watchers == 0 || args.api.is_some(),
+        "--watchers watch hdsd's API: give --api"
+    );
+    anyhow::ensure!(
+        args.eds_subscribers == 0 || manifest.is_some(),
+        "--eds-subscribers subscribe to the services of the dataplane files: give --dataplanes-dir"
+    );
+    anyhow::ensure!(
         args.churn == 0 || manifest.is_some(),
         "--churn rewrites dataplane files: give --dataplanes-dir"
     );
@@ -831,6 +932,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         storm_times: Mutex::new(Vec::new()),
         churn_pending: Mutex::new(HashMap::new()),
         churn_latencies: Mutex::new(Vec::new()),
+        flips: Arc::new(consumers::Flips::default()),
     });
 
     // Phase 1: connect.
@@ -919,6 +1021,82 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     let loadgen_cpu = match (s0.2, s1.2) {
         (Some(a), Some(z)) => json!(round3((z.cpu_seconds - a.cpu_seconds) / window * 100.0)),
         _ => Value::Null,
+    };
+
+    // Phase 2b: consumers, each kind for another steady window.
+    let steady_cpu = server["cpu_percent_of_one_core_steady"].as_f64();
+    let manifest_arc = manifest.clone().map(Arc::new);
+    let watchers_result = if args.watchers > 0 {
+        let api = args.api.clone().unwrap_or_default();
+        let m = match &manifest_arc {
+            Some(m) => m.clone(),
+            None => Arc::new(Manifest {
+                count,
+                inbounds: 0,
+                mesh: mesh.clone(),
+                prefix: prefix.clone(),
+                per_file: 1,
+                services: 0,
+            }),
+        };
+        Some(
+            consumer_phase(
+                &ctx,
+                &args,
+                steady_cpu,
+                "watcher",
+                args.watchers,
+                |tally, stop, _| {
+                    tokio::spawn(consumers::watcher(
+                        api.trim_end_matches('/').to_string(),
+                        m.clone(),
+                        ctx.flips.clone(),
+                        tally,
+                        stop,
+                    ));
+                },
+            )
+            .await,
+        )
+    } else {
+        None
+    };
+    let eds_result = match &manifest_arc {
+        Some(m) if args.eds_subscribers > 0 => {
+            let resources = m.eds_resource_names().len();
+            let mut r = consumer_phase(
+                &ctx,
+                &args,
+                steady_cpu,
+                "subscriber",
+                args.eds_subscribers,
+                |tally, stop, n| {
+                    let (m, ctx, hds) = (m.clone(), ctx.clone(), args.hds);
+                    let source = sys::source_ip(n, ctx.source_ips);
+                    tokio::spawn(async move {
+                        match sys::connect(hds, source, Duration::from_secs(10)).await {
+                            Ok(channel) => {
+                                let node = format!("{}.front-{n:04}", m.mesh);
+                                consumers::eds_subscriber(
+                                    channel,
+                                    node,
+                                    m,
+                                    ctx.flips.clone(),
+                                    tally,
+                                    stop,
+                                )
+                                .await
+                            }
+                            Err(e) => ctx.failure(format!("eds connect: {}", root_cause(&e))),
+                        }
+                    });
+                },
+            )
+            .await;
+            r["resources_subscribed"] = json!(resources);
+            Some(r)
+        }
+        _ => None,
     };
 
     // Phase 3: churn.
@@ -1025,6 +1203,8 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             s["sampled_dataplanes"] = json!(dps.iter().filter(|d| d.sample).count());
             s
         } else { Value::Null },
+        "watchers": watchers_result,
+        "eds": eds_result,
         "churn": churn_result,
         "reconnect_storm": storm,
         "rss_soak": rss_soak(&rss_samples),
