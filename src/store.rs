@@ -10,6 +10,13 @@
 //! The engine is redb (pure Rust, ACID, crash-safe, no C toolchain) behind
 //! the [`ReadinessStore`] trait, so a shared store for several hdsd instances
 //! can replace it later.
+//!
+//! Dataplane definitions (`dataplanes.source = "api"`) are kept behind the
+//! [`definitions::DefinitionStore`] trait, with two engines: this redb file
+//! ([`RedbStore`]) and PostgreSQL ([`postgres::PgStore`]).
+
+pub mod definitions;
+pub mod postgres;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -103,6 +110,8 @@ pub fn restore(
 pub enum StoreError {
     #[error("readiness store {path}: {message}")]
     Engine { path: PathBuf, message: String },
+    #[error("PostgreSQL store: {0}; check that the database named by store.postgres.url is up and reachable")]
+    Postgres(String),
 }
 
 /// Where readiness state is kept.
@@ -130,8 +139,10 @@ fn create(path: &Path) -> Result<Database, redb::DatabaseError> {
 /// The embedded redb store, one file under `state_dir`.
 #[derive(Debug)]
 pub struct RedbStore {
-    db: Database,
+    db: Arc<Database>,
     path: PathBuf,
+    /// Tells the definitions' readers about each committed change.
+    changes: tokio::sync::broadcast::Sender<definitions::DefinitionChange>,
 }
 
 impl RedbStore {
@@ -166,11 +177,13 @@ impl RedbStore {
             Err(e) => return Err(err(e.to_string())),
         };
         let store = RedbStore {
-            db,
+            db: Arc::new(db),
             path: path.to_path_buf(),
+            changes: tokio::sync::broadcast::channel(definitions::CHANGES_BUFFER).0,
         };
-        // Make sure the table exists so that reads of a new store succeed.
+        // Make sure the tables exist so that reads of a new store succeed.
         store.write(&[])?;
+        definitions::redb_create_tables(&store.db).map_err(|e| store.err(e))?;
         Ok(store)
     }
 

@@ -14,6 +14,7 @@
 
 pub mod apps;
 pub mod grpc;
+pub mod postgres;
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::os::fd::AsFd;
@@ -94,6 +95,8 @@ pub struct HdsdOptions {
     pub auth_mode: &'static str,
     /// Extra TOML appended to the config file.
     pub extra: String,
+    /// Extra environment variables (`HDSD_*` settings) for hdsd.
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for HdsdOptions {
@@ -108,6 +111,7 @@ impl Default for HdsdOptions {
             api_tokens: "[]",
             auth_mode: "none",
             extra: String::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -189,6 +193,7 @@ impl Hdsd {
             .env_remove("LISTEN_PID")
             .env_remove("LISTEN_FDNAMES")
             .env("LISTEN_FDS", "2")
+            .envs(o.env.iter().map(|(k, v)| (k, v)))
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .stdin(Stdio::null());

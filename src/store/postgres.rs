@@ -1,0 +1,453 @@
+//! The PostgreSQL engine of [`DefinitionStore`], for several hdsd instances
+//! sharing one database (`store.kind = "postgres"`).
+//!
+//! - **Schema**: versioned migrations ([`MIGRATIONS`]), applied at start on a
+//!   connection of their own that holds `pg_advisory_lock(`[`MIGRATION_LOCK`]`)`:
+//!   instances starting together apply each migration once, one after the
+//!   other. The versions applied are rows of `hdsd_schema`.
+//! - **Writes**: one statement per write (conditional on the revision where
+//!   asked), its `pg_notify` in the same transaction, so a notification is
+//!   sent exactly when the change commits. Revisions come from one sequence.
+//! - **Changes**: one connection per instance `LISTEN`s on
+//!   [`CHANNEL`]. When it (re)connects, and every `reconcile_interval`, it
+//!   announces [`DefinitionChange::All`], so a notification missed while it
+//!   was down is healed by a full read. It reconnects with a backoff and never
+//!   gives up; a lost connection is logged once, not once per attempt.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio::sync::{broadcast, watch};
+use tokio_postgres::{AsyncMessage, NoTls};
+
+use super::definitions::{
+    DefinitionChange, DefinitionStore, DocumentFormat, Precondition, StoreFuture, StoredDefinition,
+    WriteError, CHANGES_BUFFER,
+};
+use super::StoreError;
+use crate::config::PostgresConfig;
+use crate::dataplane::DataplaneId;
+
+/// The channel definition changes are announced on; the payload is `mesh.name`.
+pub const CHANNEL: &str = "hdsd_definitions";
+
+/// The advisory lock key held while migrating ("hdsd" in ASCII, then 1).
+pub const MIGRATION_LOCK: i64 = 0x6864_7364_0000_0001;
+
+/// The schema, one step per version. Never edit a step once released: add one.
+pub const MIGRATIONS: &[(i32, &str)] = &[(
+    1,
+    "CREATE SEQUENCE hdsd_revision;
+     CREATE TABLE hdsd_definitions (
+         mesh text NOT NULL,
+         name text NOT NULL,
+         format text NOT NULL CHECK (format IN ('yaml', 'json')),
+         document text NOT NULL,
+         revision bigint NOT NULL,
+         updated_at timestamptz NOT NULL DEFAULT now(),
+         PRIMARY KEY (mesh, name)
+     );",
+)];
+
+fn pg_error(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Postgres(e.to_string())
+}
+
+/// The PostgreSQL store: a connection pool and a listener task.
+pub struct PgStore {
+    pool: Pool,
+    changes: broadcast::Sender<DefinitionChange>,
+    describe: String,
+    /// Dropped with the store: the listener task ends.
+    _alive: watch::Sender<()>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("describe", &self.describe)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a connection string points, without its password.
+fn describe(config: &tokio_postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".to_string(),
+    };
+    let db = config
+        .get_dbname()
+        .or(config.get_user())
+        .unwrap_or("postgres");
+    format!("PostgreSQL database {db} on {host}")
+}
+
+impl PgStore {
+    /// Connects, applies the migrations this database lacks (under the
+    /// advisory lock), and starts listening for changes.
+    pub async fn connect(settings: &PostgresConfig) -> Result<PgStore, StoreError> {
+        let mut config: tokio_postgres::Config = settings
+            .url
+            .parse()
+            .map_err(|e| pg_error(format!("store.postgres.url: {e}")))?;
+        config.connect_timeout(settings.connect_timeout);
+        if config.get_application_name().is_none() {
+            config.application_name("hdsd");
+        }
+        let describe = describe(&config);
+        migrate(&config)
+            .await
+            .map_err(|e| pg_error(format!("{describe}: {e}")))?;
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(settings.pool_size)
+            .wait_timeout(Some(settings.wait_timeout))
+            .create_timeout(Some(settings.connect_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(pg_error)?;
+        let (changes, _) = broadcast::channel(CHANGES_BUFFER);
+        let (alive, alive_rx) = watch::channel(());
+        tokio::spawn(listen(
+            config,
+            changes.clone(),
+            settings.reconcile_interval,
+            alive_rx,
+        ));
+        Ok(PgStore {
+            pool,
+            changes,
+            describe,
+            _alive: alive,
+        })
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| pg_error(format!("{}: no connection: {e}", self.describe)))
+    }
+
+    async fn current(
+        client: &deadpool_postgres::Transaction<'_>,
+        id: &DataplaneId,
+    ) -> Result<Option<u64>, tokio_postgres::Error> {
+        Ok(client
+            .query_opt(
+                "SELECT revision FROM hdsd_definitions WHERE mesh = $1 AND name = $2",
+                &[&id.mesh, &id.name],
+            )
+            .await?
+            .map(|row| row.get::<_, i64>(0) as u64))
+    }
+}
+
+/// Applies the missing migrations on a connection of its own, holding the
+/// advisory lock; closing the connection releases the lock whatever happens.
+async fn migrate(config: &tokio_postgres::Config) -> Result<(), tokio_postgres::Error> {
+    let (mut client, connection) = config.connect(NoTls).await?;
+    let driver = tokio::spawn(connection);
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS hdsd_schema (
+                 version integer PRIMARY KEY,
+                 applied_at timestamptz NOT NULL DEFAULT now()
+             )",
+        )
+        .await?;
+    let applied: i32 = client
+        .query_one("SELECT coalesce(max(version), 0) FROM hdsd_schema", &[])
+        .await?
+        .get(0);
+    let newest = MIGRATIONS.last().map(|(v, _)| *v).unwrap_or(0);
+    if applied > newest {
+        tracing::warn!(
+            schema = applied,
+            known = newest,
+            "the database's schema is newer than this hdsd knows; an instance of a newer version migrated it"
+        );
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > applied) {
+        let tx = client.transaction().await?;
+        tx.batch_execute(sql).await?;
+        tx.execute("INSERT INTO hdsd_schema (version) VALUES ($1)", &[version])
+            .await?;
+        tx.commit().await?;
+        tracing::info!(version, "PostgreSQL store: applied schema migration");
+    }
+    client
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    drop(client);
+    let _ = driver.await;
+    Ok(())
+}
+
+/// Follows [`CHANNEL`] until `alive`'s sender is dropped, reconnecting as needed.
+async fn listen(
+    config: tokio_postgres::Config,
+    changes: broadcast::Sender<DefinitionChange>,
+    reconcile: Duration,
+    mut alive: watch::Receiver<()>,
+) {
+    const BACKOFF_MAX: Duration = Duration::from_secs(5);
+    let mut backoff = Duration::from_millis(100);
+    let mut down: Option<String> = None;
+    loop {
+        let session = async {
+            let (client, mut connection) = config.connect(NoTls).await?;
+            let (notes_tx, notes) = tokio::sync::mpsc::unbounded_channel();
+            // The connection delivers notifications only to whoever polls it.
+            tokio::spawn(async move {
+                loop {
+                    match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                        Some(Ok(AsyncMessage::Notification(n))) => {
+                            if notes_tx.send(Ok(n.payload().to_string())).is_err() {
+                                return;
+                            }
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => {
+                            let _ = notes_tx.send(Err(e));
+                            return;
+                        }
+                        None => return,
+                    }
+                }
+            });
+            client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+            Ok::<_, tokio_postgres::Error>((client, notes))
+        };
+        let connected = tokio::select! {
+            s = session => s,
+            _ = alive.changed() => return,
+        };
+        match connected {
+            Ok((client, mut notes)) => {
+                if down.take().is_some() {
+                    tracing::info!("PostgreSQL store: listening for definition changes again");
+                }
+                backoff = Duration::from_millis(100);
+                // Whatever changed while nobody listened.
+                let _ = changes.send(DefinitionChange::All);
+                let mut reconcile_tick =
+                    tokio::time::interval_at(tokio::time::Instant::now() + reconcile, reconcile);
+                let reason = loop {
+                    tokio::select! {
+                        note = notes.recv() => match note {
+                            Some(Ok(payload)) => match payload.parse::<DataplaneId>() {
+                                Ok(id) => { let _ = changes.send(DefinitionChange::One(id)); }
+                                Err(_) => { let _ = changes.send(DefinitionChange::All); }
+                            },
+                            Some(Err(e)) => break e.to_string(),
+                            None => break "the connection closed".to_string(),
+                        },
+                        _ = reconcile_tick.tick() => { let _ = changes.send(DefinitionChange::All); }
+                        _ = alive.changed() => return,
+                    }
+                };
+                drop(client);
+                tracing::warn!(
+                    "PostgreSQL store: lost the connection that listens for definition changes ({reason}); reconnecting, then reading every definition again"
+                );
+                down = Some(reason);
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                if down.as_ref() != Some(&reason) {
+                    tracing::warn!(
+                        "PostgreSQL store: cannot listen for definition changes ({reason}); retrying with a backoff of up to {}s",
+                        BACKOFF_MAX.as_secs()
+                    );
+                }
+                down = Some(reason);
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            _ = alive.changed() => return,
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+fn row_definition(row: &tokio_postgres::Row) -> Option<StoredDefinition> {
+    let id = DataplaneId::try_new(row.get::<_, String>(0), row.get::<_, String>(1)).ok()?;
+    Some(StoredDefinition {
+        id,
+        format: DocumentFormat::from_name(row.get(2))?,
+        document: row.get(3),
+        revision: row.get::<_, i64>(4) as u64,
+    })
+}
+
+const SELECT: &str = "SELECT mesh, name, format, document, revision FROM hdsd_definitions";
+
+impl DefinitionStore for PgStore {
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+
+    fn list(&self) -> StoreFuture<'_, Result<Vec<StoredDefinition>, StoreError>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let rows = client
+                .query(&format!("{SELECT} ORDER BY mesh, name"), &[])
+                .await
+                .map_err(pg_error)?;
+            Ok(rows.iter().filter_map(row_definition).collect())
+        })
+    }
+
+    fn get<'a>(
+        &'a self,
+        id: &'a DataplaneId,
+    ) -> StoreFuture<'a, Result<Option<StoredDefinition>, StoreError>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(
+                    &format!("{SELECT} WHERE mesh = $1 AND name = $2"),
+                    &[&id.mesh, &id.name],
+                )
+                .await
+                .map_err(pg_error)?;
+            Ok(row.as_ref().and_then(row_definition))
+        })
+    }
+
+    fn put<'a>(
+        &'a self,
+        id: &'a DataplaneId,
+        format: DocumentFormat,
+        document: &'a str,
+        expect: Precondition,
+    ) -> StoreFuture<'a, Result<StoredDefinition, WriteError>> {
+        Box::pin(async move {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(pg_error)?;
+            let format_name = format.as_str();
+            let written = match expect {
+                Precondition::Any => {
+                    tx.query_opt(
+                        "INSERT INTO hdsd_definitions (mesh, name, format, document, revision)
+                         VALUES ($1, $2, $3, $4, nextval('hdsd_revision'))
+                         ON CONFLICT (mesh, name) DO UPDATE SET format = EXCLUDED.format,
+                             document = EXCLUDED.document, revision = EXCLUDED.revision,
+                             updated_at = now()
+                         RETURNING revision",
+                        &[&id.mesh, &id.name, &format_name, &document],
+                    )
+                    .await
+                }
+                Precondition::Absent => {
+                    tx.query_opt(
+                        "INSERT INTO hdsd_definitions (mesh, name, format, document, revision)
+                         VALUES ($1, $2, $3, $4, nextval('hdsd_revision'))
+                         ON CONFLICT (mesh, name) DO NOTHING
+                         RETURNING revision",
+                        &[&id.mesh, &id.name, &format_name, &document],
+                    )
+                    .await
+                }
+                Precondition::Present => {
+                    tx.query_opt(
+                        "UPDATE hdsd_definitions SET format = $3, document = $4,
+                             revision = nextval('hdsd_revision'), updated_at = now()
+                         WHERE mesh = $1 AND name = $2
+                         RETURNING revision",
+                        &[&id.mesh, &id.name, &format_name, &document],
+                    )
+                    .await
+                }
+                Precondition::Revision(want) => {
+                    tx.query_opt(
+                        "UPDATE hdsd_definitions SET format = $3, document = $4,
+                             revision = nextval('hdsd_revision'), updated_at = now()
+                         WHERE mesh = $1 AND name = $2 AND revision = $5
+                         RETURNING revision",
+                        &[&id.mesh, &id.name, &format_name, &document, &(want as i64)],
+                    )
+                    .await
+                }
+            }
+            .map_err(pg_error)?;
+            let Some(row) = written else {
+                let current = Self::current(&tx, id).await.map_err(pg_error)?;
+                return Err(WriteError::Conflict { current });
+            };
+            let revision = row.get::<_, i64>(0) as u64;
+            tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &id.to_string()])
+                .await
+                .map_err(pg_error)?;
+            tx.commit().await.map_err(pg_error)?;
+            Ok(StoredDefinition {
+                id: id.clone(),
+                format,
+                document: document.to_string(),
+                revision,
+            })
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        id: &'a DataplaneId,
+        expect: Precondition,
+    ) -> StoreFuture<'a, Result<bool, WriteError>> {
+        Box::pin(async move {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(pg_error)?;
+            let deleted = match expect {
+                Precondition::Absent => {
+                    let current = Self::current(&tx, id).await.map_err(pg_error)?;
+                    return match current {
+                        None => Ok(false),
+                        Some(_) => Err(WriteError::Conflict { current }),
+                    };
+                }
+                Precondition::Any | Precondition::Present => tx
+                    .query_opt(
+                        "DELETE FROM hdsd_definitions WHERE mesh = $1 AND name = $2 RETURNING revision",
+                        &[&id.mesh, &id.name],
+                    )
+                    .await,
+                Precondition::Revision(want) => tx
+                    .query_opt(
+                        "DELETE FROM hdsd_definitions WHERE mesh = $1 AND name = $2 AND revision = $3 RETURNING revision",
+                        &[&id.mesh, &id.name, &(want as i64)],
+                    )
+                    .await,
+            }
+            .map_err(pg_error)?;
+            if deleted.is_none() {
+                let current = Self::current(&tx, id).await.map_err(pg_error)?;
+                return match (expect, current) {
+                    (Precondition::Any, None) => Ok(false),
+                    _ => Err(WriteError::Conflict { current }),
+                };
+            }
+            tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &id.to_string()])
+                .await
+                .map_err(pg_error)?;
+            tx.commit().await.map_err(pg_error)?;
+            Ok(true)
+        })
+    }
+
+    fn changes(&self) -> broadcast::Receiver<DefinitionChange> {
+        self.changes.subscribe()
+    }
+}
