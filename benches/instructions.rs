@@ -131,6 +131,7 @@ fn hds_settings() -> Arc<HdsSettings> {
         report_interval: Duration::from_secs(5),
         stale_after: Duration::from_secs(15),
         dataplanes_dir: "dataplanes".into(),
+        definitions_from_api: false,
     })
 }
 

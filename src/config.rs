@@ -542,6 +542,11 @@ impl Config {
                     "store.postgres.url is not a libpq connection string: {e}; use postgresql://user@host:port/db or key=value pairs such as host=/run/postgresql dbname=hdsd"
                 ));
             }
+            if self.dataplanes.source == DataplanesSource::Dir {
+                problems.push(
+                    "store.kind is \"postgres\" but dataplanes.source is \"dir\": the PostgreSQL store holds the definitions of dataplanes.source = \"api\" (readiness stays in state_dir); set dataplanes.source = \"api\", or remove store.kind".to_string(),
+                );
+            }
             if pg.pool_size == 0 {
                 problems.push("store.postgres.pool_size must be >= 1 (e.g. 8)".to_string());
             }

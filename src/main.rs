@@ -91,6 +91,35 @@ enum Command {
         #[arg(long)]
         ca: Option<PathBuf>,
     },
+    /// Send Dataplane definitions to a running hdsd (dataplanes.source = "api"), like `kumactl apply`.
+    Apply {
+        /// A file (YAML documents separated by ---, or JSON), or a directory of them.
+        #[arg(long, short = 'f')]
+        file: PathBuf,
+        /// hdsd's REST API (https://... when it has api.tls).
+        #[arg(long, default_value = "http://127.0.0.1:5680")]
+        api: String,
+        /// One of the server's api.tokens, when its API requires one.
+        #[arg(long)]
+        api_token: Option<String>,
+        /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
+        #[arg(long)]
+        ca: Option<PathBuf>,
+    },
+    /// Delete a dataplane's definition from a running hdsd (dataplanes.source = "api").
+    Delete {
+        mesh: String,
+        name: String,
+        /// hdsd's REST API (https://... when it has api.tls).
+        #[arg(long, default_value = "http://127.0.0.1:5680")]
+        api: String,
+        /// One of the server's api.tokens, when its API requires one.
+        #[arg(long)]
+        api_token: Option<String>,
+        /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
+        #[arg(long)]
+        ca: Option<PathBuf>,
+    },
     /// Print an Envoy bootstrap that connects a dataplane to hdsd
     /// (`bootstrap front`: a front proxy routing by readiness).
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -268,6 +297,53 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Token { config, command } => token(config.as_deref(), command),
+        Command::Apply {
+            file,
+            api,
+            api_token,
+            ca,
+        } => {
+            let agent = hdsd::client::agent(ca.as_deref())?;
+            let target = hdsd::apply::Target {
+                agent: &agent,
+                api: &api,
+                token: api_token.as_deref(),
+            };
+            let applied = hdsd::apply::apply(&target, &file).map_err(anyhow::Error::msg)?;
+            for line in &applied.lines {
+                println!("{line}");
+            }
+            for problem in &applied.problems {
+                eprintln!("{problem}");
+            }
+            if applied.problems.is_empty() {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!("{} document(s) not applied", applied.problems.len());
+                Ok(ExitCode::from(1))
+            }
+        }
+        Command::Delete {
+            mesh,
+            name,
+            api,
+            api_token,
+            ca,
+        } => {
+            let id = DataplaneId::try_new(&mesh, &name).map_err(|e| {
+                anyhow::anyhow!("{mesh:?} {name:?} is not a dataplane identity: {e}")
+            })?;
+            let agent = hdsd::client::agent(ca.as_deref())?;
+            let target = hdsd::apply::Target {
+                agent: &agent,
+                api: &api,
+                token: api_token.as_deref(),
+            };
+            hdsd::apply::delete(&target, &id)
+                .map_err(|e| anyhow::anyhow!("dataplane {id} not deleted: {e}"))?;
+            println!("dataplane {id} deleted");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bootstrap {
             front:
                 Some(BootstrapCommand::Front {
@@ -376,6 +452,17 @@ fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     let settings = server::specifier_settings(&config);
     let mut dataplanes = 0;
     let mut ignored = String::new();
+    let from_api = config.dataplanes.source == hdsd::config::DataplanesSource::Api;
+    if problems.is_empty() && from_api {
+        println!(
+            "ok: configuration valid; dataplanes.source is \"api\": definitions come from the {} store, checked when they are applied",
+            match config.store.kind {
+                hdsd::config::StoreKind::Redb => "redb",
+                hdsd::config::StoreKind::Postgres => "PostgreSQL",
+            }
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     if problems.is_empty() {
         match source::load(&config.dataplanes.dir, &Loaded::default(), &settings) {
             Ok(loaded) => {

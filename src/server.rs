@@ -13,11 +13,13 @@ use tonic::transport::server::TcpIncoming;
 use crate::api::{self, ApiState};
 use crate::auth::Gate;
 use crate::clock::{Clock, SystemClock};
-use crate::config::{AuthMode, Config};
+use crate::config::{AuthMode, Config, DataplanesSource, StoreKind};
 use crate::hds::{HdsService, HdsSettings};
 use crate::registry::{Registry, RegistryOptions};
 use crate::source::{self, Loaded};
 use crate::specifier::SpecifierSettings;
+use crate::store::definitions::{self, DefinitionStore};
+use crate::store::postgres::PgStore;
 use crate::store::{ReadinessStore, RedbStore, StoreHandle};
 use crate::tls::TlsListener;
 
@@ -56,6 +58,8 @@ pub enum ServeError {
     Metrics(#[from] crate::metrics::MetricsError),
     #[error("{0}; check that state_dir is writable, or move the file aside")]
     Store(#[from] crate::store::StoreError),
+    #[error("cannot read the dataplane definitions: {0}")]
+    Definitions(crate::store::StoreError),
 }
 
 impl ServeError {
@@ -142,20 +146,69 @@ pub async fn run(
     }
     let settings = specifier_settings(&config);
     let dir = config.dataplanes.dir.clone();
-    let initial = source::load(&dir, &Loaded::default(), &settings)?;
-    source::log_problems(&initial, &Loaded::default());
-    tracing::info!(
-        dir = %dir.display(),
-        dataplanes = initial.dataplanes.len(),
-        broken_files = initial.error_count(),
-        "dataplanes loaded"
-    );
-    let (sources_tx, sources_rx) = watch::channel(Arc::new(initial));
-    let watcher = tokio::spawn(source::watch(dir.clone(), settings, sources_tx)?);
-
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store_path = config.state_dir.join("readiness.redb");
-    let store: Arc<dyn ReadinessStore> = Arc::new(RedbStore::open(&store_path)?);
+    let redb = Arc::new(RedbStore::open(&store_path)?);
+
+    // Definitions: the files of dataplanes.dir, or the store. Either way the
+    // registry follows one watch of `Loaded` snapshots.
+    let (sources_tx, sources_rx) = watch::channel(Arc::new(Loaded::default()));
+    let (watcher, definitions): (Pin<Box<dyn Future<Output = ()> + Send>>, _) =
+        match config.dataplanes.source {
+            DataplanesSource::Dir => {
+                let initial = source::load(&dir, &Loaded::default(), &settings)?;
+                source::log_problems(&initial, &Loaded::default());
+                tracing::info!(
+                    dir = %dir.display(),
+                    dataplanes = initial.dataplanes.len(),
+                    broken_files = initial.error_count(),
+                    "dataplanes loaded"
+                );
+                sources_tx.send_replace(Arc::new(initial));
+                (
+                    Box::pin(source::watch(dir.clone(), settings.clone(), sources_tx)?),
+                    api::definitions::Definitions::Dir(dir.clone()),
+                )
+            }
+            DataplanesSource::Api => {
+                let store: Arc<dyn DefinitionStore> = match config.store.kind {
+                    StoreKind::Redb => redb.clone(),
+                    StoreKind::Postgres => Arc::new(
+                        PgStore::connect(&config.store.postgres)
+                            .await
+                            .map_err(ServeError::Definitions)?,
+                    ),
+                };
+                // Subscribed before the first read: no change falls in between.
+                let changes = store.changes();
+                let initial = definitions::load(store.as_ref(), &Loaded::default(), &settings)
+                    .await
+                    .map_err(ServeError::Definitions)?;
+                source::log_problems(&initial, &Loaded::default());
+                tracing::info!(
+                    store = %store.describe(),
+                    dataplanes = initial.dataplanes.len(),
+                    broken = initial.error_count(),
+                    "dataplanes loaded from the store"
+                );
+                sources_tx.send_replace(Arc::new(initial));
+                (
+                    Box::pin(definitions::watch(
+                        store.clone(),
+                        settings.clone(),
+                        sources_tx,
+                        changes,
+                    )),
+                    api::definitions::Definitions::Store {
+                        store,
+                        settings: settings.clone(),
+                    },
+                )
+            }
+        };
+    let watcher = tokio::spawn(watcher);
+
+    let store: Arc<dyn ReadinessStore> = redb;
     let restored = store.load()?;
     tracing::info!(file = %store_path.display(), dataplanes = restored.len(), "readiness state restored");
     let store = StoreHandle::spawn(store);
@@ -248,6 +301,7 @@ pub async fn run(
             report_interval: config.hds.report_interval,
             stale_after: config.hds.stale_after(),
             dataplanes_dir: dir.display().to_string(),
+            definitions_from_api: config.dataplanes.source == DataplanesSource::Api,
         },
         gate.clone(),
         clock,
@@ -315,6 +369,7 @@ pub async fn run(
         tokens: api_tokens,
         gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
         hds_port: hds_addr.port(),
+        definitions,
     };
     let api: Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = {
         let mut drain = drain_rx.clone();
@@ -343,7 +398,7 @@ pub async fn run(
     let mut api = tokio::spawn(api);
     let failure = tokio::select! {
         () = shutdown => None,
-        _ = watcher => Some(ServeError::Stopped("the dataplane file watcher")),
+        _ = watcher => Some(ServeError::Stopped("the dataplane definitions watcher")),
         r = &mut hds => Some(match r {
             Ok(Err(e)) => ServeError::Hds(e),
             _ => ServeError::Stopped("the HDS listener"),

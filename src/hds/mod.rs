@@ -48,6 +48,8 @@ pub struct HdsSettings {
     pub stale_after: Duration,
     /// Shown in NOT_FOUND messages: where dataplane files go.
     pub dataplanes_dir: String,
+    /// Definitions come from the store (`dataplanes.source = "api"`), not files.
+    pub definitions_from_api: bool,
 }
 
 #[derive(Debug)]
@@ -368,6 +370,11 @@ impl Driver {
                 }
                 let grace = humantime::format_duration(self.settings.unknown_dataplane_grace);
                 match why {
+                    Awaiting::FirstRequest if self.settings.definitions_from_api => tracing::warn!(
+                        "unknown dataplane; waiting up to {grace} for its definition (PUT /api/v1/dataplanes/{}/{})",
+                        id.mesh,
+                        id.name
+                    ),
                     Awaiting::FirstRequest => tracing::warn!(
                         "unknown dataplane; waiting up to {grace} for {}/{}.yaml",
                         self.settings.dataplanes_dir,
@@ -544,6 +551,13 @@ pub fn node_id(request: &HealthCheckRequest) -> Result<DataplaneId, Status> {
 }
 
 pub(crate) fn not_found(id: &DataplaneId, settings: &HdsSettings) -> Status {
+    if settings.definitions_from_api {
+        return Status::not_found(format!(
+            "dataplane {id} is not registered; define it with `hdsd apply -f <file>` or PUT /api/v1/dataplanes/{mesh}/{name} (a Kuma Dataplane document); hdsd picks it up without a restart",
+            mesh = id.mesh,
+            name = id.name,
+        ));
+    }
     Status::not_found(format!(
         "dataplane {id} is not registered; create {dir}/{name}.yaml containing\n\
          type: Dataplane\nmesh: {mesh}\nname: {name}\nnetworking:\n  address: <this machine's IP>\n  inbound:\n  - port: <Envoy's port for the app>\n    servicePort: <the app's port>\n    serviceAddress: 127.0.0.1\n\

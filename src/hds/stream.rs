@@ -418,6 +418,7 @@ mod tests {
             report_interval: Duration::from_millis(200),
             stale_after,
             dataplanes_dir: "/etc/hdsd/dataplanes".into(),
+            definitions_from_api: false,
         })
     }
     const STALE: Duration = Duration::from_secs(15);
