@@ -758,6 +758,45 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API returns its own error type
+    fn the_postgres_store_from_the_environment_and_its_rules() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HDSD_DATAPLANES__SOURCE", "api");
+            jail.set_env("HDSD_STORE__KIND", "postgres");
+            jail.set_env(
+                "HDSD_STORE__POSTGRES__URL",
+                "host=/run/postgresql dbname=hdsd",
+            );
+            let c = Config::load(None).unwrap();
+            assert_eq!(c.dataplanes.source, DataplanesSource::Api);
+            assert_eq!(c.store.kind, StoreKind::Postgres);
+            assert_eq!(c.store.postgres.pool_size, 8);
+            assert!(c.validate().is_empty(), "{:?}", c.validate());
+            Ok(())
+        });
+        let mut c = Config::default();
+        c.store.kind = StoreKind::Postgres;
+        let problems = c.validate().join("\n");
+        assert!(
+            problems.contains("store.postgres.url is not set"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("dataplanes.source is \"dir\""),
+            "{problems}"
+        );
+        c.dataplanes.source = DataplanesSource::Api;
+        c.store.postgres.url = "postgresql://db:notaport/x".into();
+        c.store.postgres.pool_size = 0;
+        let problems = c.validate().join("\n");
+        assert!(
+            problems.contains("not a libpq connection string"),
+            "{problems}"
+        );
+        assert!(problems.contains("pool_size must be >= 1"), "{problems}");
+    }
+
+    #[test]
     fn eds_options() {
         let c = load_str(
             ".toml",
@@ -813,6 +852,7 @@ mod tests {
             jail.set_env("HDSD_API__LISTEN", "127.0.0.1:9999");
             // The tests' own switches are not settings (CI sets this one).
             jail.set_env("HDSD_REQUIRE_DOCKER", "1");
+            jail.set_env("HDSD_REQUIRE_POSTGRES", "1");
             let c = Config::load(Some(Path::new("c.toml"))).unwrap();
             assert_eq!(c.hds.report_interval, Duration::from_secs(10));
             assert_eq!(c.api.listen.port(), 9999);

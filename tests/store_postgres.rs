@@ -128,9 +128,10 @@ fn the_definition_store_contract_holds_on_postgres() {
 
 #[test]
 fn definitions_through_the_api_on_the_embedded_store() {
-    let mut options = HdsdOptions::default();
-    options.env = vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())];
-    let hdsd = Hdsd::start(options);
+    let hdsd = Hdsd::start(HdsdOptions {
+        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
+        ..HdsdOptions::default()
+    });
     let path = "/api/v1/dataplanes/default/web-01";
 
     // Created from YAML: 200 with the revision as ETag; visible in the registry.

@@ -84,25 +84,27 @@ fn format_of(headers: &HeaderMap) -> DocumentFormat {
 }
 
 /// The store, or the 409 that says where definitions come from.
-fn store_of(s: &ApiState) -> Result<(&Arc<dyn DefinitionStore>, &SpecifierSettings), Response> {
+fn store_of(
+    s: &ApiState,
+) -> Result<(&Arc<dyn DefinitionStore>, &SpecifierSettings), Box<Response>> {
     match &s.definitions {
         Definitions::Store { store, settings } => Ok((store, settings)),
-        Definitions::Dir(dir) => Err(error(
+        Definitions::Dir(dir) => Err(Box::new(error(
             StatusCode::CONFLICT,
             &format!(
                 "dataplanes.source is \"dir\": definitions come from the files in {}; edit them there, or set dataplanes.source = \"api\" to manage definitions through this API",
                 dir.display()
             ),
-        )),
+        ))),
     }
 }
 
-fn identity(mesh: String, name: String) -> Result<DataplaneId, Response> {
+fn identity(mesh: String, name: String) -> Result<DataplaneId, Box<Response>> {
     DataplaneId::try_new(&mesh, &name).map_err(|e| {
-        error(
+        Box::new(error(
             StatusCode::BAD_REQUEST,
             &format!("{mesh:?}/{name:?} is not a dataplane identity: {e}"),
-        )
+        ))
     })
 }
 
@@ -138,11 +140,11 @@ pub async fn put(
 ) -> Response {
     let (store, settings) = match store_of(&s) {
         Ok(found) => found,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let id = match identity(mesh, name) {
         Ok(id) => id,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let expect = match precondition(&headers) {
         Ok(p) => p,
@@ -181,11 +183,11 @@ pub async fn delete(
 ) -> Response {
     let (store, _) = match store_of(&s) {
         Ok(found) => found,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let id = match identity(mesh, name) {
         Ok(id) => id,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let expect = match precondition(&headers) {
         Ok(p) => p,
