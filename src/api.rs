@@ -449,7 +449,7 @@ async fn bootstrap(
     });
     let params = crate::bootstrap::BootstrapParams {
         id: DataplaneId::new(claims.mesh, claims.name),
-        server,
+        servers: vec![server],
         token: Some(token.to_string()),
         admin_port: q.admin_port.unwrap_or(9901),
         ca: q.ca,

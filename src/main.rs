@@ -130,9 +130,10 @@ enum Command {
         mesh: Option<String>,
         #[arg(long, required = true)]
         name: Option<String>,
-        /// hdsd's HDS address, HOST:PORT.
+        /// hdsd's HDS address, HOST:PORT; repeat it for each instance of a
+        /// cluster (Envoy reconnects to another when one fails).
         #[arg(long, default_value = "127.0.0.1:5678")]
-        server: String,
+        server: Vec<String>,
         /// File holding the dataplane token.
         #[arg(long, conflicts_with = "token")]
         token_file: Option<PathBuf>,
@@ -391,7 +392,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })?;
             let yaml = bootstrap_yaml(&BootstrapParams {
                 id,
-                server,
+                servers: server,
                 token,
                 admin_port,
                 ca,

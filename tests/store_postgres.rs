@@ -436,3 +436,73 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
         b.log()
     );
 }
+
+#[test]
+fn an_envoy_listing_two_instances_moves_to_the_other_when_its_instance_dies() {
+    let Some(pg) =
+        Postgres::start("an_envoy_listing_two_instances_moves_to_the_other_when_its_instance_dies")
+    else {
+        return;
+    };
+    let mut instances = [Hdsd::start(on_postgres(&pg)), Hdsd::start(on_postgres(&pg))];
+    let app = App::start();
+    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
+    let (status, _, body) = send(
+        &instances[0],
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+
+    // One bootstrap naming both instances (`hdsd bootstrap --server A --server B`).
+    let servers: Vec<String> = instances.iter().map(|h| h.hds.to_string()).collect();
+    let mut args = vec![
+        "bootstrap",
+        "--mesh",
+        "default",
+        "--name",
+        "web-01",
+        "--admin-port",
+        "0",
+    ];
+    for s in &servers {
+        args.extend(["--server", s.as_str()]);
+    }
+    let out = hdsd_cli(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bootstrap = String::from_utf8(out.stdout).unwrap();
+    let _envoy =
+        Envoy::start_with_bootstrap(tempfile::tempdir().unwrap(), "default.web-01", &bootstrap);
+
+    let holder = wait_for(
+        "one instance to hold web-01's stream",
+        Duration::from_secs(30),
+        || {
+            instances
+                .iter()
+                .position(|h| {
+                    h.dataplane("default.web-01")
+                        .is_ok_and(|d| d.connection.connected)
+                })
+                .ok_or_else(|| "no instance has it".to_string())
+        },
+    );
+    instances[holder].wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
+
+    // SIGKILL the instance holding the stream: Envoy reconnects to the other,
+    // which has the definition from the shared store and serves it.
+    instances[holder].kill();
+    let started = Instant::now();
+    let other = &instances[1 - holder];
+    other.wait_connected("default.web-01", true, Duration::from_secs(60));
+    other.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
+    eprintln!(
+        "after SIGKILL of its instance, the Envoy was served healthy by the other after {:?}",
+        started.elapsed()
+    );
+}

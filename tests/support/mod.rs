@@ -358,7 +358,7 @@ impl Envoy {
         let dp_id: DataplaneId = id.parse().expect("node id");
         let yaml = bootstrap_yaml(&BootstrapParams {
             id: dp_id,
-            server: hds.to_string(),
+            servers: vec![hds.to_string()],
             token: token.map(str::to_string),
             admin_port: 0,
             ca: None,
