@@ -64,6 +64,10 @@ pub enum Command {
         stream: StreamId,
         report: Box<EndpointHealthResponse>,
     },
+    /// Readiness written by another instance sharing the store (the one
+    /// holding this dataplane's stream): taken while no stream of this
+    /// instance speaks for the dataplane, and never written back.
+    Observed(Box<StoredHealth>),
 }
 
 /// How to reach one dataplane's task and read its state.
@@ -125,6 +129,17 @@ impl Registry {
     }
 
     /// The dataplane's handle if it exists and is not being removed.
+    /// Hands readiness read from a shared store to the dataplane's task,
+    /// without waiting: when its queue is full the update is dropped (the
+    /// next one carries the same and newer state).
+    pub fn observe(&self, id: &DataplaneId, stored: StoredHealth) {
+        if let Some(handle) = self.get(id) {
+            let _ = handle
+                .commands
+                .try_send(Command::Observed(Box::new(stored)));
+        }
+    }
+
     pub fn get_defined(&self, id: &DataplaneId) -> Option<DataplaneHandle> {
         self.get(id).filter(|h| h.state.borrow().defined.is_some())
     }
@@ -321,6 +336,7 @@ impl DataplaneTask {
     fn command(&mut self, command: Command) {
         let now = self.clock.now();
         let is_report = matches!(command, Command::Report { .. });
+        let observed = matches!(command, Command::Observed(_));
         let redefines = matches!(command, Command::Define(_) | Command::Remove);
         let started = std::time::Instant::now();
         let mut applied = Applied::default();
@@ -349,7 +365,10 @@ impl DataplaneTask {
             crate::metrics::report_folded(started.elapsed(), fold.unknown_endpoints);
             crate::metrics::transitions(fold.became_ready, fold.became_not_ready);
         }
-        self.persist(applied.fold.changed || (redefines && applied.notify));
+        // Another instance's state is its writer's to store, not ours.
+        if !observed {
+            self.persist(applied.fold.changed || (redefines && applied.notify));
+        }
     }
 
     fn expire(&mut self) {
@@ -507,6 +526,30 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 fold,
             }
         }
+        Command::Observed(stored) => {
+            // Our own stream's reports win; an older observation never
+            // replaces a newer state.
+            if s.connection.stream.is_some() || stored.last_report_at < s.health.last_report_at {
+                return Applied::default();
+            }
+            let Some(defined) = &s.defined else {
+                return Applied::default();
+            };
+            let health = restore(
+                &stored,
+                &defined.dataplane,
+                &defined.specifier,
+                s.health.clone(),
+            );
+            // Like a report: watchers wake when a status changed, not when
+            // only the report time moved.
+            let changed = health.inbounds != s.health.inbounds;
+            s.health = health;
+            Applied {
+                notify: changed,
+                ..Default::default()
+            }
+        }
     }
 }
 
@@ -608,6 +651,60 @@ mod tests {
         assert!(apply(&mut s, Command::Detach { stream: 2 }, t(6)).notify);
         assert_eq!(s.connection.stream, None);
         assert_eq!(s.connection.connected_at, Some(t(2)));
+    }
+
+    #[test]
+    fn another_instances_readiness_counts_only_while_no_stream_of_ours_does() {
+        let d = defined(8080);
+        let mut holder = state(d.clone());
+        apply(
+            &mut holder,
+            Command::Attach {
+                stream: 1,
+                peer: None,
+            },
+            t(1),
+        );
+        apply(
+            &mut holder,
+            Command::Report {
+                stream: 1,
+                report: healthy(8080),
+            },
+            t(2),
+        );
+        let written = snapshot(&d.dataplane, &d.specifier, &holder.health);
+
+        // Another instance without a stream takes it.
+        let mut other = state(d.clone());
+        let a = apply(
+            &mut other,
+            Command::Observed(Box::new(written.clone())),
+            t(3),
+        );
+        assert!(a.notify);
+        assert_eq!(other.health.inbounds[0].status, Status::Healthy);
+        assert_eq!(other.health.last_report_at, Some(t(2)));
+        // An older write never replaces a newer state.
+        let mut older = written.clone();
+        older.last_report_at = Some(t(1));
+        older.inbounds[0].status = "unhealthy".into();
+        assert!(!apply(&mut other, Command::Observed(Box::new(older)), t(4)).notify);
+        assert_eq!(other.health.inbounds[0].status, Status::Healthy);
+        // Once the Envoy is here, its own reports win.
+        apply(
+            &mut other,
+            Command::Attach {
+                stream: 7,
+                peer: None,
+            },
+            t(5),
+        );
+        let mut later = written;
+        later.last_report_at = Some(t(9));
+        later.inbounds[0].status = "unhealthy".into();
+        assert!(!apply(&mut other, Command::Observed(Box::new(later)), t(9)).notify);
+        assert_eq!(other.health.inbounds[0].status, Status::Healthy);
     }
 
     /// The task expires reports by itself, on the clock the test controls.

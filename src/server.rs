@@ -150,6 +150,16 @@ pub async fn run(
     let store_path = config.state_dir.join("readiness.redb");
     let redb = Arc::new(RedbStore::open(&store_path)?);
 
+    // A PostgreSQL store holds the definitions and the shared readiness.
+    let pg = match config.store.kind {
+        StoreKind::Postgres => Some(Arc::new(
+            PgStore::connect(&config.store.postgres)
+                .await
+                .map_err(ServeError::Definitions)?,
+        )),
+        StoreKind::Redb => None,
+    };
+
     // Definitions: the files of dataplanes.dir, or the store. Either way the
     // registry follows one watch of `Loaded` snapshots.
     let (sources_tx, sources_rx) = watch::channel(Arc::new(Loaded::default()));
@@ -171,13 +181,9 @@ pub async fn run(
                 )
             }
             DataplanesSource::Api => {
-                let store: Arc<dyn DefinitionStore> = match config.store.kind {
-                    StoreKind::Redb => redb.clone(),
-                    StoreKind::Postgres => Arc::new(
-                        PgStore::connect(&config.store.postgres)
-                            .await
-                            .map_err(ServeError::Definitions)?,
-                    ),
+                let store: Arc<dyn DefinitionStore> = match &pg {
+                    Some(pg) => pg.clone(),
+                    None => redb.clone(),
                 };
                 // Subscribed before the first read: no change falls in between.
                 let changes = store.changes();
@@ -208,9 +214,25 @@ pub async fn run(
         };
     let watcher = tokio::spawn(watcher);
 
-    let store: Arc<dyn ReadinessStore> = redb;
-    let restored = store.load()?;
-    tracing::info!(file = %store_path.display(), dataplanes = restored.len(), "readiness state restored");
+    // Readiness: this instance's redb file, or shared through PostgreSQL.
+    let store: Arc<dyn ReadinessStore> = match &pg {
+        Some(pg) => pg.clone(),
+        None => redb,
+    };
+    let loading = store.clone();
+    let restored = tokio::task::spawn_blocking(move || loading.load())
+        .await
+        .map_err(|e| {
+            ServeError::Definitions(crate::store::StoreError::Postgres(e.to_string()))
+        })??;
+    match &pg {
+        Some(pg) => {
+            tracing::info!(store = %DefinitionStore::describe(pg.as_ref()), dataplanes = restored.len(), "readiness state restored")
+        }
+        None => {
+            tracing::info!(file = %store_path.display(), dataplanes = restored.len(), "readiness state restored")
+        }
+    }
     let store = StoreHandle::spawn(store);
     let feed = crate::consumers::feed::spawn(
         crate::consumers::feed::HistoryLimits::default(),
@@ -227,6 +249,15 @@ pub async fn run(
             feed: Some(feed.sender()),
         },
     );
+    if let Some(pg) = &pg {
+        // Every instance keeps the whole fleet's readiness from what the
+        // instances holding the streams write.
+        let registry = registry.clone();
+        tokio::spawn(
+            pg.clone()
+                .follow_readiness(move |id, stored| registry.observe(id, stored)),
+        );
+    }
     let assignments = crate::consumers::eds::index::spawn(
         registry.clone(),
         feed.clone(),

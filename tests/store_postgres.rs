@@ -506,3 +506,143 @@ fn an_envoy_listing_two_instances_moves_to_the_other_when_its_instance_dies() {
         started.elapsed()
     );
 }
+
+/// The status of web-01's inbound 10001 on `hdsd`, and whether it is connected there.
+fn inbound_status(hdsd: &Hdsd) -> Result<(String, bool, bool), String> {
+    let dp = hdsd.dataplane("default.web-01")?;
+    let inbound = dp
+        .inbounds
+        .iter()
+        .find(|i| i.port == 10001)
+        .ok_or("no inbound 10001")?;
+    Ok((
+        inbound.health.status.clone(),
+        inbound.health.ready,
+        dp.connection.connected,
+    ))
+}
+
+#[test]
+fn every_instance_answers_for_the_whole_fleet_and_a_failover_never_reads_not_ready() {
+    let Some(pg) = Postgres::start(
+        "every_instance_answers_for_the_whole_fleet_and_a_failover_never_reads_not_ready",
+    ) else {
+        return;
+    };
+    let options = HdsdOptions {
+        stale_after: Some("3s".into()),
+        ..on_postgres(&pg)
+    };
+    let mut instances = [Hdsd::start(options.clone()), Hdsd::start(options)];
+    let mut app = App::start();
+    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
+    let (status, _, body) = send(
+        &instances[0],
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    let servers: Vec<String> = instances.iter().map(|h| h.hds.to_string()).collect();
+    let mut args = vec![
+        "bootstrap",
+        "--mesh",
+        "default",
+        "--name",
+        "web-01",
+        "--admin-port",
+        "0",
+    ];
+    for s in &servers {
+        args.extend(["--server", s.as_str()]);
+    }
+    let out = hdsd_cli(&args);
+    assert!(out.status.success());
+    let _envoy = Envoy::start_with_bootstrap(
+        tempfile::tempdir().unwrap(),
+        "default.web-01",
+        &String::from_utf8(out.stdout).unwrap(),
+    );
+    let holder = wait_for(
+        "one instance to hold the stream",
+        Duration::from_secs(30),
+        || {
+            instances
+                .iter()
+                .position(|h| inbound_status(h).is_ok_and(|(_, _, connected)| connected))
+                .ok_or_else(|| "none yet".to_string())
+        },
+    );
+    let other = 1 - holder;
+    instances[holder].wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
+    // The other instance answers the same, from what the holder writes.
+    let started = Instant::now();
+    instances[other].wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(5));
+    eprintln!(
+        "healthy on the other instance {:?} after the holder",
+        started.elapsed()
+    );
+    assert!(
+        !inbound_status(&instances[other]).unwrap().2,
+        "not connected there"
+    );
+
+    // A transition travels too: the app stops, both read unhealthy.
+    let commits_before = instances[holder]
+        .metric("hdsd_store_commits_total")
+        .unwrap_or(0.0);
+    let measured_from = Instant::now();
+    app.stop();
+    instances[holder].wait_inbound(
+        "default.web-01",
+        10001,
+        "unhealthy",
+        Duration::from_secs(10),
+    );
+    let started = Instant::now();
+    instances[other].wait_inbound("default.web-01", 10001, "unhealthy", Duration::from_secs(5));
+    let lag = started.elapsed();
+    eprintln!("a transition reached the other instance {lag:?} after the holder showed it");
+    assert!(lag < Duration::from_secs(1), "{lag:?}");
+    app.resume();
+    instances[holder].wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(10));
+    instances[other].wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(5));
+    let commits = instances[holder]
+        .metric("hdsd_store_commits_total")
+        .unwrap_or(0.0)
+        - commits_before;
+    let per_second = commits / measured_from.elapsed().as_secs_f64();
+    eprintln!(
+        "holder: {commits} store transactions in {:?} ({per_second:.1}/s) with reports every 200 ms",
+        measured_from.elapsed()
+    );
+    assert!(
+        per_second <= 5.0,
+        "at most one transaction per 200 ms: {per_second}/s"
+    );
+
+    // SIGKILL the holder: the Envoy moves to the other instance, whose API
+    // never reads the inbound not ready meanwhile.
+    instances[holder].kill();
+    let started = Instant::now();
+    let mut observations = 0;
+    wait_for(
+        "the other instance to hold the stream",
+        Duration::from_secs(60),
+        || {
+            let (status, ready, connected) = inbound_status(&instances[other])?;
+            observations += 1;
+            assert!(
+                ready,
+                "read {status} (not ready) on the surviving instance during the failover"
+            );
+            (connected && status == "healthy")
+                .then_some(())
+                .ok_or_else(|| format!("{status}, connected {connected}"))
+        },
+    );
+    eprintln!(
+        "failover: the other instance held the stream after {:?}; {observations} reads, all ready",
+        started.elapsed()
+    );
+}

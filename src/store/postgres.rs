@@ -24,9 +24,10 @@ use super::definitions::{
     DefinitionChange, DefinitionStore, DocumentFormat, Precondition, StoreFuture, StoredDefinition,
     WriteError, CHANGES_BUFFER,
 };
-use super::StoreError;
+use super::{ReadinessStore, StoreError, StoredHealth};
 use crate::config::PostgresConfig;
 use crate::dataplane::DataplaneId;
+use std::collections::BTreeMap;
 
 /// The channel definition changes are announced on; the payload is `mesh.name`.
 pub const CHANNEL: &str = "hdsd_definitions";
@@ -35,9 +36,10 @@ pub const CHANNEL: &str = "hdsd_definitions";
 pub const MIGRATION_LOCK: i64 = 0x6864_7364_0000_0001;
 
 /// The schema, one step per version. Never edit a step once released: add one.
-pub const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "CREATE SEQUENCE hdsd_revision;
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE SEQUENCE hdsd_revision;
      CREATE TABLE hdsd_definitions (
          mesh text NOT NULL,
          name text NOT NULL,
@@ -47,7 +49,25 @@ pub const MIGRATIONS: &[(i32, &str)] = &[(
          updated_at timestamptz NOT NULL DEFAULT now(),
          PRIMARY KEY (mesh, name)
      );",
-)];
+    ),
+    (
+        2,
+        "CREATE SEQUENCE hdsd_readiness_seq;
+         CREATE TABLE hdsd_readiness (
+             mesh text NOT NULL,
+             name text NOT NULL,
+             health text NOT NULL,
+             seq bigint NOT NULL,
+             updated_at timestamptz NOT NULL DEFAULT now(),
+             PRIMARY KEY (mesh, name)
+         );
+         CREATE INDEX hdsd_readiness_by_seq ON hdsd_readiness (seq);",
+    ),
+];
+
+/// The channel readiness writes are announced on (no payload: readers
+/// read the rows whose `seq` is above the last they saw).
+pub const READINESS_CHANNEL: &str = "hdsd_readiness";
 
 fn pg_error(e: impl std::fmt::Display) -> StoreError {
     StoreError::Postgres(e.to_string())
@@ -57,6 +77,11 @@ fn pg_error(e: impl std::fmt::Display) -> StoreError {
 pub struct PgStore {
     pool: Pool,
     changes: broadcast::Sender<DefinitionChange>,
+    /// Poked on each readiness notification and on every (re)connect.
+    readiness_signal: watch::Sender<()>,
+    reconcile: Duration,
+    /// The runtime the blocking [`ReadinessStore`] calls run their queries on.
+    runtime: tokio::runtime::Handle,
     describe: String,
     /// Dropped with the store: the listener task ends.
     _alive: watch::Sender<()>,
@@ -116,15 +141,20 @@ impl PgStore {
             .map_err(pg_error)?;
         let (changes, _) = broadcast::channel(CHANGES_BUFFER);
         let (alive, alive_rx) = watch::channel(());
+        let (readiness_signal, _) = watch::channel(());
         tokio::spawn(listen(
             config,
             changes.clone(),
+            readiness_signal.clone(),
             settings.reconcile_interval,
             alive_rx,
         ));
         Ok(PgStore {
             pool,
             changes,
+            readiness_signal,
+            reconcile: settings.reconcile_interval,
+            runtime: tokio::runtime::Handle::current(),
             describe,
             _alive: alive,
         })
@@ -199,6 +229,7 @@ async fn migrate(config: &tokio_postgres::Config) -> Result<(), tokio_postgres::
 async fn listen(
     config: tokio_postgres::Config,
     changes: broadcast::Sender<DefinitionChange>,
+    readiness: watch::Sender<()>,
     reconcile: Duration,
     mut alive: watch::Receiver<()>,
 ) {
@@ -214,7 +245,8 @@ async fn listen(
                 loop {
                     match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                         Some(Ok(AsyncMessage::Notification(n))) => {
-                            if notes_tx.send(Ok(n.payload().to_string())).is_err() {
+                            let note = (n.channel().to_string(), n.payload().to_string());
+                            if notes_tx.send(Ok(note)).is_err() {
                                 return;
                             }
                         }
@@ -227,7 +259,9 @@ async fn listen(
                     }
                 }
             });
-            client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+            client
+                .batch_execute(&format!("LISTEN {CHANNEL}; LISTEN {READINESS_CHANNEL}"))
+                .await?;
             Ok::<_, tokio_postgres::Error>((client, notes))
         };
         let connected = tokio::select! {
@@ -242,12 +276,16 @@ async fn listen(
                 backoff = Duration::from_millis(100);
                 // Whatever changed while nobody listened.
                 let _ = changes.send(DefinitionChange::All);
+                readiness.send_replace(());
                 let mut reconcile_tick =
                     tokio::time::interval_at(tokio::time::Instant::now() + reconcile, reconcile);
                 let reason = loop {
                     tokio::select! {
                         note = notes.recv() => match note {
-                            Some(Ok(payload)) => match payload.parse::<DataplaneId>() {
+                            Some(Ok((channel, _))) if channel == READINESS_CHANNEL => {
+                                readiness.send_replace(());
+                            }
+                            Some(Ok((_, payload))) => match payload.parse::<DataplaneId>() {
                                 Ok(id) => { let _ = changes.send(DefinitionChange::One(id)); }
                                 Err(_) => { let _ = changes.send(DefinitionChange::All); }
                             },
@@ -449,5 +487,125 @@ impl DefinitionStore for PgStore {
 
     fn changes(&self) -> broadcast::Receiver<DefinitionChange> {
         self.changes.subscribe()
+    }
+}
+
+/// Readiness shared by the instances: each instance writes the state of the
+/// dataplanes whose streams it holds (the batches of [`super::StoreHandle`]:
+/// at most one transaction per 200 ms, whatever the report rate) and
+/// announces each batch with one `NOTIFY`; [`PgStore::follow_readiness`]
+/// hands every instance the rows written since it last looked. Called on
+/// the blocking pool (the store writer), so it may wait for its queries.
+impl ReadinessStore for PgStore {
+    fn load(&self) -> Result<BTreeMap<DataplaneId, StoredHealth>, StoreError> {
+        self.runtime.block_on(async {
+            Ok(self
+                .readiness_since(0)
+                .await?
+                .into_iter()
+                .map(|(id, health, _)| (id, health))
+                .collect())
+        })
+    }
+
+    fn write(&self, batch: &[(DataplaneId, Option<StoredHealth>)]) -> Result<(), StoreError> {
+        self.runtime.block_on(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(pg_error)?;
+            let upsert = tx
+                .prepare(
+                    "INSERT INTO hdsd_readiness (mesh, name, health, seq)
+                     VALUES ($1, $2, $3, nextval('hdsd_readiness_seq'))
+                     ON CONFLICT (mesh, name) DO UPDATE SET health = EXCLUDED.health,
+                         seq = EXCLUDED.seq, updated_at = now()",
+                )
+                .await
+                .map_err(pg_error)?;
+            for (id, value) in batch {
+                match value {
+                    Some(health) => {
+                        let text = serde_json::to_string(health).map_err(pg_error)?;
+                        tx.execute(&upsert, &[&id.mesh, &id.name, &text])
+                            .await
+                            .map_err(pg_error)?;
+                    }
+                    None => {
+                        tx.execute(
+                            "DELETE FROM hdsd_readiness WHERE mesh = $1 AND name = $2",
+                            &[&id.mesh, &id.name],
+                        )
+                        .await
+                        .map_err(pg_error)?;
+                    }
+                }
+            }
+            if !batch.is_empty() {
+                tx.batch_execute(&format!("NOTIFY {READINESS_CHANNEL}"))
+                    .await
+                    .map_err(pg_error)?;
+            }
+            tx.commit().await.map_err(pg_error)
+        })
+    }
+}
+
+impl PgStore {
+    /// Readiness rows written after `seq`, oldest first.
+    async fn readiness_since(
+        &self,
+        seq: i64,
+    ) -> Result<Vec<(DataplaneId, StoredHealth, i64)>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT mesh, name, health, seq FROM hdsd_readiness WHERE seq > $1 ORDER BY seq",
+                &[&seq],
+            )
+            .await
+            .map_err(pg_error)?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                let id =
+                    DataplaneId::try_new(row.get::<_, String>(0), row.get::<_, String>(1)).ok()?;
+                let health = serde_json::from_str(row.get(2)).ok()?;
+                Some((id, health, row.get(3)))
+            })
+            .collect())
+    }
+
+    /// Hands `observe` the readiness other instances write: the rows written
+    /// since the last look on each notification, and every row once per
+    /// `reconcile_interval` (which also heals a write that committed after a
+    /// later one was read). Runs until the store is dropped.
+    pub async fn follow_readiness(
+        self: std::sync::Arc<Self>,
+        observe: impl Fn(&DataplaneId, StoredHealth) + Send + 'static,
+    ) {
+        let mut signal = self.readiness_signal.subscribe();
+        let mut full = tokio::time::interval(self.reconcile);
+        let mut last = 0;
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                changed = signal.changed() => if changed.is_err() { return },
+                _ = full.tick() => last = 0,
+            }
+            match self.readiness_since(last).await {
+                Ok(rows) => {
+                    failing = false;
+                    for (id, health, seq) in rows {
+                        last = last.max(seq);
+                        observe(&id, health);
+                    }
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!("cannot read the readiness of other instances: {e}; retrying at the next notification");
+                    }
+                    failing = true;
+                }
+            }
+        }
     }
 }
