@@ -33,7 +33,8 @@ pub struct Config {
 }
 
 /// Where hdsd keeps what it stores: the definitions of `dataplanes.source =
-/// "api"` (readiness stays in `state_dir`, per instance).
+/// "api"`, and readiness (redb: in `state_dir`, per instance; PostgreSQL:
+/// shared by the instances).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
@@ -544,7 +545,7 @@ impl Config {
             }
             if self.dataplanes.source == DataplanesSource::Dir {
                 problems.push(
-                    "store.kind is \"postgres\" but dataplanes.source is \"dir\": the PostgreSQL store holds the definitions of dataplanes.source = \"api\" (readiness stays in state_dir); set dataplanes.source = \"api\", or remove store.kind".to_string(),
+                    "store.kind is \"postgres\" but dataplanes.source is \"dir\": instances sharing a PostgreSQL store share their definitions, so they must come from the store; set dataplanes.source = \"api\", or remove store.kind".to_string(),
                 );
             }
             if pg.pool_size == 0 {
@@ -696,8 +697,8 @@ dir = "./dataplanes"
 
 [store]
 # Where definitions of dataplanes.source = "api" are kept: "redb" (a file under state_dir,
-# one instance) or "postgres" (a database several instances share). Readiness stays in
-# state_dir, per instance.
+# one instance) or "postgres" (a database several instances share, with the readiness each
+# instance folds from the streams it holds). Readiness is kept in the same store.
 kind = "redb"
 
 [store.postgres]

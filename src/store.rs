@@ -288,6 +288,8 @@ impl StoreHandle {
 async fn run_writer(store: Arc<dyn ReadinessStore>, mut rx: mpsc::UnboundedReceiver<Message>) {
     let mut pending: BTreeMap<DataplaneId, Option<StoredHealth>> = BTreeMap::new();
     let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
+    // Failures are logged when they start and when they end, not per batch.
+    let mut failing = false;
     loop {
         let Some(first) = rx.recv().await else { break };
         let deadline = tokio::time::Instant::now() + FLUSH_INTERVAL;
@@ -309,17 +311,18 @@ async fn run_writer(store: Arc<dyn ReadinessStore>, mut rx: mpsc::UnboundedRecei
                 _ => break,
             }
         }
-        write_batch(&store, &mut pending).await;
+        write_batch(&store, &mut pending, &mut failing).await;
         for w in waiters.drain(..) {
             let _ = w.send(());
         }
     }
-    write_batch(&store, &mut pending).await;
+    write_batch(&store, &mut pending, &mut failing).await;
 }
 
 async fn write_batch(
     store: &Arc<dyn ReadinessStore>,
     pending: &mut BTreeMap<DataplaneId, Option<StoredHealth>>,
+    failing: &mut bool,
 ) {
     if pending.is_empty() {
         return;
@@ -330,10 +333,15 @@ async fn write_batch(
     match tokio::task::spawn_blocking(move || store.write(&batch)).await {
         Ok(Ok(())) => {
             metrics::counter!(crate::metrics::STORE_COMMITS).increment(1);
-            tracing::debug!(dataplanes = count, "readiness store: wrote batch")
+            tracing::debug!(dataplanes = count, "readiness store: wrote batch");
+            if std::mem::take(failing) {
+                tracing::info!("readiness store: writing again");
+            }
         }
         Ok(Err(e)) => {
-            tracing::error!("{e}; readiness will be rebuilt from reports after a restart")
+            if !std::mem::replace(failing, true) {
+                tracing::error!("{e}; readiness will be rebuilt from reports after a restart (logged once until writes succeed again)")
+            }
         }
         Err(e) => tracing::error!("readiness store writer failed: {e}"),
     }
