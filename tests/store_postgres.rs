@@ -315,10 +315,10 @@ fn a_definition_applied_on_one_instance_is_served_by_another_within_a_second() {
         "B to hold web-01's waiting stream",
         Duration::from_secs(20),
         || {
-            b.log()
-                .contains("unknown dataplane; waiting")
+            let waiting = b.metric("hdsd_streams_waiting");
+            (waiting == Some(1.0))
                 .then_some(())
-                .ok_or_else(|| "not yet".to_string())
+                .ok_or_else(|| format!("hdsd_streams_waiting = {waiting:?}"))
         },
     );
 

@@ -458,6 +458,10 @@ pub async fn watch(
     tx: watch_channel::Sender<Arc<Loaded>>,
     mut changes: broadcast::Receiver<DefinitionChange>,
 ) {
+    // The revision and format of each definition read so far: a full read
+    // parses only what changed since (a reconcile of an unchanged fleet
+    // parses nothing). `None` until the first full read.
+    let mut known: Option<BTreeMap<DataplaneId, (u64, DocumentFormat)>> = None;
     loop {
         let change = tokio::select! {
             change = changes.recv() => change,
@@ -467,11 +471,13 @@ pub async fn watch(
         let next = match change {
             Ok(DefinitionChange::One(id)) => match store.get(&id).await {
                 Ok(found) => {
-                    let mut changed: BTreeMap<PathBuf, Option<FileRead>> = [
-                        (path_of(&id, DocumentFormat::Yaml), None),
-                        (path_of(&id, DocumentFormat::Json), None),
-                    ]
-                    .into();
+                    let mut changed = removed(&id, None);
+                    if let Some(known) = &mut known {
+                        match &found {
+                            Some(d) => known.insert(id.clone(), (d.revision, d.format)),
+                            None => known.remove(&id),
+                        };
+                    }
                     if let Some(d) = found {
                         changed.insert(path_of(&id, d.format), Some(Ok(d.document)));
                     }
@@ -484,7 +490,45 @@ pub async fn watch(
                 Err(e) => Err(e),
             },
             Ok(DefinitionChange::All) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                load(store.as_ref(), &previous, &settings).await
+                match store.list().await {
+                    Ok(list) => {
+                        let now: BTreeMap<DataplaneId, (u64, DocumentFormat)> = list
+                            .iter()
+                            .map(|d| (d.id.clone(), (d.revision, d.format)))
+                            .collect();
+                        let loaded = match &known {
+                            None => source::assemble_with(
+                                &store_dir(store.as_ref()),
+                                files_of(list),
+                                &previous,
+                                &mut measured(&settings),
+                            ),
+                            Some(before) => {
+                                let mut changed = BTreeMap::new();
+                                for (id, (_, format)) in before {
+                                    if !now.contains_key(id) {
+                                        changed.extend(removed(id, Some(*format)));
+                                    }
+                                }
+                                for d in list {
+                                    if before.get(&d.id) != Some(&(d.revision, d.format)) {
+                                        changed.extend(removed(&d.id, None));
+                                        changed
+                                            .insert(path_of(&d.id, d.format), Some(Ok(d.document)));
+                                    }
+                                }
+                                source::reassemble_with(
+                                    &previous,
+                                    changed,
+                                    &mut measured(&settings),
+                                )
+                            }
+                        };
+                        known = Some(now);
+                        Ok(loaded)
+                    }
+                    Err(e) => Err(e),
+                }
             }
             Err(broadcast::error::RecvError::Closed) => return,
         };
@@ -504,6 +548,21 @@ pub async fn watch(
             ),
         }
     }
+}
+
+/// The "files" of a definition that is gone: of `format`, or of either.
+fn removed(
+    id: &DataplaneId,
+    format: Option<DocumentFormat>,
+) -> BTreeMap<PathBuf, Option<FileRead>> {
+    let formats = match format {
+        Some(f) => vec![f],
+        None => vec![DocumentFormat::Yaml, DocumentFormat::Json],
+    };
+    formats
+        .into_iter()
+        .map(|f| (path_of(id, f), None))
+        .collect()
 }
 
 /// The [`DefinitionStore`] contract, run against each engine (redb here,
@@ -714,6 +773,86 @@ mod tests {
             probe.problems[0].contains("unhealthy_threshold must be >= 1"),
             "{probe:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_full_read_heals_missed_changes_and_parses_only_what_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn DefinitionStore> =
+            Arc::new(RedbStore::open(&dir.path().join("s.redb")).unwrap());
+        let settings = SpecifierSettings::default();
+        let (a, b, c) = (
+            DataplaneId::new("default", "a"),
+            DataplaneId::new("default", "b"),
+            DataplaneId::new("default", "c"),
+        );
+        for (id, port) in [(&a, 1), (&b, 2)] {
+            store
+                .put(
+                    id,
+                    DocumentFormat::Yaml,
+                    &doc(&id.name, port),
+                    Precondition::Any,
+                )
+                .await
+                .unwrap();
+        }
+        // The watcher hears only what this test announces: every write below
+        // is a "missed notification" until an `All`.
+        let (announce, heard) = broadcast::channel(16);
+        let first = load(store.as_ref(), &Loaded::default(), &settings)
+            .await
+            .unwrap();
+        let (tx, mut rx) = watch_channel::channel(Arc::new(first));
+        tokio::spawn(watch(store.clone(), settings, tx, heard));
+        announce.send(DefinitionChange::All).unwrap();
+        let primed = rx
+            .wait_for(|l| l.dataplanes.len() == 2)
+            .await
+            .unwrap()
+            .clone();
+
+        store
+            .put(&b, DocumentFormat::Yaml, &doc("b", 20), Precondition::Any)
+            .await
+            .unwrap();
+        store
+            .put(&c, DocumentFormat::Yaml, &doc("c", 3), Precondition::Any)
+            .await
+            .unwrap();
+        store.delete(&a, Precondition::Any).await.unwrap();
+        announce.send(DefinitionChange::All).unwrap();
+        let healed = rx
+            .wait_for(|l| l.dataplanes.contains_key(&c))
+            .await
+            .unwrap()
+            .clone();
+        assert_eq!(healed.dataplanes.keys().collect::<Vec<_>>(), vec![&b, &c]);
+        assert_eq!(healed.dataplanes[&b].dataplane.inbounds[0].port, 20);
+
+        // Nothing changed: neither a full read nor a repeated announcement
+        // publishes anything new; an unchanged definition keeps its
+        // specifier, a changed one got a new one.
+        announce.send(DefinitionChange::All).unwrap();
+        announce.send(DefinitionChange::One(c.clone())).unwrap();
+        store
+            .put(&a, DocumentFormat::Yaml, &doc("a", 1), Precondition::Any)
+            .await
+            .unwrap();
+        announce.send(DefinitionChange::One(a.clone())).unwrap();
+        let last = rx
+            .wait_for(|l| l.dataplanes.contains_key(&a))
+            .await
+            .unwrap()
+            .clone();
+        assert!(Arc::ptr_eq(
+            &last.dataplanes[&c].specifier,
+            &healed.dataplanes[&c].specifier
+        ));
+        assert!(!Arc::ptr_eq(
+            &primed.dataplanes[&b].specifier,
+            &last.dataplanes[&b].specifier
+        ));
     }
 
     #[tokio::test]
