@@ -330,17 +330,30 @@ async fn write_batch(
     let batch: Vec<_> = std::mem::take(pending).into_iter().collect();
     let count = batch.len();
     let store = store.clone();
-    match tokio::task::spawn_blocking(move || store.write(&batch)).await {
-        Ok(Ok(())) => {
+    let written = tokio::task::spawn_blocking(move || {
+        let result = store.write(&batch);
+        (result, batch)
+    })
+    .await;
+    match written {
+        Ok((Ok(()), _)) => {
             metrics::counter!(crate::metrics::STORE_COMMITS).increment(1);
             tracing::debug!(dataplanes = count, "readiness store: wrote batch");
             if std::mem::take(failing) {
-                tracing::info!("readiness store: writing again");
+                tracing::info!(
+                    "readiness store: writing again; the updates kept meanwhile are written"
+                );
             }
         }
-        Ok(Err(e)) => {
+        Ok((Err(e), batch)) => {
+            // Kept for the next batch (one entry per dataplane at most: the
+            // queue is bounded by the fleet); a newer update of the same
+            // dataplane replaces it.
+            for (id, value) in batch {
+                pending.entry(id).or_insert(value);
+            }
             if !std::mem::replace(failing, true) {
-                tracing::error!("{e}; readiness will be rebuilt from reports after a restart (logged once until writes succeed again)")
+                tracing::error!("{e}; keeping readiness updates in memory (one per dataplane) and writing them with the next batch that succeeds (logged once until writes succeed again)")
             }
         }
         Err(e) => tracing::error!("readiness store writer failed: {e}"),
@@ -406,6 +419,54 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
             .collect();
         assert_eq!(aside.len(), 1);
+    }
+
+    /// A store that refuses writes while `down` is set.
+    #[derive(Debug, Default)]
+    struct Flaky {
+        down: std::sync::atomic::AtomicBool,
+        rows: std::sync::Mutex<BTreeMap<DataplaneId, StoredHealth>>,
+    }
+
+    impl ReadinessStore for Flaky {
+        fn load(&self) -> Result<BTreeMap<DataplaneId, StoredHealth>, StoreError> {
+            Ok(self.rows.lock().unwrap().clone())
+        }
+        fn write(&self, batch: &[(DataplaneId, Option<StoredHealth>)]) -> Result<(), StoreError> {
+            if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(StoreError::Postgres("down".into()));
+            }
+            let mut rows = self.rows.lock().unwrap();
+            for (id, v) in batch {
+                match v {
+                    Some(h) => rows.insert(id.clone(), h.clone()),
+                    None => rows.remove(id),
+                };
+            }
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn updates_that_failed_are_written_when_the_store_answers_again() {
+        let store = Arc::new(Flaky::default());
+        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let handle = StoreHandle::spawn(store.clone());
+        let (a, b) = (
+            DataplaneId::new("default", "a"),
+            DataplaneId::new("default", "b"),
+        );
+        handle.put(a.clone(), Some(stored("unhealthy")));
+        handle.put(b.clone(), Some(stored("healthy")));
+        handle.flush().await;
+        assert!(store.load().unwrap().is_empty());
+        store.down.store(false, std::sync::atomic::Ordering::SeqCst);
+        // A newer update of `a` wins over the kept one; `b` is written as kept.
+        handle.put(a.clone(), Some(stored("healthy")));
+        handle.flush().await;
+        let rows = store.load().unwrap();
+        assert_eq!(rows[&a], stored("healthy"));
+        assert_eq!(rows[&b], stored("healthy"));
     }
 
     #[tokio::test]
