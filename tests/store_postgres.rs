@@ -9,8 +9,12 @@
 //! - a definition applied on one instance is visible on another within 1 s
 //!   and served to a real Envoy connected there; a row written behind hdsd's
 //!   back (no notification) is healed by the periodic reconcile;
+//! - readiness shared: both instances answer the same, a transition travels
+//!   in under a second, at most 5 store transactions per second per
+//!   instance, and a SIGKILL failover never reads not ready;
 //! - PostgreSQL stopped and started again: the instances keep running, a
-//!   write fails with 503 meanwhile, and changes flow again afterwards.
+//!   write fails with 503 meanwhile, a readiness transition folded during the
+//!   outage reaches the other instance afterwards, and changes flow again.
 
 use std::time::{Duration, Instant};
 
@@ -373,17 +377,32 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
     let Some(mut pg) = Postgres::start("instances_outlive_a_postgres_outage_and_catch_up") else {
         return;
     };
-    let a = Hdsd::start(on_postgres(&pg));
-    let b = Hdsd::start(on_postgres(&pg));
+    // Stale only after 30 s: B's copy of readiness must not expire during
+    // the outage, so that the transition it missed is visible as such.
+    let options = HdsdOptions {
+        stale_after: Some("30s".into()),
+        ..on_postgres(&pg)
+    };
+    let a = Hdsd::start(options.clone());
+    let b = Hdsd::start(options);
+    let mut app = App::start();
     let path = "/api/v1/dataplanes/default/web-01";
-    let yaml = dataplane_yaml("web-01", &[(10001, 8080)]);
+    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
     let (status, _, _) = send(&a, path, Some(("application/yaml", &yaml)), &[]);
     assert_eq!(status, 200);
-    wait_for("web-01 on B", Duration::from_secs(5), || {
-        b.dataplane("default.web-01").map(|_| ())
-    });
+    let _envoy = Envoy::start(a.hds, "default.web-01", None);
+    a.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
+    b.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(5));
 
     pg.stop();
+    // A transition during the outage: A folds it from memory at once.
+    app.stop();
+    a.wait_inbound(
+        "default.web-01",
+        10001,
+        "unhealthy",
+        Duration::from_secs(10),
+    );
     // A write cannot be stored: 503 saying so; what is in force stays.
     let (status, _, body) = send(
         &a,
@@ -405,8 +424,16 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
             .then_some(())
             .ok_or_else(|| "not yet".to_string())
     });
-    assert!(b.dataplane("default.web-01").is_ok(), "B keeps serving");
+    let (status, _, _) = inbound_status(&b).expect("B keeps serving");
+    assert_eq!(status, "healthy", "B cannot have heard of it yet");
     pg.start_again();
+    // The transition written meanwhile reaches B: the instances converge.
+    b.wait_inbound(
+        "default.web-01",
+        10001,
+        "unhealthy",
+        Duration::from_secs(15),
+    );
 
     // Writes go through again, and B hears of them again.
     let yaml2 = dataplane_yaml("web-02", &[(10002, 8081)]);
