@@ -60,6 +60,8 @@ pub enum ServeError {
     Store(#[from] crate::store::StoreError),
     #[error("cannot read the dataplane definitions: {0}")]
     Definitions(crate::store::StoreError),
+    #[error("cannot read the readiness state: {0}")]
+    Readiness(crate::store::StoreError),
 }
 
 impl ServeError {
@@ -220,11 +222,12 @@ pub async fn run(
         None => redb,
     };
     let loading = store.clone();
-    let restored = tokio::task::spawn_blocking(move || loading.load())
-        .await
-        .map_err(|e| {
-            ServeError::Definitions(crate::store::StoreError::Postgres(e.to_string()))
-        })??;
+    let restored = match tokio::task::spawn_blocking(move || loading.load()).await {
+        Ok(Ok(restored)) => restored,
+        Ok(Err(e)) if pg.is_some() => return Err(ServeError::Readiness(e)),
+        Ok(Err(e)) => return Err(e.into()),
+        Err(_) => return Err(ServeError::Stopped("loading the readiness state")),
+    };
     match &pg {
         Some(pg) => {
             tracing::info!(store = %DefinitionStore::describe(pg.as_ref()), dataplanes = restored.len(), "readiness state restored")

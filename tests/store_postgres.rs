@@ -673,3 +673,32 @@ fn every_instance_answers_for_the_whole_fleet_and_a_failover_never_reads_not_rea
         started.elapsed()
     );
 }
+
+#[test]
+fn serve_refuses_to_start_when_postgres_cannot_be_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hdsd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = {state:?}\n[hds]\nlisten = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n\
+             [auth]\nmode = \"none\"\n[dataplanes]\nsource = \"api\"\n[store]\nkind = \"postgres\"\n\
+             [store.postgres]\nurl = \"host={socket} dbname=hdsd\"\nconnect_timeout = \"1s\"\n",
+            state = dir.path().join("state").display().to_string(),
+            // A socket directory with no server in it.
+            socket = dir.path().display(),
+        ),
+    )
+    .unwrap();
+    let out = hdsd_cli(&["serve", "--config", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot read the dataplane definitions: PostgreSQL store"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("check that the database named by store.postgres.url is up"),
+        "{stderr}"
+    );
+}
