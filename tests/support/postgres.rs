@@ -141,7 +141,9 @@ impl Postgres {
     /// Starts the server (after [`Postgres::stop`]) and waits until it accepts connections.
     pub fn start_again(&mut self) {
         let options = format!(
-            "-c listen_addresses='' -c unix_socket_directories='{}' -c fsync=off",
+            // Small: many tests may run a cluster at once.
+            "-c listen_addresses='' -c unix_socket_directories='{}' -c fsync=off \
+             -c shared_buffers=16MB -c max_connections=40",
             self.socket_dir().display()
         );
         checked(
