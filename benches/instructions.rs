@@ -152,6 +152,7 @@ fn connected_state(k: u16) -> DataplaneState {
             stream: Some(STREAM),
             peer: None,
             connected_at: Some(now()),
+            replaced_on: None,
         },
     }
 }

@@ -33,6 +33,9 @@ pub type StreamId = u64;
 pub struct Connection {
     /// The stream whose reports count (the newest one); `None` when disconnected.
     pub stream: Option<StreamId>,
+    /// The instance (sharing the store) where a newer stream for this
+    /// dataplane attached: the stream of this instance must end.
+    pub replaced_on: Option<String>,
     pub peer: Option<SocketAddr>,
     pub connected_at: Option<Timestamp>,
 }
@@ -68,6 +71,8 @@ pub enum Command {
     /// holding this dataplane's stream): taken while no stream of this
     /// instance speaks for the dataplane, and never written back.
     Observed(Box<StoredHealth>),
+    /// A newer stream for this dataplane attached on another instance.
+    ReplacedOn(String),
 }
 
 /// How to reach one dataplane's task and read its state.
@@ -140,6 +145,13 @@ impl Registry {
         }
     }
 
+    /// Tells the dataplane's task that a newer stream attached on `instance`.
+    pub fn replaced_on(&self, id: &DataplaneId, instance: String) {
+        if let Some(handle) = self.get(id) {
+            let _ = handle.commands.try_send(Command::ReplacedOn(instance));
+        }
+    }
+
     pub fn get_defined(&self, id: &DataplaneId) -> Option<DataplaneHandle> {
         self.get(id).filter(|h| h.state.borrow().defined.is_some())
     }
@@ -177,6 +189,19 @@ pub struct RegistryOptions {
     pub restored: BTreeMap<DataplaneId, StoredHealth>,
     /// Where dataplane tasks tell each change; `None` in tests without consumers.
     pub feed: Option<FeedSender>,
+    /// Told when a stream of this instance attaches, so that instances
+    /// sharing the store end their older streams; `None` alone.
+    pub claims: Option<Claims>,
+}
+
+/// Announces "a stream for this dataplane attached here" to other instances.
+#[derive(Clone)]
+pub struct Claims(pub Arc<dyn Fn(&DataplaneId) + Send + Sync>);
+
+impl std::fmt::Debug for Claims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Claims")
+    }
 }
 
 async fn run_registry(
@@ -272,6 +297,7 @@ fn spawn_dataplane(
             .unwrap_or(chrono::Duration::MAX),
         store: options.store.clone(),
         stored_report_at: restored.and_then(|r| r.last_report_at),
+        claims: options.claims.clone(),
     };
     tokio::spawn(task.run(commands_rx));
     DataplaneHandle {
@@ -296,6 +322,8 @@ struct DataplaneTask {
     incarnation: u64,
     /// The last definition, named in the feed also once deleted.
     last_definition: Option<Arc<Dataplane>>,
+    /// Told when a stream of this instance attaches.
+    claims: Option<Claims>,
 }
 
 impl DataplaneTask {
@@ -336,7 +364,8 @@ impl DataplaneTask {
     fn command(&mut self, command: Command) {
         let now = self.clock.now();
         let is_report = matches!(command, Command::Report { .. });
-        let observed = matches!(command, Command::Observed(_));
+        let observed = matches!(command, Command::Observed(_) | Command::ReplacedOn(_));
+        let attach = matches!(command, Command::Attach { .. });
         let redefines = matches!(command, Command::Define(_) | Command::Remove);
         let started = std::time::Instant::now();
         let mut applied = Applied::default();
@@ -359,6 +388,11 @@ impl DataplaneTask {
         });
         if applied.notify && visible {
             self.publish();
+        }
+        if attach && applied.notify {
+            if let Some(claims) = &self.claims {
+                (claims.0)(&self.id);
+            }
         }
         if is_report {
             let fold = &applied.fold;
@@ -496,6 +530,7 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 stream: Some(stream),
                 peer,
                 connected_at: Some(now),
+                replaced_on: None,
             };
             Applied {
                 notify: true,
@@ -507,6 +542,7 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 return Applied::default();
             }
             s.connection.stream = None;
+            s.connection.replaced_on = None;
             Applied {
                 notify: true,
                 ..Default::default()
@@ -524,6 +560,16 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
             Applied {
                 notify: fold.changed,
                 fold,
+            }
+        }
+        Command::ReplacedOn(instance) => {
+            if s.connection.stream.is_none() || s.connection.replaced_on.is_some() {
+                return Applied::default();
+            }
+            s.connection.replaced_on = Some(instance);
+            Applied {
+                notify: true,
+                ..Default::default()
             }
         }
         Command::Observed(stored) => {
@@ -707,6 +753,41 @@ mod tests {
         assert_eq!(other.health.inbounds[0].status, Status::Healthy);
     }
 
+    #[test]
+    fn a_stream_elsewhere_marks_ours_replaced_until_it_detaches() {
+        let mut s = state(defined(8080));
+        // Nothing of ours to replace.
+        assert!(!apply(&mut s, Command::ReplacedOn("b/1".into()), t(1)).notify);
+        apply(
+            &mut s,
+            Command::Attach {
+                stream: 3,
+                peer: None,
+            },
+            t(2),
+        );
+        assert!(apply(&mut s, Command::ReplacedOn("b/1".into()), t(3)).notify);
+        assert_eq!(s.connection.replaced_on.as_deref(), Some("b/1"));
+        apply(&mut s, Command::Detach { stream: 3 }, t(4));
+        assert_eq!(
+            s.connection,
+            Connection {
+                connected_at: Some(t(2)),
+                ..Default::default()
+            }
+        );
+        // A stream attaching here later is not replaced.
+        apply(
+            &mut s,
+            Command::Attach {
+                stream: 4,
+                peer: None,
+            },
+            t(5),
+        );
+        assert_eq!(s.connection.replaced_on, None);
+    }
+
     /// The task expires reports by itself, on the clock the test controls.
     #[tokio::test(start_paused = true)]
     async fn a_dataplane_task_marks_silent_inbounds_stale_on_time() {
@@ -722,6 +803,7 @@ mod tests {
         let registry = Registry::spawn(
             rx,
             RegistryOptions {
+                claims: None,
                 clock: Arc::new(clock.clone()),
                 stale_after: Duration::from_secs(15),
                 report_interval: Duration::from_secs(5),

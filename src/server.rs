@@ -250,15 +250,33 @@ pub async fn run(
             store: Some(store.clone()),
             restored,
             feed: Some(feed.sender()),
+            claims: pg.as_ref().map(|pg| pg.claims()),
         },
     );
     if let Some(pg) = &pg {
         // Every instance keeps the whole fleet's readiness from what the
         // instances holding the streams write.
-        let registry = registry.clone();
+        let observing = registry.clone();
         tokio::spawn(
             pg.clone()
-                .follow_readiness(move |id, stored| registry.observe(id, stored)),
+                .follow_readiness(move |id, stored| observing.observe(id, stored)),
+        );
+        // The newest stream wins across instances: one attached elsewhere
+        // ends ours.
+        let mut replaced = pg.replaced();
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            loop {
+                match replaced.recv().await {
+                    Ok((id, instance)) => registry.replaced_on(&id, instance),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        tracing::info!(
+            instance = pg.instance(),
+            "sharing the PostgreSQL store with other instances"
         );
     }
     let assignments = crate::consumers::eds::index::spawn(

@@ -702,3 +702,51 @@ fn serve_refuses_to_start_when_postgres_cannot_be_reached() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_newer_stream_on_another_instance_ends_the_older_one_within_a_second() {
+    use crate::support::grpc::GrpcClient;
+    let Some(pg) =
+        Postgres::start("a_newer_stream_on_another_instance_ends_the_older_one_within_a_second")
+    else {
+        return;
+    };
+    let a = Hdsd::start(on_postgres(&pg));
+    let b = Hdsd::start(on_postgres(&pg));
+    let yaml = dataplane_yaml("web-01", &[(10001, 8080)]);
+    let (status, _, _) = send(
+        &a,
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200);
+    wait_for("web-01 on B", Duration::from_secs(5), || {
+        b.dataplane("default.web-01").map(|_| ())
+    });
+
+    let on_a = GrpcClient::connect(a.hds);
+    let mut older = on_a.open_as("default.web-01");
+    older.expect_specifier(Duration::from_secs(5));
+    a.wait_connected("default.web-01", true, Duration::from_secs(5));
+
+    let on_b = GrpcClient::connect(b.hds);
+    let mut newer = on_b.open_as("default.web-01");
+    newer.expect_specifier(Duration::from_secs(5));
+    let started = Instant::now();
+    let status = older.expect_status(tonic::Code::Aborted, Duration::from_secs(1));
+    eprintln!(
+        "the older stream on A ended {:?} after the newer one on B got its specifier",
+        started.elapsed()
+    );
+    assert!(
+        status
+            .message()
+            .contains("replaced by a newer stream for dataplane default.web-01 on "),
+        "{status:?}"
+    );
+    a.wait_connected("default.web-01", false, Duration::from_secs(5));
+    // The newer stream stays.
+    newer.expect_nothing(Duration::from_millis(500));
+    b.wait_connected("default.web-01", true, Duration::from_secs(1));
+}

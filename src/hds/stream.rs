@@ -310,6 +310,17 @@ impl Stream {
             );
             return self.end(End::Status(status), actions);
         }
+        // A newer stream attached on another instance sharing the store.
+        if let Some(instance) = &a.state.connection.replaced_on {
+            let status = Status::new(
+                Code::Aborted,
+                format!(
+                    "replaced by a newer stream for dataplane {} on {instance}",
+                    a.id
+                ),
+            );
+            return self.end(End::Status(status), actions);
+        }
         if answer || a.state.version != a.sent_version {
             actions.push(Action::Send(current_specifier(&a.state, &self.settings)));
             a.sent_version = a.state.version;
@@ -651,6 +662,18 @@ mod tests {
         let (code, message) = ended_with(&a);
         assert_eq!(code, Code::Aborted);
         assert!(message.contains("replaced by a newer stream"), "{message}");
+    }
+
+    #[test]
+    fn a_newer_stream_on_another_instance_replaces_this_one() {
+        let mut h = Harness::attached(None);
+        let mut replaced = state(1, Some(5));
+        replaced.connection.replaced_on = Some("host-b/42".into());
+        let a = h.on(Event::StateChanged(replaced));
+        assert_eq!(names(&a), ["detach", "end"]);
+        let (code, message) = ended_with(&a);
+        assert_eq!(code, Code::Aborted);
+        assert!(message.ends_with("on host-b/42"), "{message}");
     }
 
     #[test]

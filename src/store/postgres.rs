@@ -65,6 +65,10 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     ),
 ];
 
+/// The channel stream claims are announced on: `<mesh>.<name>\t<instance>`
+/// when a stream for the dataplane attached on that instance.
+pub const STREAMS_CHANNEL: &str = "hdsd_streams";
+
 /// The channel readiness writes are announced on (no payload: readers
 /// read the rows whose `seq` is above the last they saw).
 pub const READINESS_CHANNEL: &str = "hdsd_readiness";
@@ -82,6 +86,12 @@ pub struct PgStore {
     reconcile: Duration,
     /// The runtime the blocking [`ReadinessStore`] calls run their queries on.
     runtime: tokio::runtime::Handle,
+    /// This instance's name in stream claims (`<host>/<pid>`).
+    instance: String,
+    /// Streams attached on other instances: (dataplane, instance).
+    replaced: broadcast::Sender<(DataplaneId, String)>,
+    /// Dataplanes whose stream attached here, to announce.
+    claims: tokio::sync::mpsc::UnboundedSender<DataplaneId>,
     describe: String,
     /// Dropped with the store: the listener task ends.
     _alive: watch::Sender<()>,
@@ -142,19 +152,30 @@ impl PgStore {
         let (changes, _) = broadcast::channel(CHANGES_BUFFER);
         let (alive, alive_rx) = watch::channel(());
         let (readiness_signal, _) = watch::channel(());
+        let instance = instance_name();
+        let (replaced, _) = broadcast::channel(CHANGES_BUFFER);
         tokio::spawn(listen(
             config,
-            changes.clone(),
-            readiness_signal.clone(),
+            Announcements {
+                changes: changes.clone(),
+                readiness: readiness_signal.clone(),
+                replaced: replaced.clone(),
+                instance: instance.clone(),
+            },
             settings.reconcile_interval,
             alive_rx,
         ));
+        let (claims, claims_rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(announce_claims(pool.clone(), instance.clone(), claims_rx));
         Ok(PgStore {
             pool,
             changes,
             readiness_signal,
             reconcile: settings.reconcile_interval,
             runtime: tokio::runtime::Handle::current(),
+            instance,
+            replaced,
+            claims,
             describe,
             _alive: alive,
         })
@@ -226,10 +247,59 @@ async fn migrate(config: &tokio_postgres::Config) -> Result<(), tokio_postgres::
 }
 
 /// Follows [`CHANNEL`] until `alive`'s sender is dropped, reconnecting as needed.
-async fn listen(
-    config: tokio_postgres::Config,
+/// Where the listener passes on what it hears.
+struct Announcements {
     changes: broadcast::Sender<DefinitionChange>,
     readiness: watch::Sender<()>,
+    replaced: broadcast::Sender<(DataplaneId, String)>,
+    /// This instance: its own claims are not news.
+    instance: String,
+}
+
+/// `<host>/<pid>`: how other instances name this one.
+fn instance_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "hdsd".to_string());
+    format!("{host}/{}", std::process::id())
+}
+
+/// Sends one `pg_notify` per claim, a burst in one statement.
+async fn announce_claims(
+    pool: Pool,
+    instance: String,
+    mut claims: tokio::sync::mpsc::UnboundedReceiver<DataplaneId>,
+) {
+    while let Some(first) = claims.recv().await {
+        let mut payloads = vec![format!("{first}\t{instance}")];
+        while let Ok(more) = claims.try_recv() {
+            payloads.push(format!("{more}\t{instance}"));
+        }
+        let sent = async {
+            let client = pool.get().await.map_err(pg_error)?;
+            client
+                .execute(
+                    "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
+                    &[&STREAMS_CHANNEL, &payloads],
+                )
+                .await
+                .map_err(pg_error)
+        };
+        if let Err(e) = sent.await {
+            tracing::debug!(
+                "cannot announce {} stream(s) to other instances: {e}",
+                payloads.len()
+            );
+        }
+    }
+}
+
+async fn listen(
+    config: tokio_postgres::Config,
+    heard: Announcements,
     reconcile: Duration,
     mut alive: watch::Receiver<()>,
 ) {
@@ -260,7 +330,9 @@ async fn listen(
                 }
             });
             client
-                .batch_execute(&format!("LISTEN {CHANNEL}; LISTEN {READINESS_CHANNEL}"))
+                .batch_execute(&format!(
+                    "LISTEN {CHANNEL}; LISTEN {READINESS_CHANNEL}; LISTEN {STREAMS_CHANNEL}"
+                ))
                 .await?;
             Ok::<_, tokio_postgres::Error>((client, notes))
         };
@@ -275,24 +347,33 @@ async fn listen(
                 }
                 backoff = Duration::from_millis(100);
                 // Whatever changed while nobody listened.
-                let _ = changes.send(DefinitionChange::All);
-                readiness.send_replace(());
+                let _ = heard.changes.send(DefinitionChange::All);
+                heard.readiness.send_replace(());
                 let mut reconcile_tick =
                     tokio::time::interval_at(tokio::time::Instant::now() + reconcile, reconcile);
                 let reason = loop {
                     tokio::select! {
                         note = notes.recv() => match note {
                             Some(Ok((channel, _))) if channel == READINESS_CHANNEL => {
-                                readiness.send_replace(());
+                                heard.readiness.send_replace(());
+                            }
+                            Some(Ok((channel, payload))) if channel == STREAMS_CHANNEL => {
+                                let claim = payload
+                                    .split_once('\t')
+                                    .filter(|(_, on)| *on != heard.instance)
+                                    .and_then(|(id, on)| Some((id.parse::<DataplaneId>().ok()?, on.to_string())));
+                                if let Some(claim) = claim {
+                                    let _ = heard.replaced.send(claim);
+                                }
                             }
                             Some(Ok((_, payload))) => match payload.parse::<DataplaneId>() {
-                                Ok(id) => { let _ = changes.send(DefinitionChange::One(id)); }
-                                Err(_) => { let _ = changes.send(DefinitionChange::All); }
+                                Ok(id) => { let _ = heard.changes.send(DefinitionChange::One(id)); }
+                                Err(_) => { let _ = heard.changes.send(DefinitionChange::All); }
                             },
                             Some(Err(e)) => break e.to_string(),
                             None => break "the connection closed".to_string(),
                         },
-                        _ = reconcile_tick.tick() => { let _ = changes.send(DefinitionChange::All); }
+                        _ = reconcile_tick.tick() => { let _ = heard.changes.send(DefinitionChange::All); }
                         _ = alive.changed() => return,
                     }
                 };
@@ -550,6 +631,24 @@ impl ReadinessStore for PgStore {
 }
 
 impl PgStore {
+    /// How this instance announces the streams that attach here.
+    pub fn claims(&self) -> crate::registry::Claims {
+        let claims = self.claims.clone();
+        crate::registry::Claims(std::sync::Arc::new(move |id: &DataplaneId| {
+            let _ = claims.send(id.clone());
+        }))
+    }
+
+    /// Streams that attached on other instances: (dataplane, instance).
+    pub fn replaced(&self) -> broadcast::Receiver<(DataplaneId, String)> {
+        self.replaced.subscribe()
+    }
+
+    /// This instance's name in stream claims.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
     /// Readiness rows written after `seq`, oldest first.
     async fn readiness_since(
         &self,
