@@ -71,8 +71,12 @@ pub enum Command {
     /// holding this dataplane's stream): taken while no stream of this
     /// instance speaks for the dataplane, and never written back.
     Observed(Box<StoredHealth>),
-    /// A newer stream for this dataplane attached on another instance.
-    ReplacedOn(String),
+    /// A stream for this dataplane attached on another instance at `at`:
+    /// ours ends unless it attached later.
+    ReplacedOn {
+        instance: String,
+        at: Timestamp,
+    },
 }
 
 /// How to reach one dataplane's task and read its state.
@@ -145,10 +149,12 @@ impl Registry {
         }
     }
 
-    /// Tells the dataplane's task that a newer stream attached on `instance`.
-    pub fn replaced_on(&self, id: &DataplaneId, instance: String) {
+    /// Tells the dataplane's task that a stream attached on `instance` at `at`.
+    pub fn replaced_on(&self, id: &DataplaneId, instance: String, at: Timestamp) {
         if let Some(handle) = self.get(id) {
-            let _ = handle.commands.try_send(Command::ReplacedOn(instance));
+            let _ = handle
+                .commands
+                .try_send(Command::ReplacedOn { instance, at });
         }
     }
 
@@ -196,7 +202,10 @@ pub struct RegistryOptions {
 
 /// Announces "a stream for this dataplane attached here" to other instances.
 #[derive(Clone)]
-pub struct Claims(pub Arc<dyn Fn(&DataplaneId) + Send + Sync>);
+pub struct Claims(pub Arc<Claim>);
+
+/// Called with the dataplane and the time its stream attached here.
+pub type Claim = dyn Fn(&DataplaneId, Timestamp) + Send + Sync;
 
 impl std::fmt::Debug for Claims {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -364,7 +373,7 @@ impl DataplaneTask {
     fn command(&mut self, command: Command) {
         let now = self.clock.now();
         let is_report = matches!(command, Command::Report { .. });
-        let observed = matches!(command, Command::Observed(_) | Command::ReplacedOn(_));
+        let observed = matches!(command, Command::Observed(_) | Command::ReplacedOn { .. });
         let attach = matches!(command, Command::Attach { .. });
         let redefines = matches!(command, Command::Define(_) | Command::Remove);
         let started = std::time::Instant::now();
@@ -391,7 +400,7 @@ impl DataplaneTask {
         }
         if attach && applied.notify {
             if let Some(claims) = &self.claims {
-                (claims.0)(&self.id);
+                (claims.0)(&self.id, now);
             }
         }
         if is_report {
@@ -562,8 +571,12 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 fold,
             }
         }
-        Command::ReplacedOn(instance) => {
-            if s.connection.stream.is_none() || s.connection.replaced_on.is_some() {
+        Command::ReplacedOn { instance, at } => {
+            // A claim older than our stream is news of a stream ours replaced.
+            if s.connection.stream.is_none()
+                || s.connection.replaced_on.is_some()
+                || s.connection.connected_at.is_some_and(|ours| ours > at)
+            {
                 return Applied::default();
             }
             s.connection.replaced_on = Some(instance);
@@ -757,7 +770,11 @@ mod tests {
     fn a_stream_elsewhere_marks_ours_replaced_until_it_detaches() {
         let mut s = state(defined(8080));
         // Nothing of ours to replace.
-        assert!(!apply(&mut s, Command::ReplacedOn("b/1".into()), t(1)).notify);
+        let on_b = |at| Command::ReplacedOn {
+            instance: "b/1".into(),
+            at,
+        };
+        assert!(!apply(&mut s, on_b(t(1)), t(1)).notify);
         apply(
             &mut s,
             Command::Attach {
@@ -766,7 +783,9 @@ mod tests {
             },
             t(2),
         );
-        assert!(apply(&mut s, Command::ReplacedOn("b/1".into()), t(3)).notify);
+        // A claim from before our stream attached is old news.
+        assert!(!apply(&mut s, on_b(t(1)), t(3)).notify);
+        assert!(apply(&mut s, on_b(t(3)), t(3)).notify);
         assert_eq!(s.connection.replaced_on.as_deref(), Some("b/1"));
         apply(&mut s, Command::Detach { stream: 3 }, t(4));
         assert_eq!(

@@ -268,7 +268,7 @@ pub async fn run(
         tokio::spawn(async move {
             loop {
                 match replaced.recv().await {
-                    Ok((id, instance)) => registry.replaced_on(&id, instance),
+                    Ok((id, instance, at)) => registry.replaced_on(&id, instance, at),
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 }

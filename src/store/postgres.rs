@@ -27,6 +27,7 @@ use super::definitions::{
 use super::{ReadinessStore, StoreError, StoredHealth};
 use crate::config::PostgresConfig;
 use crate::dataplane::DataplaneId;
+use crate::readiness::Timestamp;
 use std::collections::BTreeMap;
 
 /// The channel definition changes are announced on; the payload is `mesh.name`.
@@ -88,10 +89,10 @@ pub struct PgStore {
     runtime: tokio::runtime::Handle,
     /// This instance's name in stream claims (`<host>/<pid>`).
     instance: String,
-    /// Streams attached on other instances: (dataplane, instance).
-    replaced: broadcast::Sender<(DataplaneId, String)>,
-    /// Dataplanes whose stream attached here, to announce.
-    claims: tokio::sync::mpsc::UnboundedSender<DataplaneId>,
+    /// Streams attached on other instances: (dataplane, instance, when).
+    replaced: broadcast::Sender<Claim>,
+    /// Dataplanes whose stream attached here (and when), to announce.
+    claims: tokio::sync::mpsc::UnboundedSender<(DataplaneId, Timestamp)>,
     describe: String,
     /// Dropped with the store: the listener task ends.
     _alive: watch::Sender<()>,
@@ -251,9 +252,27 @@ async fn migrate(config: &tokio_postgres::Config) -> Result<(), tokio_postgres::
 struct Announcements {
     changes: broadcast::Sender<DefinitionChange>,
     readiness: watch::Sender<()>,
-    replaced: broadcast::Sender<(DataplaneId, String)>,
+    replaced: broadcast::Sender<Claim>,
     /// This instance: its own claims are not news.
     instance: String,
+}
+
+/// A stream that attached on another instance: dataplane, instance, when.
+pub type Claim = (DataplaneId, String, Timestamp);
+
+/// `<mesh>.<name>\t<instance>\t<attach time, RFC 3339>`.
+fn claim_payload(id: &DataplaneId, instance: &str, at: Timestamp) -> String {
+    format!("{id}\t{instance}\t{}", at.to_rfc3339())
+}
+
+fn parse_claim(payload: &str) -> Option<Claim> {
+    let mut parts = payload.split('\t');
+    let id = parts.next()?.parse().ok()?;
+    let instance = parts.next()?.to_string();
+    let at = chrono::DateTime::parse_from_rfc3339(parts.next()?)
+        .ok()?
+        .with_timezone(&chrono::Utc);
+    Some((id, instance, at))
 }
 
 /// `<host>/<pid>`: how other instances name this one.
@@ -271,12 +290,12 @@ fn instance_name() -> String {
 async fn announce_claims(
     pool: Pool,
     instance: String,
-    mut claims: tokio::sync::mpsc::UnboundedReceiver<DataplaneId>,
+    mut claims: tokio::sync::mpsc::UnboundedReceiver<(DataplaneId, Timestamp)>,
 ) {
-    while let Some(first) = claims.recv().await {
-        let mut payloads = vec![format!("{first}\t{instance}")];
-        while let Ok(more) = claims.try_recv() {
-            payloads.push(format!("{more}\t{instance}"));
+    while let Some((id, at)) = claims.recv().await {
+        let mut payloads = vec![claim_payload(&id, &instance, at)];
+        while let Ok((id, at)) = claims.try_recv() {
+            payloads.push(claim_payload(&id, &instance, at));
         }
         let sent = async {
             let client = pool.get().await.map_err(pg_error)?;
@@ -358,11 +377,7 @@ async fn listen(
                                 heard.readiness.send_replace(());
                             }
                             Some(Ok((channel, payload))) if channel == STREAMS_CHANNEL => {
-                                let claim = payload
-                                    .split_once('\t')
-                                    .filter(|(_, on)| *on != heard.instance)
-                                    .and_then(|(id, on)| Some((id.parse::<DataplaneId>().ok()?, on.to_string())));
-                                if let Some(claim) = claim {
+                                if let Some(claim) = parse_claim(&payload).filter(|c| c.1 != heard.instance) {
                                     let _ = heard.replaced.send(claim);
                                 }
                             }
@@ -634,13 +649,13 @@ impl PgStore {
     /// How this instance announces the streams that attach here.
     pub fn claims(&self) -> crate::registry::Claims {
         let claims = self.claims.clone();
-        crate::registry::Claims(std::sync::Arc::new(move |id: &DataplaneId| {
-            let _ = claims.send(id.clone());
+        crate::registry::Claims(std::sync::Arc::new(move |id: &DataplaneId, at| {
+            let _ = claims.send((id.clone(), at));
         }))
     }
 
-    /// Streams that attached on other instances: (dataplane, instance).
-    pub fn replaced(&self) -> broadcast::Receiver<(DataplaneId, String)> {
+    /// Streams that attached on other instances.
+    pub fn replaced(&self) -> broadcast::Receiver<Claim> {
         self.replaced.subscribe()
     }
 
@@ -706,5 +721,23 @@ impl PgStore {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn a_claim_round_trips_through_its_payload() {
+        let id = DataplaneId::new("default", "web.01");
+        let at = chrono::Utc.timestamp_millis_opt(1_700_000_000_123).unwrap();
+        let payload = claim_payload(&id, "host-a/7", at);
+        assert_eq!(
+            parse_claim(&payload),
+            Some((id, "host-a/7".to_string(), at))
+        );
+        assert_eq!(parse_claim("default.web\thost"), None);
     }
 }
