@@ -591,6 +591,23 @@ fn token(config_path: Option<&Path>, command: TokenCommand) -> anyhow::Result<Ex
             }
         }
         TokenCommand::Revoke { jti } => {
+            if config.store.kind == hdsd::config::StoreKind::Postgres {
+                // Every instance sharing the store takes it from there.
+                Revocations::revoke(&revocations, &jti)?;
+                let runtime =
+                    tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+                let added = runtime.block_on(async {
+                    let store =
+                        hdsd::store::postgres::PgStore::connect(&config.store.postgres).await?;
+                    store.revoke(&jti).await
+                })?;
+                println!(
+                    "{} {jti} in the PostgreSQL store (and {}); every instance sharing it ends its streams within a second",
+                    if added { "revoked" } else { "already revoked:" },
+                    revocations.display()
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
             if Revocations::revoke(&revocations, &jti)? {
                 println!(
                     "revoked {jti} (in {}); running hdsd servers end its streams within a second",

@@ -287,6 +287,15 @@ pub async fn run(
     );
     let gate = Arc::new(Gate::new(&config, clock.now())?);
     tokio::spawn(gate.clone().watch());
+    if let (Some(pg), AuthMode::Token) = (&pg, config.auth.mode) {
+        // A token revoked through any instance ends its streams on this one.
+        let gate = gate.clone();
+        tokio::spawn(
+            pg.clone().follow_revocations(move |all| {
+                gate.set_shared_revocations(all.into_iter().collect())
+            }),
+        );
+    }
     let mut notes = Vec::new();
     if config.auth.mode == AuthMode::None {
         let note = "WARNING: auth.mode is \"none\": any client that reaches the HDS port can claim any dataplane and forge its readiness";

@@ -750,3 +750,62 @@ fn a_newer_stream_on_another_instance_ends_the_older_one_within_a_second() {
     newer.expect_nothing(Duration::from_millis(500));
     b.wait_connected("default.web-01", true, Duration::from_secs(1));
 }
+
+#[test]
+fn a_revocation_through_one_instance_ends_a_stream_held_by_another_within_a_second() {
+    use crate::support::grpc::{hc_request, GrpcClient, Next};
+    let Some(pg) = Postgres::start(
+        "a_revocation_through_one_instance_ends_a_stream_held_by_another_within_a_second",
+    ) else {
+        return;
+    };
+    // The store in the config file, so that `hdsd token revoke --config` uses it too.
+    let options = HdsdOptions {
+        auth_mode: "token",
+        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
+        extra: format!(
+            "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n",
+            pg.url()
+        ),
+        ..HdsdOptions::default()
+    };
+    let a = Hdsd::start(options.clone());
+    let b = Hdsd::start(options);
+    let yaml = dataplane_yaml("web-01", &[(10001, 8080)]);
+    let (status, _, _) = send(
+        &a,
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200);
+    wait_for("web-01 on B", Duration::from_secs(5), || {
+        b.dataplane("default.web-01").map(|_| ())
+    });
+
+    // A stream on B with a token of B's.
+    let token = b.issue_token("default.web-01", "1h");
+    let client = GrpcClient::connect(b.hds);
+    let mut stream = client.open_with_token(Some(&token));
+    stream.send(hc_request(Some("default.web-01")));
+    stream.expect_specifier(Duration::from_secs(5));
+    let jti = b
+        .cli(&["token", "inspect", &token])
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("jti:").map(|j| j.trim().to_string()))
+        .expect("inspect prints the jti");
+
+    // Revoked through A (its config, its revocation file, the shared store).
+    let revoked_at = Instant::now();
+    let said = a.cli(&["token", "revoke", &jti]);
+    assert!(said.contains("in the PostgreSQL store"), "{said}");
+    match stream.next(Duration::from_secs(1)) {
+        Next::Status(s) => assert!(s.message().contains("revoked"), "{s:?}"),
+        other => panic!("expected B to end the stream within a second, got {other:?}"),
+    }
+    eprintln!(
+        "a revocation through A ended B's stream {:?} after the command started",
+        revoked_at.elapsed()
+    );
+    b.wait_connected("default.web-01", false, Duration::from_secs(1));
+}

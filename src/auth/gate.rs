@@ -38,7 +38,13 @@ pub struct Gate {
     extra_keys: Vec<ExtraPublicKey>,
     revocations_path: PathBuf,
     ring: ArcSwap<KeyRing>,
+    /// In force: the file's list and the shared one.
     revoked: ArcSwap<Revocations>,
+    /// The revocations of the store shared with other instances (PostgreSQL).
+    shared: ArcSwap<Revocations>,
+    /// Held while the list in force is recomputed (file reload or shared
+    /// update: rare, never on a stream's path), so neither loses the other's ids.
+    recompute: std::sync::Mutex<()>,
     /// Bumped after every reload: streams re-check their token.
     version: watch::Sender<u64>,
 }
@@ -74,6 +80,8 @@ impl Gate {
             revocations_path,
             ring: ArcSwap::from_pointee(ring),
             revoked: ArcSwap::from_pointee(revoked),
+            shared: ArcSwap::from_pointee(Revocations::default()),
+            recompute: std::sync::Mutex::new(()),
             version: watch::channel(0).0,
         })
     }
@@ -105,8 +113,10 @@ impl Gate {
     /// Reloads keys and revocations; a failure keeps the previous ones.
     pub fn reload(&self) {
         tracing::debug!("keys or revocations changed; reloading");
+        let recomputing = self.recompute.lock().unwrap_or_else(|p| p.into_inner());
         match Revocations::load(&self.revocations_path) {
             Ok(r) => {
+                let r = r.union(&self.shared.load());
                 if **self.revoked.load() != r {
                     tracing::info!(revoked = r.len(), file = %self.revocations_path.display(), "revocation list reloaded");
                     self.revoked.store(Arc::new(r));
@@ -114,6 +124,7 @@ impl Gate {
             }
             Err(e) => tracing::error!("{e}; keeping the previous revocation list"),
         }
+        drop(recomputing);
         match KeyRing::load(&self.state_dir, &self.extra_keys) {
             Ok(ring) => {
                 if ring.kids() != self.ring.load().kids() {
@@ -124,6 +135,24 @@ impl Gate {
             }
             Err(e) => tracing::error!("{e}; keeping the previous keys"),
         }
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Takes the revocations shared through the store (all of them, each
+    /// time): streams re-check their token when the list in force changed.
+    pub fn set_shared_revocations(&self, shared: Revocations) {
+        let _recomputing = self.recompute.lock().unwrap_or_else(|p| p.into_inner());
+        if **self.shared.load() == shared {
+            return;
+        }
+        let file = Revocations::load(&self.revocations_path).unwrap_or_default();
+        let in_force = file.union(&shared).union(&self.revoked.load());
+        tracing::info!(
+            shared = shared.len(),
+            "revocations shared by other instances taken"
+        );
+        self.shared.store(Arc::new(shared));
+        self.revoked.store(Arc::new(in_force));
         self.version.send_modify(|v| *v += 1);
     }
 

@@ -64,7 +64,17 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
          );
          CREATE INDEX hdsd_readiness_by_seq ON hdsd_readiness (seq);",
     ),
+    (
+        3,
+        "CREATE TABLE hdsd_revocations (
+             jti text PRIMARY KEY,
+             revoked_at timestamptz NOT NULL DEFAULT now()
+         );",
+    ),
 ];
+
+/// The channel revocations are announced on (no payload: readers read all).
+pub const REVOCATIONS_CHANNEL: &str = "hdsd_revocations";
 
 /// The channel stream claims are announced on: `<mesh>.<name>\t<instance>`
 /// when a stream for the dataplane attached on that instance.
@@ -84,6 +94,8 @@ pub struct PgStore {
     changes: broadcast::Sender<DefinitionChange>,
     /// Poked on each readiness notification and on every (re)connect.
     readiness_signal: watch::Sender<()>,
+    /// Poked on each revocation and on every (re)connect.
+    revocations_signal: watch::Sender<()>,
     reconcile: Duration,
     /// The runtime the blocking [`ReadinessStore`] calls run their queries on.
     runtime: tokio::runtime::Handle,
@@ -153,6 +165,7 @@ impl PgStore {
         let (changes, _) = broadcast::channel(CHANGES_BUFFER);
         let (alive, alive_rx) = watch::channel(());
         let (readiness_signal, _) = watch::channel(());
+        let (revocations_signal, _) = watch::channel(());
         let instance = instance_name();
         let (replaced, _) = broadcast::channel(CHANGES_BUFFER);
         tokio::spawn(listen(
@@ -160,6 +173,7 @@ impl PgStore {
             Announcements {
                 changes: changes.clone(),
                 readiness: readiness_signal.clone(),
+                revocations: revocations_signal.clone(),
                 replaced: replaced.clone(),
                 instance: instance.clone(),
             },
@@ -172,6 +186,7 @@ impl PgStore {
             pool,
             changes,
             readiness_signal,
+            revocations_signal,
             reconcile: settings.reconcile_interval,
             runtime: tokio::runtime::Handle::current(),
             instance,
@@ -252,6 +267,7 @@ async fn migrate(config: &tokio_postgres::Config) -> Result<(), tokio_postgres::
 struct Announcements {
     changes: broadcast::Sender<DefinitionChange>,
     readiness: watch::Sender<()>,
+    revocations: watch::Sender<()>,
     replaced: broadcast::Sender<Claim>,
     /// This instance: its own claims are not news.
     instance: String,
@@ -350,7 +366,7 @@ async fn listen(
             });
             client
                 .batch_execute(&format!(
-                    "LISTEN {CHANNEL}; LISTEN {READINESS_CHANNEL}; LISTEN {STREAMS_CHANNEL}"
+                    "LISTEN {CHANNEL}; LISTEN {READINESS_CHANNEL}; LISTEN {STREAMS_CHANNEL}; LISTEN {REVOCATIONS_CHANNEL}"
                 ))
                 .await?;
             Ok::<_, tokio_postgres::Error>((client, notes))
@@ -368,6 +384,7 @@ async fn listen(
                 // Whatever changed while nobody listened.
                 let _ = heard.changes.send(DefinitionChange::All);
                 heard.readiness.send_replace(());
+                heard.revocations.send_replace(());
                 let mut reconcile_tick =
                     tokio::time::interval_at(tokio::time::Instant::now() + reconcile, reconcile);
                 let reason = loop {
@@ -375,6 +392,9 @@ async fn listen(
                         note = notes.recv() => match note {
                             Some(Ok((channel, _))) if channel == READINESS_CHANNEL => {
                                 heard.readiness.send_replace(());
+                            }
+                            Some(Ok((channel, _))) if channel == REVOCATIONS_CHANNEL => {
+                                heard.revocations.send_replace(());
                             }
                             Some(Ok((channel, payload))) if channel == STREAMS_CHANNEL => {
                                 if let Some(claim) = parse_claim(&payload).filter(|c| c.1 != heard.instance) {
@@ -662,6 +682,54 @@ impl PgStore {
     /// This instance's name in stream claims.
     pub fn instance(&self) -> &str {
         &self.instance
+    }
+
+    /// Revokes a token id for every instance; `false` when it already was.
+    pub async fn revoke(&self, jti: &str) -> Result<bool, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        let added = tx
+            .execute(
+                "INSERT INTO hdsd_revocations (jti) VALUES ($1) ON CONFLICT (jti) DO NOTHING",
+                &[&jti],
+            )
+            .await
+            .map_err(pg_error)?;
+        tx.batch_execute(&format!("NOTIFY {REVOCATIONS_CHANNEL}"))
+            .await
+            .map_err(pg_error)?;
+        tx.commit().await.map_err(pg_error)?;
+        Ok(added == 1)
+    }
+
+    /// Every revoked token id.
+    pub async fn revocations(&self) -> Result<Vec<String>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query("SELECT jti FROM hdsd_revocations", &[])
+            .await
+            .map_err(pg_error)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    /// Hands `apply` every revoked id on each revocation, on every
+    /// (re)connect and once per `reconcile_interval`. Runs for the process.
+    pub async fn follow_revocations(
+        self: std::sync::Arc<Self>,
+        apply: impl Fn(Vec<String>) + Send + 'static,
+    ) {
+        let mut signal = self.revocations_signal.subscribe();
+        let mut full = tokio::time::interval(self.reconcile);
+        loop {
+            tokio::select! {
+                changed = signal.changed() => if changed.is_err() { return },
+                _ = full.tick() => {}
+            }
+            match self.revocations().await {
+                Ok(all) => apply(all),
+                Err(e) => tracing::debug!("cannot read the shared revocations: {e}"),
+            }
+        }
     }
 
     /// Readiness rows written after `seq`, oldest first.
