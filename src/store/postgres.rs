@@ -134,7 +134,10 @@ fn describe(config: &tokio_postgres::Config) -> String {
 
 impl PgStore {
     /// Connects, applies the migrations this database lacks (under the
-    /// advisory lock), and starts listening for changes.
+    /// advisory lock), and starts listening for changes: it returns once the
+    /// listener's `LISTEN` is in force (or after `connect_timeout`, when the
+    /// listener keeps retrying in the background), so that every change
+    /// committed afterwards is announced on [`DefinitionStore::changes`].
     pub async fn connect(settings: &PostgresConfig) -> Result<PgStore, StoreError> {
         let mut config: tokio_postgres::Config = settings
             .url
@@ -168,8 +171,10 @@ impl PgStore {
         let (revocations_signal, _) = watch::channel(());
         let instance = instance_name();
         let (replaced, _) = broadcast::channel(CHANGES_BUFFER);
+        let (listening_tx, listening) = tokio::sync::oneshot::channel();
         tokio::spawn(listen(
             config,
+            listening_tx,
             Announcements {
                 changes: changes.clone(),
                 readiness: readiness_signal.clone(),
@@ -180,6 +185,12 @@ impl PgStore {
             settings.reconcile_interval,
             alive_rx,
         ));
+        if tokio::time::timeout(settings.connect_timeout, listening)
+            .await
+            .is_err()
+        {
+            tracing::warn!("{describe}: not listening for changes yet; every definition is read again once it listens");
+        }
         let (claims, claims_rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(announce_claims(pool.clone(), instance.clone(), claims_rx));
         Ok(PgStore {
@@ -334,6 +345,7 @@ async fn announce_claims(
 
 async fn listen(
     config: tokio_postgres::Config,
+    listening: tokio::sync::oneshot::Sender<()>,
     heard: Announcements,
     reconcile: Duration,
     mut alive: watch::Receiver<()>,
@@ -341,6 +353,7 @@ async fn listen(
     const BACKOFF_MAX: Duration = Duration::from_secs(5);
     let mut backoff = Duration::from_millis(100);
     let mut down: Option<String> = None;
+    let mut listening = Some(listening);
     loop {
         let session = async {
             let (client, mut connection) = config.connect(NoTls).await?;
@@ -381,6 +394,9 @@ async fn listen(
                     tracing::info!("PostgreSQL store: listening for definition changes again");
                 }
                 backoff = Duration::from_millis(100);
+                if let Some(listening) = listening.take() {
+                    let _ = listening.send(());
+                }
                 // Whatever changed while nobody listened.
                 let _ = heard.changes.send(DefinitionChange::All);
                 heard.readiness.send_replace(());
