@@ -150,6 +150,7 @@ fn hds_settings() -> Arc<HdsSettings> {
         report_interval: Duration::from_secs(5),
         stale_after: Duration::from_secs(15),
         limits: hdsd::config::HdsLimits::default(),
+        definitions_from_api: false,
     })
 }
 
@@ -170,6 +171,7 @@ fn connected_state(k: u16) -> DataplaneState {
             stream: Some(STREAM),
             peer: None,
             connected_at: Some(now()),
+            replaced_on: None,
         },
     }
 }

@@ -61,6 +61,7 @@ fn registry_apply(c: &mut Criterion) {
                 stream: Some(7),
                 peer: None,
                 connected_at: Some(now),
+                replaced_on: None,
             },
         };
         let healthy = common::report(k, HealthStatus::Healthy);

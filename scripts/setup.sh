@@ -9,6 +9,8 @@
 #     test of the fleet page (Playwright drives the system Chromium: its own
 #     browser download is never used)
 #   - valgrind (Debian's package), when missing: the instruction-count regression guard
+#   - PostgreSQL (Debian's postgresql package), when missing: the tests of
+#     several instances on one store start their own throwaway cluster
 # Prints the Envoy binary's path on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +69,11 @@ fi
 if ! command -v valgrind >/dev/null 2>&1; then
   missing+=(valgrind)
 fi
+# PostgreSQL: tests/store_postgres.rs runs initdb and pg_ctl from
+# /usr/lib/postgresql/<version>/bin in a temporary directory.
+if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
+  missing+=(postgresql)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing Debian packages; install them: sudo apt-get install ${missing[*]}" >&2
@@ -79,6 +86,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   # The prometheus package starts a system service; the tests run their own instance.
   if [[ " ${missing[*]} " == *" prometheus "* ]]; then
     (command -v systemctl >/dev/null && systemctl stop prometheus prometheus-node-exporter) >/dev/null 2>&1 || true
+  fi
+  # Likewise the postgresql package's own cluster: the tests start throwaway ones.
+  if [[ " ${missing[*]} " == *" postgresql "* ]]; then
+    (command -v systemctl >/dev/null && systemctl stop postgresql) >/dev/null 2>&1 || true
   fi
 fi
 

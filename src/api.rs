@@ -1,7 +1,11 @@
 //! The REST API (axum): dataplanes and their readiness, sources, health.
 //!
 //! Handlers only read snapshots: the catalog, each dataplane's watch value,
-//! and the source snapshot. They never write state.
+//! and the source snapshot. They never write state; the write calls of
+//! [`definitions`] write to the store, whose changes reach the registry like
+//! file changes.
+
+pub mod definitions;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -42,12 +46,19 @@ pub struct ApiState {
     pub hds_port: u16,
     /// The change feed, for `/api/v1/watch`.
     pub feed: crate::consumers::feed::FeedHandle,
+    /// Where definitions come from: the write calls answer 409 for files.
+    pub definitions: definitions::Definitions,
 }
 
 pub fn router(state: ApiState) -> Router {
     let api = Router::new()
         .route("/api/v1/dataplanes", get(list_dataplanes))
-        .route("/api/v1/dataplanes/{mesh}/{name}", get(get_dataplane))
+        .route(
+            "/api/v1/dataplanes/{mesh}/{name}",
+            get(get_dataplane)
+                .put(definitions::put)
+                .delete(definitions::delete),
+        )
         .route("/api/v1/sources", get(sources))
         .route("/api/v1/services", get(list_services))
         .route("/api/v1/watch", get(crate::consumers::sse::handler))
@@ -277,7 +288,15 @@ async fn get_dataplane(
         .get(&id)
         .and_then(|h| DataplaneItem::from_state(&h.state()))
     {
-        Some(item) => Json(item).into_response(),
+        Some(item) => match definitions::revision_of(&s, &id).await {
+            // The stored revision, for If-Match on the next write.
+            Some(revision) => (
+                [(axum::http::header::ETAG, definitions::etag(revision))],
+                Json(item),
+            )
+                .into_response(),
+            None => Json(item).into_response(),
+        },
         None => error(
             StatusCode::NOT_FOUND,
             &format!("dataplane {id} not found; GET /api/v1/dataplanes lists the known ones"),
@@ -430,7 +449,7 @@ async fn bootstrap(
     });
     let params = crate::bootstrap::BootstrapParams {
         id: DataplaneId::new(claims.mesh, claims.name),
-        server,
+        servers: vec![server],
         token: Some(token.to_string()),
         admin_port: q.admin_port.unwrap_or(9901),
         ca: q.ca,

@@ -11,8 +11,10 @@ use crate::dataplane::DataplaneId;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootstrapParams {
     pub id: DataplaneId,
-    /// hdsd's HDS address as `HOST:PORT`; a hostname is resolved by Envoy (STRICT_DNS).
-    pub server: String,
+    /// hdsd's HDS addresses as `HOST:PORT`, one per instance; a hostname is
+    /// resolved by Envoy (STRICT_DNS). With several, Envoy's stream goes to
+    /// one of them and, when that one fails, reconnects to another.
+    pub servers: Vec<String>,
     /// The dataplane token, sent as gRPC metadata `authorization`.
     pub token: Option<String>,
     /// Envoy's admin port, bound on loopback only.
@@ -29,6 +31,8 @@ pub const HDSD_CLUSTER: &str = "hdsd";
 pub enum BootstrapError {
     #[error("server {0:?} is not HOST:PORT (e.g. 127.0.0.1:5678 or hdsd.example:5678)")]
     Server(String),
+    #[error("no server given; name hdsd's HDS address with --server HOST:PORT (repeat it for each instance)")]
+    NoServer,
 }
 
 /// Splits `HOST:PORT`, accepting `[v6]:PORT`.
@@ -43,14 +47,28 @@ fn split_server(server: &str) -> Result<(String, u16), BootstrapError> {
     Ok((host.to_string(), port))
 }
 
-/// The static cluster that points at hdsd (gRPC over HTTP/2, TLS with `ca`).
-fn hdsd_cluster(server: &str, ca: Option<&PathBuf>) -> Result<Value, BootstrapError> {
-    let (host, port) = split_server(server)?;
-    let discovery = if host.parse::<std::net::IpAddr>().is_ok() {
-        "STATIC"
-    } else {
-        "STRICT_DNS"
-    };
+/// The static cluster that points at hdsd's instances (gRPC over HTTP/2,
+/// TLS with `ca`): one endpoint per server.
+fn hdsd_cluster(servers: &[String], ca: Option<&PathBuf>) -> Result<Value, BootstrapError> {
+    if servers.is_empty() {
+        return Err(BootstrapError::NoServer);
+    }
+    let targets = servers
+        .iter()
+        .map(|s| split_server(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let all_ips = targets
+        .iter()
+        .all(|(host, _)| host.parse::<std::net::IpAddr>().is_ok());
+    let discovery = if all_ips { "STATIC" } else { "STRICT_DNS" };
+    let endpoints: Vec<Value> = targets
+        .iter()
+        .map(|(host, port)| {
+            json!({"endpoint": {"address": {"socket_address": {
+                "address": host, "port_value": port
+            }}}})
+        })
+        .collect();
     let mut cluster = json!({
         "name": HDSD_CLUSTER,
         "type": discovery,
@@ -65,9 +83,7 @@ fn hdsd_cluster(server: &str, ca: Option<&PathBuf>) -> Result<Value, BootstrapEr
         },
         "load_assignment": {
             "cluster_name": HDSD_CLUSTER,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
-                "address": host, "port_value": port
-            }}}}]}]
+            "endpoints": [{"lb_endpoints": endpoints}]
         }
     });
     if let Some(ca) = ca {
@@ -82,7 +98,9 @@ fn hdsd_cluster(server: &str, ca: Option<&PathBuf>) -> Result<Value, BootstrapEr
             }
         });
         // SNI carries host names only (RFC 6066): an IP literal is not sent.
-        if discovery == "STRICT_DNS" {
+        // One SNI per cluster: sent when every server has the same host name.
+        let host = &targets[0].0;
+        if host.parse::<std::net::IpAddr>().is_err() && targets.iter().all(|(h, _)| h == host) {
             cluster["transport_socket"]["typed_config"]["sni"] = json!(host);
         }
     }
@@ -101,7 +119,7 @@ fn grpc_service(token: Option<&String>) -> Value {
 
 /// The bootstrap as a JSON value (YAML is a rendering of it).
 pub fn bootstrap(p: &BootstrapParams) -> Result<Value, BootstrapError> {
-    let cluster = hdsd_cluster(&p.server, p.ca.as_ref())?;
+    let cluster = hdsd_cluster(&p.servers, p.ca.as_ref())?;
     Ok(json!({
         "node": {"id": p.id.to_string(), "cluster": p.id.mesh},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p.admin_port}}},
@@ -144,7 +162,7 @@ pub struct FrontParams {
 ///   dead ones included. At 0 an unhealthy endpoint never gets traffic; when
 ///   none is healthy or degraded, requests fail fast with 503.
 pub fn front(p: &FrontParams) -> Result<Value, BootstrapError> {
-    let hdsd = hdsd_cluster(&p.server, p.ca.as_ref())?;
+    let hdsd = hdsd_cluster(std::slice::from_ref(&p.server), p.ca.as_ref())?;
     let name = format!("{}/{}", p.mesh, p.service);
     let listener = json!({
         "name": "front",
@@ -227,7 +245,7 @@ mod tests {
     fn params() -> BootstrapParams {
         BootstrapParams {
             id: DataplaneId::new("default", "web-01"),
-            server: "127.0.0.1:5678".into(),
+            servers: vec!["127.0.0.1:5678".into()],
             token: None,
             admin_port: 9901,
             ca: None,
@@ -255,7 +273,7 @@ mod tests {
     #[test]
     fn token_tls_and_hostname() {
         let p = BootstrapParams {
-            server: "hdsd.example:5678".into(),
+            servers: vec!["hdsd.example:5678".into()],
             token: Some("abc".into()),
             ca: Some("/etc/hdsd/ca.pem".into()),
             ..params()
@@ -268,6 +286,39 @@ mod tests {
         let c = &b["static_resources"]["clusters"][0];
         assert_eq!(c["type"], "STRICT_DNS");
         assert_eq!(c["transport_socket"]["typed_config"]["sni"], "hdsd.example");
+    }
+
+    #[test]
+    fn several_servers_are_endpoints_of_the_one_cluster() {
+        let p = BootstrapParams {
+            servers: vec!["10.0.0.1:5678".into(), "10.0.0.2:5678".into()],
+            ..params()
+        };
+        let b = bootstrap(&p).unwrap();
+        let c = &b["static_resources"]["clusters"][0];
+        assert_eq!(c["type"], "STATIC");
+        let endpoints = &c["load_assignment"]["endpoints"][0]["lb_endpoints"];
+        let addresses: Vec<&str> = endpoints
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                e["endpoint"]["address"]["socket_address"]["address"]
+                    .as_str()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(addresses, ["10.0.0.1", "10.0.0.2"]);
+        // Host names differ: resolved by DNS, and no single SNI fits them all.
+        let p = BootstrapParams {
+            servers: vec!["a.example:5678".into(), "b.example:5678".into()],
+            ca: Some("/etc/hdsd/ca.pem".into()),
+            ..params()
+        };
+        let b = bootstrap(&p).unwrap();
+        let c = &b["static_resources"]["clusters"][0];
+        assert_eq!(c["type"], "STRICT_DNS");
+        assert!(c["transport_socket"]["typed_config"].get("sni").is_none());
     }
 
     #[test]
@@ -321,13 +372,18 @@ mod tests {
     fn server_must_be_host_port() {
         for bad in ["", "host", "host:", ":5678", "host:0", "host:99999"] {
             let p = BootstrapParams {
-                server: bad.into(),
+                servers: vec![bad.into()],
                 ..params()
             };
             assert!(bootstrap(&p).is_err(), "{bad}");
         }
+        let none = BootstrapParams {
+            servers: vec![],
+            ..params()
+        };
+        assert_eq!(bootstrap(&none), Err(BootstrapError::NoServer));
         let p = BootstrapParams {
-            server: "[::1]:5678".into(),
+            servers: vec!["[::1]:5678".into()],
             ..params()
         };
         let b = bootstrap(&p).unwrap();

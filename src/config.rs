@@ -29,6 +29,69 @@ pub struct Config {
     pub auth: AuthConfig,
     pub log: LogConfig,
     pub eds: EdsConfig,
+    pub store: StoreConfig,
+}
+
+/// Where hdsd keeps what it stores: the definitions of `dataplanes.source =
+/// "api"`, and readiness (redb: in `state_dir`, per instance; PostgreSQL:
+/// shared by the instances).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub kind: StoreKind,
+    pub postgres: PostgresConfig,
+}
+
+/// `store.kind`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// The embedded redb file under `state_dir` (one instance).
+    #[default]
+    Redb,
+    /// A PostgreSQL database shared by several instances.
+    Postgres,
+}
+
+/// `store.postgres`: used when `store.kind = "postgres"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PostgresConfig {
+    /// A libpq connection string: a URL (`postgresql://user@host/db`) or
+    /// key=value pairs (`host=/run/postgresql dbname=hdsd`, a socket directory).
+    pub url: String,
+    /// The most connections one instance opens (besides its one listener).
+    pub pool_size: usize,
+    /// How long opening a connection may take.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long a request waits for a free pooled connection.
+    #[serde(with = "humantime_serde")]
+    pub wait_timeout: Duration,
+    /// How often every definition is read again, healing missed notifications.
+    #[serde(with = "humantime_serde")]
+    pub reconcile_interval: Duration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            kind: StoreKind::Redb,
+            postgres: PostgresConfig::default(),
+        }
+    }
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        PostgresConfig {
+            url: String::new(),
+            pool_size: 8,
+            connect_timeout: Duration::from_secs(5),
+            wait_timeout: Duration::from_secs(5),
+            reconcile_interval: Duration::from_secs(30),
+        }
+    }
 }
 
 /// How readiness becomes EDS endpoints.
@@ -291,6 +354,8 @@ pub struct ApiConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataplanesConfig {
+    /// Where definitions come from: the files of `dir`, or the store (API).
+    pub source: DataplanesSource,
     pub dir: PathBuf,
     /// Bytes a dataplane file may have (and the most its YAML aliases may
     /// expand it to).
@@ -316,6 +381,17 @@ impl DataplanesConfig {
             max_tags: self.max_tags,
         }
     }
+}
+
+/// `dataplanes.source`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataplanesSource {
+    /// The files of `dataplanes.dir`, watched for changes.
+    #[default]
+    Dir,
+    /// The store, written through `PUT` / `DELETE /api/v1/dataplanes/{mesh}/{name}`.
+    Api,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -344,6 +420,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             log: LogConfig::default(),
             eds: EdsConfig::default(),
+            store: StoreConfig::default(),
         }
     }
 }
@@ -415,6 +492,7 @@ impl Default for DataplanesConfig {
     fn default() -> Self {
         let limits = crate::dataplane::FileLimits::default();
         DataplanesConfig {
+            source: DataplanesSource::Dir,
             dir: PathBuf::from("./dataplanes"),
             max_file_size: limits.max_file_size,
             max_nesting: limits.max_nesting,
@@ -480,8 +558,14 @@ pub const MIN_REPORT_INTERVAL: Duration = Duration::from_millis(100);
 
 /// `HDSD_*` variables that belong to the project's tests and scripts, not to
 /// the server: `HDSD_REQUIRE_DOCKER` (CI: the compose test must run),
+/// `HDSD_REQUIRE_POSTGRES` (CI: the PostgreSQL tests must run),
 /// `HDSD_COMPOSE_BUILD`, `HDSD_CHROMIUM`. They never count as settings.
-pub const TOOLING_ENV: [&str; 3] = ["require_docker", "compose_build", "chromium"];
+pub const TOOLING_ENV: [&str; 4] = [
+    "require_docker",
+    "require_postgres",
+    "compose_build",
+    "chromium",
+];
 
 impl Config {
     /// Loads the configuration: defaults, then the optional file, then `HDSD_*`
@@ -671,6 +755,35 @@ impl Config {
                 self.api.listen
             ));
         }
+        if self.store.kind == StoreKind::Postgres {
+            let pg = &self.store.postgres;
+            if pg.url.is_empty() {
+                problems.push(
+                    "store.kind is \"postgres\" but store.postgres.url is not set; set it (or HDSD_STORE__POSTGRES__URL) to a libpq connection string, e.g. postgresql://hdsd@db.example/hdsd or host=/run/postgresql dbname=hdsd".to_string(),
+                );
+            } else if let Err(e) = pg.url.parse::<tokio_postgres::Config>() {
+                problems.push(format!(
+                    "store.postgres.url is not a libpq connection string: {e}; use postgresql://user@host:port/db or key=value pairs such as host=/run/postgresql dbname=hdsd"
+                ));
+            }
+            if self.dataplanes.source == DataplanesSource::Dir {
+                problems.push(
+                    "store.kind is \"postgres\" but dataplanes.source is \"dir\": instances sharing a PostgreSQL store share their definitions, so they must come from the store; set dataplanes.source = \"api\", or remove store.kind".to_string(),
+                );
+            }
+            if pg.pool_size == 0 {
+                problems.push("store.postgres.pool_size must be >= 1 (e.g. 8)".to_string());
+            }
+            for (key, value) in [
+                ("connect_timeout", pg.connect_timeout),
+                ("wait_timeout", pg.wait_timeout),
+                ("reconcile_interval", pg.reconcile_interval),
+            ] {
+                if value.is_zero() {
+                    problems.push(format!("store.postgres.{key} must be > 0"));
+                }
+            }
+        }
         problems
     }
 
@@ -831,6 +944,9 @@ idle_timeout = "60s"
 # key = "/etc/hdsd/tls/api.key"
 
 [dataplanes]
+# Where definitions come from: "dir" (the files of `dir`, watched for changes) or "api"
+# (the store, managed with PUT/DELETE /api/v1/dataplanes/{mesh}/{name} and `hdsd apply`).
+source = "dir"
 # Directory of Dataplane YAML files (*.yaml, *.yml), watched for changes.
 dir = "./dataplanes"
 # Limits on each file; a file past one is rejected like a broken file (its last good
@@ -845,6 +961,26 @@ max_aliases = 64
 max_inbounds = 4096
 # Tags per inbound.
 max_tags = 64
+
+[store]
+# Where definitions of dataplanes.source = "api" are kept: "redb" (a file under state_dir,
+# one instance) or "postgres" (a database several instances share, with the readiness each
+# instance folds from the streams it holds). Readiness is kept in the same store.
+kind = "redb"
+
+[store.postgres]
+# A libpq connection string (HDSD_STORE__POSTGRES__URL): postgresql://user:pass@host:5432/db,
+# or key=value pairs, e.g. "host=/run/postgresql dbname=hdsd" for a unix socket.
+url = ""
+# The most connections one instance opens, besides the one that listens for changes.
+pool_size = 8
+# How long opening a connection may take.
+connect_timeout = "5s"
+# How long a request waits for a free connection of the pool.
+wait_timeout = "5s"
+# How often every definition is read again (changes arrive within a second by
+# LISTEN/NOTIFY; this heals a notification missed while a connection was down).
+reconcile_interval = "30s"
 
 [eds]
 # EDS (Envoy's EndpointDiscoveryService) is served on hds.listen: one ClusterLoadAssignment
@@ -887,6 +1023,45 @@ mod tests {
         let c = load_str(".toml", DEFAULTS_TOML).unwrap();
         assert_eq!(c, Config::default());
         assert!(c.validate().is_empty());
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API returns its own error type
+    fn the_postgres_store_from_the_environment_and_its_rules() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HDSD_DATAPLANES__SOURCE", "api");
+            jail.set_env("HDSD_STORE__KIND", "postgres");
+            jail.set_env(
+                "HDSD_STORE__POSTGRES__URL",
+                "host=/run/postgresql dbname=hdsd",
+            );
+            let c = Config::load(None).unwrap();
+            assert_eq!(c.dataplanes.source, DataplanesSource::Api);
+            assert_eq!(c.store.kind, StoreKind::Postgres);
+            assert_eq!(c.store.postgres.pool_size, 8);
+            assert!(c.validate().is_empty(), "{:?}", c.validate());
+            Ok(())
+        });
+        let mut c = Config::default();
+        c.store.kind = StoreKind::Postgres;
+        let problems = c.validate().join("\n");
+        assert!(
+            problems.contains("store.postgres.url is not set"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("dataplanes.source is \"dir\""),
+            "{problems}"
+        );
+        c.dataplanes.source = DataplanesSource::Api;
+        c.store.postgres.url = "postgresql://db:notaport/x".into();
+        c.store.postgres.pool_size = 0;
+        let problems = c.validate().join("\n");
+        assert!(
+            problems.contains("not a libpq connection string"),
+            "{problems}"
+        );
+        assert!(problems.contains("pool_size must be >= 1"), "{problems}");
     }
 
     #[test]
@@ -945,6 +1120,7 @@ mod tests {
             jail.set_env("HDSD_API__LISTEN", "127.0.0.1:9999");
             // The tests' own switches are not settings (CI sets this one).
             jail.set_env("HDSD_REQUIRE_DOCKER", "1");
+            jail.set_env("HDSD_REQUIRE_POSTGRES", "1");
             let c = Config::load(Some(Path::new("c.toml"))).unwrap();
             assert_eq!(c.hds.report_interval, Duration::from_secs(10));
             assert_eq!(c.api.listen.port(), 9999);

@@ -3,13 +3,15 @@
 //! The pure core: [`dataplane`] (the resource), [`probe`] (check settings and
 //! their rules), [`specifier`] (dataplane -> `HealthCheckSpecifier`) and
 //! [`readiness`] (reports -> per-inbound status). State: [`source`] (files ->
-//! definitions) and [`registry`] (one writer per dataplane). Edges: [`hds`]
+//! definitions), [`store`] (readiness; definitions in redb or PostgreSQL) and
+//! [`registry`] (one writer per dataplane). Edges: [`hds`]
 //! (gRPC), [`api`] (REST), [`consumers`] (the change feed and who reads it:
 //! gRPC `hdsd.v1`, SSE), [`ui`] (the fleet page), [`server`] (wiring).
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
 pub mod api;
+pub mod apply;
 pub mod auth;
 pub mod bootstrap;
 pub mod client;

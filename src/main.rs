@@ -91,6 +91,35 @@ enum Command {
         #[arg(long)]
         ca: Option<PathBuf>,
     },
+    /// Send Dataplane definitions to a running hdsd (dataplanes.source = "api"), like `kumactl apply`.
+    Apply {
+        /// A file (YAML documents separated by ---, or JSON), or a directory of them.
+        #[arg(long, short = 'f')]
+        file: PathBuf,
+        /// hdsd's REST API (https://... when it has api.tls).
+        #[arg(long, default_value = "http://127.0.0.1:5680")]
+        api: String,
+        /// One of the server's api.tokens, when its API requires one.
+        #[arg(long)]
+        api_token: Option<String>,
+        /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
+        #[arg(long)]
+        ca: Option<PathBuf>,
+    },
+    /// Delete a dataplane's definition from a running hdsd (dataplanes.source = "api").
+    Delete {
+        mesh: String,
+        name: String,
+        /// hdsd's REST API (https://... when it has api.tls).
+        #[arg(long, default_value = "http://127.0.0.1:5680")]
+        api: String,
+        /// One of the server's api.tokens, when its API requires one.
+        #[arg(long)]
+        api_token: Option<String>,
+        /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
+        #[arg(long)]
+        ca: Option<PathBuf>,
+    },
     /// Print an Envoy bootstrap that connects a dataplane to hdsd
     /// (`bootstrap front`: a front proxy routing by readiness).
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -101,9 +130,10 @@ enum Command {
         mesh: Option<String>,
         #[arg(long, required = true)]
         name: Option<String>,
-        /// hdsd's HDS address, HOST:PORT.
+        /// hdsd's HDS address, HOST:PORT; repeat it for each instance of a
+        /// cluster (Envoy reconnects to another when one fails).
         #[arg(long, default_value = "127.0.0.1:5678")]
-        server: String,
+        server: Vec<String>,
         /// File holding the dataplane token.
         #[arg(long, conflicts_with = "token")]
         token_file: Option<PathBuf>,
@@ -268,6 +298,53 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Token { config, command } => token(config.as_deref(), command),
+        Command::Apply {
+            file,
+            api,
+            api_token,
+            ca,
+        } => {
+            let agent = hdsd::client::agent(ca.as_deref())?;
+            let target = hdsd::apply::Target {
+                agent: &agent,
+                api: &api,
+                token: api_token.as_deref(),
+            };
+            let applied = hdsd::apply::apply(&target, &file).map_err(anyhow::Error::msg)?;
+            for line in &applied.lines {
+                println!("{line}");
+            }
+            for problem in &applied.problems {
+                eprintln!("{problem}");
+            }
+            if applied.problems.is_empty() {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!("{} document(s) not applied", applied.problems.len());
+                Ok(ExitCode::from(1))
+            }
+        }
+        Command::Delete {
+            mesh,
+            name,
+            api,
+            api_token,
+            ca,
+        } => {
+            let id = DataplaneId::try_new(&mesh, &name).map_err(|e| {
+                anyhow::anyhow!("{mesh:?} {name:?} is not a dataplane identity: {e}")
+            })?;
+            let agent = hdsd::client::agent(ca.as_deref())?;
+            let target = hdsd::apply::Target {
+                agent: &agent,
+                api: &api,
+                token: api_token.as_deref(),
+            };
+            hdsd::apply::delete(&target, &id)
+                .map_err(|e| anyhow::anyhow!("dataplane {id} not deleted: {e}"))?;
+            println!("dataplane {id} deleted");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bootstrap {
             front:
                 Some(BootstrapCommand::Front {
@@ -315,7 +392,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })?;
             let yaml = bootstrap_yaml(&BootstrapParams {
                 id,
-                server,
+                servers: server,
                 token,
                 admin_port,
                 ca,
@@ -376,6 +453,17 @@ fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     let settings = server::specifier_settings(&config);
     let mut dataplanes = 0;
     let mut ignored = String::new();
+    let from_api = config.dataplanes.source == hdsd::config::DataplanesSource::Api;
+    if problems.is_empty() && from_api {
+        println!(
+            "ok: configuration valid; dataplanes.source is \"api\": definitions come from the {} store, checked when they are applied",
+            match config.store.kind {
+                hdsd::config::StoreKind::Redb => "redb",
+                hdsd::config::StoreKind::Postgres => "PostgreSQL",
+            }
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     if problems.is_empty() {
         match source::load(
             &config.dataplanes.dir,
@@ -508,6 +596,23 @@ fn token(config_path: Option<&Path>, command: TokenCommand) -> anyhow::Result<Ex
             }
         }
         TokenCommand::Revoke { jti } => {
+            if config.store.kind == hdsd::config::StoreKind::Postgres {
+                // Every instance sharing the store takes it from there.
+                Revocations::revoke(&revocations, &jti)?;
+                let runtime =
+                    tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+                let added = runtime.block_on(async {
+                    let store =
+                        hdsd::store::postgres::PgStore::connect(&config.store.postgres).await?;
+                    store.revoke(&jti).await
+                })?;
+                println!(
+                    "{} {jti} in the PostgreSQL store (and {}); every instance sharing it ends its streams within a second",
+                    if added { "revoked" } else { "already revoked:" },
+                    revocations.display()
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
             if Revocations::revoke(&revocations, &jti)? {
                 println!(
                     "revoked {jti} (in {}); running hdsd servers end its streams within a second",

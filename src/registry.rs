@@ -33,6 +33,9 @@ pub type StreamId = u64;
 pub struct Connection {
     /// The stream whose reports count (the newest one); `None` when disconnected.
     pub stream: Option<StreamId>,
+    /// The instance (sharing the store) where a newer stream for this
+    /// dataplane attached: the stream of this instance must end.
+    pub replaced_on: Option<String>,
     pub peer: Option<SocketAddr>,
     pub connected_at: Option<Timestamp>,
 }
@@ -66,6 +69,16 @@ pub enum Command {
         /// When the stream handed the report on: the start of
         /// `hdsd_report_processing_seconds` (report received -> visible).
         received: std::time::Instant,
+    },
+    /// Readiness written by another instance sharing the store (the one
+    /// holding this dataplane's stream): taken while no stream of this
+    /// instance speaks for the dataplane, and never written back.
+    Observed(Box<StoredHealth>),
+    /// A stream for this dataplane attached on another instance at `at`:
+    /// ours ends unless it attached later.
+    ReplacedOn {
+        instance: String,
+        at: Timestamp,
     },
 }
 
@@ -128,6 +141,26 @@ impl Registry {
     }
 
     /// The dataplane's handle if it exists and is not being removed.
+    /// Hands readiness read from a shared store to the dataplane's task,
+    /// without waiting: when its queue is full the update is dropped (the
+    /// next one carries the same and newer state).
+    pub fn observe(&self, id: &DataplaneId, stored: StoredHealth) {
+        if let Some(handle) = self.get(id) {
+            let _ = handle
+                .commands
+                .try_send(Command::Observed(Box::new(stored)));
+        }
+    }
+
+    /// Tells the dataplane's task that a stream attached on `instance` at `at`.
+    pub fn replaced_on(&self, id: &DataplaneId, instance: String, at: Timestamp) {
+        if let Some(handle) = self.get(id) {
+            let _ = handle
+                .commands
+                .try_send(Command::ReplacedOn { instance, at });
+        }
+    }
+
     pub fn get_defined(&self, id: &DataplaneId) -> Option<DataplaneHandle> {
         self.get(id).filter(|h| h.state.borrow().defined.is_some())
     }
@@ -165,6 +198,22 @@ pub struct RegistryOptions {
     pub restored: BTreeMap<DataplaneId, StoredHealth>,
     /// Where dataplane tasks tell each change; `None` in tests without consumers.
     pub feed: Option<FeedSender>,
+    /// Told when a stream of this instance attaches, so that instances
+    /// sharing the store end their older streams; `None` alone.
+    pub claims: Option<Claims>,
+}
+
+/// Announces "a stream for this dataplane attached here" to other instances.
+#[derive(Clone)]
+pub struct Claims(pub Arc<Claim>);
+
+/// Called with the dataplane and the time its stream attached here.
+pub type Claim = dyn Fn(&DataplaneId, Timestamp) + Send + Sync;
+
+impl std::fmt::Debug for Claims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Claims")
+    }
 }
 
 async fn run_registry(
@@ -285,6 +334,7 @@ fn spawn_dataplane(
             .unwrap_or(chrono::Duration::MAX),
         store: options.store.clone(),
         stored_report_at: restored.and_then(|r| r.last_report_at),
+        claims: options.claims.clone(),
     };
     tokio::spawn(task.run(commands_rx));
     DataplaneHandle {
@@ -309,6 +359,8 @@ struct DataplaneTask {
     incarnation: u64,
     /// The last definition, named in the feed also once deleted.
     last_definition: Option<Arc<Dataplane>>,
+    /// Told when a stream of this instance attaches.
+    claims: Option<Claims>,
 }
 
 impl DataplaneTask {
@@ -352,6 +404,8 @@ impl DataplaneTask {
             Command::Report { received, .. } => Some(*received),
             _ => None,
         };
+        let observed = matches!(command, Command::Observed(_) | Command::ReplacedOn { .. });
+        let attach = matches!(command, Command::Attach { .. });
         let redefines = matches!(command, Command::Define(_) | Command::Remove);
         let mut applied = Applied::default();
         let mut visible = true;
@@ -374,13 +428,21 @@ impl DataplaneTask {
         if applied.notify && visible {
             self.publish();
         }
+        if attach && applied.notify {
+            if let Some(claims) = &self.claims {
+                (claims.0)(&self.id, now);
+            }
+        }
         if let Some(received) = received {
             // Folded and published: what the API and every consumer read now.
             let fold = &applied.fold;
             crate::metrics::report_folded(received.elapsed(), fold.unknown_endpoints);
             crate::metrics::transitions(fold.became_ready, fold.became_not_ready);
         }
-        self.persist(applied.fold.changed || (redefines && applied.notify));
+        // Another instance's state is its writer's to store, not ours.
+        if !observed {
+            self.persist(applied.fold.changed || (redefines && applied.notify));
+        }
     }
 
     fn expire(&mut self) {
@@ -508,6 +570,7 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 stream: Some(stream),
                 peer,
                 connected_at: Some(now),
+                replaced_on: None,
             };
             Applied {
                 notify: true,
@@ -519,6 +582,7 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 return Applied::default();
             }
             s.connection.stream = None;
+            s.connection.replaced_on = None;
             Applied {
                 notify: true,
                 ..Default::default()
@@ -536,6 +600,44 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
             Applied {
                 notify: fold.changed,
                 fold,
+            }
+        }
+        Command::ReplacedOn { instance, at } => {
+            // A claim older than our stream is news of a stream ours replaced.
+            if s.connection.stream.is_none()
+                || s.connection.replaced_on.is_some()
+                || s.connection.connected_at.is_some_and(|ours| ours > at)
+            {
+                return Applied::default();
+            }
+            s.connection.replaced_on = Some(instance);
+            Applied {
+                notify: true,
+                ..Default::default()
+            }
+        }
+        Command::Observed(stored) => {
+            // Our own stream's reports win; an older observation never
+            // replaces a newer state.
+            if s.connection.stream.is_some() || stored.last_report_at < s.health.last_report_at {
+                return Applied::default();
+            }
+            let Some(defined) = &s.defined else {
+                return Applied::default();
+            };
+            let health = restore(
+                &stored,
+                &defined.dataplane,
+                &defined.specifier,
+                s.health.clone(),
+            );
+            // Like a report: watchers wake when a status changed, not when
+            // only the report time moved.
+            let changed = health.inbounds != s.health.inbounds;
+            s.health = health;
+            Applied {
+                notify: changed,
+                ..Default::default()
             }
         }
     }
@@ -673,6 +775,7 @@ mod tests {
                 store: None,
                 restored: BTreeMap::new(),
                 feed: None,
+                claims: None,
             },
         );
         let (a, b) = (
@@ -711,6 +814,102 @@ mod tests {
         }
     }
 
+    #[test]
+    fn another_instances_readiness_counts_only_while_no_stream_of_ours_does() {
+        let d = defined(8080);
+        let mut holder = state(d.clone());
+        apply(
+            &mut holder,
+            Command::Attach {
+                stream: 1,
+                peer: None,
+            },
+            t(1),
+        );
+        apply(
+            &mut holder,
+            Command::Report {
+                stream: 1,
+                report: healthy(8080),
+                received: std::time::Instant::now(),
+            },
+            t(2),
+        );
+        let written = snapshot(&d.dataplane, &d.specifier, &holder.health);
+
+        // Another instance without a stream takes it.
+        let mut other = state(d.clone());
+        let a = apply(
+            &mut other,
+            Command::Observed(Box::new(written.clone())),
+            t(3),
+        );
+        assert!(a.notify);
+        assert_eq!(other.health.inbounds[0].status, Status::Healthy);
+        assert_eq!(other.health.last_report_at, Some(t(2)));
+        // An older write never replaces a newer state.
+        let mut older = written.clone();
+        older.last_report_at = Some(t(1));
+        older.inbounds[0].status = "unhealthy".into();
+        assert!(!apply(&mut other, Command::Observed(Box::new(older)), t(4)).notify);
+        assert_eq!(other.health.inbounds[0].status, Status::Healthy);
+        // Once the Envoy is here, its own reports win.
+        apply(
+            &mut other,
+            Command::Attach {
+                stream: 7,
+                peer: None,
+            },
+            t(5),
+        );
+        let mut later = written;
+        later.last_report_at = Some(t(9));
+        later.inbounds[0].status = "unhealthy".into();
+        assert!(!apply(&mut other, Command::Observed(Box::new(later)), t(9)).notify);
+        assert_eq!(other.health.inbounds[0].status, Status::Healthy);
+    }
+
+    #[test]
+    fn a_stream_elsewhere_marks_ours_replaced_until_it_detaches() {
+        let mut s = state(defined(8080));
+        // Nothing of ours to replace.
+        let on_b = |at| Command::ReplacedOn {
+            instance: "b/1".into(),
+            at,
+        };
+        assert!(!apply(&mut s, on_b(t(1)), t(1)).notify);
+        apply(
+            &mut s,
+            Command::Attach {
+                stream: 3,
+                peer: None,
+            },
+            t(2),
+        );
+        // A claim from before our stream attached is old news.
+        assert!(!apply(&mut s, on_b(t(1)), t(3)).notify);
+        assert!(apply(&mut s, on_b(t(3)), t(3)).notify);
+        assert_eq!(s.connection.replaced_on.as_deref(), Some("b/1"));
+        apply(&mut s, Command::Detach { stream: 3 }, t(4));
+        assert_eq!(
+            s.connection,
+            Connection {
+                connected_at: Some(t(2)),
+                ..Default::default()
+            }
+        );
+        // A stream attaching here later is not replaced.
+        apply(
+            &mut s,
+            Command::Attach {
+                stream: 4,
+                peer: None,
+            },
+            t(5),
+        );
+        assert_eq!(s.connection.replaced_on, None);
+    }
+
     /// The task expires reports by itself, on the clock the test controls.
     #[tokio::test(start_paused = true)]
     async fn a_dataplane_task_marks_silent_inbounds_stale_on_time() {
@@ -726,6 +925,7 @@ mod tests {
         let registry = Registry::spawn(
             rx,
             RegistryOptions {
+                claims: None,
                 clock: Arc::new(clock.clone()),
                 stale_after: Duration::from_secs(15),
                 report_interval: Duration::from_secs(5),

@@ -12,12 +12,14 @@ use tokio::sync::watch;
 use crate::api::{self, ApiState};
 use crate::auth::Gate;
 use crate::clock::{Clock, SystemClock};
-use crate::config::{AuthMode, Config};
+use crate::config::{AuthMode, Config, DataplanesSource, StoreKind};
 use crate::hds::{HdsService, HdsSettings};
 use crate::net::{Admission, Incoming, Plain};
 use crate::registry::{Registry, RegistryOptions};
 use crate::source::{self, Loaded};
 use crate::specifier::SpecifierSettings;
+use crate::store::definitions::{self, DefinitionStore};
+use crate::store::postgres::PgStore;
 use crate::store::{ReadinessStore, RedbStore, StoreHandle};
 use crate::tls::TlsHandshake;
 
@@ -56,6 +58,10 @@ pub enum ServeError {
     Metrics(#[from] crate::metrics::MetricsError),
     #[error("{0}; check that state_dir is writable, or move the file aside")]
     Store(#[from] crate::store::StoreError),
+    #[error("cannot read the dataplane definitions: {0}")]
+    Definitions(crate::store::StoreError),
+    #[error("cannot read the readiness state: {0}")]
+    Readiness(crate::store::StoreError),
 }
 
 impl ServeError {
@@ -185,22 +191,104 @@ pub async fn run(
     let settings = specifier_settings(&config);
     let dir = config.dataplanes.dir.clone();
     let limits = config.dataplanes.limits();
-    let initial = source::load(&dir, &Loaded::default(), &settings, &limits)?;
-    source::log_problems(&initial, &Loaded::default());
-    tracing::info!(
-        dir = %dir.display(),
-        dataplanes = initial.dataplanes.len(),
-        broken_files = initial.error_count(),
-        "dataplanes loaded"
-    );
-    let (sources_tx, sources_rx) = watch::channel(Arc::new(initial));
-    let watcher = tokio::spawn(source::watch(dir.clone(), settings, limits, sources_tx)?);
-
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store_path = config.state_dir.join("readiness.redb");
-    let store: Arc<dyn ReadinessStore> = Arc::new(RedbStore::open(&store_path)?);
-    let restored = store.load()?;
-    tracing::info!(file = %store_path.display(), dataplanes = restored.len(), "readiness state restored");
+    let redb = Arc::new(RedbStore::open(&store_path)?);
+
+    // A PostgreSQL store holds the definitions and the shared readiness.
+    let pg = match config.store.kind {
+        StoreKind::Postgres => Some(Arc::new(
+            PgStore::connect(&config.store.postgres)
+                .await
+                .map_err(ServeError::Definitions)?,
+        )),
+        StoreKind::Redb => None,
+    };
+
+    // Definitions: the files of dataplanes.dir, or the store. Either way the
+    // registry follows one watch of `Loaded` snapshots.
+    let (sources_tx, sources_rx) = watch::channel(Arc::new(Loaded::default()));
+    let (watcher, definitions): (Pin<Box<dyn Future<Output = ()> + Send>>, _) =
+        match config.dataplanes.source {
+            DataplanesSource::Dir => {
+                let initial = source::load(&dir, &Loaded::default(), &settings, &limits)?;
+                source::log_problems(&initial, &Loaded::default());
+                tracing::info!(
+                    dir = %dir.display(),
+                    dataplanes = initial.dataplanes.len(),
+                    broken_files = initial.error_count(),
+                    "dataplanes loaded"
+                );
+                sources_tx.send_replace(Arc::new(initial));
+                (
+                    Box::pin(source::watch(
+                        dir.clone(),
+                        settings.clone(),
+                        limits,
+                        sources_tx,
+                    )?),
+                    api::definitions::Definitions::Dir(dir.clone()),
+                )
+            }
+            DataplanesSource::Api => {
+                let store: Arc<dyn DefinitionStore> = match &pg {
+                    Some(pg) => pg.clone(),
+                    None => redb.clone(),
+                };
+                // Subscribed before the first read: no change falls in between.
+                let changes = store.changes();
+                let initial =
+                    definitions::load(store.as_ref(), &Loaded::default(), &settings, &limits)
+                        .await
+                        .map_err(ServeError::Definitions)?;
+                source::log_problems(&initial, &Loaded::default());
+                tracing::info!(
+                    store = %store.describe(),
+                    dataplanes = initial.dataplanes.len(),
+                    broken = initial.error_count(),
+                    "dataplanes loaded from the store"
+                );
+                sources_tx.send_replace(Arc::new(initial));
+                (
+                    Box::pin(definitions::watch(
+                        store.clone(),
+                        settings.clone(),
+                        limits,
+                        sources_tx,
+                        changes,
+                    )),
+                    api::definitions::Definitions::Store {
+                        store,
+                        checks: Arc::new(api::definitions::Checks {
+                            settings: settings.clone(),
+                            limits,
+                        }),
+                    },
+                )
+            }
+        };
+    let watcher = tokio::spawn(watcher);
+
+    // Readiness: this instance's redb file, or shared through PostgreSQL.
+    let store: Arc<dyn ReadinessStore> = match &pg {
+        Some(pg) => pg.clone(),
+        None => redb,
+    };
+    let loading = store.clone();
+    let restored = match tokio::task::spawn_blocking(move || loading.load()).await {
+        Ok(Ok(restored)) => restored,
+        Ok(Err(e)) if pg.is_some() => return Err(ServeError::Readiness(e)),
+        Ok(Err(e)) => return Err(e.into()),
+        Err(_) => return Err(ServeError::Stopped("loading the readiness state")),
+    };
+    match &pg {
+        Some(pg) => {
+            tracing::info!(store = %DefinitionStore::describe(pg.as_ref()), dataplanes = restored.len(), "readiness state restored")
+        }
+        None => {
+            tracing::info!(file = %store_path.display(), dataplanes = restored.len(), "readiness state restored")
+        }
+    }
     let store = StoreHandle::spawn(store);
     let feed = crate::consumers::feed::spawn(
         crate::consumers::feed::HistoryLimits::default(),
@@ -215,8 +303,35 @@ pub async fn run(
             store: Some(store.clone()),
             restored,
             feed: Some(feed.sender()),
+            claims: pg.as_ref().map(|pg| pg.claims()),
         },
     );
+    if let Some(pg) = &pg {
+        // Every instance keeps the whole fleet's readiness from what the
+        // instances holding the streams write.
+        let observing = registry.clone();
+        tokio::spawn(
+            pg.clone()
+                .follow_readiness(move |id, stored| observing.observe(id, stored)),
+        );
+        // The newest stream wins across instances: one attached elsewhere
+        // ends ours.
+        let mut replaced = pg.replaced();
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            loop {
+                match replaced.recv().await {
+                    Ok((id, instance, at)) => registry.replaced_on(&id, instance, at),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        tracing::info!(
+            instance = pg.instance(),
+            "sharing the PostgreSQL store with other instances"
+        );
+    }
     let assignments = crate::consumers::eds::index::spawn(
         registry.clone(),
         feed.clone(),
@@ -225,6 +340,15 @@ pub async fn run(
     );
     let gate = Arc::new(Gate::new(&config, clock.now())?);
     tokio::spawn(gate.clone().watch());
+    if let (Some(pg), AuthMode::Token) = (&pg, config.auth.mode) {
+        // A token revoked through any instance ends its streams on this one.
+        let gate = gate.clone();
+        tokio::spawn(
+            pg.clone().follow_revocations(move |all| {
+                gate.set_shared_revocations(all.into_iter().collect())
+            }),
+        );
+    }
     let mut notes = Vec::new();
     if config.auth.mode == AuthMode::None {
         let note = "WARNING: auth.mode is \"none\": any client that reaches the HDS port can claim any dataplane and forge its readiness";
@@ -291,6 +415,7 @@ pub async fn run(
             report_interval: config.hds.report_interval,
             stale_after: config.hds.stale_after(),
             limits: config.hds.limits.clone(),
+            definitions_from_api: config.dataplanes.source == DataplanesSource::Api,
         },
         gate.clone(),
         clock,
@@ -369,6 +494,7 @@ pub async fn run(
         tokens: api_tokens,
         gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
         hds_port: hds_addr.port(),
+        definitions,
     };
     let api: Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = {
         let mut drain = drain_rx.clone();
@@ -406,7 +532,7 @@ pub async fn run(
     let mut api = tokio::spawn(api);
     let failure = tokio::select! {
         () = shutdown => None,
-        _ = watcher => Some(ServeError::Stopped("the dataplane file watcher")),
+        _ = watcher => Some(ServeError::Stopped("the dataplane definitions watcher")),
         r = &mut hds => Some(match r {
             Ok(Err(e)) => ServeError::Hds(e),
             _ => ServeError::Stopped("the HDS listener"),

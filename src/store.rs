@@ -10,6 +10,13 @@
 //! The engine is redb (pure Rust, ACID, crash-safe, no C toolchain) behind
 //! the [`ReadinessStore`] trait, so a shared store for several hdsd instances
 //! can replace it later.
+//!
+//! Dataplane definitions (`dataplanes.source = "api"`) are kept behind the
+//! [`definitions::DefinitionStore`] trait, with two engines: this redb file
+//! ([`RedbStore`]) and PostgreSQL ([`postgres::PgStore`]).
+
+pub mod definitions;
+pub mod postgres;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -103,6 +110,8 @@ pub fn restore(
 pub enum StoreError {
     #[error("readiness store {path}: {message}")]
     Engine { path: PathBuf, message: String },
+    #[error("PostgreSQL store: {0}; check that the database named by store.postgres.url is up and reachable")]
+    Postgres(String),
 }
 
 /// Where readiness state is kept.
@@ -130,8 +139,10 @@ fn create(path: &Path) -> Result<Database, redb::DatabaseError> {
 /// The embedded redb store, one file under `state_dir`.
 #[derive(Debug)]
 pub struct RedbStore {
-    db: Database,
+    db: Arc<Database>,
     path: PathBuf,
+    /// Tells the definitions' readers about each committed change.
+    changes: tokio::sync::broadcast::Sender<definitions::DefinitionChange>,
 }
 
 impl RedbStore {
@@ -166,11 +177,13 @@ impl RedbStore {
             Err(e) => return Err(err(e.to_string())),
         };
         let store = RedbStore {
-            db,
+            db: Arc::new(db),
             path: path.to_path_buf(),
+            changes: tokio::sync::broadcast::channel(definitions::CHANGES_BUFFER).0,
         };
-        // Make sure the table exists so that reads of a new store succeed.
+        // Make sure the tables exist so that reads of a new store succeed.
         store.write(&[])?;
+        definitions::redb_create_tables(&store.db).map_err(|e| store.err(e))?;
         Ok(store)
     }
 
@@ -275,6 +288,8 @@ impl StoreHandle {
 async fn run_writer(store: Arc<dyn ReadinessStore>, mut rx: mpsc::UnboundedReceiver<Message>) {
     let mut pending: BTreeMap<DataplaneId, Option<StoredHealth>> = BTreeMap::new();
     let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
+    // Failures are logged when they start and when they end, not per batch.
+    let mut failing = false;
     loop {
         let Some(first) = rx.recv().await else { break };
         let deadline = tokio::time::Instant::now() + FLUSH_INTERVAL;
@@ -296,17 +311,18 @@ async fn run_writer(store: Arc<dyn ReadinessStore>, mut rx: mpsc::UnboundedRecei
                 _ => break,
             }
         }
-        write_batch(&store, &mut pending).await;
+        write_batch(&store, &mut pending, &mut failing).await;
         for w in waiters.drain(..) {
             let _ = w.send(());
         }
     }
-    write_batch(&store, &mut pending).await;
+    write_batch(&store, &mut pending, &mut failing).await;
 }
 
 async fn write_batch(
     store: &Arc<dyn ReadinessStore>,
     pending: &mut BTreeMap<DataplaneId, Option<StoredHealth>>,
+    failing: &mut bool,
 ) {
     if pending.is_empty() {
         return;
@@ -314,13 +330,31 @@ async fn write_batch(
     let batch: Vec<_> = std::mem::take(pending).into_iter().collect();
     let count = batch.len();
     let store = store.clone();
-    match tokio::task::spawn_blocking(move || store.write(&batch)).await {
-        Ok(Ok(())) => {
+    let written = tokio::task::spawn_blocking(move || {
+        let result = store.write(&batch);
+        (result, batch)
+    })
+    .await;
+    match written {
+        Ok((Ok(()), _)) => {
             metrics::counter!(crate::metrics::STORE_COMMITS).increment(1);
-            tracing::debug!(dataplanes = count, "readiness store: wrote batch")
+            tracing::debug!(dataplanes = count, "readiness store: wrote batch");
+            if std::mem::take(failing) {
+                tracing::info!(
+                    "readiness store: writing again; the updates kept meanwhile are written"
+                );
+            }
         }
-        Ok(Err(e)) => {
-            tracing::error!("{e}; readiness will be rebuilt from reports after a restart")
+        Ok((Err(e), batch)) => {
+            // Kept for the next batch (one entry per dataplane at most: the
+            // queue is bounded by the fleet); a newer update of the same
+            // dataplane replaces it.
+            for (id, value) in batch {
+                pending.entry(id).or_insert(value);
+            }
+            if !std::mem::replace(failing, true) {
+                tracing::error!("{e}; keeping readiness updates in memory (one per dataplane) and writing them with the next batch that succeeds (logged once until writes succeed again)")
+            }
         }
         Err(e) => tracing::error!("readiness store writer failed: {e}"),
     }
@@ -385,6 +419,54 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
             .collect();
         assert_eq!(aside.len(), 1);
+    }
+
+    /// A store that refuses writes while `down` is set.
+    #[derive(Debug, Default)]
+    struct Flaky {
+        down: std::sync::atomic::AtomicBool,
+        rows: std::sync::Mutex<BTreeMap<DataplaneId, StoredHealth>>,
+    }
+
+    impl ReadinessStore for Flaky {
+        fn load(&self) -> Result<BTreeMap<DataplaneId, StoredHealth>, StoreError> {
+            Ok(self.rows.lock().unwrap().clone())
+        }
+        fn write(&self, batch: &[(DataplaneId, Option<StoredHealth>)]) -> Result<(), StoreError> {
+            if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(StoreError::Postgres("down".into()));
+            }
+            let mut rows = self.rows.lock().unwrap();
+            for (id, v) in batch {
+                match v {
+                    Some(h) => rows.insert(id.clone(), h.clone()),
+                    None => rows.remove(id),
+                };
+            }
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn updates_that_failed_are_written_when_the_store_answers_again() {
+        let store = Arc::new(Flaky::default());
+        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let handle = StoreHandle::spawn(store.clone());
+        let (a, b) = (
+            DataplaneId::new("default", "a"),
+            DataplaneId::new("default", "b"),
+        );
+        handle.put(a.clone(), Some(stored("unhealthy")));
+        handle.put(b.clone(), Some(stored("healthy")));
+        handle.flush().await;
+        assert!(store.load().unwrap().is_empty());
+        store.down.store(false, std::sync::atomic::Ordering::SeqCst);
+        // A newer update of `a` wins over the kept one; `b` is written as kept.
+        handle.put(a.clone(), Some(stored("healthy")));
+        handle.flush().await;
+        let rows = store.load().unwrap();
+        assert_eq!(rows[&a], stored("healthy"));
+        assert_eq!(rows[&b], stored("healthy"));
     }
 
     #[tokio::test]

@@ -23,5 +23,6 @@ mod probes_envoy;
 mod probes_validate;
 mod readiness_api;
 mod startup;
+mod store_postgres;
 mod tls_envoy;
 mod ui_browser;

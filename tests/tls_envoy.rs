@@ -119,7 +119,7 @@ fn tls_envoy(hds: SocketAddr, id: &str, ca: &Path, client: Option<&Leaf>) -> Env
     let dir = tempfile::tempdir().unwrap();
     let mut value = bootstrap(&BootstrapParams {
         id: id.parse::<DataplaneId>().unwrap(),
-        server: hds.to_string(),
+        servers: vec![hds.to_string()],
         token: None,
         admin_port: 0,
         ca: Some(ca.to_path_buf()),

@@ -38,9 +38,15 @@ pub struct Gate {
     extra_keys: Vec<ExtraPublicKey>,
     revocations_path: PathBuf,
     ring: ArcSwap<KeyRing>,
+    /// In force: the file's list and the shared one.
     revoked: ArcSwap<Revocations>,
     /// `auth.max_token_validity`: the longest `exp - iat` accepted.
     max_validity: Duration,
+    /// The revocations of the store shared with other instances (PostgreSQL).
+    shared: ArcSwap<Revocations>,
+    /// Held while the list in force is recomputed (file reload or shared
+    /// update: rare, never on a stream's path), so neither loses the other's ids.
+    recompute: std::sync::Mutex<()>,
     /// Bumped after every reload: streams re-check their token.
     version: watch::Sender<u64>,
 }
@@ -77,6 +83,8 @@ impl Gate {
             ring: ArcSwap::from_pointee(ring),
             revoked: ArcSwap::from_pointee(revoked),
             max_validity: config.auth.max_token_validity,
+            shared: ArcSwap::from_pointee(Revocations::default()),
+            recompute: std::sync::Mutex::new(()),
             version: watch::channel(0).0,
         })
     }
@@ -115,8 +123,10 @@ impl Gate {
     pub fn reload(&self) {
         tracing::debug!("keys or revocations changed; reloading");
         metrics::counter!(crate::metrics::AUTH_RELOADS).increment(1);
+        let recomputing = self.recompute.lock().unwrap_or_else(|p| p.into_inner());
         match Revocations::load(&self.revocations_path) {
             Ok(r) => {
+                let r = r.union(&self.shared.load());
                 if **self.revoked.load() != r {
                     tracing::info!(revoked = r.len(), file = %self.revocations_path.display(), "revocation list reloaded");
                     self.revoked.store(Arc::new(r));
@@ -124,6 +134,7 @@ impl Gate {
             }
             Err(e) => tracing::error!("{e}; keeping the previous revocation list"),
         }
+        drop(recomputing);
         match KeyRing::load(&self.state_dir, &self.extra_keys) {
             Ok(ring) => {
                 if ring.kids() != self.ring.load().kids() {
@@ -134,6 +145,24 @@ impl Gate {
             }
             Err(e) => tracing::error!("{e}; keeping the previous keys"),
         }
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Takes the revocations shared through the store (all of them, each
+    /// time): streams re-check their token when the list in force changed.
+    pub fn set_shared_revocations(&self, shared: Revocations) {
+        let _recomputing = self.recompute.lock().unwrap_or_else(|p| p.into_inner());
+        if **self.shared.load() == shared {
+            return;
+        }
+        let file = Revocations::load(&self.revocations_path).unwrap_or_default();
+        let in_force = file.union(&shared).union(&self.revoked.load());
+        tracing::info!(
+            shared = shared.len(),
+            "revocations shared by other instances taken"
+        );
+        self.shared.store(Arc::new(shared));
+        self.revoked.store(Arc::new(in_force));
         self.version.send_modify(|v| *v += 1);
     }
 

@@ -122,6 +122,13 @@ impl Revocations {
         self.jtis.is_empty()
     }
 
+    /// Every id revoked in either list.
+    pub fn union(&self, other: &Revocations) -> Revocations {
+        Revocations {
+            jtis: self.jtis.union(&other.jtis).cloned().collect(),
+        }
+    }
+
     /// Parses the file format; on error, the 1-based line number and line.
     fn parse(text: &str) -> Result<Revocations, (usize, String)> {
         let mut jtis = BTreeSet::new();
@@ -154,6 +161,15 @@ fn valid_jti(jti: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_union_holds_the_ids_of_both() {
+        let file: Revocations = ["a", "b"].into_iter().collect();
+        let shared: Revocations = ["b", "c"].into_iter().collect();
+        let all = file.union(&shared);
+        assert_eq!(all.len(), 3);
+        assert!(["a", "b", "c"].iter().all(|j| all.contains(j)));
+    }
 
     #[test]
     fn missing_file_is_empty() {

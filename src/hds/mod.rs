@@ -50,6 +50,8 @@ pub struct HdsSettings {
     pub stale_after: Duration,
     /// `hds.limits`.
     pub limits: crate::config::HdsLimits,
+    /// Definitions come from the store (`dataplanes.source = "api"`), not files.
+    pub definitions_from_api: bool,
 }
 
 #[derive(Debug)]
@@ -292,7 +294,7 @@ impl HdsService {
         let handle = self
             .registry
             .get_defined(&id)
-            .ok_or_else(|| not_found(&id))?;
+            .ok_or_else(|| not_found(&id, &self.settings))?;
         if let Some(t) = &token {
             stream::authorize_for(&t.claims, &id, &handle.state())
                 .map_err(|r| refuse(&r, peer, Some(&id), &self.log))?;
@@ -539,11 +541,16 @@ impl Driver {
                 let grace = humantime::format_duration(self.settings.unknown_dataplane_grace);
                 match why {
                     Awaiting::FirstRequest => {
+                        let define = if self.settings.definitions_from_api {
+                            "define it (hdsd apply or PUT /api/v1/dataplanes/<mesh>/<name>)"
+                        } else {
+                            "add its file to the dataplanes directory"
+                        };
                         let Some(slot) = self.counts.wait() else {
                             return Some(Event::LimitReached {
                                 limit: "max_waiting_streams",
                                 status: Status::unavailable(format!(
-                                    "dataplane {}.{} is not registered, and {} streams already wait for unknown dataplanes (hds.limits.max_waiting_streams); add its file to the dataplanes directory, then reconnect",
+                                    "dataplane {}.{} is not registered, and {} streams already wait for unknown dataplanes (hds.limits.max_waiting_streams); {define}, then reconnect",
                                     id.mesh,
                                     id.name.escape_debug(),
                                     self.counts.max_waiting
@@ -554,11 +561,20 @@ impl Driver {
                         if let Some(suppressed) =
                             self.log.allow(self.peer.map(|p| p.ip()), Instant::now())
                         {
-                            tracing::warn!(
-                                suppressed,
-                                "unknown dataplane; waiting up to {grace} for {}.yaml in the dataplanes directory",
-                                id.name.escape_debug()
-                            );
+                            if self.settings.definitions_from_api {
+                                tracing::warn!(
+                                    suppressed,
+                                    "unknown dataplane; waiting up to {grace} for its definition (PUT /api/v1/dataplanes/{}/{})",
+                                    id.mesh,
+                                    id.name.escape_debug()
+                                );
+                            } else {
+                                tracing::warn!(
+                                    suppressed,
+                                    "unknown dataplane; waiting up to {grace} for {}.yaml in the dataplanes directory",
+                                    id.name.escape_debug()
+                                );
+                            }
                         }
                     }
                     Awaiting::Deleted => {
@@ -757,9 +773,16 @@ pub fn node_id(request: &HealthCheckRequest) -> Result<DataplaneId, Status> {
         .map_err(|e: crate::dataplane::BadNodeId| Status::invalid_argument(e.to_string()))
 }
 
-/// The dataplane is not defined. The message says what file to add, never
+/// The dataplane is not defined. The message says how to define it, never
 /// where the server keeps its files (a client learns nothing of the host).
-pub(crate) fn not_found(id: &DataplaneId) -> Status {
+pub(crate) fn not_found(id: &DataplaneId, settings: &HdsSettings) -> Status {
+    if settings.definitions_from_api {
+        return Status::not_found(format!(
+            "dataplane {mesh}.{name} is not registered; define it with `hdsd apply -f <file>` or PUT /api/v1/dataplanes/{mesh}/{name} (a Kuma Dataplane document); hdsd picks it up without a restart",
+            mesh = id.mesh,
+            name = id.name.escape_debug(),
+        ));
+    }
     Status::not_found(format!(
         "dataplane {mesh}.{name} is not registered; add {name}.yaml to the dataplanes directory of hdsd (dataplanes.dir) containing\n\
          type: Dataplane\nmesh: {mesh}\nname: {name}\nnetworking:\n  address: <this machine's IP>\n  inbound:\n  - port: <Envoy's port for the app>\n    servicePort: <the app's port>\n    serviceAddress: 127.0.0.1\n\

@@ -339,6 +339,17 @@ impl Stream {
             );
             return self.end(End::Status(status), actions);
         }
+        // A newer stream attached on another instance sharing the store.
+        if let Some(instance) = &a.state.connection.replaced_on {
+            let status = Status::new(
+                Code::Aborted,
+                format!(
+                    "replaced by a newer stream for dataplane {} on {instance}",
+                    a.id
+                ),
+            );
+            return self.end(End::Status(status), actions);
+        }
         if answer || a.state.version != a.sent_version {
             actions.push(Action::Send(current_specifier(&a.state, &self.settings)));
             a.sent_version = a.state.version;
@@ -361,7 +372,7 @@ impl Stream {
                 self.end(End::Limit { limit, status }, actions)
             }
             Phase::Resolving { id, deadline } if now >= *deadline => {
-                let status = not_found(id);
+                let status = not_found(id, &self.settings);
                 self.end(End::Status(status), actions)
             }
             Phase::Attached(a) if now >= a.last_report + self.settings.stale_after => {
@@ -477,6 +488,7 @@ mod tests {
             report_interval: Duration::from_millis(200),
             stale_after,
             limits: crate::config::HdsLimits::default(),
+            definitions_from_api: false,
         })
     }
     const STALE: Duration = Duration::from_secs(15);
@@ -816,6 +828,18 @@ mod tests {
         let (code, message) = ended_with(&a);
         assert_eq!(code, Code::Aborted);
         assert!(message.contains("replaced by a newer stream"), "{message}");
+    }
+
+    #[test]
+    fn a_newer_stream_on_another_instance_replaces_this_one() {
+        let mut h = Harness::attached(None);
+        let mut replaced = state(1, Some(5));
+        replaced.connection.replaced_on = Some("host-b/42".into());
+        let a = h.on(Event::StateChanged(replaced));
+        assert_eq!(names(&a), ["detach", "end"]);
+        let (code, message) = ended_with(&a);
+        assert_eq!(code, Code::Aborted);
+        assert!(message.ends_with("on host-b/42"), "{message}");
     }
 
     #[test]

@@ -14,6 +14,7 @@
 
 pub mod apps;
 pub mod grpc;
+pub mod postgres;
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::os::fd::AsFd;
@@ -98,6 +99,8 @@ pub struct HdsdOptions {
     pub auth_extra: String,
     /// Run hdsd with this open-file limit (soft and hard), through `prlimit`.
     pub nofile: Option<u64>,
+    /// Extra environment variables (`HDSD_*` settings) for hdsd.
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for HdsdOptions {
@@ -114,6 +117,7 @@ impl Default for HdsdOptions {
             extra: String::new(),
             auth_extra: String::new(),
             nofile: None,
+            env: Vec::new(),
         }
     }
 }
@@ -205,6 +209,7 @@ impl Hdsd {
             .env_remove("LISTEN_PID")
             .env_remove("LISTEN_FDNAMES")
             .env("LISTEN_FDS", "2")
+            .envs(o.env.iter().map(|(k, v)| (k, v)))
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .stdin(Stdio::null());
@@ -369,7 +374,7 @@ impl Envoy {
         let dp_id: DataplaneId = id.parse().expect("node id");
         let yaml = bootstrap_yaml(&BootstrapParams {
             id: dp_id,
-            server: hds.to_string(),
+            servers: vec![hds.to_string()],
             token: token.map(str::to_string),
             admin_port: 0,
             ca: None,

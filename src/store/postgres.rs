@@ -1,0 +1,827 @@
+//! The PostgreSQL engine of [`DefinitionStore`], for several hdsd instances
+//! sharing one database (`store.kind = "postgres"`).
+//!
+//! - **Schema**: versioned migrations ([`MIGRATIONS`]), applied at start on a
+//!   connection of their own that holds `pg_advisory_lock(`[`MIGRATION_LOCK`]`)`:
+//!   instances starting together apply each migration once, one after the
+//!   other. The versions applied are rows of `hdsd_schema`.
+//! - **Writes**: one statement per write (conditional on the revision where
+//!   asked), its `pg_notify` in the same transaction, so a notification is
+//!   sent exactly when the change commits. Revisions come from one sequence.
+//! - **Changes**: one connection per instance `LISTEN`s on
+//!   [`CHANNEL`]. When it (re)connects, and every `reconcile_interval`, it
+//!   announces [`DefinitionChange::All`], so a notification missed while it
+//!   was down is healed by a full read. It reconnects with a backoff and never
+//!   gives up; a lost connection is logged once, not once per attempt.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio::sync::{broadcast, watch};
+use tokio_postgres::{AsyncMessage, NoTls};
+
+use super::definitions::{
+    DefinitionChange, DefinitionStore, DocumentFormat, Precondition, StoreFuture, StoredDefinition,
+    WriteError, CHANGES_BUFFER,
+};
+use super::{ReadinessStore, StoreError, StoredHealth};
+use crate::config::PostgresConfig;
+use crate::dataplane::DataplaneId;
+use crate::readiness::Timestamp;
+use std::collections::BTreeMap;
+
+/// The channel definition changes are announced on; the payload is `mesh.name`.
+pub const CHANNEL: &str = "hdsd_definitions";
+
+/// The advisory lock key held while migrating ("hdsd" in ASCII, then 1).
+pub const MIGRATION_LOCK: i64 = 0x6864_7364_0000_0001;
+
+/// The schema, one step per version. Never edit a step once released: add one.
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE SEQUENCE hdsd_revision;
+     CREATE TABLE hdsd_definitions (
+         mesh text NOT NULL,
+         name text NOT NULL,
+         format text NOT NULL CHECK (format IN ('yaml', 'json')),
+         document text NOT NULL,
+         revision bigint NOT NULL,
+         updated_at timestamptz NOT NULL DEFAULT now(),
+         PRIMARY KEY (mesh, name)
+     );",
+    ),
+    (
+        2,
+        "CREATE SEQUENCE hdsd_readiness_seq;
+         CREATE TABLE hdsd_readiness (
+             mesh text NOT NULL,
+             name text NOT NULL,
+             health text NOT NULL,
+             seq bigint NOT NULL,
+             updated_at timestamptz NOT NULL DEFAULT now(),
+             PRIMARY KEY (mesh, name)
+         );
+         CREATE INDEX hdsd_readiness_by_seq ON hdsd_readiness (seq);",
+    ),
+    (
+        3,
+        "CREATE TABLE hdsd_revocations (
+             jti text PRIMARY KEY,
+             revoked_at timestamptz NOT NULL DEFAULT now()
+         );",
+    ),
+];
+
+/// The channel revocations are announced on (no payload: readers read all).
+pub const REVOCATIONS_CHANNEL: &str = "hdsd_revocations";
+
+/// The channel stream claims are announced on: `<mesh>.<name>\t<instance>`
+/// when a stream for the dataplane attached on that instance.
+pub const STREAMS_CHANNEL: &str = "hdsd_streams";
+
+/// The channel readiness writes are announced on (no payload: readers
+/// read the rows whose `seq` is above the last they saw).
+pub const READINESS_CHANNEL: &str = "hdsd_readiness";
+
+fn pg_error(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Postgres(e.to_string())
+}
+
+/// The PostgreSQL store: a connection pool and a listener task.
+pub struct PgStore {
+    pool: Pool,
+    changes: broadcast::Sender<DefinitionChange>,
+    /// Poked on each readiness notification and on every (re)connect.
+    readiness_signal: watch::Sender<()>,
+    /// Poked on each revocation and on every (re)connect.
+    revocations_signal: watch::Sender<()>,
+    reconcile: Duration,
+    /// The runtime the blocking [`ReadinessStore`] calls run their queries on.
+    runtime: tokio::runtime::Handle,
+    /// This instance's name in stream claims (`<host>/<pid>`).
+    instance: String,
+    /// Streams attached on other instances: (dataplane, instance, when).
+    replaced: broadcast::Sender<Claim>,
+    /// Dataplanes whose stream attached here (and when), to announce.
+    claims: tokio::sync::mpsc::UnboundedSender<(DataplaneId, Timestamp)>,
+    describe: String,
+    /// Dropped with the store: the listener task ends.
+    _alive: watch::Sender<()>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("describe", &self.describe)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a connection string points, without its password.
+fn describe(config: &tokio_postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".to_string(),
+    };
+    let db = config
+        .get_dbname()
+        .or(config.get_user())
+        .unwrap_or("postgres");
+    format!("PostgreSQL database {db} on {host}")
+}
+
+impl PgStore {
+    /// Connects, applies the migrations this database lacks (under the
+    /// advisory lock), and starts listening for changes: it returns once the
+    /// listener's `LISTEN` is in force (or after `connect_timeout`, when the
+    /// listener keeps retrying in the background), so that every change
+    /// committed afterwards is announced on [`DefinitionStore::changes`].
+    pub async fn connect(settings: &PostgresConfig) -> Result<PgStore, StoreError> {
+        let mut config: tokio_postgres::Config = settings
+            .url
+            .parse()
+            .map_err(|e| pg_error(format!("store.postgres.url: {e}")))?;
+        config.connect_timeout(settings.connect_timeout);
+        if config.get_application_name().is_none() {
+            config.application_name("hdsd");
+        }
+        let describe = describe(&config);
+        migrate(&config)
+            .await
+            .map_err(|e| pg_error(format!("{describe}: {e}")))?;
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(settings.pool_size)
+            .wait_timeout(Some(settings.wait_timeout))
+            .create_timeout(Some(settings.connect_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(pg_error)?;
+        let (changes, _) = broadcast::channel(CHANGES_BUFFER);
+        let (alive, alive_rx) = watch::channel(());
+        let (readiness_signal, _) = watch::channel(());
+        let (revocations_signal, _) = watch::channel(());
+        let instance = instance_name();
+        let (replaced, _) = broadcast::channel(CHANGES_BUFFER);
+        let (listening_tx, listening) = tokio::sync::oneshot::channel();
+        tokio::spawn(listen(
+            config,
+            listening_tx,
+            Announcements {
+                changes: changes.clone(),
+                readiness: readiness_signal.clone(),
+                revocations: revocations_signal.clone(),
+                replaced: replaced.clone(),
+                instance: instance.clone(),
+            },
+            settings.reconcile_interval,
+            alive_rx,
+        ));
+        if tokio::time::timeout(settings.connect_timeout, listening)
+            .await
+            .is_err()
+        {
+            tracing::warn!("{describe}: not listening for changes yet; every definition is read again once it listens");
+        }
+        let (claims, claims_rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(announce_claims(pool.clone(), instance.clone(), claims_rx));
+        Ok(PgStore {
+            pool,
+            changes,
+            readiness_signal,
+            revocations_signal,
+            reconcile: settings.reconcile_interval,
+            runtime: tokio::runtime::Handle::current(),
+            instance,
+            replaced,
+            claims,
+            describe,
+            _alive: alive,
+        })
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| pg_error(format!("{}: no connection: {e}", self.describe)))
+    }
+
+    async fn current(
+        client: &deadpool_postgres::Transaction<'_>,
+        id: &DataplaneId,
+    ) -> Result<Option<u64>, tokio_postgres::Error> {
+        Ok(client
+            .query_opt(
+                "SELECT revision FROM hdsd_definitions WHERE mesh = $1 AND name = $2",
+                &[&id.mesh, &id.name],
+            )
+            .await?
+            .map(|row| row.get::<_, i64>(0) as u64))
+    }
+}
+
+/// Applies the missing migrations on a connection of its own, holding the
+/// advisory lock; closing the connection releases the lock whatever happens.
+async fn migrate(config: &tokio_postgres::Config) -> Result<(), tokio_postgres::Error> {
+    let (mut client, connection) = config.connect(NoTls).await?;
+    let driver = tokio::spawn(connection);
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS hdsd_schema (
+                 version integer PRIMARY KEY,
+                 applied_at timestamptz NOT NULL DEFAULT now()
+             )",
+        )
+        .await?;
+    let applied: i32 = client
+        .query_one("SELECT coalesce(max(version), 0) FROM hdsd_schema", &[])
+        .await?
+        .get(0);
+    let newest = MIGRATIONS.last().map(|(v, _)| *v).unwrap_or(0);
+    if applied > newest {
+        tracing::warn!(
+            schema = applied,
+            known = newest,
+            "the database's schema is newer than this hdsd knows; an instance of a newer version migrated it"
+        );
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > applied) {
+        let tx = client.transaction().await?;
+        tx.batch_execute(sql).await?;
+        tx.execute("INSERT INTO hdsd_schema (version) VALUES ($1)", &[version])
+            .await?;
+        tx.commit().await?;
+        tracing::info!(version, "PostgreSQL store: applied schema migration");
+    }
+    client
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    drop(client);
+    let _ = driver.await;
+    Ok(())
+}
+
+/// Follows [`CHANNEL`] until `alive`'s sender is dropped, reconnecting as needed.
+/// Where the listener passes on what it hears.
+struct Announcements {
+    changes: broadcast::Sender<DefinitionChange>,
+    readiness: watch::Sender<()>,
+    revocations: watch::Sender<()>,
+    replaced: broadcast::Sender<Claim>,
+    /// This instance: its own claims are not news.
+    instance: String,
+}
+
+/// A stream that attached on another instance: dataplane, instance, when.
+pub type Claim = (DataplaneId, String, Timestamp);
+
+/// `<mesh>.<name>\t<instance>\t<attach time, RFC 3339>`.
+fn claim_payload(id: &DataplaneId, instance: &str, at: Timestamp) -> String {
+    format!("{id}\t{instance}\t{}", at.to_rfc3339())
+}
+
+fn parse_claim(payload: &str) -> Option<Claim> {
+    let mut parts = payload.split('\t');
+    let id = parts.next()?.parse().ok()?;
+    let instance = parts.next()?.to_string();
+    let at = chrono::DateTime::parse_from_rfc3339(parts.next()?)
+        .ok()?
+        .with_timezone(&chrono::Utc);
+    Some((id, instance, at))
+}
+
+/// `<host>/<pid>`: how other instances name this one.
+fn instance_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "hdsd".to_string());
+    format!("{host}/{}", std::process::id())
+}
+
+/// Sends one `pg_notify` per claim, a burst in one statement.
+async fn announce_claims(
+    pool: Pool,
+    instance: String,
+    mut claims: tokio::sync::mpsc::UnboundedReceiver<(DataplaneId, Timestamp)>,
+) {
+    while let Some((id, at)) = claims.recv().await {
+        let mut payloads = vec![claim_payload(&id, &instance, at)];
+        while let Ok((id, at)) = claims.try_recv() {
+            payloads.push(claim_payload(&id, &instance, at));
+        }
+        let sent = async {
+            let client = pool.get().await.map_err(pg_error)?;
+            client
+                .execute(
+                    "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
+                    &[&STREAMS_CHANNEL, &payloads],
+                )
+                .await
+                .map_err(pg_error)
+        };
+        if let Err(e) = sent.await {
+            tracing::debug!(
+                "cannot announce {} stream(s) to other instances: {e}",
+                payloads.len()
+            );
+        }
+    }
+}
+
+async fn listen(
+    config: tokio_postgres::Config,
+    listening: tokio::sync::oneshot::Sender<()>,
+    heard: Announcements,
+    reconcile: Duration,
+    mut alive: watch::Receiver<()>,
+) {
+    const BACKOFF_MAX: Duration = Duration::from_secs(5);
+    let mut backoff = Duration::from_millis(100);
+    let mut down: Option<String> = None;
+    let mut listening = Some(listening);
+    loop {
+        let session = async {
+            let (client, mut connection) = config.connect(NoTls).await?;
+            let (notes_tx, notes) = tokio::sync::mpsc::unbounded_channel();
+            // The connection delivers notifications only to whoever polls it.
+            tokio::spawn(async move {
+                loop {
+                    match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                        Some(Ok(AsyncMessage::Notification(n))) => {
+                            let note = (n.channel().to_string(), n.payload().to_string());
+                            if notes_tx.send(Ok(note)).is_err() {
+                                return;
+                            }
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => {
+                            let _ = notes_tx.send(Err(e));
+                            return;
+                        }
+                        None => return,
+                    }
+                }
+            });
+            client
+                .batch_execute(&format!(
+                    "LISTEN {CHANNEL}; LISTEN {READINESS_CHANNEL}; LISTEN {STREAMS_CHANNEL}; LISTEN {REVOCATIONS_CHANNEL}"
+                ))
+                .await?;
+            Ok::<_, tokio_postgres::Error>((client, notes))
+        };
+        let connected = tokio::select! {
+            s = session => s,
+            _ = alive.changed() => return,
+        };
+        match connected {
+            Ok((client, mut notes)) => {
+                if down.take().is_some() {
+                    tracing::info!("PostgreSQL store: listening for definition changes again");
+                }
+                backoff = Duration::from_millis(100);
+                if let Some(listening) = listening.take() {
+                    let _ = listening.send(());
+                }
+                // Whatever changed while nobody listened.
+                let _ = heard.changes.send(DefinitionChange::All);
+                heard.readiness.send_replace(());
+                heard.revocations.send_replace(());
+                let mut reconcile_tick =
+                    tokio::time::interval_at(tokio::time::Instant::now() + reconcile, reconcile);
+                let reason = loop {
+                    tokio::select! {
+                        note = notes.recv() => match note {
+                            Some(Ok((channel, _))) if channel == READINESS_CHANNEL => {
+                                heard.readiness.send_replace(());
+                            }
+                            Some(Ok((channel, _))) if channel == REVOCATIONS_CHANNEL => {
+                                heard.revocations.send_replace(());
+                            }
+                            Some(Ok((channel, payload))) if channel == STREAMS_CHANNEL => {
+                                if let Some(claim) = parse_claim(&payload).filter(|c| c.1 != heard.instance) {
+                                    let _ = heard.replaced.send(claim);
+                                }
+                            }
+                            Some(Ok((_, payload))) => match payload.parse::<DataplaneId>() {
+                                Ok(id) => { let _ = heard.changes.send(DefinitionChange::One(id)); }
+                                Err(_) => { let _ = heard.changes.send(DefinitionChange::All); }
+                            },
+                            Some(Err(e)) => break e.to_string(),
+                            None => break "the connection closed".to_string(),
+                        },
+                        _ = reconcile_tick.tick() => { let _ = heard.changes.send(DefinitionChange::All); }
+                        _ = alive.changed() => return,
+                    }
+                };
+                drop(client);
+                tracing::warn!(
+                    "PostgreSQL store: lost the connection that listens for definition changes ({reason}); reconnecting, then reading every definition again"
+                );
+                down = Some(reason);
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                if down.as_ref() != Some(&reason) {
+                    tracing::warn!(
+                        "PostgreSQL store: cannot listen for definition changes ({reason}); retrying with a backoff of up to {}s",
+                        BACKOFF_MAX.as_secs()
+                    );
+                }
+                down = Some(reason);
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            _ = alive.changed() => return,
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+fn row_definition(row: &tokio_postgres::Row) -> Option<StoredDefinition> {
+    let id = DataplaneId::try_new(row.get::<_, String>(0), row.get::<_, String>(1)).ok()?;
+    Some(StoredDefinition {
+        id,
+        format: DocumentFormat::from_name(row.get(2))?,
+        document: row.get(3),
+        revision: row.get::<_, i64>(4) as u64,
+    })
+}
+
+const SELECT: &str = "SELECT mesh, name, format, document, revision FROM hdsd_definitions";
+
+impl DefinitionStore for PgStore {
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+
+    fn list(&self) -> StoreFuture<'_, Result<Vec<StoredDefinition>, StoreError>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let rows = client
+                .query(&format!("{SELECT} ORDER BY mesh, name"), &[])
+                .await
+                .map_err(pg_error)?;
+            Ok(rows.iter().filter_map(row_definition).collect())
+        })
+    }
+
+    fn get<'a>(
+        &'a self,
+        id: &'a DataplaneId,
+    ) -> StoreFuture<'a, Result<Option<StoredDefinition>, StoreError>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(
+                    &format!("{SELECT} WHERE mesh = $1 AND name = $2"),
+                    &[&id.mesh, &id.name],
+                )
+                .await
+                .map_err(pg_error)?;
+            Ok(row.as_ref().and_then(row_definition))
+        })
+    }
+
+    fn put<'a>(
+        &'a self,
+        id: &'a DataplaneId,
+        format: DocumentFormat,
+        document: &'a str,
+        expect: Precondition,
+    ) -> StoreFuture<'a, Result<StoredDefinition, WriteError>> {
+        Box::pin(async move {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(pg_error)?;
+            let format_name = format.as_str();
+            let written = match expect {
+                Precondition::Any => {
+                    tx.query_opt(
+                        "INSERT INTO hdsd_definitions (mesh, name, format, document, revision)
+                         VALUES ($1, $2, $3, $4, nextval('hdsd_revision'))
+                         ON CONFLICT (mesh, name) DO UPDATE SET format = EXCLUDED.format,
+                             document = EXCLUDED.document, revision = EXCLUDED.revision,
+                             updated_at = now()
+                         RETURNING revision",
+                        &[&id.mesh, &id.name, &format_name, &document],
+                    )
+                    .await
+                }
+                Precondition::Absent => {
+                    tx.query_opt(
+                        "INSERT INTO hdsd_definitions (mesh, name, format, document, revision)
+                         VALUES ($1, $2, $3, $4, nextval('hdsd_revision'))
+                         ON CONFLICT (mesh, name) DO NOTHING
+                         RETURNING revision",
+                        &[&id.mesh, &id.name, &format_name, &document],
+                    )
+                    .await
+                }
+                Precondition::Present => {
+                    tx.query_opt(
+                        "UPDATE hdsd_definitions SET format = $3, document = $4,
+                             revision = nextval('hdsd_revision'), updated_at = now()
+                         WHERE mesh = $1 AND name = $2
+                         RETURNING revision",
+                        &[&id.mesh, &id.name, &format_name, &document],
+                    )
+                    .await
+                }
+                Precondition::Revision(want) => {
+                    tx.query_opt(
+                        "UPDATE hdsd_definitions SET format = $3, document = $4,
+                             revision = nextval('hdsd_revision'), updated_at = now()
+                         WHERE mesh = $1 AND name = $2 AND revision = $5
+                         RETURNING revision",
+                        &[&id.mesh, &id.name, &format_name, &document, &(want as i64)],
+                    )
+                    .await
+                }
+            }
+            .map_err(pg_error)?;
+            let Some(row) = written else {
+                let current = Self::current(&tx, id).await.map_err(pg_error)?;
+                return Err(WriteError::Conflict { current });
+            };
+            let revision = row.get::<_, i64>(0) as u64;
+            tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &id.to_string()])
+                .await
+                .map_err(pg_error)?;
+            tx.commit().await.map_err(pg_error)?;
+            Ok(StoredDefinition {
+                id: id.clone(),
+                format,
+                document: document.to_string(),
+                revision,
+            })
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        id: &'a DataplaneId,
+        expect: Precondition,
+    ) -> StoreFuture<'a, Result<bool, WriteError>> {
+        Box::pin(async move {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(pg_error)?;
+            let deleted = match expect {
+                Precondition::Absent => {
+                    let current = Self::current(&tx, id).await.map_err(pg_error)?;
+                    return match current {
+                        None => Ok(false),
+                        Some(_) => Err(WriteError::Conflict { current }),
+                    };
+                }
+                Precondition::Any | Precondition::Present => tx
+                    .query_opt(
+                        "DELETE FROM hdsd_definitions WHERE mesh = $1 AND name = $2 RETURNING revision",
+                        &[&id.mesh, &id.name],
+                    )
+                    .await,
+                Precondition::Revision(want) => tx
+                    .query_opt(
+                        "DELETE FROM hdsd_definitions WHERE mesh = $1 AND name = $2 AND revision = $3 RETURNING revision",
+                        &[&id.mesh, &id.name, &(want as i64)],
+                    )
+                    .await,
+            }
+            .map_err(pg_error)?;
+            if deleted.is_none() {
+                let current = Self::current(&tx, id).await.map_err(pg_error)?;
+                return match (expect, current) {
+                    (Precondition::Any, None) => Ok(false),
+                    _ => Err(WriteError::Conflict { current }),
+                };
+            }
+            tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &id.to_string()])
+                .await
+                .map_err(pg_error)?;
+            tx.commit().await.map_err(pg_error)?;
+            Ok(true)
+        })
+    }
+
+    fn changes(&self) -> broadcast::Receiver<DefinitionChange> {
+        self.changes.subscribe()
+    }
+}
+
+/// Readiness shared by the instances: each instance writes the state of the
+/// dataplanes whose streams it holds (the batches of [`super::StoreHandle`]:
+/// at most one transaction per 200 ms, whatever the report rate) and
+/// announces each batch with one `NOTIFY`; [`PgStore::follow_readiness`]
+/// hands every instance the rows written since it last looked. Called on
+/// the blocking pool (the store writer), so it may wait for its queries.
+impl ReadinessStore for PgStore {
+    fn load(&self) -> Result<BTreeMap<DataplaneId, StoredHealth>, StoreError> {
+        self.runtime.block_on(async {
+            Ok(self
+                .readiness_since(0)
+                .await?
+                .into_iter()
+                .map(|(id, health, _)| (id, health))
+                .collect())
+        })
+    }
+
+    fn write(&self, batch: &[(DataplaneId, Option<StoredHealth>)]) -> Result<(), StoreError> {
+        self.runtime.block_on(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(pg_error)?;
+            let upsert = tx
+                .prepare(
+                    "INSERT INTO hdsd_readiness (mesh, name, health, seq)
+                     VALUES ($1, $2, $3, nextval('hdsd_readiness_seq'))
+                     ON CONFLICT (mesh, name) DO UPDATE SET health = EXCLUDED.health,
+                         seq = EXCLUDED.seq, updated_at = now()",
+                )
+                .await
+                .map_err(pg_error)?;
+            for (id, value) in batch {
+                match value {
+                    Some(health) => {
+                        let text = serde_json::to_string(health).map_err(pg_error)?;
+                        tx.execute(&upsert, &[&id.mesh, &id.name, &text])
+                            .await
+                            .map_err(pg_error)?;
+                    }
+                    None => {
+                        tx.execute(
+                            "DELETE FROM hdsd_readiness WHERE mesh = $1 AND name = $2",
+                            &[&id.mesh, &id.name],
+                        )
+                        .await
+                        .map_err(pg_error)?;
+                    }
+                }
+            }
+            if !batch.is_empty() {
+                tx.batch_execute(&format!("NOTIFY {READINESS_CHANNEL}"))
+                    .await
+                    .map_err(pg_error)?;
+            }
+            tx.commit().await.map_err(pg_error)
+        })
+    }
+}
+
+impl PgStore {
+    /// How this instance announces the streams that attach here.
+    pub fn claims(&self) -> crate::registry::Claims {
+        let claims = self.claims.clone();
+        crate::registry::Claims(std::sync::Arc::new(move |id: &DataplaneId, at| {
+            let _ = claims.send((id.clone(), at));
+        }))
+    }
+
+    /// Streams that attached on other instances.
+    pub fn replaced(&self) -> broadcast::Receiver<Claim> {
+        self.replaced.subscribe()
+    }
+
+    /// This instance's name in stream claims.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Revokes a token id for every instance; `false` when it already was.
+    pub async fn revoke(&self, jti: &str) -> Result<bool, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        let added = tx
+            .execute(
+                "INSERT INTO hdsd_revocations (jti) VALUES ($1) ON CONFLICT (jti) DO NOTHING",
+                &[&jti],
+            )
+            .await
+            .map_err(pg_error)?;
+        tx.batch_execute(&format!("NOTIFY {REVOCATIONS_CHANNEL}"))
+            .await
+            .map_err(pg_error)?;
+        tx.commit().await.map_err(pg_error)?;
+        Ok(added == 1)
+    }
+
+    /// Every revoked token id.
+    pub async fn revocations(&self) -> Result<Vec<String>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query("SELECT jti FROM hdsd_revocations", &[])
+            .await
+            .map_err(pg_error)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    /// Hands `apply` every revoked id on each revocation, on every
+    /// (re)connect and once per `reconcile_interval`. Runs for the process.
+    pub async fn follow_revocations(
+        self: std::sync::Arc<Self>,
+        apply: impl Fn(Vec<String>) + Send + 'static,
+    ) {
+        let mut signal = self.revocations_signal.subscribe();
+        let mut full = tokio::time::interval(self.reconcile);
+        loop {
+            tokio::select! {
+                changed = signal.changed() => if changed.is_err() { return },
+                _ = full.tick() => {}
+            }
+            match self.revocations().await {
+                Ok(all) => apply(all),
+                Err(e) => tracing::debug!("cannot read the shared revocations: {e}"),
+            }
+        }
+    }
+
+    /// Readiness rows written after `seq`, oldest first.
+    async fn readiness_since(
+        &self,
+        seq: i64,
+    ) -> Result<Vec<(DataplaneId, StoredHealth, i64)>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT mesh, name, health, seq FROM hdsd_readiness WHERE seq > $1 ORDER BY seq",
+                &[&seq],
+            )
+            .await
+            .map_err(pg_error)?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                let id =
+                    DataplaneId::try_new(row.get::<_, String>(0), row.get::<_, String>(1)).ok()?;
+                let health = serde_json::from_str(row.get(2)).ok()?;
+                Some((id, health, row.get(3)))
+            })
+            .collect())
+    }
+
+    /// Hands `observe` the readiness other instances write: the rows written
+    /// since the last look on each notification, and every row once per
+    /// `reconcile_interval` (which also heals a write that committed after a
+    /// later one was read). Runs until the store is dropped.
+    pub async fn follow_readiness(
+        self: std::sync::Arc<Self>,
+        observe: impl Fn(&DataplaneId, StoredHealth) + Send + 'static,
+    ) {
+        let mut signal = self.readiness_signal.subscribe();
+        let mut full = tokio::time::interval(self.reconcile);
+        let mut last = 0;
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                changed = signal.changed() => if changed.is_err() { return },
+                _ = full.tick() => last = 0,
+            }
+            match self.readiness_since(last).await {
+                Ok(rows) => {
+                    failing = false;
+                    for (id, health, seq) in rows {
+                        last = last.max(seq);
+                        observe(&id, health);
+                    }
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!("cannot read the readiness of other instances: {e}; retrying at the next notification");
+                    }
+                    failing = true;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn a_claim_round_trips_through_its_payload() {
+        let id = DataplaneId::new("default", "web.01");
+        let at = chrono::Utc.timestamp_millis_opt(1_700_000_000_123).unwrap();
+        let payload = claim_payload(&id, "host-a/7", at);
+        assert_eq!(
+            parse_claim(&payload),
+            Some((id, "host-a/7".to_string(), at))
+        );
+        assert_eq!(parse_claim("default.web\thost"), None);
+    }
+}

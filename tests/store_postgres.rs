@@ -1,0 +1,811 @@
+//! Definitions in a store (`dataplanes.source = "api"`), and several hdsd
+//! instances on one real PostgreSQL (a throwaway cluster per test):
+//! - the `DefinitionStore` contract on PostgreSQL (the redb engine runs the
+//!   same contract in its unit tests), and migrations that two instances
+//!   starting together apply once;
+//! - the API's writes: PUT (YAML or JSON), 422 with each rule's message,
+//!   ETag / If-Match and 412, DELETE, 409 when definitions come from files,
+//!   and `hdsd apply` / `hdsd delete`;
+//! - a definition applied on one instance is visible on another within 1 s
+//!   and served to a real Envoy connected there; a row written behind hdsd's
+//!   back (no notification) is healed by the periodic reconcile;
+//! - readiness shared: both instances answer the same, a transition travels
+//!   in under a second, at most 5 store transactions per second per
+//!   instance, and a SIGKILL failover never reads not ready;
+//! - PostgreSQL stopped and started again: the instances keep running, a
+//!   write fails with 503 meanwhile, a readiness transition folded during the
+//!   outage reaches the other instance afterwards, and changes flow again.
+
+use std::time::{Duration, Instant};
+
+use crate::support::postgres::Postgres;
+use crate::support::{dataplane_yaml, wait_for, App, Envoy, Hdsd, HdsdOptions};
+
+/// An instance reading definitions from `pg`, reconciling every second.
+fn on_postgres(pg: &Postgres) -> HdsdOptions {
+    HdsdOptions {
+        env: vec![
+            ("HDSD_DATAPLANES__SOURCE".into(), "api".into()),
+            ("HDSD_STORE__KIND".into(), "postgres".into()),
+            ("HDSD_STORE__POSTGRES__URL".into(), pg.url()),
+        ],
+        extra: "[store.postgres]\nreconcile_interval = \"1s\"\n".into(),
+        ..HdsdOptions::default()
+    }
+}
+
+/// PUT (or DELETE with `body = None`); returns status, ETag and body.
+fn send(
+    hdsd: &Hdsd,
+    path: &str,
+    body: Option<(&str, &str)>,
+    headers: &[(&str, &str)],
+) -> (u16, Option<String>, serde_json::Value) {
+    let url = hdsd.api_url(path);
+    let response = match body {
+        Some((content_type, text)) => {
+            let mut r = ureq::put(&url)
+                .config()
+                .http_status_as_error(false)
+                .build()
+                .header("Content-Type", content_type);
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            r.send(text)
+        }
+        None => {
+            let mut r = ureq::delete(&url)
+                .config()
+                .http_status_as_error(false)
+                .build();
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            r.call()
+        }
+    };
+    let mut response = response.expect("the API answers");
+    let status = response.status().as_u16();
+    let etag = response
+        .headers()
+        .get("etag")
+        .map(|v| v.to_str().unwrap().to_string());
+    let text = response.body_mut().read_to_string().unwrap_or_default();
+    (
+        status,
+        etag,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+fn names(hdsd: &Hdsd) -> Result<Vec<String>, String> {
+    let v = hdsd.get_json("/api/v1/dataplanes")?;
+    Ok(v["items"]
+        .as_array()
+        .ok_or("no items")?
+        .iter()
+        .map(|i| {
+            format!(
+                "{}.{}",
+                i["mesh"].as_str().unwrap(),
+                i["name"].as_str().unwrap()
+            )
+        })
+        .collect())
+}
+
+fn hdsd_cli(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_hdsd"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run hdsd")
+}
+
+#[test]
+fn the_definition_store_contract_holds_on_postgres() {
+    let Some(pg) = Postgres::start("the_definition_store_contract_holds_on_postgres") else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let settings = hdsd::config::PostgresConfig {
+            url: pg.url(),
+            ..Default::default()
+        };
+        // Two stores migrating a new database at the same time: both succeed,
+        // each migration is applied once (the advisory lock serialises them).
+        let (a, b) = tokio::join!(
+            hdsd::store::postgres::PgStore::connect(&settings),
+            hdsd::store::postgres::PgStore::connect(&settings)
+        );
+        let (a, _b) = (a.expect("first store"), b.expect("second store"));
+        hdsd::store::definitions::conformance(&a).await;
+    });
+    let versions =
+        pg.psql("SELECT string_agg(version::text, ',' ORDER BY version) FROM hdsd_schema");
+    let newest = hdsd::store::postgres::MIGRATIONS.len();
+    let expected: Vec<String> = (1..=newest).map(|v| v.to_string()).collect();
+    assert_eq!(versions.trim(), expected.join(","));
+}
+
+#[test]
+fn definitions_through_the_api_on_the_embedded_store() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
+        ..HdsdOptions::default()
+    });
+    let path = "/api/v1/dataplanes/default/web-01";
+
+    // Created from YAML: 200 with the revision as ETag; visible in the registry.
+    let yaml = dataplane_yaml("web-01", &[(10001, 8080)]);
+    let (status, etag, body) = send(&hdsd, path, Some(("application/yaml", &yaml)), &[]);
+    assert_eq!(status, 200, "{body}");
+    let etag = etag.expect("an ETag");
+    assert_eq!(etag, format!("\"{}\"", body["revision"]));
+    wait_for("web-01 in the registry", Duration::from_secs(5), || {
+        hdsd.dataplane("default.web-01").map(|_| ())
+    });
+    // GET carries the same ETag.
+    let got = ureq::get(&hdsd.api_url(path)).call().unwrap();
+    assert_eq!(got.headers().get("etag").unwrap().to_str().unwrap(), etag);
+
+    // Replaced from JSON with the right If-Match; a stale one is refused (412).
+    let json = r#"{"type": "Dataplane", "mesh": "default", "name": "web-01",
+        "networking": {"address": "127.0.0.1", "inbound": [{"port": 10002, "servicePort": 8081}]}}"#;
+    let (status, new_etag, body) = send(
+        &hdsd,
+        path,
+        Some(("application/json", json)),
+        &[("If-Match", &etag)],
+    );
+    assert_eq!(status, 200, "{body}");
+    let new_etag = new_etag.unwrap();
+    assert_ne!(new_etag, etag);
+    let (status, current, body) = send(
+        &hdsd,
+        path,
+        Some(("application/json", json)),
+        &[("If-Match", &etag)],
+    );
+    assert_eq!(status, 412, "{body}");
+    assert_eq!(current.as_deref(), Some(new_etag.as_str()));
+    assert!(
+        body["error"].as_str().unwrap().contains("If-Match"),
+        "{body}"
+    );
+    wait_for(
+        "the JSON definition in force",
+        Duration::from_secs(5),
+        || {
+            let dp = hdsd.dataplane("default.web-01")?;
+            match dp.inbounds.as_slice() {
+                [i] if i.port == 10002 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    );
+
+    // Invalid: 422 with each rule's message; nothing changes.
+    let bad = "type: Dataplane\nmesh: default\nname: web-01\nnetworking:\n  address: db.local\n";
+    let (status, _, body) = send(&hdsd, path, Some(("application/yaml", bad)), &[]);
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["problems"][0]
+            .as_str()
+            .unwrap()
+            .contains("not an IP literal"),
+        "{body}"
+    );
+    let (status, _, body) = send(
+        &hdsd,
+        "/api/v1/dataplanes/default/other",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("the URL names default.other"),
+        "{body}"
+    );
+
+    // `hdsd apply -f DIR`: a Mesh is skipped and named, each Dataplane applied.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("fleet.yaml"),
+        format!(
+            "type: Mesh\nname: default\n---\n{}---\n{}",
+            dataplane_yaml("web-02", &[(10003, 8082)]),
+            dataplane_yaml("web-03", &[(10004, 8083)])
+        ),
+    )
+    .unwrap();
+    let api = hdsd.api_url("");
+    let out = hdsd_cli(&["apply", "-f", dir.path().to_str().unwrap(), "--api", &api]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("skipped Mesh default"), "{stdout}");
+    assert!(
+        stdout.contains("dataplane default.web-02 applied (revision"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("dataplane default.web-03 applied"),
+        "{stdout}"
+    );
+    wait_for("three dataplanes", Duration::from_secs(5), || {
+        let n = names(&hdsd)?;
+        (n.len() == 3).then_some(()).ok_or(format!("{n:?}"))
+    });
+    // A file the server refuses: exit 1 with the server's message.
+    std::fs::write(
+        dir.path().join("fleet.yaml"),
+        bad.replace("web-01", "web-04"),
+    )
+    .unwrap();
+    let out = hdsd_cli(&["apply", "-f", dir.path().to_str().unwrap(), "--api", &api]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not an IP literal"), "{stderr}");
+
+    // `hdsd delete`, then DELETE of what is gone: 404.
+    let out = hdsd_cli(&["delete", "default", "web-02", "--api", &api]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, _, _) = send(&hdsd, path, None, &[("If-Match", &etag)]);
+    assert_eq!(status, 412, "a stale If-Match protects deletes too");
+    let (status, _, _) = send(&hdsd, path, None, &[("If-Match", &new_etag)]);
+    assert_eq!(status, 204);
+    let (status, _, body) = send(&hdsd, path, None, &[]);
+    assert_eq!(status, 404, "{body}");
+    wait_for("only web-03 left", Duration::from_secs(5), || {
+        let n = names(&hdsd)?;
+        (n == ["default.web-03"])
+            .then_some(())
+            .ok_or(format!("{n:?}"))
+    });
+}
+
+#[test]
+fn writes_are_refused_when_definitions_come_from_files() {
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let yaml = dataplane_yaml("web-01", &[(10001, 8080)]);
+    let (status, _, body) = send(
+        &hdsd,
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 409, "{body}");
+    let message = body["error"].as_str().unwrap();
+    assert!(
+        message.contains("dataplanes.source is \"dir\""),
+        "{message}"
+    );
+    assert!(
+        message.contains(&hdsd.dataplanes_dir().display().to_string()),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_definition_applied_on_one_instance_is_served_by_another_within_a_second() {
+    let Some(pg) = Postgres::start(
+        "a_definition_applied_on_one_instance_is_served_by_another_within_a_second",
+    ) else {
+        return;
+    };
+    // Two instances starting together on a new database (migrations race).
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| Hdsd::start(on_postgres(&pg)));
+        let b = s.spawn(|| Hdsd::start(on_postgres(&pg)));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let app = App::start();
+    // The Envoy is on B, waiting for its definition (unknown dataplane grace).
+    let _envoy = Envoy::start(b.hds, "default.web-01", None);
+    wait_for(
+        "B to hold web-01's waiting stream",
+        Duration::from_secs(20),
+        || {
+            let waiting = b.metric("hdsd_streams_waiting");
+            (waiting == Some(1.0))
+                .then_some(())
+                .ok_or_else(|| format!("hdsd_streams_waiting = {waiting:?}"))
+        },
+    );
+
+    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
+    let started = Instant::now();
+    let (status, _, body) = send(
+        &a,
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    wait_for("web-01 on instance B", Duration::from_secs(5), || {
+        b.dataplane("default.web-01").map(|_| ())
+    });
+    let seen_after = started.elapsed();
+    eprintln!("a definition written on A was visible on B after {seen_after:?}");
+    assert!(seen_after < Duration::from_secs(1), "{seen_after:?}");
+    // B serves it to its Envoy: the inbound turns healthy from Envoy's reports.
+    b.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
+
+    // Deleted on B: gone on A within a second too.
+    let started = Instant::now();
+    let (status, _, _) = send(&b, "/api/v1/dataplanes/default/web-01", None, &[]);
+    assert_eq!(status, 204);
+    wait_for("web-01 gone from A", Duration::from_secs(5), || {
+        let n = names(&a)?;
+        n.is_empty().then_some(()).ok_or(format!("{n:?}"))
+    });
+    let gone_after = started.elapsed();
+    eprintln!("a delete on B was visible on A after {gone_after:?}");
+    assert!(gone_after < Duration::from_secs(1), "{gone_after:?}");
+
+    // A row written behind hdsd's back (no NOTIFY) is healed by the
+    // periodic reconcile (1 s here).
+    let doc = dataplane_yaml("web-09", &[(10009, 8089)]).replace('\'', "''");
+    pg.psql(&format!(
+        "INSERT INTO hdsd_definitions (mesh, name, format, document, revision) \
+         VALUES ('default', 'web-09', 'yaml', '{doc}', nextval('hdsd_revision'))"
+    ));
+    for instance in [&a, &b] {
+        wait_for(
+            "the reconcile to find web-09",
+            Duration::from_secs(5),
+            || instance.dataplane("default.web-09").map(|_| ()),
+        );
+    }
+}
+
+#[test]
+fn instances_outlive_a_postgres_outage_and_catch_up() {
+    let Some(mut pg) = Postgres::start("instances_outlive_a_postgres_outage_and_catch_up") else {
+        return;
+    };
+    // Stale only after 30 s: B's copy of readiness must not expire during
+    // the outage, so that the transition it missed is visible as such.
+    let options = HdsdOptions {
+        stale_after: Some("30s".into()),
+        ..on_postgres(&pg)
+    };
+    let a = Hdsd::start(options.clone());
+    let b = Hdsd::start(options);
+    let mut app = App::start();
+    let path = "/api/v1/dataplanes/default/web-01";
+    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
+    let (status, _, _) = send(&a, path, Some(("application/yaml", &yaml)), &[]);
+    assert_eq!(status, 200);
+    let _envoy = Envoy::start(a.hds, "default.web-01", None);
+    a.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
+    b.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(5));
+
+    pg.stop();
+    // A transition during the outage: A folds it from memory at once.
+    app.stop();
+    a.wait_inbound(
+        "default.web-01",
+        10001,
+        "unhealthy",
+        Duration::from_secs(10),
+    );
+    // A write cannot be stored: 503 saying so; what is in force stays.
+    let (status, _, body) = send(
+        &a,
+        "/api/v1/dataplanes/default/web-02",
+        Some((
+            "application/yaml",
+            &dataplane_yaml("web-02", &[(10002, 8081)]),
+        )),
+        &[],
+    );
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("PostgreSQL"),
+        "{body}"
+    );
+    wait_for("B to notice the outage", Duration::from_secs(10), || {
+        b.log()
+            .contains("lost the connection that listens for definition changes")
+            .then_some(())
+            .ok_or_else(|| "not yet".to_string())
+    });
+    let (status, _, _) = inbound_status(&b).expect("B keeps serving");
+    assert_eq!(status, "healthy", "B cannot have heard of it yet");
+    pg.start_again();
+    // The transition written meanwhile reaches B: the instances converge.
+    b.wait_inbound(
+        "default.web-01",
+        10001,
+        "unhealthy",
+        Duration::from_secs(15),
+    );
+
+    // Writes go through again, and B hears of them again.
+    let yaml2 = dataplane_yaml("web-02", &[(10002, 8081)]);
+    wait_for("a write after the outage", Duration::from_secs(15), || {
+        let (status, _, body) = send(
+            &a,
+            "/api/v1/dataplanes/default/web-02",
+            Some(("application/yaml", &yaml2)),
+            &[],
+        );
+        (status == 200)
+            .then_some(())
+            .ok_or(format!("{status} {body}"))
+    });
+    wait_for(
+        "web-02 on B after the outage",
+        Duration::from_secs(10),
+        || b.dataplane("default.web-02").map(|_| ()),
+    );
+    for instance in [&a, &b] {
+        let log = instance.log();
+        assert!(!log.contains("panicked"), "{log}");
+    }
+    assert!(
+        b.log().contains("listening for definition changes again"),
+        "{}",
+        b.log()
+    );
+}
+
+#[test]
+fn an_envoy_listing_two_instances_moves_to_the_other_when_its_instance_dies() {
+    let Some(pg) =
+        Postgres::start("an_envoy_listing_two_instances_moves_to_the_other_when_its_instance_dies")
+    else {
+        return;
+    };
+    let mut instances = [Hdsd::start(on_postgres(&pg)), Hdsd::start(on_postgres(&pg))];
+    let app = App::start();
+    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
+    let (status, _, body) = send(
+        &instances[0],
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+
+    // One bootstrap naming both instances (`hdsd bootstrap --server A --server B`).
+    let servers: Vec<String> = instances.iter().map(|h| h.hds.to_string()).collect();
+    let mut args = vec![
+        "bootstrap",
+        "--mesh",
+        "default",
+        "--name",
+        "web-01",
+        "--admin-port",
+        "0",
+    ];
+    for s in &servers {
+        args.extend(["--server", s.as_str()]);
+    }
+    let out = hdsd_cli(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bootstrap = String::from_utf8(out.stdout).unwrap();
+    let _envoy =
+        Envoy::start_with_bootstrap(tempfile::tempdir().unwrap(), "default.web-01", &bootstrap);
+
+    let holder = wait_for(
+        "one instance to hold web-01's stream",
+        Duration::from_secs(30),
+        || {
+            instances
+                .iter()
+                .position(|h| {
+                    h.dataplane("default.web-01")
+                        .is_ok_and(|d| d.connection.connected)
+                })
+                .ok_or_else(|| "no instance has it".to_string())
+        },
+    );
+    instances[holder].wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
+
+    // SIGKILL the instance holding the stream: Envoy reconnects to the other,
+    // which has the definition from the shared store and serves it.
+    instances[holder].kill();
+    let started = Instant::now();
+    let other = &instances[1 - holder];
+    other.wait_connected("default.web-01", true, Duration::from_secs(60));
+    other.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
+    eprintln!(
+        "after SIGKILL of its instance, the Envoy was served healthy by the other after {:?}",
+        started.elapsed()
+    );
+}
+
+/// The status of web-01's inbound 10001 on `hdsd`, and whether it is connected there.
+fn inbound_status(hdsd: &Hdsd) -> Result<(String, bool, bool), String> {
+    let dp = hdsd.dataplane("default.web-01")?;
+    let inbound = dp
+        .inbounds
+        .iter()
+        .find(|i| i.port == 10001)
+        .ok_or("no inbound 10001")?;
+    Ok((
+        inbound.health.status.clone(),
+        inbound.health.ready,
+        dp.connection.connected,
+    ))
+}
+
+#[test]
+fn every_instance_answers_for_the_whole_fleet_and_a_failover_never_reads_not_ready() {
+    let Some(pg) = Postgres::start(
+        "every_instance_answers_for_the_whole_fleet_and_a_failover_never_reads_not_ready",
+    ) else {
+        return;
+    };
+    let options = HdsdOptions {
+        stale_after: Some("3s".into()),
+        ..on_postgres(&pg)
+    };
+    let mut instances = [Hdsd::start(options.clone()), Hdsd::start(options)];
+    let mut app = App::start();
+    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
+    let (status, _, body) = send(
+        &instances[0],
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    let servers: Vec<String> = instances.iter().map(|h| h.hds.to_string()).collect();
+    let mut args = vec![
+        "bootstrap",
+        "--mesh",
+        "default",
+        "--name",
+        "web-01",
+        "--admin-port",
+        "0",
+    ];
+    for s in &servers {
+        args.extend(["--server", s.as_str()]);
+    }
+    let out = hdsd_cli(&args);
+    assert!(out.status.success());
+    let _envoy = Envoy::start_with_bootstrap(
+        tempfile::tempdir().unwrap(),
+        "default.web-01",
+        &String::from_utf8(out.stdout).unwrap(),
+    );
+    let holder = wait_for(
+        "one instance to hold the stream",
+        Duration::from_secs(30),
+        || {
+            instances
+                .iter()
+                .position(|h| inbound_status(h).is_ok_and(|(_, _, connected)| connected))
+                .ok_or_else(|| "none yet".to_string())
+        },
+    );
+    let other = 1 - holder;
+    instances[holder].wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
+    // The other instance answers the same, from what the holder writes.
+    let started = Instant::now();
+    instances[other].wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(5));
+    eprintln!(
+        "healthy on the other instance {:?} after the holder",
+        started.elapsed()
+    );
+    assert!(
+        !inbound_status(&instances[other]).unwrap().2,
+        "not connected there"
+    );
+
+    // A transition travels too: the app stops, both read unhealthy.
+    let commits_before = instances[holder]
+        .metric("hdsd_store_commits_total")
+        .unwrap_or(0.0);
+    let measured_from = Instant::now();
+    app.stop();
+    instances[holder].wait_inbound(
+        "default.web-01",
+        10001,
+        "unhealthy",
+        Duration::from_secs(10),
+    );
+    let started = Instant::now();
+    instances[other].wait_inbound("default.web-01", 10001, "unhealthy", Duration::from_secs(5));
+    let lag = started.elapsed();
+    eprintln!("a transition reached the other instance {lag:?} after the holder showed it");
+    assert!(lag < Duration::from_secs(1), "{lag:?}");
+    app.resume();
+    instances[holder].wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(10));
+    instances[other].wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(5));
+    let commits = instances[holder]
+        .metric("hdsd_store_commits_total")
+        .unwrap_or(0.0)
+        - commits_before;
+    let per_second = commits / measured_from.elapsed().as_secs_f64();
+    eprintln!(
+        "holder: {commits} store transactions in {:?} ({per_second:.1}/s) with reports every 200 ms",
+        measured_from.elapsed()
+    );
+    assert!(
+        per_second <= 5.0,
+        "at most one transaction per 200 ms: {per_second}/s"
+    );
+
+    // SIGKILL the holder: the Envoy moves to the other instance, whose API
+    // never reads the inbound not ready meanwhile.
+    instances[holder].kill();
+    let started = Instant::now();
+    let mut observations = 0;
+    wait_for(
+        "the other instance to hold the stream",
+        Duration::from_secs(60),
+        || {
+            let (status, ready, connected) = inbound_status(&instances[other])?;
+            observations += 1;
+            assert!(
+                ready,
+                "read {status} (not ready) on the surviving instance during the failover"
+            );
+            (connected && status == "healthy")
+                .then_some(())
+                .ok_or_else(|| format!("{status}, connected {connected}"))
+        },
+    );
+    eprintln!(
+        "failover: the other instance held the stream after {:?}; {observations} reads, all ready",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn serve_refuses_to_start_when_postgres_cannot_be_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hdsd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = {state:?}\n[hds]\nlisten = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n\
+             [auth]\nmode = \"none\"\n[dataplanes]\nsource = \"api\"\n[store]\nkind = \"postgres\"\n\
+             [store.postgres]\nurl = \"host={socket} dbname=hdsd\"\nconnect_timeout = \"1s\"\n",
+            state = dir.path().join("state").display().to_string(),
+            // A socket directory with no server in it.
+            socket = dir.path().display(),
+        ),
+    )
+    .unwrap();
+    let out = hdsd_cli(&["serve", "--config", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot read the dataplane definitions: PostgreSQL store"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("check that the database named by store.postgres.url is up"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_newer_stream_on_another_instance_ends_the_older_one_within_a_second() {
+    use crate::support::grpc::GrpcClient;
+    let Some(pg) =
+        Postgres::start("a_newer_stream_on_another_instance_ends_the_older_one_within_a_second")
+    else {
+        return;
+    };
+    let a = Hdsd::start(on_postgres(&pg));
+    let b = Hdsd::start(on_postgres(&pg));
+    let yaml = dataplane_yaml("web-01", &[(10001, 8080)]);
+    let (status, _, _) = send(
+        &a,
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200);
+    wait_for("web-01 on B", Duration::from_secs(5), || {
+        b.dataplane("default.web-01").map(|_| ())
+    });
+
+    let on_a = GrpcClient::connect(a.hds);
+    let mut older = on_a.open_as("default.web-01");
+    older.expect_specifier(Duration::from_secs(5));
+    a.wait_connected("default.web-01", true, Duration::from_secs(5));
+
+    let on_b = GrpcClient::connect(b.hds);
+    let mut newer = on_b.open_as("default.web-01");
+    newer.expect_specifier(Duration::from_secs(5));
+    let started = Instant::now();
+    let status = older.expect_status(tonic::Code::Aborted, Duration::from_secs(1));
+    eprintln!(
+        "the older stream on A ended {:?} after the newer one on B got its specifier",
+        started.elapsed()
+    );
+    assert!(
+        status
+            .message()
+            .contains("replaced by a newer stream for dataplane default.web-01 on "),
+        "{status:?}"
+    );
+    a.wait_connected("default.web-01", false, Duration::from_secs(5));
+    // The newer stream stays.
+    newer.expect_nothing(Duration::from_millis(500));
+    b.wait_connected("default.web-01", true, Duration::from_secs(1));
+}
+
+#[test]
+fn a_revocation_through_one_instance_ends_a_stream_held_by_another_within_a_second() {
+    use crate::support::grpc::{hc_request, GrpcClient, Next};
+    let Some(pg) = Postgres::start(
+        "a_revocation_through_one_instance_ends_a_stream_held_by_another_within_a_second",
+    ) else {
+        return;
+    };
+    // The store in the config file, so that `hdsd token revoke --config` uses it too.
+    let options = HdsdOptions {
+        auth_mode: "token",
+        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
+        extra: format!(
+            "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n",
+            pg.url()
+        ),
+        ..HdsdOptions::default()
+    };
+    let a = Hdsd::start(options.clone());
+    let b = Hdsd::start(options);
+    let yaml = dataplane_yaml("web-01", &[(10001, 8080)]);
+    let (status, _, _) = send(
+        &a,
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200);
+    wait_for("web-01 on B", Duration::from_secs(5), || {
+        b.dataplane("default.web-01").map(|_| ())
+    });
+
+    // A stream on B with a token of B's.
+    let token = b.issue_token("default.web-01", "1h");
+    let client = GrpcClient::connect(b.hds);
+    let mut stream = client.open_with_token(Some(&token));
+    stream.send(hc_request(Some("default.web-01")));
+    stream.expect_specifier(Duration::from_secs(5));
+    let jti = b
+        .cli(&["token", "inspect", &token])
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("jti:").map(|j| j.trim().to_string()))
+        .expect("inspect prints the jti");
+
+    // Revoked through A (its config, its revocation file, the shared store).
+    let revoked_at = Instant::now();
+    let said = a.cli(&["token", "revoke", &jti]);
+    assert!(said.contains("in the PostgreSQL store"), "{said}");
+    match stream.next(Duration::from_secs(1)) {
+        Next::Status(s) => assert!(s.message().contains("revoked"), "{s:?}"),
+        other => panic!("expected B to end the stream within a second, got {other:?}"),
+    }
+    eprintln!(
+        "a revocation through A ended B's stream {:?} after the command started",
+        revoked_at.elapsed()
+    );
+    b.wait_connected("default.web-01", false, Duration::from_secs(1));
+}
