@@ -103,6 +103,41 @@ fn hdsd_cli(args: &[&str]) -> std::process::Output {
         .expect("run hdsd")
 }
 
+/// Defines `default.web-01` (one inbound probing `app_port`) through the first
+/// instance's API and starts a real Envoy whose bootstrap lists every instance
+/// (`hdsd bootstrap --server A --server B`).
+fn web01_envoy_on_all(instances: &[Hdsd], app_port: u16) -> Envoy {
+    let yaml = dataplane_yaml("web-01", &[(10001, app_port)]);
+    let (status, _, body) = send(
+        &instances[0],
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    let servers: Vec<String> = instances.iter().map(|h| h.hds.to_string()).collect();
+    let mut args = vec![
+        "bootstrap",
+        "--mesh",
+        "default",
+        "--name",
+        "web-01",
+        "--admin-port",
+        "0",
+    ];
+    for s in &servers {
+        args.extend(["--server", s.as_str()]);
+    }
+    let out = hdsd_cli(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bootstrap = String::from_utf8(out.stdout).unwrap();
+    Envoy::start_with_bootstrap(tempfile::tempdir().unwrap(), "default.web-01", &bootstrap)
+}
+
 #[test]
 fn the_definition_store_contract_holds_on_postgres() {
     let Some(pg) = Postgres::start("the_definition_store_contract_holds_on_postgres") else {
@@ -473,38 +508,8 @@ fn an_envoy_listing_two_instances_moves_to_the_other_when_its_instance_dies() {
     };
     let mut instances = [Hdsd::start(on_postgres(&pg)), Hdsd::start(on_postgres(&pg))];
     let app = App::start();
-    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
-    let (status, _, body) = send(
-        &instances[0],
-        "/api/v1/dataplanes/default/web-01",
-        Some(("application/yaml", &yaml)),
-        &[],
-    );
-    assert_eq!(status, 200, "{body}");
-
-    // One bootstrap naming both instances (`hdsd bootstrap --server A --server B`).
-    let servers: Vec<String> = instances.iter().map(|h| h.hds.to_string()).collect();
-    let mut args = vec![
-        "bootstrap",
-        "--mesh",
-        "default",
-        "--name",
-        "web-01",
-        "--admin-port",
-        "0",
-    ];
-    for s in &servers {
-        args.extend(["--server", s.as_str()]);
-    }
-    let out = hdsd_cli(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bootstrap = String::from_utf8(out.stdout).unwrap();
-    let _envoy =
-        Envoy::start_with_bootstrap(tempfile::tempdir().unwrap(), "default.web-01", &bootstrap);
+    // One bootstrap naming both instances.
+    let _envoy = web01_envoy_on_all(&instances, app.port);
 
     let holder = wait_for(
         "one instance to hold web-01's stream",
@@ -562,34 +567,7 @@ fn every_instance_answers_for_the_whole_fleet_and_a_failover_never_reads_not_rea
     };
     let mut instances = [Hdsd::start(options.clone()), Hdsd::start(options)];
     let mut app = App::start();
-    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
-    let (status, _, body) = send(
-        &instances[0],
-        "/api/v1/dataplanes/default/web-01",
-        Some(("application/yaml", &yaml)),
-        &[],
-    );
-    assert_eq!(status, 200, "{body}");
-    let servers: Vec<String> = instances.iter().map(|h| h.hds.to_string()).collect();
-    let mut args = vec![
-        "bootstrap",
-        "--mesh",
-        "default",
-        "--name",
-        "web-01",
-        "--admin-port",
-        "0",
-    ];
-    for s in &servers {
-        args.extend(["--server", s.as_str()]);
-    }
-    let out = hdsd_cli(&args);
-    assert!(out.status.success());
-    let _envoy = Envoy::start_with_bootstrap(
-        tempfile::tempdir().unwrap(),
-        "default.web-01",
-        &String::from_utf8(out.stdout).unwrap(),
-    );
+    let _envoy = web01_envoy_on_all(&instances, app.port);
     let holder = wait_for(
         "one instance to hold the stream",
         Duration::from_secs(30),
