@@ -30,6 +30,12 @@
 //!   the registry's diff (`Loaded::changed_since` and each named dataplane's
 //!   comparison), and the previous snapshot dropped. The two counts should be
 //!   close: a change costs its file, not the fleet.
+//! - `eds/push/{50,500}`: one readiness flip reaching an EDS subscriber of
+//!   every service, among 50 or 500 services (one endpoint each): the index
+//!   takes the dataplane's new state (`Index::set`, `commit`), publishes its
+//!   snapshot, the stream's machine finds what changed (`on_change`) and the
+//!   response is encoded as tonic would. The two counts should be close: a
+//!   flip costs the service it changed, not every service subscribed.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -38,10 +44,13 @@ use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
 use envoy_types::pb::envoy::config::core::v3::{HealthStatus, Node};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::envoy::service::health::v3::health_check_request_or_endpoint_health_response::RequestType;
 use envoy_types::pb::envoy::service::health::v3::{
     HealthCheckRequest, HealthCheckRequestOrEndpointHealthResponse,
 };
+use hdsd::consumers::eds::{self, index::Index, protocol::EdsStream, EdsOptions};
+use hdsd::dataplane::{parse_documents, DataplaneId};
 use hdsd::hds::stream::{Action, Event, Stream};
 use hdsd::hds::HdsSettings;
 use hdsd::readiness::{rebase, Timestamp};
@@ -70,6 +79,8 @@ const BENCHMARKS: &[&str] = &[
     "specifier/resend/16",
     "churn/file/1000",
     "churn/file/10000",
+    "eds/push/50",
+    "eds/push/500",
 ];
 
 /// Iterations of one benchmark: a churn iteration parses a file of 100
@@ -134,6 +145,7 @@ fn benchmark(name: &str) -> Option<Box<dyn FnMut()>> {
         ("specifier", "push") => push(k, true),
         ("specifier", "resend") => push(k, false),
         ("churn", "file") => churn(usize::from(k)),
+        ("eds", "push") => eds_push(usize::from(k)),
         _ => return None,
     })
 }
@@ -331,5 +343,69 @@ fn churn(count: usize) -> Box<dyn FnMut()> {
             black_box(next.dataplanes.get(id) != loaded.dataplanes.get(id));
         }
         loaded = next;
+    })
+}
+
+/// A dataplane `i` with one inbound in service `svc-<i>`, in `status`.
+fn eds_state(i: usize, status: hdsd::readiness::Status) -> (DataplaneId, DataplaneState) {
+    let yaml = format!(
+        "type: Dataplane\nmesh: default\nname: dp-{i:06}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: {port}\n    servicePort: {port}\n    tags: {{kuma.io/service: svc-{i:04}}}\n",
+        port = 10000 + i
+    );
+    let dp = Arc::new(parse_documents(&yaml).expect("valid dataplane").remove(0));
+    let spec = Arc::new(hdsd::specifier::build(&dp, &common::settings()).unwrap());
+    let mut health = rebase(None, &dp, &spec, now());
+    for h in &mut health.inbounds {
+        h.status = status;
+    }
+    let state = DataplaneState {
+        defined: Some(Defined {
+            dataplane: dp.clone(),
+            specifier: spec,
+            file: PathBuf::from("dataplanes/dp.yaml"),
+        }),
+        version: 1,
+        health,
+        connection: Connection::default(),
+    };
+    (dp.id.clone(), state)
+}
+
+fn eds_push(services: usize) -> Box<dyn FnMut()> {
+    use hdsd::readiness::Status;
+    let mut index = Index::new(EdsOptions::default());
+    for i in 0..services {
+        let (id, state) = eds_state(i, Status::Healthy);
+        index.set(&id, Some(&state));
+    }
+    index.commit();
+    let mut stream = EdsStream::new();
+    let request = DiscoveryRequest {
+        type_url: eds::protocol::TYPE_URL.to_string(),
+        resource_names: (0..services)
+            .map(|i| format!("default/svc-{i:04}"))
+            .collect(),
+        ..Default::default()
+    };
+    let first = stream
+        .on_request(&request, &index.snapshot(1, true))
+        .expect("a named subscription");
+    assert!(!first.is_empty(), "the subscription is answered");
+    // Dataplane 7 flips between healthy and unhealthy.
+    let (id, healthy) = eds_state(7, Status::Healthy);
+    let (_, unhealthy) = eds_state(7, Status::Unhealthy);
+    let mut flip = false;
+    let mut buffer = Vec::with_capacity(64 * 1024);
+    Box::new(move || {
+        flip = !flip;
+        index.set(&id, Some(if flip { &unhealthy } else { &healthy }));
+        assert!(index.commit(), "the flip changes svc-0007");
+        let current = Arc::new(index.snapshot(1, true));
+        let response = stream
+            .on_change(black_box(&current))
+            .expect("a subscribed service changed");
+        buffer.clear();
+        response.encode(&mut buffer).expect("a Vec grows");
+        black_box(&buffer);
     })
 }

@@ -34,6 +34,10 @@ pub struct Published {
     pub resource: Any,
 }
 
+/// How many recent changes (revision, service) the index keeps for streams
+/// that are behind: a stream that missed more reads every service it follows.
+pub const RECENT_CHANGES: usize = 4096;
+
 /// Every service's assignment at one revision. Services without endpoints
 /// are absent (served as empty assignments).
 #[derive(Debug, Clone, Default)]
@@ -44,7 +48,15 @@ pub struct Assignments {
     /// False until the catalog hdsd started with is in: no stream is
     /// answered from a half-built index.
     pub synced: bool,
-    pub services: BTreeMap<ServiceKey, Arc<Published>>,
+    /// A persistent map: a snapshot shares it with the index (taking one
+    /// costs no copy of every service's entry).
+    pub services: imbl::OrdMap<ServiceKey, Arc<Published>>,
+    /// The services that changed, by revision (ascending), for every
+    /// revision after `recent_floor`: a stream that has every subscribed
+    /// resource at some revision >= `recent_floor` finds what changed since
+    /// here, without looking at each service it follows.
+    pub recent: imbl::Vector<(u64, ServiceKey)>,
+    pub recent_floor: u64,
 }
 
 impl Assignments {
@@ -52,6 +64,18 @@ impl Assignments {
     pub fn version_of(&self, key: Option<&ServiceKey>) -> u64 {
         key.and_then(|k| self.services.get(k))
             .map_or(0, |p| p.version)
+    }
+
+    /// The services that changed after revision `seen` (a service may come
+    /// more than once), or `None` when that is older than the changes kept.
+    pub fn changed_since(&self, seen: u64) -> Option<impl Iterator<Item = &ServiceKey>> {
+        (seen >= self.recent_floor).then(|| {
+            self.recent
+                .iter()
+                .rev()
+                .take_while(move |(revision, _)| *revision > seen)
+                .map(|(_, key)| key)
+        })
     }
 }
 
@@ -70,9 +94,12 @@ pub struct Index {
     revision: u64,
     by_dataplane: HashMap<DataplaneId, Vec<(ServiceKey, Endpoint)>>,
     by_service: HashMap<ServiceKey, BTreeMap<DataplaneId, Vec<Endpoint>>>,
-    published: BTreeMap<ServiceKey, Arc<Published>>,
+    published: imbl::OrdMap<ServiceKey, Arc<Published>>,
     /// Services to recompute at the next commit.
     touched: BTreeSet<ServiceKey>,
+    /// What changed in the last [`RECENT_CHANGES`] changes (see [`Assignments::recent`]).
+    recent: imbl::Vector<(u64, ServiceKey)>,
+    recent_floor: u64,
     /// Published endpoints by health, in [`EdsHealth::ALL`] order.
     counts: [u64; 4],
 }
@@ -167,6 +194,12 @@ impl Index {
                 if let Some(old) = self.published.remove(&key) {
                     self.count(&old.endpoints, false);
                 }
+                self.recent.push_back((self.revision, key.clone()));
+                if self.recent.len() > RECENT_CHANGES {
+                    if let Some((revision, _)) = self.recent.pop_front() {
+                        self.recent_floor = revision;
+                    }
+                }
                 if endpoints.is_empty() {
                     self.by_service.remove(&key);
                 } else {
@@ -206,6 +239,8 @@ impl Index {
             revision: self.revision,
             synced,
             services: self.published.clone(),
+            recent: self.recent.clone(),
+            recent_floor: self.recent_floor,
         }
     }
 }
@@ -313,6 +348,8 @@ mod tests {
     use crate::source::Defined;
     use crate::specifier::{build, SpecifierSettings};
     use chrono::{TimeZone, Utc};
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 
     fn state(
         name: &str,
@@ -443,5 +480,93 @@ mod tests {
             0
         );
         assert_eq!(snap.version_of(None), 0);
+    }
+
+    /// A stream in step reads only what changed (the recent changes); one
+    /// that fell further behind than they reach reads every service; both
+    /// end with every change and nothing sent twice.
+    #[test]
+    fn streams_find_what_changed_from_recent_changes_or_by_looking_at_each() {
+        use crate::consumers::eds::protocol::EdsStream;
+        use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+
+        let services: Vec<String> = (0..20).map(|i| format!("svc-{i:02}")).collect();
+        let mut index = Index::new(EdsOptions::default());
+        let mut states = Vec::new();
+        for (i, service) in services.iter().enumerate() {
+            let port = 1000 + i as u16;
+            let healthy = state(&format!("dp-{i:02}"), &[(service, port)], Status::Healthy);
+            let (_, down) = state(&format!("dp-{i:02}"), &[(service, port)], Status::Unhealthy);
+            index.set(&healthy.0, Some(&healthy.1));
+            states.push((healthy.0, healthy.1, down));
+        }
+        index.commit();
+        let request = DiscoveryRequest {
+            resource_names: services.iter().map(|s| format!("default/{s}")).collect(),
+            ..Default::default()
+        };
+        let mut in_step = EdsStream::new();
+        let mut behind = EdsStream::new();
+        for s in [&mut in_step, &mut behind] {
+            s.on_request(&request, &index.snapshot(1, true)).unwrap();
+        }
+        let names = |r: &DiscoveryResponse| -> Vec<String> {
+            r.resources
+                .iter()
+                .map(|any| {
+                    ClusterLoadAssignment::decode(any.value.as_slice())
+                        .unwrap()
+                        .cluster_name
+                })
+                .collect()
+        };
+
+        // Flip service 3, then 3 and 11 in one commit: the stream in step
+        // gets exactly those.
+        let (id3, _, down3) = &states[3];
+        index.set(id3, Some(down3));
+        index.commit();
+        let r = in_step.on_change(&index.snapshot(1, true)).unwrap();
+        assert_eq!(names(&r), ["default/svc-03"]);
+        let (id11, _, down11) = &states[11];
+        index.set(id3, Some(&states[3].1));
+        index.set(id11, Some(down11));
+        index.commit();
+        let snap = index.snapshot(1, true);
+        assert!(snap.changed_since(snap.revision - 1).is_some());
+        let mut got = names(&in_step.on_change(&snap).unwrap());
+        got.sort();
+        assert_eq!(got, ["default/svc-03", "default/svc-11"]);
+        assert!(in_step.on_change(&snap).is_none(), "nothing sent twice");
+
+        // More flips than the recent changes hold (services 0 and 5, back
+        // and forth), then service 5 down: the stream that missed them all
+        // reads each service and gets every one whose version moved since it
+        // was sent (0 ended as it began, at a newer version), no other.
+        for n in 0..RECENT_CHANGES {
+            let (id, up, down) = &states[n % 2 * 5];
+            index.set(id, Some(if n % 4 < 2 { down } else { up }));
+            index.commit();
+        }
+        let (id5, _, down5) = &states[5];
+        index.set(id5, Some(down5));
+        index.commit();
+        let snap = index.snapshot(1, true);
+        assert!(snap.changed_since(1).is_none(), "revision 1 is forgotten");
+        let mut got = names(&behind.on_change(&snap).unwrap());
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                "default/svc-00",
+                "default/svc-03",
+                "default/svc-05",
+                "default/svc-11"
+            ]
+        );
+        // The stream in step is behind too now; both agree from here on.
+        let mut got = names(&in_step.on_change(&snap).unwrap());
+        got.sort();
+        assert_eq!(got, ["default/svc-00", "default/svc-05"]);
     }
 }

@@ -4,20 +4,30 @@
 //! - The first request names the resources (`<mesh>/<service>`); a wildcard
 //!   subscription (no names on the first request, or `*`) is refused.
 //! - Every response carries `version_info` (the assignments' revision, with
-//!   the process's epoch) and a fresh nonce, and every subscribed resource.
+//!   the process's epoch) and a fresh nonce.
+//! - A response carries only the subscribed resources the client does not
+//!   have at their current version: every one of them on a new stream, the
+//!   newly subscribed ones when the names change, the changed ones on a push.
+//!   For `ClusterLoadAssignment` (unlike `Listener` and `Cluster`) this is
+//!   the xDS protocol's rule: a resource left out of a response is unchanged,
+//!   not removed. A push for one flip costs that service, not every service
+//!   the client follows.
 //! - A request whose `response_nonce` is not the last one sent is stale and
 //!   ignored (its answer is on the wire already).
 //! - A request with the last nonce ACKs (no `error_detail`) or NACKs it. A
 //!   NACK is reported and not answered: the next change is pushed as usual,
 //!   never the same response again in a loop.
-//! - A change in the names subscribed is answered at once; a change in the
-//!   assignments is pushed only when a subscribed resource changed.
-//! - The machine keeps the names and the versions last sent, nothing per
-//!   response: a client that never ACKs costs no more than one that does.
+//! - Names that are no longer subscribed need no answer (the client forgets
+//!   them itself); a change in the assignments is pushed only when a
+//!   subscribed resource changed.
+//! - The machine keeps, per subscribed name, its parsed service and the
+//!   version last sent, nothing per response: a client that never ACKs costs
+//!   no more than one that does.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::protobuf::Any;
 
 use super::assignment::ServiceKey;
 use super::index::{encode, Assignments};
@@ -53,14 +63,25 @@ pub enum Action {
     },
 }
 
+/// A subscribed resource name.
+#[derive(Debug)]
+struct Subscription {
+    /// The service it names; `None` for a name that is not `<mesh>/<service>`
+    /// (served as an empty assignment, like an unknown service).
+    key: Option<ServiceKey>,
+    /// The version last sent; `None` before it was sent on this stream.
+    sent: Option<u64>,
+}
+
 /// One stream's state.
 #[derive(Debug, Default)]
 pub struct EdsStream {
-    names: BTreeSet<String>,
+    subscribed: BTreeMap<String, Subscription>,
     /// The last nonce sent; 0 before the first response.
     nonce: u64,
-    /// The version of each resource in the last response.
-    sent: BTreeMap<String, u64>,
+    /// The assignments' revision at which every subscribed resource was
+    /// last brought up to date.
+    seen: u64,
     started: bool,
     /// The last version the client ACKed.
     acked: Option<String>,
@@ -71,18 +92,18 @@ impl EdsStream {
         EdsStream::default()
     }
 
-    /// The subscribed resource names.
-    pub fn names(&self) -> &BTreeSet<String> {
-        &self.names
+    /// The subscribed resource names, sorted.
+    pub fn names(&self) -> impl ExactSizeIterator<Item = &str> {
+        self.subscribed.keys().map(String::as_str)
     }
 
     pub fn acked(&self) -> Option<&str> {
         self.acked.as_deref()
     }
 
-    /// How many resource versions the stream remembers (its memory, in entries).
+    /// How many resource names the stream remembers (its memory, in entries).
     pub fn remembered(&self) -> usize {
-        self.names.len() + self.sent.len()
+        self.subscribed.len()
     }
 
     /// A request from the client.
@@ -118,59 +139,109 @@ impl EdsStream {
         {
             return Err(ProtocolError::Wildcard);
         }
-        let names: BTreeSet<String> = request.resource_names.iter().cloned().collect();
-        if !self.started || names != self.names {
-            let added: Vec<String> = names.difference(&self.names).cloned().collect();
-            self.started = true;
-            self.names = names;
-            self.sent.retain(|n, _| self.names.contains(n));
-            if !self.names.is_empty() {
-                let unknown = added
-                    .into_iter()
-                    .filter(|n| current.version_of(ServiceKey::parse(n).as_ref()) == 0)
-                    .collect();
-                actions.push(Action::Send {
-                    response: self.respond(current),
-                    unknown,
+        self.started = true;
+        if !self.same_names(&request.resource_names) {
+            let mut previous = std::mem::take(&mut self.subscribed);
+            let mut unknown = Vec::new();
+            for name in &request.resource_names {
+                if self.subscribed.contains_key(name) {
+                    continue; // named twice
+                }
+                let subscription = previous.remove(name).unwrap_or_else(|| {
+                    let key = ServiceKey::parse(name);
+                    if current.version_of(key.as_ref()) == 0 {
+                        unknown.push(name.clone());
+                    }
+                    Subscription { key, sent: None }
                 });
+                self.subscribed.insert(name.clone(), subscription);
+            }
+            if let Some(response) = self.respond(current) {
+                actions.push(Action::Send { response, unknown });
             }
         }
         Ok(actions)
     }
 
-    /// New assignments: a response when a subscribed resource changed.
-    pub fn on_change(&mut self, current: &Assignments) -> Option<DiscoveryResponse> {
-        if !self.started || self.names.is_empty() {
-            return None;
-        }
-        let changed = self.names.iter().any(|n| {
-            let version = current.version_of(ServiceKey::parse(n).as_ref());
-            self.sent.get(n) != Some(&version)
-        });
-        changed.then(|| self.respond(current))
+    /// Whether `names` (in any order, repeats allowed) are the names subscribed.
+    fn same_names(&self, names: &[String]) -> bool {
+        let names: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+        names.len() == self.subscribed.len()
+            && names.iter().all(|n| self.subscribed.contains_key(*n))
     }
 
-    fn respond(&mut self, current: &Assignments) -> DiscoveryResponse {
-        self.nonce += 1;
-        let mut resources = Vec::with_capacity(self.names.len());
-        for name in &self.names {
-            let key = ServiceKey::parse(name);
-            let published = key.as_ref().and_then(|k| current.services.get(k));
-            self.sent
-                .insert(name.clone(), published.map_or(0, |p| p.version));
-            resources.push(match published {
-                Some(p) => p.resource.clone(),
-                None => encode(name, &[]),
-            });
+    /// New assignments: a response when a subscribed resource changed.
+    /// Costs the services that changed since the stream last looked (read
+    /// from the assignments' recent changes), not every service it follows.
+    pub fn on_change(&mut self, current: &Assignments) -> Option<DiscoveryResponse> {
+        if !self.started || current.revision == self.seen {
+            return None;
         }
-        DiscoveryResponse {
+        let Some(changed) = current.changed_since(self.seen) else {
+            return self.respond(current); // too far behind: look at each
+        };
+        let mut resources = Vec::new();
+        for key in changed {
+            let name = key.to_string();
+            if let Some(subscription) = self.subscribed.get_mut(&name) {
+                update(&name, subscription, current, &mut resources);
+            }
+        }
+        self.seen = current.revision;
+        self.response(current, resources)
+    }
+
+    /// A response with every subscribed resource the client does not have
+    /// at its current version; `None` when it has them all.
+    fn respond(&mut self, current: &Assignments) -> Option<DiscoveryResponse> {
+        let mut resources = Vec::new();
+        for (name, subscription) in &mut self.subscribed {
+            update(name, subscription, current, &mut resources);
+        }
+        self.seen = current.revision;
+        self.response(current, resources)
+    }
+
+    fn response(
+        &mut self,
+        current: &Assignments,
+        resources: Vec<Any>,
+    ) -> Option<DiscoveryResponse> {
+        if resources.is_empty() {
+            return None;
+        }
+        self.nonce += 1;
+        Some(DiscoveryResponse {
             version_info: format!("{}.{}", current.epoch, current.revision),
             resources,
             type_url: TYPE_URL.to_string(),
             nonce: self.nonce.to_string(),
             ..Default::default()
-        }
+        })
     }
+}
+
+/// Adds `subscription`'s resource to `resources` unless the client has it
+/// at its current version.
+fn update(
+    name: &str,
+    subscription: &mut Subscription,
+    current: &Assignments,
+    resources: &mut Vec<Any>,
+) {
+    let published = subscription
+        .key
+        .as_ref()
+        .and_then(|k| current.services.get(k));
+    let version = published.map_or(0, |p| p.version);
+    if subscription.sent == Some(version) {
+        return;
+    }
+    subscription.sent = Some(version);
+    resources.push(match published {
+        Some(p) => p.resource.clone(),
+        None => encode(name, &[]),
+    });
 }
 
 #[cfg(test)]
@@ -191,6 +262,9 @@ mod tests {
             epoch: 42,
             revision,
             synced: true,
+            // No recent changes kept: a stream behind reads each service.
+            recent: Default::default(),
+            recent_floor: revision,
             services: services
                 .iter()
                 .map(|(name, version, n)| {
@@ -369,7 +443,7 @@ mod tests {
     }
 
     #[test]
-    fn subscription_changes_are_answered_at_once() {
+    fn subscription_changes_are_answered_at_once_with_what_the_client_lacks() {
         let mut s = EdsStream::new();
         let a = assignments(3, &[("web", 3, 1), ("api", 2, 2)]);
         s.on_request(&request(&["default/web"], "", ""), &a)
@@ -378,24 +452,67 @@ mod tests {
             .on_request(&request(&["default/web", "default/api"], "42.3", "1"), &a)
             .unwrap();
         assert!(matches!(acted[0], Action::Ack { .. }));
+        // Only the new name: the client has web at this version already.
         let r = sent(&acted);
-        assert_eq!(
-            decoded(r[0]),
-            [("default/api".into(), 2), ("default/web".into(), 1)]
-        );
+        assert_eq!(decoded(r[0]), [("default/api".into(), 2)]);
         assert_eq!(r[0].nonce, "2");
-        // Unsubscribe from web: only api, and web's changes no longer push.
+        // The same names in another order, repeated: nothing to send.
+        let acted = s
+            .on_request(
+                &request(&["default/api", "default/web", "default/api"], "42.3", "2"),
+                &a,
+            )
+            .unwrap();
+        assert!(sent(&acted).is_empty());
+        // Unsubscribe from web: nothing to send (the client forgets it), and
+        // web's changes no longer push.
         let acted = s
             .on_request(&request(&["default/api"], "42.3", "2"), &a)
             .unwrap();
-        assert_eq!(decoded(sent(&acted)[0]), [("default/api".into(), 2)]);
+        assert!(sent(&acted).is_empty());
+        assert_eq!(s.names().collect::<Vec<_>>(), ["default/api"]);
         assert!(s
             .on_change(&assignments(4, &[("web", 4, 5), ("api", 2, 2)]))
             .is_none());
+        // Subscribed to web again: sent again, at its current version.
+        let acted = s
+            .on_request(&request(&["default/api", "default/web"], "42.3", "2"), &a)
+            .unwrap();
+        assert_eq!(decoded(sent(&acted)[0]), [("default/web".into(), 1)]);
         // Unsubscribe from everything: nothing to send, nothing pushed.
         let acted = s.on_request(&request(&[], "42.3", "3"), &a).unwrap();
         assert!(sent(&acted).is_empty());
         assert!(s.on_change(&assignments(5, &[("api", 5, 1)])).is_none());
+    }
+
+    /// A push carries the subscribed resources that changed, not every one.
+    #[test]
+    fn a_push_carries_only_what_changed() {
+        let mut s = EdsStream::new();
+        let a = assignments(3, &[("web", 3, 1), ("api", 2, 2), ("db", 1, 3)]);
+        let first = s
+            .on_request(
+                &request(&["default/web", "default/api", "default/db"], "", ""),
+                &a,
+            )
+            .unwrap();
+        assert_eq!(decoded(sent(&first)[0]).len(), 3);
+        let r = s
+            .on_change(&assignments(
+                4,
+                &[("web", 3, 1), ("api", 4, 1), ("db", 1, 3)],
+            ))
+            .unwrap();
+        assert_eq!(decoded(&r), [("default/api".into(), 1)]);
+        assert_eq!(r.version_info, "42.4");
+        // Two changed (db lost its endpoints): both, nothing else.
+        let r = s
+            .on_change(&assignments(5, &[("web", 5, 2), ("api", 4, 1)]))
+            .unwrap();
+        assert_eq!(
+            decoded(&r),
+            [("default/db".into(), 0), ("default/web".into(), 2)]
+        );
     }
 
     #[test]
@@ -439,7 +556,7 @@ mod tests {
             if s.on_change(&a).is_some() {
                 pushes += 1;
             }
-            assert_eq!(s.remembered(), 4);
+            assert_eq!(s.remembered(), 2);
         }
         assert_eq!(pushes, 9_998);
         // Its late ACK of an old response is stale.
