@@ -22,12 +22,13 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use redb::{Builder, Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::dataplane::{Dataplane, DataplaneId};
 use crate::readiness::{Health, InboundHealth, Status, Timestamp};
@@ -252,6 +253,100 @@ enum Message {
 #[derive(Debug, Clone)]
 pub struct StoreHandle {
     tx: mpsc::UnboundedSender<Message>,
+    /// Updates kept in memory because the store refused them (written by
+    /// the writer task only).
+    pending: Arc<AtomicUsize>,
+}
+
+/// Why the shared store is taken for unreachable, and since when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Down {
+    pub since: Timestamp,
+    pub error: String,
+}
+
+/// Whether the shared store answers, as this instance's heartbeat finds
+/// (its single writer): `/readyz` reads it, `hdsd_store_up` shows it, and
+/// each change is logged once. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct StoreStatus {
+    down: Arc<watch::Sender<Option<Down>>>,
+    pending: Arc<AtomicUsize>,
+    describe: String,
+}
+
+impl StoreStatus {
+    /// Up; `handle` tells how many readiness updates wait for the store.
+    pub fn new(describe: String, handle: &StoreHandle) -> StoreStatus {
+        metrics::gauge!(crate::metrics::STORE_UP).set(1.0);
+        StoreStatus {
+            down: Arc::new(watch::channel(None).0),
+            pending: handle.pending.clone(),
+            describe,
+        }
+    }
+
+    /// The store answered.
+    pub fn up(&self) {
+        if let Some(down) = self.down.send_replace(None) {
+            metrics::gauge!(crate::metrics::STORE_UP).set(1.0);
+            let after = (chrono::Utc::now() - down.since).to_std().unwrap_or_default();
+            tracing::info!(
+                "{} reachable again after {}; the {} readiness update(s) kept meanwhile are written with the next batch",
+                self.describe,
+                humantime::format_duration(Duration::from_secs(after.as_secs())),
+                self.pending()
+            );
+        }
+    }
+
+    /// The store did not answer.
+    pub fn down(&self, error: &str) {
+        let changed = self.down.send_if_modified(|down| {
+            if down.is_some() {
+                return false;
+            }
+            *down = Some(Down {
+                since: chrono::Utc::now(),
+                error: error.to_string(),
+            });
+            true
+        });
+        if changed {
+            metrics::gauge!(crate::metrics::STORE_UP).set(0.0);
+            tracing::error!(
+                "{} unreachable ({error}); this instance keeps serving HDS and folding reports from memory, definition writes answer 503, readiness updates are queued (one per dataplane) until it returns (logged once until it does)",
+                self.describe
+            );
+        }
+    }
+
+    /// `Some` while the store is unreachable.
+    pub fn current(&self) -> Option<Down> {
+        self.down.borrow().clone()
+    }
+
+    /// Readiness updates waiting for the store.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// The line `/readyz` shows.
+    pub fn readyz_line(&self, now: Timestamp) -> String {
+        match self.current() {
+            None => format!("store: {} reachable", self.describe),
+            Some(down) => format!(
+                "store: {} unreachable since {} ({} ago; {}): still serving HDS and folding reports from memory; definition writes answer 503; {} readiness update(s) queued (at most one per dataplane), written when it returns",
+                self.describe,
+                down.since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                humantime::format_duration(Duration::from_secs(
+                    (now - down.since).to_std().unwrap_or_default().as_secs()
+                )),
+                down.error,
+                self.pending()
+            ),
+        }
+    }
 }
 
 impl std::fmt::Debug for Message {
@@ -267,8 +362,9 @@ impl StoreHandle {
     /// Starts the writer task for `store`.
     pub fn spawn(store: Arc<dyn ReadinessStore>) -> StoreHandle {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run_writer(store, rx));
-        StoreHandle { tx }
+        let pending = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(run_writer(store, rx, pending.clone()));
+        StoreHandle { tx, pending }
     }
 
     /// Queues the state of one dataplane (`None`: it was deleted).
@@ -285,7 +381,11 @@ impl StoreHandle {
     }
 }
 
-async fn run_writer(store: Arc<dyn ReadinessStore>, mut rx: mpsc::UnboundedReceiver<Message>) {
+async fn run_writer(
+    store: Arc<dyn ReadinessStore>,
+    mut rx: mpsc::UnboundedReceiver<Message>,
+    kept: Arc<AtomicUsize>,
+) {
     let mut pending: BTreeMap<DataplaneId, Option<StoredHealth>> = BTreeMap::new();
     let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
     // Failures are logged when they start and when they end, not per batch.
@@ -312,6 +412,8 @@ async fn run_writer(store: Arc<dyn ReadinessStore>, mut rx: mpsc::UnboundedRecei
             }
         }
         write_batch(&store, &mut pending, &mut failing).await;
+        kept.store(pending.len(), Ordering::Relaxed);
+        metrics::gauge!(crate::metrics::STORE_PENDING_WRITES).set(pending.len() as f64);
         for w in waiters.drain(..) {
             let _ = w.send(());
         }
@@ -352,6 +454,7 @@ async fn write_batch(
             for (id, value) in batch {
                 pending.entry(id).or_insert(value);
             }
+            metrics::counter!(crate::metrics::STORE_WRITE_FAILURES).increment(1);
             if !std::mem::replace(failing, true) {
                 tracing::error!("{e}; keeping readiness updates in memory (one per dataplane) and writing them with the next batch that succeeds (logged once until writes succeed again)")
             }
