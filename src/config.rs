@@ -1099,6 +1099,23 @@ mod tests {
     }
 
     #[test]
+    fn the_instance_timeout_is_a_duration_of_at_least_100ms() {
+        let c = load_str(".toml", "[cluster]\ninstance_timeout = \"2s\"\n").unwrap();
+        assert_eq!(c.cluster.instance_timeout, Duration::from_secs(2));
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        assert_eq!(
+            Config::default().cluster.instance_timeout,
+            Duration::from_secs(10)
+        );
+        let c = load_str(".toml", "[cluster]\ninstance_timeout = \"0s\"\n").unwrap();
+        let problems = c.validate().join("\n");
+        assert!(
+            problems.contains("cluster.instance_timeout is 0s: it must be at least 100ms"),
+            "{problems}"
+        );
+    }
+
+    #[test]
     fn eds_options() {
         let c = load_str(
             ".toml",

@@ -344,17 +344,6 @@ pub async fn run(
             "sharing the PostgreSQL store with other instances"
         );
     }
-    // The heartbeat: says whether the shared store answers, and finds the
-    // instances that stopped answering.
-    let store_status = pg
-        .as_ref()
-        .map(|pg| StoreStatus::new(DefinitionStore::describe(pg.as_ref()), &store));
-    let cluster = pg.as_ref().zip(store_status.as_ref()).map(|(pg, status)| {
-        tokio::spawn(
-            pg.clone()
-                .run_cluster(config.cluster.instance_timeout, status.clone()),
-        )
-    });
     let assignments = crate::consumers::eds::index::spawn(
         registry.clone(),
         feed.clone(),
@@ -386,6 +375,18 @@ pub async fn run(
     };
     scrape.process.describe();
     metrics::gauge!(crate::metrics::AUTH_SIGNING_KEYS).set(gate.signing_keys() as f64);
+    // The heartbeat: says whether the shared store answers, and finds the
+    // instances that stopped answering (after the recorder is installed:
+    // it sets `hdsd_store_up`).
+    let store_status = pg
+        .as_ref()
+        .map(|pg| StoreStatus::new(DefinitionStore::describe(pg.as_ref()), &store));
+    let cluster = pg.as_ref().zip(store_status.as_ref()).map(|(pg, status)| {
+        tokio::spawn(
+            pg.clone()
+                .run_cluster(config.cluster.instance_timeout, status.clone()),
+        )
+    });
 
     let tls_error = |e: crate::tls::TlsError| ServeError::Config(vec![e.to_string()]);
     let hds_tls = (config.hds.tls.as_ref())

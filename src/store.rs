@@ -290,7 +290,9 @@ impl StoreStatus {
     pub fn up(&self) {
         if let Some(down) = self.down.send_replace(None) {
             metrics::gauge!(crate::metrics::STORE_UP).set(1.0);
-            let after = (chrono::Utc::now() - down.since).to_std().unwrap_or_default();
+            let after = (chrono::Utc::now() - down.since)
+                .to_std()
+                .unwrap_or_default();
             tracing::info!(
                 "{} reachable again after {}; the {} readiness update(s) kept meanwhile are written with the next batch",
                 self.describe,

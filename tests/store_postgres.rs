@@ -471,15 +471,19 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
     a.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
     b.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(5));
     let holder = format!("/{}", a.pid());
-    wait_for("B to know that A holds web-01", Duration::from_secs(5), || {
-        let dp = b.dataplane("default.web-01")?;
-        dp.connection
-            .held_by
-            .as_deref()
-            .is_some_and(|h| h.ends_with(&holder))
-            .then_some(())
-            .ok_or(format!("{:?}", dp.connection))
-    });
+    wait_for(
+        "B to know that A holds web-01",
+        Duration::from_secs(5),
+        || {
+            let dp = b.dataplane("default.web-01")?;
+            dp.connection
+                .held_by
+                .as_deref()
+                .is_some_and(|h| h.ends_with(&holder))
+                .then_some(())
+                .ok_or(format!("{:?}", dp.connection))
+        },
+    );
     for instance in [&a, &b] {
         let (status, body) = readyz(instance);
         assert_eq!(status, 200, "{body}");
@@ -545,13 +549,17 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
         assert!(body.contains("still serving HDS"), "{body}");
     }
     // A kept the transition it could not write.
-    wait_for("A to count the write it keeps", Duration::from_secs(5), || {
-        let pending = a.metric("hdsd_store_pending_writes").unwrap_or(0.0);
-        let failures = a.metric("hdsd_store_write_failures_total").unwrap_or(0.0);
-        (pending >= 1.0 && failures >= 1.0)
-            .then_some(())
-            .ok_or(format!("pending {pending}, failures {failures}"))
-    });
+    wait_for(
+        "A to count the write it keeps",
+        Duration::from_secs(5),
+        || {
+            let pending = a.metric("hdsd_store_pending_writes").unwrap_or(0.0);
+            let failures = a.metric("hdsd_store_write_failures_total").unwrap_or(0.0);
+            (pending >= 1.0 && failures >= 1.0)
+                .then_some(())
+                .ok_or(format!("pending {pending}, failures {failures}"))
+        },
+    );
     let (_, body) = readyz(&a);
     assert!(body.contains("1 readiness update(s) queued"), "{body}");
     // The outage the issue names: 10 s.
@@ -661,15 +669,19 @@ fn a_dead_instances_dataplanes_are_marked_disconnected_by_one_live_instance() {
     let holder = format!("/{}", a.pid());
     for other in &others {
         other.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(5));
-        wait_for("the others to know that A holds web-01", Duration::from_secs(5), || {
-            let dp = other.dataplane("default.web-01")?;
-            dp.connection
-                .held_by
-                .as_deref()
-                .is_some_and(|h| h.ends_with(&holder))
-                .then_some(())
-                .ok_or(format!("{:?}", dp.connection))
-        });
+        wait_for(
+            "the others to know that A holds web-01",
+            Duration::from_secs(5),
+            || {
+                let dp = other.dataplane("default.web-01")?;
+                dp.connection
+                    .held_by
+                    .as_deref()
+                    .is_some_and(|h| h.ends_with(&holder))
+                    .then_some(())
+                    .ok_or(format!("{:?}", dp.connection))
+            },
+        );
     }
     assert_eq!(count(&pg, "hdsd_instances"), 3);
 
@@ -694,7 +706,10 @@ fn a_dead_instances_dataplanes_are_marked_disconnected_by_one_live_instance() {
     // Silent for the timeout, found by the next sweep (every timeout / 4),
     // with a second for the notification and the polling.
     assert!(marked >= timeout - timeout / 4, "{marked:?}");
-    assert!(marked < timeout + timeout / 4 + Duration::from_secs(1), "{marked:?}");
+    assert!(
+        marked < timeout + timeout / 4 + Duration::from_secs(1),
+        "{marked:?}"
+    );
     // The usual stale rule applies from the last report A wrote.
     for other in &others {
         other.wait_inbound("default.web-01", 10001, "stale", Duration::from_secs(5));

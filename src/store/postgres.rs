@@ -969,10 +969,13 @@ impl PgStore {
             return Ok(Vec::new());
         }
         let now = millis(
-            tx.query_one("SELECT floor(extract(epoch FROM now()) * 1000)::bigint", &[])
-                .await
-                .map_err(pg_error)?
-                .get(0),
+            tx.query_one(
+                "SELECT floor(extract(epoch FROM now()) * 1000)::bigint",
+                &[],
+            )
+            .await
+            .map_err(pg_error)?
+            .get(0),
         );
         let as_pairs = |rows: Vec<tokio_postgres::Row>| -> Vec<(String, Timestamp)> {
             rows.iter()
@@ -1195,7 +1198,11 @@ mod tests {
         let payload = claim_payload(&id, "host-a/7", at);
         assert_eq!(
             parse_stream_note(&payload),
-            Some(StreamNote::Claimed((id.clone(), "host-a/7".to_string(), at)))
+            Some(StreamNote::Claimed((
+                id.clone(),
+                "host-a/7".to_string(),
+                at
+            )))
         );
         assert_eq!(
             parse_stream_note(&release_payload(&id, "host-a/7")),
@@ -1206,7 +1213,9 @@ mod tests {
     }
 
     fn t(ms: i64) -> Timestamp {
-        chrono::Utc.timestamp_millis_opt(1_700_000_000_000 + ms).unwrap()
+        chrono::Utc
+            .timestamp_millis_opt(1_700_000_000_000 + ms)
+            .unwrap()
     }
 
     #[test]
