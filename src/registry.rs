@@ -178,6 +178,18 @@ impl Registry {
         }
     }
 
+    /// The dataplanes whose stream this instance holds, with their attach times.
+    pub fn held_here(&self) -> Vec<(DataplaneId, Timestamp)> {
+        self.catalog()
+            .iter()
+            .filter_map(|(id, handle)| {
+                let state = handle.state.borrow();
+                let c = &state.connection;
+                c.stream.and(c.connected_at).map(|at| (id.clone(), at))
+            })
+            .collect()
+    }
+
     /// Brings every dataplane's view of which other instance holds its
     /// stream in line with `holders` (the whole shared table; rows naming
     /// `own` are this instance's and not news).

@@ -382,10 +382,23 @@ pub async fn run(
         .as_ref()
         .map(|pg| StoreStatus::new(DefinitionStore::describe(pg.as_ref()), &store));
     let cluster = pg.as_ref().zip(store_status.as_ref()).map(|(pg, status)| {
-        tokio::spawn(
-            pg.clone()
-                .run_cluster(config.cluster.instance_timeout, status.clone()),
-        )
+        let claims = pg.claims();
+        let holding = registry.clone();
+        let reclaim = move || {
+            let held = holding.held_here();
+            tracing::info!(
+                streams = held.len(),
+                "claiming the streams held here again in the shared store"
+            );
+            for (id, at) in held {
+                (claims.0)(&id, Some(at));
+            }
+        };
+        tokio::spawn(pg.clone().run_cluster(
+            config.cluster.instance_timeout,
+            status.clone(),
+            reclaim,
+        ))
     });
 
     let tls_error = |e: crate::tls::TlsError| ServeError::Config(vec![e.to_string()]);

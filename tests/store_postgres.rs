@@ -684,6 +684,19 @@ fn a_dead_instances_dataplanes_are_marked_disconnected_by_one_live_instance() {
         );
     }
     assert_eq!(count(&pg, "hdsd_instances"), 3);
+    // A taken for dead by mistake (its rows deleted behind its back, as a
+    // sweep would while it cannot reach the database): its next heartbeat
+    // registers it again and claims its stream again.
+    pg.psql(&format!(
+        "DELETE FROM hdsd_streams; DELETE FROM hdsd_instances WHERE instance LIKE '%{holder}'"
+    ));
+    wait_for("A to claim web-01 again", Duration::from_secs(5), || {
+        let rows = pg.psql("SELECT instance FROM hdsd_streams");
+        (rows.trim().ends_with(&holder) && count(&pg, "hdsd_instances") == 3)
+            .then_some(())
+            .ok_or(rows)
+    });
+    assert!(a.log().contains("registered again"), "{}", a.log());
 
     a.kill();
     let killed = Instant::now();

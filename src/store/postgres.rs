@@ -893,11 +893,15 @@ impl PgStore {
 
     /// Heartbeats every `timeout / 4` and sweeps the instances silent for
     /// `timeout` (one live instance at a time, under [`SWEEP_LOCK`]); tells
-    /// `status` whether the database answers. Runs until the task is aborted.
+    /// `status` whether the database answers. Calls `reclaim` (which claims
+    /// again every stream held here) when a heartbeat succeeds after failing,
+    /// or finds this instance's row gone: claims made meanwhile were lost,
+    /// or a sweep released them. Runs until the task is aborted.
     pub async fn run_cluster(
         self: std::sync::Arc<Self>,
         timeout: Duration,
         status: super::StoreStatus,
+        reclaim: impl Fn() + Send + 'static,
     ) {
         let mut tick = tokio::time::interval(timeout / 4);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -906,6 +910,8 @@ impl PgStore {
         // of the database that silenced every instance, the others have
         // beaten again by then and are not taken for dead.
         let mut beating_since: Option<tokio::time::Instant> = None;
+        // The first heartbeat here follows the one `connect` wrote.
+        let mut first = true;
         loop {
             tick.tick().await;
             let beat = tokio::time::timeout(timeout / 2, heartbeat(&self.pool, &self.instance))
@@ -920,13 +926,18 @@ impl PgStore {
             match beat {
                 Ok(missing) => {
                     status.up();
+                    let resumed = beating_since.is_none();
                     beating_since.get_or_insert_with(tokio::time::Instant::now);
                     if missing {
                         tracing::warn!(
                             instance = %self.instance,
-                            "PostgreSQL store: this instance's heartbeat row was gone (another instance took it for dead after cluster.instance_timeout without a heartbeat); registered again: its streams count as held again when they attach or report anew"
+                            "PostgreSQL store: this instance's heartbeat row was gone (another instance took it for dead after cluster.instance_timeout without a heartbeat); registered again and claiming its streams again"
                         );
                     }
+                    if missing || (resumed && !first) {
+                        reclaim();
+                    }
+                    first = false;
                 }
                 Err(e) => {
                     status.down(&e.to_string());
