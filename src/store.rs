@@ -338,7 +338,7 @@ impl StoreStatus {
         match self.current() {
             None => format!("store: {} reachable", self.describe),
             Some(down) => format!(
-                "store: {} unreachable since {} ({} ago; {}): still serving HDS and folding reports from memory; definition writes answer 503; {} readiness update(s) queued (at most one per dataplane), written when it returns",
+                "store: {} unreachable since {} ({} ago; {}): still serving HDS and folding reports from memory; definition writes answer 503; {} readiness update(s) queued (at most one per dataplane), written with the first batch after it returns",
                 self.describe,
                 down.since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                 humantime::format_duration(Duration::from_secs(
@@ -572,6 +572,40 @@ mod tests {
         let rows = store.load().unwrap();
         assert_eq!(rows[&a], stored("healthy"));
         assert_eq!(rows[&b], stored("healthy"));
+    }
+
+    #[tokio::test]
+    async fn the_status_tells_since_when_the_store_is_down_and_what_waits() {
+        let store = Arc::new(Flaky::default());
+        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let handle = StoreHandle::spawn(store.clone());
+        let status = StoreStatus::new("the store".into(), &handle);
+        assert_eq!(status.readyz_line(t(0)), "store: the store reachable");
+        handle.put(DataplaneId::new("default", "a"), Some(stored("healthy")));
+        handle.flush().await;
+        status.down("connection refused");
+        let since = status.current().unwrap().since;
+        // A second failure is the same outage: same start, same error.
+        status.down("timed out");
+        assert_eq!(
+            status.current(),
+            Some(Down {
+                since,
+                error: "connection refused".into()
+            })
+        );
+        let line = status.readyz_line(since + chrono::Duration::seconds(12));
+        assert!(
+            line.starts_with(&format!(
+                "store: the store unreachable since {} (12s ago; connection refused): still serving HDS",
+                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            )),
+            "{line}"
+        );
+        assert!(line.contains("1 readiness update(s) queued"), "{line}");
+        status.up();
+        assert_eq!(status.current(), None);
+        assert_eq!(status.readyz_line(t(0)), "store: the store reachable");
     }
 
     #[tokio::test]
