@@ -625,6 +625,12 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
         dp.connection
     );
     assert_eq!(count(&pg, "hdsd_instances"), 2);
+    // Claims made during an outage are lost: each instance claimed again.
+    assert!(
+        a.log().contains("claiming the streams held here again"),
+        "{}",
+        a.log()
+    );
     for instance in [&a, &b] {
         let log = instance.log();
         assert!(!log.contains("panicked"), "{log}");
@@ -1052,4 +1058,6 @@ fn a_revocation_through_one_instance_ends_a_stream_held_by_another_within_a_seco
         revoked_at.elapsed()
     );
     b.wait_connected("default.web-01", false, Duration::from_secs(1));
+    // The command is no instance: it never registered a heartbeat.
+    assert_eq!(count(&pg, "hdsd_instances"), 2);
 }

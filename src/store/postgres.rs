@@ -219,11 +219,6 @@ impl PgStore {
         {
             tracing::warn!("{describe}: not listening for changes yet; every definition is read again once it listens");
         }
-        // Registered before any stream can be claimed: a claim never names
-        // an instance the sweep would take for dead.
-        heartbeat(&pool, &instance)
-            .await
-            .map_err(|e| pg_error(format!("{describe}: cannot register this instance: {e}")))?;
         let (claims, claims_rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(announce_claims(pool.clone(), instance.clone(), claims_rx));
         Ok(PgStore {
@@ -910,8 +905,10 @@ impl PgStore {
         // of the database that silenced every instance, the others have
         // beaten again by then and are not taken for dead.
         let mut beating_since: Option<tokio::time::Instant> = None;
-        // The first heartbeat here follows the one `connect` wrote.
-        let mut first = true;
+        // Whether a heartbeat wrote this instance's row yet (the first one
+        // creates it; later, a missing row means a sweep deleted it), and
+        // whether one failed since the last that succeeded.
+        let (mut registered, mut failed) = (false, false);
         loop {
             tick.tick().await;
             let beat = tokio::time::timeout(timeout / 2, heartbeat(&self.pool, &self.instance))
@@ -926,22 +923,23 @@ impl PgStore {
             match beat {
                 Ok(missing) => {
                     status.up();
-                    let resumed = beating_since.is_none();
                     beating_since.get_or_insert_with(tokio::time::Instant::now);
-                    if missing {
+                    let swept = missing && registered;
+                    if swept {
                         tracing::warn!(
                             instance = %self.instance,
                             "PostgreSQL store: this instance's heartbeat row was gone (another instance took it for dead after cluster.instance_timeout without a heartbeat); registered again and claiming its streams again"
                         );
                     }
-                    if missing || (resumed && !first) {
+                    if swept || failed {
                         reclaim();
                     }
-                    first = false;
+                    (registered, failed) = (true, false);
                 }
                 Err(e) => {
                     status.down(&e.to_string());
                     beating_since = None;
+                    failed = true;
                     continue;
                 }
             }
