@@ -459,6 +459,10 @@ impl DataplaneTask {
         );
         let attach = matches!(command, Command::Attach { .. });
         let detach = matches!(command, Command::Detach { .. });
+        let holder_news = matches!(
+            command,
+            Command::ReplacedOn { .. } | Command::Released { .. }
+        );
         let redefines = matches!(command, Command::Define(_) | Command::Remove);
         let mut applied = Applied::default();
         let mut visible = true;
@@ -471,10 +475,17 @@ impl DataplaneTask {
                     s.health.clone(),
                 )
             });
+            let replaced_before = holder_news.then(|| s.connection.replaced_on.clone());
             applied = apply(s, command, now);
             if let Some((dataplane, health)) = before {
                 visible = dataplane.as_deref() != s.defined.as_ref().map(|d| &*d.dataplane)
                     || health != s.health;
+            }
+            // Which other instance holds the stream is the API's to show:
+            // the change feed's consumers do not carry it, so only a stream
+            // of ours being replaced is news to them.
+            if let Some(replaced) = replaced_before {
+                visible = replaced != s.connection.replaced_on;
             }
             applied.notify
         });
