@@ -184,6 +184,7 @@ fn connected_state(k: u16) -> DataplaneState {
             peer: None,
             connected_at: Some(now()),
             replaced_on: None,
+            holder: None,
         },
     }
 }

@@ -62,6 +62,7 @@ fn registry_apply(c: &mut Criterion) {
                 peer: None,
                 connected_at: Some(now),
                 replaced_on: None,
+                holder: None,
             },
         };
         let healthy = common::report(k, HealthStatus::Healthy);

@@ -36,6 +36,8 @@ pub struct ApiState {
     pub ready: Arc<AtomicBool>,
     /// Extra lines for `/readyz`'s body (e.g. warnings about the setup).
     pub notes: Arc<Vec<String>>,
+    /// Whether the shared store answers; `None` without one.
+    pub store_status: Option<crate::store::StoreStatus>,
     /// Renders `/metrics`; absent when metrics are off (tests of the router alone).
     pub metrics: Option<crate::scrape::Scrape>,
     /// Bearer tokens that `/api/*` requires; empty means open (loopback only).
@@ -112,6 +114,10 @@ pub struct ConnectionItem {
     pub connected: bool,
     pub connected_at: Option<Timestamp>,
     pub last_report_at: Option<Timestamp>,
+    /// The other instance (sharing the PostgreSQL store) holding this
+    /// dataplane's stream; absent when it is held here or nowhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -193,6 +199,11 @@ impl DataplaneItem {
                 connected: state.connection.stream.is_some(),
                 connected_at: state.connection.connected_at,
                 last_report_at: state.health.last_report_at,
+                held_by: state
+                    .connection
+                    .holder
+                    .clone()
+                    .filter(|_| state.connection.stream.is_none()),
             },
             inbounds: dp
                 .inbounds
@@ -394,6 +405,11 @@ async fn readyz(State(s): State<ApiState>) -> Response {
     let mut body = String::from("ready\n");
     for note in s.notes.iter() {
         body.push_str(note);
+        body.push('\n');
+    }
+    // Still ready while the store is unreachable: this instance serves.
+    if let Some(status) = &s.store_status {
+        body.push_str(&status.readyz_line(chrono::Utc::now()));
         body.push('\n');
     }
     body.into_response()

@@ -517,6 +517,7 @@ mod tests {
                 connected,
                 connected_at: Some(t),
                 last_report_at: None,
+                held_by: None,
             },
             inbounds: vec![InboundItem {
                 port: 10001,

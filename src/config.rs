@@ -30,6 +30,26 @@ pub struct Config {
     pub log: LogConfig,
     pub eds: EdsConfig,
     pub store: StoreConfig,
+    pub cluster: ClusterConfig,
+}
+
+/// `cluster`: how instances sharing a PostgreSQL store watch each other.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// An instance whose heartbeat is older than this is dead: a live
+    /// instance marks the dataplanes it held disconnected. Heartbeats and
+    /// sweeps run every quarter of it. Must be the same on every instance.
+    #[serde(with = "humantime_serde")]
+    pub instance_timeout: Duration,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            instance_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// Where hdsd keeps what it stores: the definitions of `dataplanes.source =
@@ -421,6 +441,7 @@ impl Default for Config {
             log: LogConfig::default(),
             eds: EdsConfig::default(),
             store: StoreConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -755,6 +776,12 @@ impl Config {
                 self.api.listen
             ));
         }
+        if self.cluster.instance_timeout < Duration::from_millis(100) {
+            problems.push(format!(
+                "cluster.instance_timeout is {}: it must be at least 100ms (e.g. 10s): instances heartbeat every quarter of it, and one silent for longer is taken for dead",
+                humantime::format_duration(self.cluster.instance_timeout)
+            ));
+        }
         if self.store.kind == StoreKind::Postgres {
             let pg = &self.store.postgres;
             if pg.url.is_empty() {
@@ -982,6 +1009,13 @@ wait_timeout = "5s"
 # LISTEN/NOTIFY; this heals a notification missed while a connection was down).
 reconcile_interval = "30s"
 
+[cluster]
+# Instances sharing a PostgreSQL store heartbeat every quarter of this; one silent for
+# longer is dead, and a live instance marks the dataplanes it held disconnected (they go
+# stale by the usual rule unless their Envoys reconnect to another instance). Set the same
+# value on every instance.
+instance_timeout = "10s"
+
 [eds]
 # EDS (Envoy's EndpointDiscoveryService) is served on hds.listen: one ClusterLoadAssignment
 # per <mesh>/<service>. With auth.mode = "token", EDS clients send one of api.tokens or
@@ -1062,6 +1096,23 @@ mod tests {
             "{problems}"
         );
         assert!(problems.contains("pool_size must be >= 1"), "{problems}");
+    }
+
+    #[test]
+    fn the_instance_timeout_is_a_duration_of_at_least_100ms() {
+        let c = load_str(".toml", "[cluster]\ninstance_timeout = \"2s\"\n").unwrap();
+        assert_eq!(c.cluster.instance_timeout, Duration::from_secs(2));
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        assert_eq!(
+            Config::default().cluster.instance_timeout,
+            Duration::from_secs(10)
+        );
+        let c = load_str(".toml", "[cluster]\ninstance_timeout = \"0s\"\n").unwrap();
+        let problems = c.validate().join("\n");
+        assert!(
+            problems.contains("cluster.instance_timeout is 0s: it must be at least 100ms"),
+            "{problems}"
+        );
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub const BUILD_INFO: &str = "hdsd_build_info";
 pub const STREAMS_WAITING: &str = "hdsd_streams_waiting";
 pub const AUTH_SIGNING_KEYS: &str = "hdsd_auth_signing_keys";
 pub const STORE_COMMITS: &str = "hdsd_store_commits_total";
+pub const STORE_WRITE_FAILURES: &str = "hdsd_store_write_failures_total";
+pub const STORE_PENDING_WRITES: &str = "hdsd_store_pending_writes";
+pub const STORE_UP: &str = "hdsd_store_up";
 pub const FEED_CHANGES: &str = "hdsd_feed_changes_total";
 pub const WATCHERS_ACTIVE: &str = "hdsd_watchers_active";
 pub const WATCH_EVENTS_SENT: &str = "hdsd_watch_events_sent_total";
@@ -390,6 +393,18 @@ fn describe() {
     describe_counter!(
         STORE_COMMITS,
         "Batches of readiness changes committed to the readiness store."
+    );
+    describe_counter!(
+        STORE_WRITE_FAILURES,
+        "Batches of readiness changes the readiness store refused (kept in memory and written with the next batch that succeeds)."
+    );
+    describe_gauge!(
+        STORE_PENDING_WRITES,
+        "Readiness updates kept in memory because the store refused them (at most one per dataplane)."
+    );
+    describe_gauge!(
+        STORE_UP,
+        "1 while the shared PostgreSQL store answers this instance's heartbeat, 0 while it does not (only with store.kind = \"postgres\")."
     );
     describe_counter!(STREAMS_CLOSED, "HDS streams ended, by reason (ok: the client closed it; others: hdsd ended it with that status).");
     describe_counter!(

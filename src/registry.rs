@@ -36,6 +36,11 @@ pub struct Connection {
     /// The instance (sharing the store) where a newer stream for this
     /// dataplane attached: the stream of this instance must end.
     pub replaced_on: Option<String>,
+    /// Another instance (sharing the store) holding this dataplane's
+    /// stream, as it announced; `None` when none does, or when it is held
+    /// here. Cleared when that instance ends the stream, leaves, or is
+    /// found dead (silent for `cluster.instance_timeout`).
+    pub holder: Option<String>,
     pub peer: Option<SocketAddr>,
     pub connected_at: Option<Timestamp>,
 }
@@ -79,6 +84,11 @@ pub enum Command {
     ReplacedOn {
         instance: String,
         at: Timestamp,
+    },
+    /// `instance` no longer holds this dataplane's stream (it ended there,
+    /// or the instance left or was found dead).
+    Released {
+        instance: String,
     },
 }
 
@@ -161,6 +171,44 @@ impl Registry {
         }
     }
 
+    /// Tells the dataplane's task that `instance` no longer holds its stream.
+    pub fn released(&self, id: &DataplaneId, instance: String) {
+        if let Some(handle) = self.get(id) {
+            let _ = handle.commands.try_send(Command::Released { instance });
+        }
+    }
+
+    /// The dataplanes whose stream this instance holds, with their attach times.
+    pub fn held_here(&self) -> Vec<(DataplaneId, Timestamp)> {
+        self.catalog()
+            .iter()
+            .filter_map(|(id, handle)| {
+                let state = handle.state.borrow();
+                let c = &state.connection;
+                c.stream.and(c.connected_at).map(|at| (id.clone(), at))
+            })
+            .collect()
+    }
+
+    /// Brings every dataplane's view of which other instance holds its
+    /// stream in line with `holders` (the whole shared table; rows naming
+    /// `own` are this instance's and not news).
+    pub fn sync_holders(&self, holders: &BTreeMap<DataplaneId, (String, Timestamp)>, own: &str) {
+        for (id, handle) in self.catalog().iter() {
+            let have = handle.state.borrow().connection.holder.clone();
+            let command = match (holders.get(id).filter(|(i, _)| i != own), have) {
+                (Some((instance, _)), Some(have)) if *instance == have => continue,
+                (Some((instance, at)), _) => Command::ReplacedOn {
+                    instance: instance.clone(),
+                    at: *at,
+                },
+                (None, Some(instance)) => Command::Released { instance },
+                (None, None) => continue,
+            };
+            let _ = handle.commands.try_send(command);
+        }
+    }
+
     pub fn get_defined(&self, id: &DataplaneId) -> Option<DataplaneHandle> {
         self.get(id).filter(|h| h.state.borrow().defined.is_some())
     }
@@ -207,8 +255,9 @@ pub struct RegistryOptions {
 #[derive(Clone)]
 pub struct Claims(pub Arc<Claim>);
 
-/// Called with the dataplane and the time its stream attached here.
-pub type Claim = dyn Fn(&DataplaneId, Timestamp) + Send + Sync;
+/// Called with the dataplane and the time its stream attached here, or
+/// `None` when the stream holding it here ended.
+pub type Claim = dyn Fn(&DataplaneId, Option<Timestamp>) + Send + Sync;
 
 impl std::fmt::Debug for Claims {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -404,8 +453,16 @@ impl DataplaneTask {
             Command::Report { received, .. } => Some(*received),
             _ => None,
         };
-        let observed = matches!(command, Command::Observed(_) | Command::ReplacedOn { .. });
+        let observed = matches!(
+            command,
+            Command::Observed(_) | Command::ReplacedOn { .. } | Command::Released { .. }
+        );
         let attach = matches!(command, Command::Attach { .. });
+        let detach = matches!(command, Command::Detach { .. });
+        let holder_news = matches!(
+            command,
+            Command::ReplacedOn { .. } | Command::Released { .. }
+        );
         let redefines = matches!(command, Command::Define(_) | Command::Remove);
         let mut applied = Applied::default();
         let mut visible = true;
@@ -418,19 +475,26 @@ impl DataplaneTask {
                     s.health.clone(),
                 )
             });
+            let replaced_before = holder_news.then(|| s.connection.replaced_on.clone());
             applied = apply(s, command, now);
             if let Some((dataplane, health)) = before {
                 visible = dataplane.as_deref() != s.defined.as_ref().map(|d| &*d.dataplane)
                     || health != s.health;
+            }
+            // Which other instance holds the stream is the API's to show:
+            // the change feed's consumers do not carry it, so only a stream
+            // of ours being replaced is news to them.
+            if let Some(replaced) = replaced_before {
+                visible = replaced != s.connection.replaced_on;
             }
             applied.notify
         });
         if applied.notify && visible {
             self.publish();
         }
-        if attach && applied.notify {
+        if (attach || detach) && applied.notify {
             if let Some(claims) = &self.claims {
-                (claims.0)(&self.id, now);
+                (claims.0)(&self.id, attach.then_some(now));
             }
         }
         if let Some(received) = received {
@@ -571,6 +635,7 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 peer,
                 connected_at: Some(now),
                 replaced_on: None,
+                holder: None,
             };
             Applied {
                 notify: true,
@@ -603,14 +668,30 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
             }
         }
         Command::ReplacedOn { instance, at } => {
-            // A claim older than our stream is news of a stream ours replaced.
-            if s.connection.stream.is_none()
-                || s.connection.replaced_on.is_some()
-                || s.connection.connected_at.is_some_and(|ours| ours > at)
-            {
+            // A claim older than our (last) stream is news of a stream ours
+            // replaced.
+            if s.connection.connected_at.is_some_and(|ours| ours > at) {
                 return Applied::default();
             }
-            s.connection.replaced_on = Some(instance);
+            let mut notify = false;
+            if s.connection.holder.as_ref() != Some(&instance) {
+                s.connection.holder = Some(instance.clone());
+                notify = true;
+            }
+            if s.connection.stream.is_some() && s.connection.replaced_on.is_none() {
+                s.connection.replaced_on = Some(instance);
+                notify = true;
+            }
+            Applied {
+                notify,
+                ..Default::default()
+            }
+        }
+        Command::Released { instance } => {
+            if s.connection.holder.as_ref() != Some(&instance) {
+                return Applied::default();
+            }
+            s.connection.holder = None;
             Applied {
                 notify: true,
                 ..Default::default()
@@ -872,12 +953,14 @@ mod tests {
     #[test]
     fn a_stream_elsewhere_marks_ours_replaced_until_it_detaches() {
         let mut s = state(defined(8080));
-        // Nothing of ours to replace.
+        // Nothing of ours to replace: B holds it.
         let on_b = |at| Command::ReplacedOn {
             instance: "b/1".into(),
             at,
         };
-        assert!(!apply(&mut s, on_b(t(1)), t(1)).notify);
+        assert!(apply(&mut s, on_b(t(1)), t(1)).notify);
+        assert_eq!(s.connection.replaced_on, None);
+        assert_eq!(s.connection.holder.as_deref(), Some("b/1"));
         apply(
             &mut s,
             Command::Attach {
@@ -895,6 +978,7 @@ mod tests {
             s.connection,
             Connection {
                 connected_at: Some(t(2)),
+                holder: Some("b/1".into()),
                 ..Default::default()
             }
         );
@@ -908,6 +992,32 @@ mod tests {
             t(5),
         );
         assert_eq!(s.connection.replaced_on, None);
+        assert_eq!(s.connection.holder, None);
+    }
+
+    #[test]
+    fn a_dead_or_leaving_holder_is_forgotten_but_a_newer_one_is_kept() {
+        let mut s = state(defined(8080));
+        let claim = |instance: &str, at| Command::ReplacedOn {
+            instance: instance.into(),
+            at,
+        };
+        let released = |instance: &str| Command::Released {
+            instance: instance.into(),
+        };
+        apply(&mut s, claim("a/1", t(1)), t(1));
+        assert_eq!(s.connection.holder.as_deref(), Some("a/1"));
+        // The Envoy moved to C before A was found dead: A's release is old news.
+        assert!(apply(&mut s, claim("c/3", t(2)), t(2)).notify);
+        assert!(!apply(&mut s, released("a/1"), t(3)).notify);
+        assert_eq!(s.connection.holder.as_deref(), Some("c/3"));
+        // C dies (or leaves): nobody holds it; the readiness is untouched
+        // and goes stale by the usual rule.
+        let health = s.health.clone();
+        assert!(apply(&mut s, released("c/3"), t(4)).notify);
+        assert_eq!(s.connection.holder, None);
+        assert_eq!(s.health, health);
+        assert!(!apply(&mut s, released("c/3"), t(5)).notify);
     }
 
     /// The task expires reports by itself, on the clock the test controls.

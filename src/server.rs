@@ -19,8 +19,8 @@ use crate::registry::{Registry, RegistryOptions};
 use crate::source::{self, Loaded};
 use crate::specifier::SpecifierSettings;
 use crate::store::definitions::{self, DefinitionStore};
-use crate::store::postgres::PgStore;
-use crate::store::{ReadinessStore, RedbStore, StoreHandle};
+use crate::store::postgres::{PgStore, StreamNote};
+use crate::store::{ReadinessStore, RedbStore, StoreHandle, StoreStatus};
 use crate::tls::TlsHandshake;
 
 /// Why the server could not start or stopped with an error.
@@ -317,18 +317,30 @@ pub async fn run(
         // The newest stream wins across instances: one attached elsewhere
         // ends ours.
         let mut replaced = pg.replaced();
-        let registry = registry.clone();
+        let following = registry.clone();
         tokio::spawn(async move {
             loop {
                 match replaced.recv().await {
-                    Ok((id, instance, at)) => registry.replaced_on(&id, instance, at),
+                    Ok(StreamNote::Claimed((id, instance, at))) => {
+                        following.replaced_on(&id, instance, at)
+                    }
+                    Ok(StreamNote::Released(id, instance)) => following.released(&id, instance),
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 }
             }
         });
+        // Which instance holds each stream, read whole on every reconnect
+        // and reconcile (heals an announcement missed while disconnected).
+        let syncing = registry.clone();
+        let own = pg.instance().to_string();
+        tokio::spawn(
+            pg.clone()
+                .follow_holders(move |holders| syncing.sync_holders(&holders, &own)),
+        );
         tracing::info!(
             instance = pg.instance(),
+            instance_timeout = %humantime::format_duration(config.cluster.instance_timeout),
             "sharing the PostgreSQL store with other instances"
         );
     }
@@ -363,6 +375,31 @@ pub async fn run(
     };
     scrape.process.describe();
     metrics::gauge!(crate::metrics::AUTH_SIGNING_KEYS).set(gate.signing_keys() as f64);
+    // The heartbeat: says whether the shared store answers, and finds the
+    // instances that stopped answering (after the recorder is installed:
+    // it sets `hdsd_store_up`).
+    let store_status = pg
+        .as_ref()
+        .map(|pg| StoreStatus::new(DefinitionStore::describe(pg.as_ref()), &store));
+    let cluster = pg.as_ref().zip(store_status.as_ref()).map(|(pg, status)| {
+        let claims = pg.claims();
+        let holding = registry.clone();
+        let reclaim = move || {
+            let held = holding.held_here();
+            tracing::info!(
+                streams = held.len(),
+                "claiming the streams held here again in the shared store"
+            );
+            for (id, at) in held {
+                (claims.0)(&id, Some(at));
+            }
+        };
+        tokio::spawn(pg.clone().run_cluster(
+            config.cluster.instance_timeout,
+            status.clone(),
+            reclaim,
+        ))
+    });
 
     let tls_error = |e: crate::tls::TlsError| ServeError::Config(vec![e.to_string()]);
     let hds_tls = (config.hds.tls.as_ref())
@@ -490,6 +527,7 @@ pub async fn run(
         sources: sources_rx,
         ready: ready.clone(),
         notes: Arc::new(notes),
+        store_status,
         metrics: Some(scrape),
         tokens: api_tokens,
         gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
@@ -556,6 +594,16 @@ pub async fn run(
             let _ = api.await;
         }
         store.flush().await;
+        if let Some(pg) = &pg {
+            // Gone at once for the other instances, not after instance_timeout.
+            if let Some(cluster) = &cluster {
+                cluster.abort();
+            }
+            match pg.leave().await {
+                Ok(()) => tracing::info!("left the cluster: the other instances no longer count this one"),
+                Err(e) => tracing::warn!("cannot leave the cluster ({e}); the other instances take this one for dead after cluster.instance_timeout"),
+            }
+        }
     })
     .await;
     match graceful {

@@ -190,6 +190,7 @@ mod tests {
                 connected: true,
                 connected_at: Some(t0),
                 last_report_at: Some(t0),
+                held_by: None,
             },
             inbounds: vec![inbound(
                 10001,
@@ -250,6 +251,7 @@ mod tests {
                 connected: false,
                 connected_at: None,
                 last_report_at: None,
+                held_by: None,
             },
             inbounds,
             listeners,

@@ -22,12 +22,13 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use redb::{Builder, Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::dataplane::{Dataplane, DataplaneId};
 use crate::readiness::{Health, InboundHealth, Status, Timestamp};
@@ -252,6 +253,102 @@ enum Message {
 #[derive(Debug, Clone)]
 pub struct StoreHandle {
     tx: mpsc::UnboundedSender<Message>,
+    /// Updates kept in memory because the store refused them (written by
+    /// the writer task only).
+    pending: Arc<AtomicUsize>,
+}
+
+/// Why the shared store is taken for unreachable, and since when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Down {
+    pub since: Timestamp,
+    pub error: String,
+}
+
+/// Whether the shared store answers, as this instance's heartbeat finds
+/// (its single writer): `/readyz` reads it, `hdsd_store_up` shows it, and
+/// each change is logged once. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct StoreStatus {
+    down: Arc<watch::Sender<Option<Down>>>,
+    pending: Arc<AtomicUsize>,
+    describe: String,
+}
+
+impl StoreStatus {
+    /// Up; `handle` tells how many readiness updates wait for the store.
+    pub fn new(describe: String, handle: &StoreHandle) -> StoreStatus {
+        metrics::gauge!(crate::metrics::STORE_UP).set(1.0);
+        StoreStatus {
+            down: Arc::new(watch::channel(None).0),
+            pending: handle.pending.clone(),
+            describe,
+        }
+    }
+
+    /// The store answered.
+    pub fn up(&self) {
+        if let Some(down) = self.down.send_replace(None) {
+            metrics::gauge!(crate::metrics::STORE_UP).set(1.0);
+            let after = (chrono::Utc::now() - down.since)
+                .to_std()
+                .unwrap_or_default();
+            tracing::info!(
+                "{} reachable again after {}; the {} readiness update(s) kept meanwhile are written with the next batch",
+                self.describe,
+                humantime::format_duration(Duration::from_secs(after.as_secs())),
+                self.pending()
+            );
+        }
+    }
+
+    /// The store did not answer.
+    pub fn down(&self, error: &str) {
+        let changed = self.down.send_if_modified(|down| {
+            if down.is_some() {
+                return false;
+            }
+            *down = Some(Down {
+                since: chrono::Utc::now(),
+                error: error.to_string(),
+            });
+            true
+        });
+        if changed {
+            metrics::gauge!(crate::metrics::STORE_UP).set(0.0);
+            tracing::error!(
+                "{} unreachable ({error}); this instance keeps serving HDS and folding reports from memory, definition writes answer 503, readiness updates are queued (one per dataplane) until it returns (logged once until it does)",
+                self.describe
+            );
+        }
+    }
+
+    /// `Some` while the store is unreachable.
+    pub fn current(&self) -> Option<Down> {
+        self.down.borrow().clone()
+    }
+
+    /// Readiness updates waiting for the store.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// The line `/readyz` shows.
+    pub fn readyz_line(&self, now: Timestamp) -> String {
+        match self.current() {
+            None => format!("store: {} reachable", self.describe),
+            Some(down) => format!(
+                "store: {} unreachable since {} ({} ago; {}): still serving HDS and folding reports from memory; definition writes answer 503; {} readiness update(s) queued (at most one per dataplane), written with the first batch after it returns",
+                self.describe,
+                down.since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                humantime::format_duration(Duration::from_secs(
+                    (now - down.since).to_std().unwrap_or_default().as_secs()
+                )),
+                down.error,
+                self.pending()
+            ),
+        }
+    }
 }
 
 impl std::fmt::Debug for Message {
@@ -267,8 +364,9 @@ impl StoreHandle {
     /// Starts the writer task for `store`.
     pub fn spawn(store: Arc<dyn ReadinessStore>) -> StoreHandle {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run_writer(store, rx));
-        StoreHandle { tx }
+        let pending = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(run_writer(store, rx, pending.clone()));
+        StoreHandle { tx, pending }
     }
 
     /// Queues the state of one dataplane (`None`: it was deleted).
@@ -285,7 +383,11 @@ impl StoreHandle {
     }
 }
 
-async fn run_writer(store: Arc<dyn ReadinessStore>, mut rx: mpsc::UnboundedReceiver<Message>) {
+async fn run_writer(
+    store: Arc<dyn ReadinessStore>,
+    mut rx: mpsc::UnboundedReceiver<Message>,
+    kept: Arc<AtomicUsize>,
+) {
     let mut pending: BTreeMap<DataplaneId, Option<StoredHealth>> = BTreeMap::new();
     let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
     // Failures are logged when they start and when they end, not per batch.
@@ -312,6 +414,8 @@ async fn run_writer(store: Arc<dyn ReadinessStore>, mut rx: mpsc::UnboundedRecei
             }
         }
         write_batch(&store, &mut pending, &mut failing).await;
+        kept.store(pending.len(), Ordering::Relaxed);
+        metrics::gauge!(crate::metrics::STORE_PENDING_WRITES).set(pending.len() as f64);
         for w in waiters.drain(..) {
             let _ = w.send(());
         }
@@ -352,6 +456,7 @@ async fn write_batch(
             for (id, value) in batch {
                 pending.entry(id).or_insert(value);
             }
+            metrics::counter!(crate::metrics::STORE_WRITE_FAILURES).increment(1);
             if !std::mem::replace(failing, true) {
                 tracing::error!("{e}; keeping readiness updates in memory (one per dataplane) and writing them with the next batch that succeeds (logged once until writes succeed again)")
             }
@@ -467,6 +572,40 @@ mod tests {
         let rows = store.load().unwrap();
         assert_eq!(rows[&a], stored("healthy"));
         assert_eq!(rows[&b], stored("healthy"));
+    }
+
+    #[tokio::test]
+    async fn the_status_tells_since_when_the_store_is_down_and_what_waits() {
+        let store = Arc::new(Flaky::default());
+        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let handle = StoreHandle::spawn(store.clone());
+        let status = StoreStatus::new("the store".into(), &handle);
+        assert_eq!(status.readyz_line(t(0)), "store: the store reachable");
+        handle.put(DataplaneId::new("default", "a"), Some(stored("healthy")));
+        handle.flush().await;
+        status.down("connection refused");
+        let since = status.current().unwrap().since;
+        // A second failure is the same outage: same start, same error.
+        status.down("timed out");
+        assert_eq!(
+            status.current(),
+            Some(Down {
+                since,
+                error: "connection refused".into()
+            })
+        );
+        let line = status.readyz_line(since + chrono::Duration::seconds(12));
+        assert!(
+            line.starts_with(&format!(
+                "store: the store unreachable since {} (12s ago; connection refused): still serving HDS",
+                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            )),
+            "{line}"
+        );
+        assert!(line.contains("1 readiness update(s) queued"), "{line}");
+        status.up();
+        assert_eq!(status.current(), None);
+        assert_eq!(status.readyz_line(t(0)), "store: the store reachable");
     }
 
     #[tokio::test]

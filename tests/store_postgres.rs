@@ -12,9 +12,16 @@
 //! - readiness shared: both instances answer the same, a transition travels
 //!   in under a second, at most 5 store transactions per second per
 //!   instance, and a SIGKILL failover never reads not ready;
-//! - PostgreSQL stopped and started again: the instances keep running, a
+//! - PostgreSQL stopped for 10 s and started again: the instances keep
+//!   running and say so in `/readyz` (still 200) and `hdsd_store_up`, a
 //!   write fails with 503 meanwhile, a readiness transition folded during the
-//!   outage reaches the other instance afterwards, and changes flow again.
+//!   outage reaches the other instance afterwards, changes flow again, and no
+//!   instance is taken for dead although every heartbeat was older than
+//!   `cluster.instance_timeout`;
+//! - heartbeats: the instance holding a stream is SIGKILLed and its Envoy
+//!   does not reconnect: one live instance (of two) marks the dataplane
+//!   disconnected within the instance timeout and a sweep, and it goes
+//!   stale; a SIGTERM leaves the cluster at once.
 
 use std::time::{Duration, Instant};
 
@@ -32,6 +39,39 @@ fn on_postgres(pg: &Postgres) -> HdsdOptions {
         extra: "[store.postgres]\nreconcile_interval = \"1s\"\n".into(),
         ..HdsdOptions::default()
     }
+}
+
+/// Like [`on_postgres`], with `cluster.instance_timeout` short enough for a
+/// test to see an instance taken for dead.
+fn on_postgres_with_timeout(pg: &Postgres, instance_timeout: &str) -> HdsdOptions {
+    let options = on_postgres(pg);
+    HdsdOptions {
+        extra: format!(
+            "{}[cluster]\ninstance_timeout = \"{instance_timeout}\"\n",
+            options.extra
+        ),
+        ..options
+    }
+}
+
+/// `/readyz`: status and body.
+fn readyz(hdsd: &Hdsd) -> (u16, String) {
+    let mut response = ureq::get(&hdsd.api_url("/readyz"))
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .call()
+        .expect("GET /readyz");
+    let status = response.status().as_u16();
+    (status, response.body_mut().read_to_string().unwrap())
+}
+
+/// Rows of one table of the shared store.
+fn count(pg: &Postgres, table: &str) -> u32 {
+    pg.psql(&format!("SELECT count(*) FROM {table}"))
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// PUT (or DELETE with `body = None`); returns status, ETag and body.
@@ -414,9 +454,11 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
     };
     // Stale only after 30 s: B's copy of readiness must not expire during
     // the outage, so that the transition it missed is visible as such.
+    // An instance timeout far shorter than the outage: when PostgreSQL
+    // returns, every heartbeat is old, and still no instance is taken for dead.
     let options = HdsdOptions {
         stale_after: Some("30s".into()),
-        ..on_postgres(&pg)
+        ..on_postgres_with_timeout(&pg, "2s")
     };
     let a = Hdsd::start(options.clone());
     let b = Hdsd::start(options);
@@ -428,8 +470,30 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
     let _envoy = Envoy::start(a.hds, "default.web-01", None);
     a.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
     b.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(5));
+    let holder = format!("/{}", a.pid());
+    wait_for(
+        "B to know that A holds web-01",
+        Duration::from_secs(5),
+        || {
+            let dp = b.dataplane("default.web-01")?;
+            dp.connection
+                .held_by
+                .as_deref()
+                .is_some_and(|h| h.ends_with(&holder))
+                .then_some(())
+                .ok_or(format!("{:?}", dp.connection))
+        },
+    );
+    for instance in [&a, &b] {
+        let (status, body) = readyz(instance);
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("reachable"), "{body}");
+        assert!(!body.contains("unreachable"), "{body}");
+        assert_eq!(instance.metric("hdsd_store_up"), Some(1.0));
+    }
 
     pg.stop();
+    let stopped = Instant::now();
     // A transition during the outage: A folds it from memory at once.
     app.stop();
     a.wait_inbound(
@@ -461,7 +525,49 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
     });
     let (status, _, _) = inbound_status(&b).expect("B keeps serving");
     assert_eq!(status, "healthy", "B cannot have heard of it yet");
+    // Each instance reports the outage: still ready (it serves), the body
+    // says since when and what it means, and the metrics say so.
+    for instance in [&a, &b] {
+        let started = Instant::now();
+        let body = wait_for(
+            "/readyz and hdsd_store_up to report the outage",
+            Duration::from_secs(10),
+            || {
+                let (status, body) = readyz(instance);
+                assert_eq!(status, 200, "still ready during the outage: {body}");
+                (body.contains("unreachable since")
+                    && instance.metric("hdsd_store_up") == Some(0.0))
+                .then_some(body.clone())
+                .ok_or(body)
+            },
+        );
+        eprintln!(
+            "outage reported {:?} after the stop ({:?} after this wait began): {body}",
+            stopped.elapsed(),
+            started.elapsed()
+        );
+        assert!(body.contains("still serving HDS"), "{body}");
+    }
+    // A kept the transition it could not write.
+    wait_for(
+        "A to count the write it keeps",
+        Duration::from_secs(5),
+        || {
+            let pending = a.metric("hdsd_store_pending_writes").unwrap_or(0.0);
+            let failures = a.metric("hdsd_store_write_failures_total").unwrap_or(0.0);
+            (pending >= 1.0 && failures >= 1.0)
+                .then_some(())
+                .ok_or(format!("pending {pending}, failures {failures}"))
+        },
+    );
+    let (_, body) = readyz(&a);
+    assert!(body.contains("1 readiness update(s) queued"), "{body}");
+    // The outage the issue names: 10 s.
+    if let Some(rest) = Duration::from_secs(10).checked_sub(stopped.elapsed()) {
+        std::thread::sleep(rest);
+    }
     pg.start_again();
+    eprintln!("PostgreSQL was down for {:?}", stopped.elapsed());
     // The transition written meanwhile reaches B: the instances converge.
     b.wait_inbound(
         "default.web-01",
@@ -489,13 +595,165 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
         || b.dataplane("default.web-02").map(|_| ()),
     );
     for instance in [&a, &b] {
+        wait_for(
+            "/readyz and the metrics to report the store back",
+            Duration::from_secs(10),
+            || {
+                let (status, body) = readyz(instance);
+                let up = instance.metric("hdsd_store_up");
+                let pending = instance.metric("hdsd_store_pending_writes");
+                (status == 200
+                    && !body.contains("unreachable")
+                    && up == Some(1.0)
+                    && pending.unwrap_or(0.0) == 0.0)
+                    .then_some(())
+                    .ok_or(format!("{status} {body} up {up:?} pending {pending:?}"))
+            },
+        );
+    }
+    // Both heartbeats were 10 s old when PostgreSQL returned, five times the
+    // instance timeout: neither instance took the other for dead.
+    let (_, _, connected) = inbound_status(&a).unwrap();
+    assert!(connected, "A still holds web-01");
+    let dp = b.dataplane("default.web-01").unwrap();
+    assert!(
+        dp.connection
+            .held_by
+            .as_deref()
+            .is_some_and(|h| h.ends_with(&holder)),
+        "{:?}",
+        dp.connection
+    );
+    assert_eq!(count(&pg, "hdsd_instances"), 2);
+    // Claims made during an outage are lost: each instance claimed again.
+    assert!(
+        a.log().contains("claiming the streams held here again"),
+        "{}",
+        a.log()
+    );
+    for instance in [&a, &b] {
         let log = instance.log();
         assert!(!log.contains("panicked"), "{log}");
+        assert!(!log.contains("marked the dataplanes it held"), "{log}");
+        // One line when it went, one when it came back: not one per write.
+        assert_eq!(log.matches(" unreachable (").count(), 1, "{log}");
+        assert_eq!(log.matches("reachable again after").count(), 1, "{log}");
     }
     assert!(
         b.log().contains("listening for definition changes again"),
         "{}",
         b.log()
+    );
+}
+
+#[test]
+fn a_dead_instances_dataplanes_are_marked_disconnected_by_one_live_instance() {
+    let Some(pg) =
+        Postgres::start("a_dead_instances_dataplanes_are_marked_disconnected_by_one_live_instance")
+    else {
+        return;
+    };
+    let timeout = Duration::from_secs(2);
+    let options = HdsdOptions {
+        stale_after: Some("3s".into()),
+        ..on_postgres_with_timeout(&pg, "2s")
+    };
+    let mut a = Hdsd::start(options.clone());
+    let mut others = [Hdsd::start(options.clone()), Hdsd::start(options)];
+    let app = App::start();
+    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
+    let (status, _, body) = send(
+        &a,
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    // An Envoy that knows only A: it cannot reconnect elsewhere.
+    let _envoy = Envoy::start(a.hds, "default.web-01", None);
+    a.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
+    let holder = format!("/{}", a.pid());
+    for other in &others {
+        other.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(5));
+        wait_for(
+            "the others to know that A holds web-01",
+            Duration::from_secs(5),
+            || {
+                let dp = other.dataplane("default.web-01")?;
+                dp.connection
+                    .held_by
+                    .as_deref()
+                    .is_some_and(|h| h.ends_with(&holder))
+                    .then_some(())
+                    .ok_or(format!("{:?}", dp.connection))
+            },
+        );
+    }
+    assert_eq!(count(&pg, "hdsd_instances"), 3);
+    // A taken for dead by mistake (its rows deleted behind its back, as a
+    // sweep would while it cannot reach the database): its next heartbeat
+    // registers it again and claims its stream again.
+    pg.psql(&format!(
+        "DELETE FROM hdsd_streams; DELETE FROM hdsd_instances WHERE instance LIKE '%{holder}'"
+    ));
+    wait_for("A to claim web-01 again", Duration::from_secs(5), || {
+        let rows = pg.psql("SELECT instance FROM hdsd_streams");
+        (rows.trim().ends_with(&holder) && count(&pg, "hdsd_instances") == 3)
+            .then_some(())
+            .ok_or(rows)
+    });
+    assert!(a.log().contains("registered again"), "{}", a.log());
+
+    a.kill();
+    let killed = Instant::now();
+    for other in &others {
+        wait_for(
+            "web-01 marked disconnected on the live instances",
+            Duration::from_secs(15),
+            || {
+                let dp = other.dataplane("default.web-01")?;
+                dp.connection
+                    .held_by
+                    .is_none()
+                    .then_some(())
+                    .ok_or(format!("{:?}", dp.connection))
+            },
+        );
+    }
+    let marked = killed.elapsed();
+    eprintln!("SIGKILL of A -> web-01 disconnected on both live instances after {marked:?}");
+    // Silent for the timeout, found by the next sweep (every timeout / 4),
+    // with a second for the notification and the polling.
+    assert!(marked >= timeout - timeout / 4, "{marked:?}");
+    assert!(
+        marked < timeout + timeout / 4 + Duration::from_secs(1),
+        "{marked:?}"
+    );
+    // The usual stale rule applies from the last report A wrote.
+    for other in &others {
+        other.wait_inbound("default.web-01", 10001, "stale", Duration::from_secs(5));
+        let (_, ready, connected) = inbound_status(other).unwrap();
+        assert!(!ready && !connected);
+    }
+    // One live instance swept (the advisory lock), naming A.
+    let sweepers: Vec<String> = others
+        .iter()
+        .map(|o| o.log())
+        .filter(|log| log.contains("marked the dataplanes it held disconnected"))
+        .collect();
+    assert_eq!(sweepers.len(), 1, "exactly one instance sweeps");
+    assert!(sweepers[0].contains(&holder), "{}", sweepers[0]);
+    assert_eq!(count(&pg, "hdsd_instances"), 2);
+    assert_eq!(count(&pg, "hdsd_streams"), 0);
+
+    // A graceful shutdown leaves at once, without waiting for the timeout.
+    let status = others[0].terminate(Duration::from_secs(15));
+    assert!(status.success(), "{status}");
+    assert_eq!(count(&pg, "hdsd_instances"), 1);
+    assert!(
+        others[0].log().contains("left the cluster"),
+        "{}",
+        others[0].log()
     );
 }
 
@@ -563,7 +821,7 @@ fn every_instance_answers_for_the_whole_fleet_and_a_failover_never_reads_not_rea
     };
     let options = HdsdOptions {
         stale_after: Some("3s".into()),
-        ..on_postgres(&pg)
+        ..on_postgres_with_timeout(&pg, "2s")
     };
     let mut instances = [Hdsd::start(options.clone()), Hdsd::start(options)];
     let mut app = App::start();
@@ -627,12 +885,15 @@ fn every_instance_answers_for_the_whole_fleet_and_a_failover_never_reads_not_rea
     );
 
     // SIGKILL the holder: the Envoy moves to the other instance, whose API
-    // never reads the inbound not ready meanwhile.
+    // never reads the inbound not ready meanwhile, also once the dead
+    // instance was swept (instance_timeout 2 s): the dataplane was claimed
+    // since, so the sweep leaves it alone.
     instances[holder].kill();
     let started = Instant::now();
     let mut observations = 0;
+    let mut moved = None;
     wait_for(
-        "the other instance to hold the stream",
+        "the other instance to hold the stream and the dead one to be swept",
         Duration::from_secs(60),
         || {
             let (status, ready, connected) = inbound_status(&instances[other])?;
@@ -641,15 +902,26 @@ fn every_instance_answers_for_the_whole_fleet_and_a_failover_never_reads_not_rea
                 ready,
                 "read {status} (not ready) on the surviving instance during the failover"
             );
-            (connected && status == "healthy")
+            if connected && status == "healthy" && moved.is_none() {
+                moved = Some(started.elapsed());
+            }
+            let swept = instances[other]
+                .log()
+                .contains("marked the dataplanes it held disconnected");
+            (moved.is_some() && swept)
                 .then_some(())
-                .ok_or_else(|| format!("{status}, connected {connected}"))
+                .ok_or_else(|| format!("{status}, connected {connected}, swept {swept}"))
         },
     );
     eprintln!(
-        "failover: the other instance held the stream after {:?}; {observations} reads, all ready",
+        "failover: the other instance held the stream after {moved:?}, swept the dead one after {:?}; {observations} reads, all ready",
         started.elapsed()
     );
+    let (status, ready, connected) = inbound_status(&instances[other]).unwrap();
+    assert!(ready && connected, "{status}");
+    let survivor = format!("/{}", instances[other].pid());
+    let row = pg.psql("SELECT instance FROM hdsd_streams");
+    assert!(row.trim().ends_with(&survivor), "{row}");
 }
 
 #[test]
@@ -786,4 +1058,6 @@ fn a_revocation_through_one_instance_ends_a_stream_held_by_another_within_a_seco
         revoked_at.elapsed()
     );
     b.wait_connected("default.web-01", false, Duration::from_secs(1));
+    // The command is no instance: it never registered a heartbeat.
+    assert_eq!(count(&pg, "hdsd_instances"), 2);
 }

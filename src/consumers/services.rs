@@ -97,6 +97,7 @@ mod tests {
                 connected,
                 connected_at: None,
                 last_report_at: None,
+                held_by: None,
             },
             inbounds: inbounds
                 .iter()

@@ -71,13 +71,35 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
              revoked_at timestamptz NOT NULL DEFAULT now()
          );",
     ),
+    (
+        4,
+        "CREATE TABLE hdsd_instances (
+             instance text PRIMARY KEY,
+             started_at timestamptz NOT NULL DEFAULT now(),
+             heartbeat_at timestamptz NOT NULL DEFAULT now()
+         );
+         CREATE TABLE hdsd_streams (
+             mesh text NOT NULL,
+             name text NOT NULL,
+             instance text NOT NULL,
+             attached_at timestamptz NOT NULL,
+             PRIMARY KEY (mesh, name)
+         );
+         CREATE INDEX hdsd_streams_by_instance ON hdsd_streams (instance);",
+    ),
 ];
+
+/// The advisory lock key the sweep of dead instances takes, per transaction
+/// (`pg_try_advisory_xact_lock`): one live instance sweeps at a time.
+pub const SWEEP_LOCK: i64 = 0x6864_7364_0000_0002;
 
 /// The channel revocations are announced on (no payload: readers read all).
 pub const REVOCATIONS_CHANNEL: &str = "hdsd_revocations";
 
-/// The channel stream claims are announced on: `<mesh>.<name>\t<instance>`
-/// when a stream for the dataplane attached on that instance.
+/// The channel stream claims are announced on: `<mesh>.<name>\t<instance>\t<at>`
+/// when a stream for the dataplane attached on that instance at `at`, and
+/// `<mesh>.<name>\t<instance>` when that instance no longer holds it (its
+/// stream ended, or the instance was found dead).
 pub const STREAMS_CHANNEL: &str = "hdsd_streams";
 
 /// The channel readiness writes are announced on (no payload: readers
@@ -101,10 +123,14 @@ pub struct PgStore {
     runtime: tokio::runtime::Handle,
     /// This instance's name in stream claims (`<host>/<pid>`).
     instance: String,
-    /// Streams attached on other instances: (dataplane, instance, when).
-    replaced: broadcast::Sender<Claim>,
-    /// Dataplanes whose stream attached here (and when), to announce.
-    claims: tokio::sync::mpsc::UnboundedSender<(DataplaneId, Timestamp)>,
+    /// Streams attached on (or released by) other instances.
+    replaced: broadcast::Sender<StreamNote>,
+    /// Dataplanes whose stream attached here (`Some(when)`) or ended here
+    /// (`None`), to announce.
+    claims: tokio::sync::mpsc::UnboundedSender<(DataplaneId, Option<Timestamp>)>,
+    /// Poked on every (re)connect of the listener: the stream holders are
+    /// read whole.
+    streams_signal: watch::Sender<()>,
     describe: String,
     /// Dropped with the store: the listener task ends.
     _alive: watch::Sender<()>,
@@ -169,6 +195,7 @@ impl PgStore {
         let (alive, alive_rx) = watch::channel(());
         let (readiness_signal, _) = watch::channel(());
         let (revocations_signal, _) = watch::channel(());
+        let (streams_signal, _) = watch::channel(());
         let instance = instance_name();
         let (replaced, _) = broadcast::channel(CHANGES_BUFFER);
         let (listening_tx, listening) = tokio::sync::oneshot::channel();
@@ -179,6 +206,7 @@ impl PgStore {
                 changes: changes.clone(),
                 readiness: readiness_signal.clone(),
                 revocations: revocations_signal.clone(),
+                streams: streams_signal.clone(),
                 replaced: replaced.clone(),
                 instance: instance.clone(),
             },
@@ -203,6 +231,7 @@ impl PgStore {
             instance,
             replaced,
             claims,
+            streams_signal,
             describe,
             _alive: alive,
         })
@@ -279,7 +308,8 @@ struct Announcements {
     changes: broadcast::Sender<DefinitionChange>,
     readiness: watch::Sender<()>,
     revocations: watch::Sender<()>,
-    replaced: broadcast::Sender<Claim>,
+    streams: watch::Sender<()>,
+    replaced: broadcast::Sender<StreamNote>,
     /// This instance: its own claims are not news.
     instance: String,
 }
@@ -292,14 +322,40 @@ fn claim_payload(id: &DataplaneId, instance: &str, at: Timestamp) -> String {
     format!("{id}\t{instance}\t{}", at.to_rfc3339())
 }
 
-fn parse_claim(payload: &str) -> Option<Claim> {
+/// `<mesh>.<name>\t<instance>`: the instance no longer holds the stream.
+fn release_payload(id: &DataplaneId, instance: &str) -> String {
+    format!("{id}\t{instance}")
+}
+
+/// What another instance announced about a dataplane's stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamNote {
+    /// A stream for the dataplane attached on that instance.
+    Claimed(Claim),
+    /// That instance no longer holds the dataplane's stream.
+    Released(DataplaneId, String),
+}
+
+impl StreamNote {
+    /// The instance the note is about.
+    pub fn instance(&self) -> &str {
+        match self {
+            StreamNote::Claimed((_, instance, _)) | StreamNote::Released(_, instance) => instance,
+        }
+    }
+}
+
+fn parse_stream_note(payload: &str) -> Option<StreamNote> {
     let mut parts = payload.split('\t');
     let id = parts.next()?.parse().ok()?;
     let instance = parts.next()?.to_string();
-    let at = chrono::DateTime::parse_from_rfc3339(parts.next()?)
+    let Some(at) = parts.next() else {
+        return Some(StreamNote::Released(id, instance));
+    };
+    let at = chrono::DateTime::parse_from_rfc3339(at)
         .ok()?
         .with_timezone(&chrono::Utc);
-    Some((id, instance, at))
+    Some(StreamNote::Claimed((id, instance, at)))
 }
 
 /// `<host>/<pid>`: how other instances name this one.
@@ -313,34 +369,125 @@ fn instance_name() -> String {
     format!("{host}/{}", std::process::id())
 }
 
-/// Sends one `pg_notify` per claim, a burst in one statement.
+/// Records and announces the streams that attach and end here: a burst in
+/// one transaction (the newest event per dataplane), whose `pg_notify`s are
+/// sent when it commits. A row of `hdsd_streams` names the instance holding
+/// the dataplane's stream; an attach never overwrites a newer one.
 async fn announce_claims(
     pool: Pool,
     instance: String,
-    mut claims: tokio::sync::mpsc::UnboundedReceiver<(DataplaneId, Timestamp)>,
+    mut claims: tokio::sync::mpsc::UnboundedReceiver<(DataplaneId, Option<Timestamp>)>,
 ) {
     while let Some((id, at)) = claims.recv().await {
-        let mut payloads = vec![claim_payload(&id, &instance, at)];
+        let mut burst = BTreeMap::from([(id, at)]);
         while let Ok((id, at)) = claims.try_recv() {
-            payloads.push(claim_payload(&id, &instance, at));
+            burst.insert(id, at);
         }
-        let sent = async {
-            let client = pool.get().await.map_err(pg_error)?;
-            client
-                .execute(
-                    "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
-                    &[&STREAMS_CHANNEL, &payloads],
-                )
-                .await
-                .map_err(pg_error)
-        };
-        if let Err(e) = sent.await {
-            tracing::debug!(
-                "cannot announce {} stream(s) to other instances: {e}",
-                payloads.len()
-            );
+        let count = burst.len();
+        if let Err(e) = record_streams(&pool, &instance, burst).await {
+            tracing::debug!("cannot announce {count} stream change(s) to other instances: {e}");
         }
     }
+}
+
+async fn record_streams(
+    pool: &Pool,
+    instance: &str,
+    burst: BTreeMap<DataplaneId, Option<Timestamp>>,
+) -> Result<(), StoreError> {
+    let (mut attached, mut released) = ((vec![], vec![], vec![]), (vec![], vec![]));
+    let mut payloads = Vec::with_capacity(burst.len());
+    for (id, at) in burst {
+        match at {
+            Some(at) => {
+                payloads.push(claim_payload(&id, instance, at));
+                attached.0.push(id.mesh);
+                attached.1.push(id.name);
+                attached.2.push(at.to_rfc3339());
+            }
+            None => {
+                payloads.push(release_payload(&id, instance));
+                released.0.push(id.mesh);
+                released.1.push(id.name);
+            }
+        }
+    }
+    let mut client = pool.get().await.map_err(pg_error)?;
+    let tx = client.transaction().await.map_err(pg_error)?;
+    if !attached.0.is_empty() {
+        tx.execute(
+            "INSERT INTO hdsd_streams (mesh, name, instance, attached_at)
+             SELECT mesh, name, $1, at::timestamptz
+             FROM unnest($2::text[], $3::text[], $4::text[]) AS c(mesh, name, at)
+             ON CONFLICT (mesh, name) DO UPDATE
+                 SET instance = EXCLUDED.instance, attached_at = EXCLUDED.attached_at
+                 WHERE hdsd_streams.attached_at <= EXCLUDED.attached_at",
+            &[&instance, &attached.0, &attached.1, &attached.2],
+        )
+        .await
+        .map_err(pg_error)?;
+    }
+    if !released.0.is_empty() {
+        tx.execute(
+            "DELETE FROM hdsd_streams s USING unnest($2::text[], $3::text[]) AS r(mesh, name)
+             WHERE s.mesh = r.mesh AND s.name = r.name AND s.instance = $1",
+            &[&instance, &released.0, &released.1],
+        )
+        .await
+        .map_err(pg_error)?;
+    }
+    tx.execute(
+        "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
+        &[&STREAMS_CHANNEL, &payloads],
+    )
+    .await
+    .map_err(pg_error)?;
+    tx.commit().await.map_err(pg_error)
+}
+
+/// Writes this instance's heartbeat (the database's clock); true when the
+/// row was missing (first beat, or the instance was swept as dead).
+async fn heartbeat(pool: &Pool, instance: &str) -> Result<bool, StoreError> {
+    let client = pool.get().await.map_err(pg_error)?;
+    let row = client
+        .query_one(
+            "INSERT INTO hdsd_instances (instance) VALUES ($1)
+             ON CONFLICT (instance) DO UPDATE SET heartbeat_at = now()
+             RETURNING (xmax = 0)",
+            &[&instance],
+        )
+        .await
+        .map_err(pg_error)?;
+    Ok(row.get(0))
+}
+
+/// The instances to take for dead at `now`: those whose last heartbeat is
+/// older than `timeout`, and those that hold streams without a heartbeat
+/// row (swept or shut down) whose newest stream attached before that.
+pub fn dead_instances(
+    heartbeats: &[(String, Timestamp)],
+    unregistered: &[(String, Timestamp)],
+    now: Timestamp,
+    timeout: Duration,
+) -> Vec<String> {
+    let timeout = chrono::Duration::from_std(timeout).unwrap_or(chrono::Duration::MAX);
+    let mut dead: Vec<String> = heartbeats
+        .iter()
+        .chain(unregistered)
+        .filter(|(_, last)| now - *last > timeout)
+        .map(|(instance, _)| instance.clone())
+        .collect();
+    dead.sort();
+    dead.dedup();
+    dead
+}
+
+/// One sweep's outcome: each dead instance and how many dataplanes' streams
+/// it held.
+pub type Swept = Vec<(String, u64)>;
+
+fn millis(ms: i64) -> Timestamp {
+    chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default()
 }
 
 async fn listen(
@@ -401,6 +548,7 @@ async fn listen(
                 let _ = heard.changes.send(DefinitionChange::All);
                 heard.readiness.send_replace(());
                 heard.revocations.send_replace(());
+                heard.streams.send_replace(());
                 let mut reconcile_tick =
                     tokio::time::interval_at(tokio::time::Instant::now() + reconcile, reconcile);
                 let reason = loop {
@@ -413,8 +561,8 @@ async fn listen(
                                 heard.revocations.send_replace(());
                             }
                             Some(Ok((channel, payload))) if channel == STREAMS_CHANNEL => {
-                                if let Some(claim) = parse_claim(&payload).filter(|c| c.1 != heard.instance) {
-                                    let _ = heard.replaced.send(claim);
+                                if let Some(note) = parse_stream_note(&payload).filter(|n| n.instance() != heard.instance) {
+                                    let _ = heard.replaced.send(note);
                                 }
                             }
                             Some(Ok((_, payload))) => match payload.parse::<DataplaneId>() {
@@ -690,9 +838,248 @@ impl PgStore {
         }))
     }
 
-    /// Streams that attached on other instances.
-    pub fn replaced(&self) -> broadcast::Receiver<Claim> {
+    /// Streams that attached on, or were released by, other instances.
+    pub fn replaced(&self) -> broadcast::Receiver<StreamNote> {
         self.replaced.subscribe()
+    }
+
+    /// Which instance holds each dataplane's stream (`hdsd_streams`).
+    pub async fn holders(&self) -> Result<BTreeMap<DataplaneId, (String, Timestamp)>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT mesh, name, instance,
+                     floor(extract(epoch FROM attached_at) * 1000)::bigint
+                 FROM hdsd_streams",
+                &[],
+            )
+            .await
+            .map_err(pg_error)?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                let id =
+                    DataplaneId::try_new(row.get::<_, String>(0), row.get::<_, String>(1)).ok()?;
+                Some((id, (row.get(2), millis(row.get(3)))))
+            })
+            .collect())
+    }
+
+    /// Hands `apply` every stream holder on each (re)connect of the listener
+    /// and once per `reconcile_interval`: what a missed announcement left
+    /// wrong is healed. Runs until the store is dropped.
+    pub async fn follow_holders(
+        self: std::sync::Arc<Self>,
+        apply: impl Fn(BTreeMap<DataplaneId, (String, Timestamp)>) + Send + 'static,
+    ) {
+        let mut signal = self.streams_signal.subscribe();
+        let mut full = tokio::time::interval(self.reconcile);
+        loop {
+            tokio::select! {
+                changed = signal.changed() => if changed.is_err() { return },
+                _ = full.tick() => {}
+            }
+            match self.holders().await {
+                Ok(all) => apply(all),
+                Err(e) => tracing::debug!("cannot read the stream holders: {e}"),
+            }
+        }
+    }
+
+    /// Heartbeats every `timeout / 4` and sweeps the instances silent for
+    /// `timeout` (one live instance at a time, under [`SWEEP_LOCK`]); tells
+    /// `status` whether the database answers. Calls `reclaim` (which claims
+    /// again every stream held here) when a heartbeat succeeds after failing,
+    /// or finds this instance's row gone: claims made meanwhile were lost,
+    /// or a sweep released them. Runs until the task is aborted.
+    pub async fn run_cluster(
+        self: std::sync::Arc<Self>,
+        timeout: Duration,
+        status: super::StoreStatus,
+        reclaim: impl Fn() + Send + 'static,
+    ) {
+        let mut tick = tokio::time::interval(timeout / 4);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Since when this instance's heartbeats succeed without a gap. It
+        // sweeps only after `timeout` of that: after a start, or an outage
+        // of the database that silenced every instance, the others have
+        // beaten again by then and are not taken for dead.
+        let mut beating_since: Option<tokio::time::Instant> = None;
+        // Whether a heartbeat wrote this instance's row yet (the first one
+        // creates it; later, a missing row means a sweep deleted it), and
+        // whether one failed since the last that succeeded.
+        let (mut registered, mut failed) = (false, false);
+        loop {
+            tick.tick().await;
+            let beat = tokio::time::timeout(timeout / 2, heartbeat(&self.pool, &self.instance))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(pg_error(format!(
+                        "{}: no answer within {}",
+                        self.describe,
+                        humantime::format_duration(timeout / 2)
+                    )))
+                });
+            match beat {
+                Ok(missing) => {
+                    status.up();
+                    beating_since.get_or_insert_with(tokio::time::Instant::now);
+                    let swept = missing && registered;
+                    if swept {
+                        tracing::warn!(
+                            instance = %self.instance,
+                            "PostgreSQL store: this instance's heartbeat row was gone (another instance took it for dead after cluster.instance_timeout without a heartbeat); registered again and claiming its streams again"
+                        );
+                    }
+                    if swept || failed {
+                        reclaim();
+                    }
+                    (registered, failed) = (true, false);
+                }
+                Err(e) => {
+                    status.down(&e.to_string());
+                    beating_since = None;
+                    failed = true;
+                    continue;
+                }
+            }
+            if beating_since.is_none_or(|since| since.elapsed() < timeout) {
+                continue;
+            }
+            match self.sweep(timeout).await {
+                Ok(swept) => {
+                    for (instance, dataplanes) in swept {
+                        tracing::warn!(
+                            dead = %instance,
+                            dataplanes,
+                            "instance silent for longer than cluster.instance_timeout ({}): marked the dataplanes it held disconnected; they go stale by the usual rule unless their Envoys reconnect",
+                            humantime::format_duration(timeout)
+                        );
+                    }
+                }
+                Err(e) => tracing::debug!("cannot sweep dead instances: {e}"),
+            }
+        }
+    }
+
+    /// Takes the instances silent for `timeout` for dead, if no other
+    /// instance is sweeping: deletes their heartbeat rows and the stream
+    /// rows they still hold (dataplanes claimed since by another instance
+    /// are no longer theirs) and announces each released stream.
+    pub async fn sweep(&self, timeout: Duration) -> Result<Swept, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        let locked: bool = tx
+            .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&SWEEP_LOCK])
+            .await
+            .map_err(pg_error)?
+            .get(0);
+        if !locked {
+            return Ok(Vec::new());
+        }
+        let now = millis(
+            tx.query_one(
+                "SELECT floor(extract(epoch FROM now()) * 1000)::bigint",
+                &[],
+            )
+            .await
+            .map_err(pg_error)?
+            .get(0),
+        );
+        let as_pairs = |rows: Vec<tokio_postgres::Row>| -> Vec<(String, Timestamp)> {
+            rows.iter()
+                .map(|r| (r.get::<_, String>(0), millis(r.get(1))))
+                .collect()
+        };
+        let heartbeats = as_pairs(
+            tx.query(
+                "SELECT instance, floor(extract(epoch FROM heartbeat_at) * 1000)::bigint
+                 FROM hdsd_instances",
+                &[],
+            )
+            .await
+            .map_err(pg_error)?,
+        );
+        let unregistered = as_pairs(
+            tx.query(
+                "SELECT s.instance, floor(extract(epoch FROM max(s.attached_at)) * 1000)::bigint
+                 FROM hdsd_streams s
+                 WHERE NOT EXISTS (SELECT 1 FROM hdsd_instances i WHERE i.instance = s.instance)
+                 GROUP BY s.instance",
+                &[],
+            )
+            .await
+            .map_err(pg_error)?,
+        );
+        let dead = dead_instances(&heartbeats, &unregistered, now, timeout);
+        if dead.is_empty() {
+            return Ok(Vec::new());
+        }
+        let released = tx
+            .query(
+                "DELETE FROM hdsd_streams WHERE instance = ANY($1) RETURNING mesh, name, instance",
+                &[&dead],
+            )
+            .await
+            .map_err(pg_error)?;
+        tx.execute(
+            "DELETE FROM hdsd_instances WHERE instance = ANY($1)",
+            &[&dead],
+        )
+        .await
+        .map_err(pg_error)?;
+        let mut payloads = Vec::with_capacity(released.len());
+        let mut swept: BTreeMap<String, u64> = dead.into_iter().map(|d| (d, 0)).collect();
+        for row in &released {
+            let instance: String = row.get(2);
+            if let Ok(id) = DataplaneId::try_new(row.get::<_, String>(0), row.get::<_, String>(1)) {
+                payloads.push(release_payload(&id, &instance));
+            }
+            *swept.entry(instance).or_default() += 1;
+        }
+        tx.execute(
+            "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
+            &[&STREAMS_CHANNEL, &payloads],
+        )
+        .await
+        .map_err(pg_error)?;
+        tx.commit().await.map_err(pg_error)?;
+        Ok(swept.into_iter().collect())
+    }
+
+    /// Leaves the cluster at a graceful shutdown: releases the streams this
+    /// instance still holds (announced) and deletes its heartbeat row, so
+    /// the others need not wait for `cluster.instance_timeout`.
+    pub async fn leave(&self) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        let released = tx
+            .query(
+                "DELETE FROM hdsd_streams WHERE instance = $1 RETURNING mesh, name",
+                &[&self.instance],
+            )
+            .await
+            .map_err(pg_error)?;
+        let payloads: Vec<String> = released
+            .iter()
+            .filter_map(|row| {
+                DataplaneId::try_new(row.get::<_, String>(0), row.get::<_, String>(1)).ok()
+            })
+            .map(|id| release_payload(&id, &self.instance))
+            .collect();
+        tx.execute(
+            "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
+            &[&STREAMS_CHANNEL, &payloads],
+        )
+        .await
+        .map_err(pg_error)?;
+        tx.execute(
+            "DELETE FROM hdsd_instances WHERE instance = $1",
+            &[&self.instance],
+        )
+        .await
+        .map_err(pg_error)?;
+        tx.commit().await.map_err(pg_error)
     }
 
     /// This instance's name in stream claims.
@@ -819,9 +1206,62 @@ mod tests {
         let at = chrono::Utc.timestamp_millis_opt(1_700_000_000_123).unwrap();
         let payload = claim_payload(&id, "host-a/7", at);
         assert_eq!(
-            parse_claim(&payload),
-            Some((id, "host-a/7".to_string(), at))
+            parse_stream_note(&payload),
+            Some(StreamNote::Claimed((
+                id.clone(),
+                "host-a/7".to_string(),
+                at
+            )))
         );
-        assert_eq!(parse_claim("default.web\thost"), None);
+        assert_eq!(
+            parse_stream_note(&release_payload(&id, "host-a/7")),
+            Some(StreamNote::Released(id, "host-a/7".to_string()))
+        );
+        assert_eq!(parse_stream_note("default.web\thost\tnot a time"), None);
+        assert_eq!(parse_stream_note("no-dot\thost"), None);
+    }
+
+    fn t(ms: i64) -> Timestamp {
+        chrono::Utc
+            .timestamp_millis_opt(1_700_000_000_000 + ms)
+            .unwrap()
+    }
+
+    #[test]
+    fn an_instance_is_dead_once_silent_for_longer_than_the_timeout() {
+        let timeout = Duration::from_secs(10);
+        let heartbeats = vec![
+            ("a/1".to_string(), t(0)),
+            ("b/2".to_string(), t(5_000)),
+            ("c/3".to_string(), t(9_000)),
+        ];
+        // At 15 s: a is 15 s silent, b exactly 10 s (not yet), c 6 s.
+        assert_eq!(
+            dead_instances(&heartbeats, &[], t(15_000), timeout),
+            vec!["a/1".to_string()]
+        );
+        assert_eq!(
+            dead_instances(&heartbeats, &[], t(15_001), timeout),
+            vec!["a/1".to_string(), "b/2".to_string()]
+        );
+        assert!(dead_instances(&heartbeats, &[], t(9_000), timeout).is_empty());
+    }
+
+    #[test]
+    fn streams_of_an_instance_without_heartbeat_are_released_only_once_old() {
+        let timeout = Duration::from_secs(2);
+        // d/4 shut down (or was swept) and still holds a stream that
+        // attached at 1 s; e/5 claimed one at 9 s (its row may be on its way back).
+        let unregistered = vec![("d/4".to_string(), t(1_000)), ("e/5".to_string(), t(9_000))];
+        assert_eq!(
+            dead_instances(&[], &unregistered, t(10_000), timeout),
+            vec!["d/4".to_string()]
+        );
+        // Listed both ways, an instance is named once.
+        let heartbeats = vec![("d/4".to_string(), t(0))];
+        assert_eq!(
+            dead_instances(&heartbeats, &unregistered, t(10_000), timeout),
+            vec!["d/4".to_string()]
+        );
     }
 }
