@@ -354,11 +354,25 @@ pub async fn run(
     tokio::spawn(gate.clone().watch());
     if let (Some(pg), AuthMode::Token) = (&pg, config.auth.mode) {
         // A token revoked through any instance ends its streams on this one.
-        let gate = gate.clone();
+        let revoking = gate.clone();
         tokio::spawn(
             pg.clone().follow_revocations(move |all| {
-                gate.set_shared_revocations(all.into_iter().collect())
+                revoking.set_shared_revocations(all.into_iter().collect())
             }),
+        );
+        // Tokens signed by any instance's key verify on this one: this
+        // instance publishes the public keys of its files (and withdraws
+        // those it no longer has) and trusts the ones the others publish.
+        let publisher = crate::auth::keys::publisher_id(&config.state_dir)
+            .map_err(crate::auth::GateError::from)?;
+        tokio::spawn(
+            pg.clone()
+                .publish_keys_from(publisher, gate.published_keys()),
+        );
+        let trusting = gate.clone();
+        tokio::spawn(
+            pg.clone()
+                .follow_shared_keys(move |all| trusting.set_shared_keys(all)),
         );
     }
     let mut notes = Vec::new();

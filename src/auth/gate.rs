@@ -14,7 +14,9 @@ use arc_swap::ArcSwap;
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
-use super::{Claims, ExtraPublicKey, KeyError, KeyRing, Rejection, Revocations};
+use std::collections::BTreeMap;
+
+use super::{Claims, ExtraPublicKey, KeyError, KeyRing, Rejection, Revocations, SharedKey};
 use crate::config::{AuthMode, Config};
 use crate::fswatch;
 
@@ -37,7 +39,17 @@ pub struct Gate {
     state_dir: PathBuf,
     extra_keys: Vec<ExtraPublicKey>,
     revocations_path: PathBuf,
+    /// The keys read from files and `auth.public_keys`.
+    local: ArcSwap<KeyRing>,
+    /// In force: the local keys and the shared ones (verify-only).
     ring: ArcSwap<KeyRing>,
+    /// The public keys other instances published in the shared store.
+    shared_keys: ArcSwap<Vec<SharedKey>>,
+    /// Held while the keys in force are recomputed (file reload or shared
+    /// update), so neither loses the other's keys.
+    rekeying: std::sync::Mutex<()>,
+    /// The local public keys (kid -> SPKI PEM), for the store to publish.
+    published: watch::Sender<BTreeMap<String, String>>,
     /// In force: the file's list and the shared one.
     revoked: ArcSwap<Revocations>,
     /// `auth.max_token_validity`: the longest `exp - iat` accepted.
@@ -75,12 +87,17 @@ impl Gate {
                 (ring, Revocations::load(&revocations_path)?)
             }
         };
+        let (in_force, _) = ring.with_shared(&[]);
         Ok(Gate {
             mode,
             state_dir,
             extra_keys: config.auth.public_keys.clone(),
             revocations_path,
-            ring: ArcSwap::from_pointee(ring),
+            published: watch::channel(ring.public_keys()).0,
+            local: ArcSwap::from_pointee(ring),
+            ring: ArcSwap::from_pointee(in_force),
+            shared_keys: ArcSwap::from_pointee(Vec::new()),
+            rekeying: std::sync::Mutex::new(()),
             revoked: ArcSwap::from_pointee(revoked),
             max_validity: config.auth.max_token_validity,
             shared: ArcSwap::from_pointee(Revocations::default()),
@@ -135,16 +152,59 @@ impl Gate {
             Err(e) => tracing::error!("{e}; keeping the previous revocation list"),
         }
         drop(recomputing);
+        let rekeying = self.rekeying.lock().unwrap_or_else(|p| p.into_inner());
         match KeyRing::load(&self.state_dir, &self.extra_keys) {
-            Ok(ring) => {
-                if ring.kids() != self.ring.load().kids() {
-                    tracing::info!(keys = ?ring.kids(), "signing keys reloaded");
+            Ok(local) => {
+                if local.kids() != self.local.load().kids() {
+                    tracing::info!(keys = ?local.kids(), "signing keys reloaded");
                 }
+                let (ring, _) = local.with_shared(&self.shared_keys.load());
                 metrics::gauge!(crate::metrics::AUTH_SIGNING_KEYS).set(ring.kids().len() as f64);
+                let public = local.public_keys();
+                self.published.send_if_modified(|p| {
+                    let changed = *p != public;
+                    *p = public;
+                    changed
+                });
+                self.local.store(Arc::new(local));
                 self.ring.store(Arc::new(ring));
             }
             Err(e) => tracing::error!("{e}; keeping the previous keys"),
         }
+        drop(rekeying);
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// The public keys read from this instance's files and configuration
+    /// (kid -> SPKI PEM), current and on every change: what it publishes in
+    /// a shared store. Never the shared keys themselves, so a key leaves
+    /// the store once no instance has it in its files.
+    pub fn published_keys(&self) -> watch::Receiver<BTreeMap<String, String>> {
+        self.published.subscribe()
+    }
+
+    /// Takes the public keys shared through the store (all of them, each
+    /// time) and trusts them beside the local ones: when the keys in force
+    /// change, streams re-check their token (a key withdrawn ends the
+    /// streams signed with it).
+    pub fn set_shared_keys(&self, mut shared: Vec<SharedKey>) {
+        shared.sort();
+        let _rekeying = self.rekeying.lock().unwrap_or_else(|p| p.into_inner());
+        if **self.shared_keys.load() == shared {
+            return;
+        }
+        let (ring, problems) = self.local.load().with_shared(&shared);
+        for problem in &problems {
+            tracing::warn!("{problem}");
+        }
+        let changed = ring.public_keys() != self.ring.load().public_keys();
+        self.shared_keys.store(Arc::new(shared));
+        if !changed {
+            return;
+        }
+        tracing::info!(keys = ?ring.kids(), "signing keys shared by other instances taken");
+        metrics::gauge!(crate::metrics::AUTH_SIGNING_KEYS).set(ring.kids().len() as f64);
+        self.ring.store(Arc::new(ring));
         self.version.send_modify(|v| *v += 1);
     }
 

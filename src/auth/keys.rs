@@ -146,8 +146,27 @@ pub enum KeyError {
 #[derive(Clone)]
 struct Verifier {
     key: DecodingKey,
-    source: PathBuf,
+    public: VerifyingKey,
+    /// The file it was read from; `None` for a key shared through the store.
+    source: Option<PathBuf>,
 }
+
+/// A public key an instance published in the store shared by several
+/// instances (PostgreSQL): the key id, who published it, and the key in SPKI
+/// PEM, as in `<kid>.pub.pem`. Never a private key.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SharedKey {
+    /// The key id tokens signed by it carry.
+    pub kid: String,
+    /// The publishing instance's id (see [`publisher_id`]).
+    pub publisher: String,
+    /// The public key, SPKI PEM (`-----BEGIN PUBLIC KEY-----`).
+    pub public_pem: String,
+}
+
+/// Name of the file in the state directory that holds the id under which
+/// this instance publishes its public keys in a shared store.
+pub const PUBLISHER_FILE: &str = "key-publisher-id";
 
 /// The key that signs new tokens.
 struct Signer {
@@ -219,7 +238,8 @@ impl KeyRing {
                 kid.clone(),
                 Verifier {
                     key: DecodingKey::from_ed_der(derived.as_bytes()),
-                    source: path.clone(),
+                    public: derived,
+                    source: Some(path.clone()),
                 },
             );
             // BTreeMap iteration is in kid order: the last one is the newest.
@@ -303,9 +323,82 @@ impl KeyRing {
         self.signer.as_ref().map(|s| s.kid.as_str())
     }
 
-    /// Where the public key of `kid` was loaded from, if it is trusted.
+    /// Where the public key of `kid` was loaded from, if it is trusted and
+    /// was read from a file (not taken from a shared store).
     pub fn key_source(&self, kid: &str) -> Option<&Path> {
-        self.verifiers.get(kid).map(|v| v.source.as_path())
+        self.verifiers.get(kid).and_then(|v| v.source.as_deref())
+    }
+
+    /// Every trusted public key, kid -> SPKI PEM (the encoding of
+    /// `<kid>.pub.pem`): what an instance publishes in a shared store.
+    pub fn public_keys(&self) -> BTreeMap<String, String> {
+        self.verifiers
+            .iter()
+            .filter_map(|(kid, v)| {
+                let pem = v.public.to_public_key_pem(LineEnding::LF).ok()?;
+                Some((kid.clone(), pem))
+            })
+            .collect()
+    }
+
+    /// A verify-only ring trusting this ring's keys and the `shared` ones,
+    /// and the problems found (for the caller to log). A shared key is
+    /// skipped when it does not parse, when instances published different
+    /// keys under its kid, or when its kid names a different key here (the
+    /// local file wins). The same key published several times is one key.
+    pub fn with_shared(&self, shared: &[SharedKey]) -> (KeyRing, Vec<String>) {
+        let mut ring = KeyRing {
+            keys_dir: self.keys_dir.clone(),
+            verifiers: self.verifiers.clone(),
+            signer: None,
+            warnings: Vec::new(),
+        };
+        let mut problems = Vec::new();
+        let mut by_kid: BTreeMap<&str, Vec<(&str, VerifyingKey)>> = BTreeMap::new();
+        for key in shared {
+            match parse_public(&key.public_pem) {
+                Ok(public) => by_kid
+                    .entry(key.kid.as_str())
+                    .or_default()
+                    .push((key.publisher.as_str(), public)),
+                Err(detail) => problems.push(format!(
+                    "shared key {:?} published by {} is not a usable Ed25519 public key ({detail}); not trusted",
+                    key.kid, key.publisher
+                )),
+            }
+        }
+        for (kid, published) in by_kid {
+            let (first_publisher, public) = published[0];
+            if let Some((other, _)) = published.iter().find(|(_, p)| *p != public) {
+                problems.push(format!(
+                    "shared key {kid:?} was published with different public keys by {first_publisher} and {other}; not trusted from the shared store: give each key its own kid"
+                ));
+                continue;
+            }
+            if !valid_kid(kid) {
+                problems.push(format!(
+                    "shared key id {kid:?} published by {first_publisher} is invalid; not trusted"
+                ));
+                continue;
+            }
+            match ring.verifiers.get(kid) {
+                Some(local) if local.public == public => {}
+                Some(_) => problems.push(format!(
+                    "shared key {kid:?} published by {first_publisher} differs from the local key with that kid; the local one is kept: give each key its own kid"
+                )),
+                None => {
+                    ring.verifiers.insert(
+                        kid.to_string(),
+                        Verifier {
+                            key: DecodingKey::from_ed_der(public.as_bytes()),
+                            public,
+                            source: None,
+                        },
+                    );
+                }
+            }
+        }
+        (ring, problems)
     }
 
     /// `<state_dir>/keys`, where local keys are read and written.
@@ -336,7 +429,7 @@ impl KeyRing {
         if let Some(existing) = self.verifiers.get(kid) {
             return Err(KeyError::DuplicateKid {
                 kid: kid.to_string(),
-                first: existing.source.clone(),
+                first: existing.source.clone().unwrap_or_default(),
                 second: path.to_path_buf(),
             });
         }
@@ -344,7 +437,8 @@ impl KeyRing {
             kid.to_string(),
             Verifier {
                 key: DecodingKey::from_ed_der(key.as_bytes()),
-                source: path.to_path_buf(),
+                public: key,
+                source: Some(path.to_path_buf()),
             },
         );
         Ok(())
@@ -446,18 +540,60 @@ fn read_private(path: &Path) -> Result<SigningKey, KeyError> {
 }
 
 fn read_public(path: &Path) -> Result<VerifyingKey, KeyError> {
-    let pem = read_to_string(path)?;
-    let key = VerifyingKey::from_public_key_pem(&pem).map_err(|e| KeyError::BadPublicKey {
+    parse_public(&read_to_string(path)?).map_err(|detail| KeyError::BadPublicKey {
         path: path.to_path_buf(),
-        detail: e.to_string(),
-    })?;
+        detail,
+    })
+}
+
+/// An Ed25519 public key in SPKI PEM, not a weak one; else the complaint.
+fn parse_public(pem: &str) -> Result<VerifyingKey, String> {
+    let key = VerifyingKey::from_public_key_pem(pem).map_err(|e| e.to_string())?;
     if key.is_weak() {
-        return Err(KeyError::BadPublicKey {
-            path: path.to_path_buf(),
-            detail: "weak (small-order) key".into(),
-        });
+        return Err("weak (small-order) key".into());
     }
     Ok(key)
+}
+
+/// The id under which this instance publishes its public keys in a shared
+/// store: read from `<state_dir>/key-publisher-id`, created on first use
+/// (`<host>-<8 hex>`). It outlives restarts, so an instance started again
+/// from the same state directory withdraws the keys it published and no
+/// longer has.
+pub fn publisher_id(state_dir: &Path) -> Result<String, KeyError> {
+    let path = state_dir.join(PUBLISHER_FILE);
+    match fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(KeyError::Io {
+                action: "read",
+                path,
+                source,
+            })
+        }
+    }
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_graphic()))
+        .unwrap_or_else(|| "hdsd".to_string());
+    let mut suffix = [0u8; 4];
+    rand::rngs::OsRng.fill_bytes(&mut suffix);
+    let id = format!("{host}-{}", hex(&suffix));
+    fs::create_dir_all(state_dir).map_err(|source| KeyError::Io {
+        action: "create directory",
+        path: state_dir.to_path_buf(),
+        source,
+    })?;
+    fs::write(&path, format!("{id}\n")).map_err(|source| KeyError::Io {
+        action: "write",
+        path,
+        source,
+    })?;
+    Ok(id)
 }
 
 /// A kid from configuration: 1-128 visible ASCII characters.

@@ -35,7 +35,7 @@ pub mod token;
 pub use bearer::BearerError;
 pub use claims::{authorize, check_identity, Claims};
 pub use gate::{Gate, GateError};
-pub use keys::{ExtraPublicKey, GeneratedKey, KeyError, KeyRing};
+pub use keys::{ExtraPublicKey, GeneratedKey, KeyError, KeyRing, SharedKey};
 pub use rejection::{Rejection, RejectionKind};
 pub use revocation::{RevocationError, Revocations};
 pub use token::{inspect, Inspection, IssueError, ISSUED_AT_LEEWAY_SECS};

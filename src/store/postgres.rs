@@ -87,6 +87,16 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
          );
          CREATE INDEX hdsd_streams_by_instance ON hdsd_streams (instance);",
     ),
+    (
+        5,
+        "CREATE TABLE hdsd_signing_keys (
+             kid text NOT NULL,
+             publisher text NOT NULL,
+             public_key text NOT NULL,
+             added_at timestamptz NOT NULL DEFAULT now(),
+             PRIMARY KEY (kid, publisher)
+         );",
+    ),
 ];
 
 /// The advisory lock key the sweep of dead instances takes, per transaction
@@ -95,6 +105,10 @@ pub const SWEEP_LOCK: i64 = 0x6864_7364_0000_0002;
 
 /// The channel revocations are announced on (no payload: readers read all).
 pub const REVOCATIONS_CHANNEL: &str = "hdsd_revocations";
+
+/// The channel changes of the shared public keys are announced on (no
+/// payload: readers read all).
+pub const KEYS_CHANNEL: &str = "hdsd_signing_keys";
 
 /// The channel stream claims are announced on: `<mesh>.<name>\t<instance>\t<at>`
 /// when a stream for the dataplane attached on that instance at `at`, and
@@ -118,6 +132,8 @@ pub struct PgStore {
     readiness_signal: watch::Sender<()>,
     /// Poked on each revocation and on every (re)connect.
     revocations_signal: watch::Sender<()>,
+    /// Poked on each change of the shared keys and on every (re)connect.
+    keys_signal: watch::Sender<()>,
     reconcile: Duration,
     /// The runtime the blocking [`ReadinessStore`] calls run their queries on.
     runtime: tokio::runtime::Handle,
@@ -195,6 +211,7 @@ impl PgStore {
         let (alive, alive_rx) = watch::channel(());
         let (readiness_signal, _) = watch::channel(());
         let (revocations_signal, _) = watch::channel(());
+        let (keys_signal, _) = watch::channel(());
         let (streams_signal, _) = watch::channel(());
         let instance = instance_name();
         let (replaced, _) = broadcast::channel(CHANGES_BUFFER);
@@ -206,6 +223,7 @@ impl PgStore {
                 changes: changes.clone(),
                 readiness: readiness_signal.clone(),
                 revocations: revocations_signal.clone(),
+                keys: keys_signal.clone(),
                 streams: streams_signal.clone(),
                 replaced: replaced.clone(),
                 instance: instance.clone(),
@@ -226,6 +244,7 @@ impl PgStore {
             changes,
             readiness_signal,
             revocations_signal,
+            keys_signal,
             reconcile: settings.reconcile_interval,
             runtime: tokio::runtime::Handle::current(),
             instance,
@@ -308,6 +327,7 @@ struct Announcements {
     changes: broadcast::Sender<DefinitionChange>,
     readiness: watch::Sender<()>,
     revocations: watch::Sender<()>,
+    keys: watch::Sender<()>,
     streams: watch::Sender<()>,
     replaced: broadcast::Sender<StreamNote>,
     /// This instance: its own claims are not news.
@@ -526,7 +546,7 @@ async fn listen(
             });
             client
                 .batch_execute(&format!(
-                    "LISTEN {CHANNEL}; LISTEN {READINESS_CHANNEL}; LISTEN {STREAMS_CHANNEL}; LISTEN {REVOCATIONS_CHANNEL}"
+                    "LISTEN {CHANNEL}; LISTEN {READINESS_CHANNEL}; LISTEN {STREAMS_CHANNEL}; LISTEN {REVOCATIONS_CHANNEL}; LISTEN {KEYS_CHANNEL}"
                 ))
                 .await?;
             Ok::<_, tokio_postgres::Error>((client, notes))
@@ -548,6 +568,7 @@ async fn listen(
                 let _ = heard.changes.send(DefinitionChange::All);
                 heard.readiness.send_replace(());
                 heard.revocations.send_replace(());
+                heard.keys.send_replace(());
                 heard.streams.send_replace(());
                 let mut reconcile_tick =
                     tokio::time::interval_at(tokio::time::Instant::now() + reconcile, reconcile);
@@ -559,6 +580,9 @@ async fn listen(
                             }
                             Some(Ok((channel, _))) if channel == REVOCATIONS_CHANNEL => {
                                 heard.revocations.send_replace(());
+                            }
+                            Some(Ok((channel, _))) if channel == KEYS_CHANNEL => {
+                                heard.keys.send_replace(());
                             }
                             Some(Ok((channel, payload))) if channel == STREAMS_CHANNEL => {
                                 if let Some(note) = parse_stream_note(&payload).filter(|n| n.instance() != heard.instance) {
@@ -1131,6 +1155,126 @@ impl PgStore {
             match self.revocations().await {
                 Ok(all) => apply(all),
                 Err(e) => tracing::debug!("cannot read the shared revocations: {e}"),
+            }
+        }
+    }
+
+    /// Makes `keys` (kid -> SPKI PEM) the public keys `publisher` shares:
+    /// adds the new ones, replaces a changed one, withdraws those it
+    /// published and no longer has, in one transaction that announces the
+    /// change on [`KEYS_CHANNEL`] (only when something changed, which it
+    /// returns). Other publishers' rows are never touched.
+    pub async fn publish_keys(
+        &self,
+        publisher: &str,
+        keys: &BTreeMap<String, String>,
+    ) -> Result<bool, StoreError> {
+        let (kids, pems): (Vec<&str>, Vec<&str>) =
+            keys.iter().map(|(k, p)| (k.as_str(), p.as_str())).unzip();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg_error)?;
+        let withdrawn = tx
+            .execute(
+                "DELETE FROM hdsd_signing_keys WHERE publisher = $1 AND NOT (kid = ANY($2))",
+                &[&publisher, &kids],
+            )
+            .await
+            .map_err(pg_error)?;
+        let written = tx
+            .execute(
+                "INSERT INTO hdsd_signing_keys (kid, publisher, public_key)
+                 SELECT kid, $1, pem FROM unnest($2::text[], $3::text[]) AS k(kid, pem)
+                 ON CONFLICT (kid, publisher) DO UPDATE
+                     SET public_key = EXCLUDED.public_key, added_at = now()
+                     WHERE hdsd_signing_keys.public_key <> EXCLUDED.public_key",
+                &[&publisher, &kids, &pems],
+            )
+            .await
+            .map_err(pg_error)?;
+        let changed = withdrawn + written > 0;
+        if changed {
+            tx.batch_execute(&format!("NOTIFY {KEYS_CHANNEL}"))
+                .await
+                .map_err(pg_error)?;
+        }
+        tx.commit().await.map_err(pg_error)?;
+        Ok(changed)
+    }
+
+    /// Every public key published by any instance.
+    pub async fn shared_keys(&self) -> Result<Vec<crate::auth::SharedKey>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT kid, publisher, public_key FROM hdsd_signing_keys",
+                &[],
+            )
+            .await
+            .map_err(pg_error)?;
+        Ok(rows
+            .iter()
+            .map(|r| crate::auth::SharedKey {
+                kid: r.get(0),
+                publisher: r.get(1),
+                public_pem: r.get(2),
+            })
+            .collect())
+    }
+
+    /// Publishes this instance's public keys as `publisher` now, on every
+    /// change of `keys`, and once per `reconcile_interval` (which heals a
+    /// publication that failed, or rows deleted by hand while the instance
+    /// still has the keys). Runs until `keys`' sender is dropped.
+    pub async fn publish_keys_from(
+        self: std::sync::Arc<Self>,
+        publisher: String,
+        mut keys: watch::Receiver<BTreeMap<String, String>>,
+    ) {
+        let mut full = tokio::time::interval(self.reconcile);
+        let mut failing = false;
+        loop {
+            let current = keys.borrow_and_update().clone();
+            match self.publish_keys(&publisher, &current).await {
+                Ok(changed) => {
+                    if changed || failing {
+                        tracing::info!(
+                            publisher,
+                            keys = ?current.keys().collect::<Vec<_>>(),
+                            "published this instance's public signing keys to the other instances"
+                        );
+                    }
+                    failing = false;
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!("cannot publish this instance's public signing keys: {e}; other instances may not accept tokens signed by them yet (retrying every reconcile_interval)");
+                    }
+                    failing = true;
+                }
+            }
+            tokio::select! {
+                changed = keys.changed() => if changed.is_err() { return },
+                _ = full.tick() => {}
+            }
+        }
+    }
+
+    /// Hands `apply` every shared public key on each change, on every
+    /// (re)connect and once per `reconcile_interval`. Runs for the process.
+    pub async fn follow_shared_keys(
+        self: std::sync::Arc<Self>,
+        apply: impl Fn(Vec<crate::auth::SharedKey>) + Send + 'static,
+    ) {
+        let mut signal = self.keys_signal.subscribe();
+        let mut full = tokio::time::interval(self.reconcile);
+        loop {
+            tokio::select! {
+                changed = signal.changed() => if changed.is_err() { return },
+                _ = full.tick() => {}
+            }
+            match self.shared_keys().await {
+                Ok(all) => apply(all),
+                Err(e) => tracing::debug!("cannot read the shared signing keys: {e}"),
             }
         }
     }
