@@ -1061,3 +1061,120 @@ fn a_revocation_through_one_instance_ends_a_stream_held_by_another_within_a_seco
     // The command is no instance: it never registered a heartbeat.
     assert_eq!(count(&pg, "hdsd_instances"), 2);
 }
+
+/// The kids of the private keys in an instance's key directory.
+fn private_kids(hdsd: &Hdsd) -> Vec<String> {
+    let mut kids: Vec<String> = std::fs::read_dir(hdsd.dir.path().join("state").join("keys"))
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().ok()?;
+            name.strip_suffix(".key.pem").map(str::to_string)
+        })
+        .collect();
+    kids.sort();
+    kids
+}
+
+/// Opens a stream on `hds` with `token` until one gets its specifier within
+/// `within`: the instance may not trust the token's key yet.
+fn accepted_within(
+    hds: std::net::SocketAddr,
+    token: &str,
+    within: Duration,
+) -> crate::support::grpc::HdsStream {
+    use crate::support::grpc::{hc_request, GrpcClient, Next};
+    wait_for("the token accepted", within, || {
+        let client = GrpcClient::connect(hds);
+        let mut stream = client.open_with_token(Some(token));
+        stream.send(hc_request(Some("default.web-01")));
+        match stream.next(Duration::from_secs(2)) {
+            Next::Specifier(_) => Ok(stream),
+            other => Err(format!("{other:?}")),
+        }
+    })
+}
+
+#[test]
+fn a_token_signed_by_one_instances_key_verifies_on_another_until_the_key_is_removed() {
+    use crate::support::grpc::{hc_request, GrpcClient, Next};
+    let Some(pg) = Postgres::start(
+        "a_token_signed_by_one_instances_key_verifies_on_another_until_the_key_is_removed",
+    ) else {
+        return;
+    };
+    let options = HdsdOptions {
+        auth_mode: "token",
+        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
+        extra: format!(
+            "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n",
+            pg.url()
+        ),
+        ..HdsdOptions::default()
+    };
+    // Two instances, each with its own state directory and first key.
+    let a = Hdsd::start(options.clone());
+    let b = Hdsd::start(options);
+    let (kids_a, kids_b) = (private_kids(&a), private_kids(&b));
+    assert_eq!(kids_a.len(), 1, "{kids_a:?}");
+    assert_ne!(kids_a, kids_b);
+    let yaml = dataplane_yaml("web-01", &[(10001, 8080)]);
+    let (status, _, _) = send(
+        &a,
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200);
+    wait_for("web-01 on B", Duration::from_secs(5), || {
+        b.dataplane("default.web-01").map(|_| ())
+    });
+    // Each published its public key, and nothing private.
+    wait_for("both keys published", Duration::from_secs(5), || {
+        match count(&pg, "hdsd_signing_keys") {
+            2 => Ok(()),
+            n => Err(format!("{n} rows")),
+        }
+    });
+    let published = pg.psql("SELECT kid, public_key FROM hdsd_signing_keys ORDER BY kid");
+    assert!(published.contains(&kids_a[0]), "{published}");
+    assert!(published.contains("BEGIN PUBLIC KEY"), "{published}");
+    assert!(!published.contains("PRIVATE"), "{published}");
+
+    // A token issued with A's key (A's config) opens a stream on B.
+    let token = a.issue_token("default.web-01", "1h");
+    let mut stream = accepted_within(b.hds, &token, Duration::from_secs(5));
+    b.wait_connected("default.web-01", true, Duration::from_secs(5));
+
+    // Rotation on A: a new key, then the old one's files deleted. A
+    // withdraws the old key: B ends the live stream and refuses new ones.
+    let said = a.cli(&["token", "keygen"]);
+    assert!(said.contains("created key"), "{said}");
+    let keys_dir = a.dir.path().join("state").join("keys");
+    let removed_at = Instant::now();
+    for suffix in [".key.pem", ".pub.pem"] {
+        std::fs::remove_file(keys_dir.join(format!("{}{suffix}", kids_a[0]))).unwrap();
+    }
+    match stream.next(Duration::from_secs(1)) {
+        Next::Status(s) => assert!(s.message().contains("unknown signing key"), "{s:?}"),
+        other => panic!("expected B to end the stream within a second, got {other:?}"),
+    }
+    eprintln!(
+        "removing the key from A's directory ended B's stream {:?} later",
+        removed_at.elapsed()
+    );
+    b.wait_connected("default.web-01", false, Duration::from_secs(1));
+    let client = GrpcClient::connect(b.hds);
+    let mut refused = client.open_with_token(Some(&token));
+    refused.send(hc_request(Some("default.web-01")));
+    match refused.next(Duration::from_secs(2)) {
+        Next::Status(s) => assert!(s.message().contains("unknown signing key"), "{s:?}"),
+        other => panic!("expected B to refuse the token of the removed key, got {other:?}"),
+    }
+    let published = pg.psql("SELECT kid FROM hdsd_signing_keys");
+    assert!(!published.contains(&kids_a[0]), "{published}");
+    assert_eq!(count(&pg, "hdsd_signing_keys"), 2, "{published}");
+
+    // A's new key is trusted on B too.
+    let token = a.issue_token("default.web-01", "1h");
+    accepted_within(b.hds, &token, Duration::from_secs(5));
+}

@@ -683,3 +683,138 @@ fn a_key_made_in_the_same_second_signs_after_the_older_one() {
         assert_eq!(ring.signing_kid(), Some(made.kid.as_str()));
     }
 }
+
+/// A public key shared by `publisher` under `kid`: the one of `ring`'s `of`.
+fn shared(ring: &KeyRing, of: &str, kid: &str, publisher: &str) -> SharedKey {
+    SharedKey {
+        kid: kid.to_string(),
+        publisher: publisher.to_string(),
+        public_pem: ring.public_keys()[of].clone(),
+    }
+}
+
+#[test]
+fn public_keys_are_the_key_files_encoding() {
+    let (dir, ring, key) = setup();
+    let keys = ring.public_keys();
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[&key.kid], fs::read_to_string(&key.public_path).unwrap());
+    assert!(!keys[&key.kid].contains("PRIVATE"));
+    drop(dir);
+}
+
+#[test]
+fn shared_keys_verify_beside_the_local_ones_and_never_sign() {
+    let (_a_dir, a, a_key) = setup();
+    let (_b_dir, b, b_key) = setup();
+    let token = issue(&a, Duration::from_secs(3600));
+    assert!(matches!(
+        b.verify(&token, &none(), t0()),
+        Err(Rejection::UnknownKey { .. })
+    ));
+    // The same key published twice is one key.
+    let (merged, problems) = b.with_shared(&[
+        shared(&a, &a_key.kid, &a_key.kid, "a-1"),
+        shared(&a, &a_key.kid, &a_key.kid, "a-2"),
+    ]);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(merged.kids().len(), 2);
+    assert_eq!(merged.verify(&token, &none(), t0()).unwrap().name, "web-01");
+    assert_eq!(merged.key_source(&a_key.kid), None);
+    assert!(merged.key_source(&b_key.kid).is_some());
+    assert_eq!(merged.signing_kid(), None);
+    // Withdrawn: no longer trusted.
+    let (merged, _) = b.with_shared(&[]);
+    assert!(matches!(
+        merged.verify(&token, &none(), t0()),
+        Err(Rejection::UnknownKey { .. })
+    ));
+}
+
+#[test]
+fn conflicting_or_bad_shared_keys_are_not_trusted() {
+    let (_a_dir, a, a_key) = setup();
+    let (_b_dir, b, b_key) = setup();
+    let token = issue(&a, Duration::from_secs(3600));
+    // Two publishers disagree about a kid: neither is trusted.
+    let (merged, problems) = b.with_shared(&[
+        shared(&a, &a_key.kid, "k-x", "a-1"),
+        shared(&b, &b_key.kid, "k-x", "b-1"),
+    ]);
+    assert!(!merged.kids().contains(&"k-x".to_string()));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("different public keys"), "{problems:?}");
+    // A shared key under a local kid with another key: the local one stays.
+    let (merged, problems) = b.with_shared(&[shared(&a, &a_key.kid, &b_key.kid, "a-1")]);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("local one is kept"), "{problems:?}");
+    let token_b = issue(&b, Duration::from_secs(3600));
+    assert!(merged.verify(&token_b, &none(), t0()).is_ok());
+    assert!(merged.verify(&token, &none(), t0()).is_err());
+    // Not a key, or an invalid kid.
+    let garbage = SharedKey {
+        kid: a_key.kid.clone(),
+        publisher: "a-1".into(),
+        public_pem: "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n".into(),
+    };
+    let (merged, problems) = b.with_shared(&[garbage, shared(&a, &a_key.kid, "bad kid", "a-1")]);
+    assert_eq!(merged.kids(), vec![b_key.kid.clone()]);
+    assert_eq!(problems.len(), 2, "{problems:?}");
+}
+
+#[test]
+fn the_publisher_id_outlives_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let first = keys::publisher_id(&state).unwrap();
+    assert!(!first.is_empty() && first.bytes().all(|b| b.is_ascii_graphic()));
+    assert_eq!(keys::publisher_id(&state).unwrap(), first);
+    let other = tempfile::tempdir().unwrap();
+    assert_ne!(keys::publisher_id(other.path()).unwrap(), first);
+}
+
+#[test]
+fn the_gate_trusts_shared_keys_and_publishes_only_its_own() {
+    let (_a_dir, a, a_key) = setup();
+    let b_dir = tempfile::tempdir().unwrap();
+    let b_key = KeyRing::generate(b_dir.path(), t0()).unwrap();
+    let config = crate::config::Config {
+        state_dir: b_dir.path().to_path_buf(),
+        ..Default::default()
+    };
+    let gate = Gate::new(&config, t0()).unwrap();
+    let mut published = gate.published_keys();
+    assert_eq!(
+        published.borrow_and_update().keys().collect::<Vec<_>>(),
+        vec![&b_key.kid]
+    );
+    let mut version = gate.subscribe();
+    let token = issue(&a, HOUR);
+    assert_eq!(gate.verify(&token, t0()).unwrap_err().reason(), "unknown_key");
+
+    gate.set_shared_keys(vec![shared(&a, &a_key.kid, &a_key.kid, "a-1")]);
+    assert!(version.has_changed().unwrap());
+    version.mark_unchanged();
+    assert!(gate.verify(&token, t0()).is_ok());
+    assert_eq!(gate.signing_keys(), 2);
+    // The same list again changes nothing; a file reload keeps the shared key
+    // in force and does not publish it as this instance's.
+    gate.set_shared_keys(vec![shared(&a, &a_key.kid, &a_key.kid, "a-1")]);
+    assert!(!version.has_changed().unwrap());
+    gate.reload();
+    assert!(gate.verify(&token, t0()).is_ok());
+    assert!(!published.has_changed().unwrap());
+    assert_eq!(published.borrow().len(), 1);
+
+    // Withdrawn by its publisher: streams re-check, the token is refused.
+    version.mark_unchanged();
+    gate.set_shared_keys(Vec::new());
+    assert!(version.has_changed().unwrap());
+    assert_eq!(gate.verify(&token, t0()).unwrap_err().reason(), "unknown_key");
+
+    // A key added to this instance's files is published.
+    KeyRing::generate(b_dir.path(), t0()).unwrap();
+    gate.reload();
+    assert!(published.has_changed().unwrap());
+    assert_eq!(published.borrow().len(), 2);
+}
