@@ -1085,7 +1085,9 @@ fn accepted_within(
     use crate::support::grpc::{hc_request, GrpcClient, Next};
     wait_for("the token accepted", within, || {
         let client = GrpcClient::connect(hds);
-        let mut stream = client.open_with_token(Some(token));
+        let mut stream = client
+            .try_open_with_token(Some(token))
+            .map_err(|s| format!("{s:?}"))?;
         stream.send(hc_request(Some("default.web-01")));
         match stream.next(Duration::from_secs(2)) {
             Next::Specifier(_) => Ok(stream),
@@ -1164,12 +1166,18 @@ fn a_token_signed_by_one_instances_key_verifies_on_another_until_the_key_is_remo
     );
     b.wait_connected("default.web-01", false, Duration::from_secs(1));
     let client = GrpcClient::connect(b.hds);
-    let mut refused = client.open_with_token(Some(&token));
-    refused.send(hc_request(Some("default.web-01")));
-    match refused.next(Duration::from_secs(2)) {
-        Next::Status(s) => assert!(s.message().contains("unknown signing key"), "{s:?}"),
-        other => panic!("expected B to refuse the token of the removed key, got {other:?}"),
-    }
+    let refused = match client.try_open_with_token(Some(&token)) {
+        Err(status) => status,
+        Ok(mut stream) => {
+            stream.send(hc_request(Some("default.web-01")));
+            match stream.next(Duration::from_secs(2)) {
+                Next::Status(s) => s,
+                other => panic!("expected B to refuse the token of the removed key, got {other:?}"),
+            }
+        }
+    };
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().contains("unknown signing key"), "{refused:?}");
     let published = pg.psql("SELECT kid FROM hdsd_signing_keys");
     assert!(!published.contains(&kids_a[0]), "{published}");
     assert_eq!(count(&pg, "hdsd_signing_keys"), 2, "{published}");
