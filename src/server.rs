@@ -355,11 +355,9 @@ pub async fn run(
     if let (Some(pg), AuthMode::Token) = (&pg, config.auth.mode) {
         // A token revoked through any instance ends its streams on this one.
         let revoking = gate.clone();
-        tokio::spawn(
-            pg.clone().follow_revocations(move |all| {
-                revoking.set_shared_revocations(all.into_iter().collect())
-            }),
-        );
+        tokio::spawn(pg.clone().follow_revocations(move |all| {
+            revoking.set_shared_revocations(all.into_iter().collect())
+        }));
         // Tokens signed by any instance's key verify on this one: this
         // instance publishes the public keys of its files (and withdraws
         // those it no longer has) and trusts the ones the others publish.

@@ -21,7 +21,10 @@
 //! - heartbeats: the instance holding a stream is SIGKILLed and its Envoy
 //!   does not reconnect: one live instance (of two) marks the dataplane
 //!   disconnected within the instance timeout and a sweep, and it goes
-//!   stale; a SIGTERM leaves the cluster at once.
+//!   stale; a SIGTERM leaves the cluster at once;
+//! - signing keys shared: a token issued with instance A's key (A's own key
+//!   directory) opens a stream on B; deleting the key's files on A (a
+//!   rotation) ends B's stream within a second and B refuses the token.
 
 use std::time::{Duration, Instant};
 
@@ -1131,12 +1134,14 @@ fn a_token_signed_by_one_instances_key_verifies_on_another_until_the_key_is_remo
         b.dataplane("default.web-01").map(|_| ())
     });
     // Each published its public key, and nothing private.
-    wait_for("both keys published", Duration::from_secs(5), || {
-        match count(&pg, "hdsd_signing_keys") {
+    wait_for(
+        "both keys published",
+        Duration::from_secs(5),
+        || match count(&pg, "hdsd_signing_keys") {
             2 => Ok(()),
             n => Err(format!("{n} rows")),
-        }
-    });
+        },
+    );
     let published = pg.psql("SELECT kid, public_key FROM hdsd_signing_keys ORDER BY kid");
     assert!(published.contains(&kids_a[0]), "{published}");
     assert!(published.contains("BEGIN PUBLIC KEY"), "{published}");
@@ -1177,7 +1182,10 @@ fn a_token_signed_by_one_instances_key_verifies_on_another_until_the_key_is_remo
         }
     };
     assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
-    assert!(refused.message().contains("unknown signing key"), "{refused:?}");
+    assert!(
+        refused.message().contains("unknown signing key"),
+        "{refused:?}"
+    );
     let published = pg.psql("SELECT kid FROM hdsd_signing_keys");
     assert!(!published.contains(&kids_a[0]), "{published}");
     assert_eq!(count(&pg, "hdsd_signing_keys"), 2, "{published}");

@@ -698,7 +698,10 @@ fn public_keys_are_the_key_files_encoding() {
     let (dir, ring, key) = setup();
     let keys = ring.public_keys();
     assert_eq!(keys.len(), 1);
-    assert_eq!(keys[&key.kid], fs::read_to_string(&key.public_path).unwrap());
+    assert_eq!(
+        keys[&key.kid],
+        fs::read_to_string(&key.public_path).unwrap()
+    );
     assert!(!keys[&key.kid].contains("PRIVATE"));
     drop(dir);
 }
@@ -743,7 +746,10 @@ fn conflicting_or_bad_shared_keys_are_not_trusted() {
     ]);
     assert!(!merged.kids().contains(&"k-x".to_string()));
     assert_eq!(problems.len(), 1, "{problems:?}");
-    assert!(problems[0].contains("different public keys"), "{problems:?}");
+    assert!(
+        problems[0].contains("different public keys"),
+        "{problems:?}"
+    );
     // A shared key under a local kid with another key: the local one stays.
     let (merged, problems) = b.with_shared(&[shared(&a, &a_key.kid, &b_key.kid, "a-1")]);
     assert_eq!(problems.len(), 1, "{problems:?}");
@@ -790,7 +796,10 @@ fn the_gate_trusts_shared_keys_and_publishes_only_its_own() {
     );
     let mut version = gate.subscribe();
     let token = issue(&a, HOUR);
-    assert_eq!(gate.verify(&token, t0()).unwrap_err().reason(), "unknown_key");
+    assert_eq!(
+        gate.verify(&token, t0()).unwrap_err().reason(),
+        "unknown_key"
+    );
 
     gate.set_shared_keys(vec![shared(&a, &a_key.kid, &a_key.kid, "a-1")]);
     assert!(version.has_changed().unwrap());
@@ -810,7 +819,10 @@ fn the_gate_trusts_shared_keys_and_publishes_only_its_own() {
     version.mark_unchanged();
     gate.set_shared_keys(Vec::new());
     assert!(version.has_changed().unwrap());
-    assert_eq!(gate.verify(&token, t0()).unwrap_err().reason(), "unknown_key");
+    assert_eq!(
+        gate.verify(&token, t0()).unwrap_err().reason(),
+        "unknown_key"
+    );
 
     // A key added to this instance's files is published.
     KeyRing::generate(b_dir.path(), t0()).unwrap();
