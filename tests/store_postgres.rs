@@ -209,6 +209,64 @@ fn the_definition_store_contract_holds_on_postgres() {
 }
 
 #[test]
+fn each_publisher_rewrites_only_its_own_shared_keys() {
+    let Some(pg) = Postgres::start("each_publisher_rewrites_only_its_own_shared_keys") else {
+        return;
+    };
+    let keys = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, p)| (k.to_string(), p.to_string()))
+            .collect()
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let rows = runtime.block_on(async {
+        let settings = hdsd::config::PostgresConfig {
+            url: pg.url(),
+            ..Default::default()
+        };
+        let store = hdsd::store::postgres::PgStore::connect(&settings)
+            .await
+            .expect("store");
+        assert!(store
+            .publish_keys("a", &keys(&[("k1", "pem1"), ("k2", "pem2")]))
+            .await
+            .unwrap());
+        assert!(store
+            .publish_keys("b", &keys(&[("k1", "pem1")]))
+            .await
+            .unwrap());
+        // The same set again: nothing changes, nothing is announced.
+        assert!(!store
+            .publish_keys("a", &keys(&[("k1", "pem1"), ("k2", "pem2")]))
+            .await
+            .unwrap());
+        // a withdraws k1 and replaces k2: b's k1 stays.
+        assert!(store
+            .publish_keys("a", &keys(&[("k2", "pem2-new")]))
+            .await
+            .unwrap());
+        let mut rows: Vec<(String, String, String)> = store
+            .shared_keys()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|k| (k.kid, k.publisher, k.public_pem))
+            .collect();
+        rows.sort();
+        // An empty set withdraws everything of a publisher.
+        assert!(store.publish_keys("b", &keys(&[])).await.unwrap());
+        assert_eq!(store.shared_keys().await.unwrap().len(), 1);
+        rows
+    });
+    let row = |k: &str, p: &str, pem: &str| (k.to_string(), p.to_string(), pem.to_string());
+    assert_eq!(
+        rows,
+        vec![row("k1", "b", "pem1"), row("k2", "a", "pem2-new")]
+    );
+}
+
+#[test]
 fn definitions_through_the_api_on_the_embedded_store() {
     let hdsd = Hdsd::start(HdsdOptions {
         env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],

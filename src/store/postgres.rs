@@ -1231,6 +1231,8 @@ impl PgStore {
         mut keys: watch::Receiver<BTreeMap<String, String>>,
     ) {
         let mut full = tokio::time::interval(self.reconcile);
+        // The loop publishes first; the first tick is one interval later.
+        full.reset();
         let mut failing = false;
         loop {
             let current = keys.borrow_and_update().clone();
