@@ -363,10 +363,11 @@ pub async fn run(
         // those it no longer has) and trusts the ones the others publish.
         let publisher = crate::auth::keys::publisher_id(&config.state_dir)
             .map_err(crate::auth::GateError::from)?;
-        tokio::spawn(
-            pg.clone()
-                .publish_keys_from(publisher, gate.published_keys()),
-        );
+        tokio::spawn(pg.clone().publish_keys_from(
+            publisher,
+            gate.published_keys(),
+            config.cluster.instance_timeout,
+        ));
         let trusting = gate.clone();
         tokio::spawn(
             pg.clone()

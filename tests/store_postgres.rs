@@ -210,6 +210,7 @@ fn the_definition_store_contract_holds_on_postgres() {
 
 #[test]
 fn each_publisher_rewrites_only_its_own_shared_keys() {
+    use hdsd::store::postgres::KeyPublication::{Changed, Contested, Unchanged};
     let Some(pg) = Postgres::start("each_publisher_rewrites_only_its_own_shared_keys") else {
         return;
     };
@@ -219,6 +220,7 @@ fn each_publisher_rewrites_only_its_own_shared_keys() {
             .map(|(k, p)| (k.to_string(), p.to_string()))
             .collect()
     };
+    let alive = Duration::from_secs(10);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let rows = runtime.block_on(async {
         let settings = hdsd::config::PostgresConfig {
@@ -228,24 +230,16 @@ fn each_publisher_rewrites_only_its_own_shared_keys() {
         let store = hdsd::store::postgres::PgStore::connect(&settings)
             .await
             .expect("store");
-        assert!(store
-            .publish_keys("a", &keys(&[("k1", "pem1"), ("k2", "pem2")]))
-            .await
-            .unwrap());
-        assert!(store
-            .publish_keys("b", &keys(&[("k1", "pem1")]))
-            .await
-            .unwrap());
+        let publish = |publisher: &'static str, set| {
+            let store = &store;
+            async move { store.publish_keys(publisher, &set, alive).await.unwrap() }
+        };
+        assert_eq!(publish("a", keys(&[("k1", "pem1"), ("k2", "pem2")])).await, Changed);
+        assert_eq!(publish("b", keys(&[("k1", "pem1")])).await, Changed);
         // The same set again: nothing changes, nothing is announced.
-        assert!(!store
-            .publish_keys("a", &keys(&[("k1", "pem1"), ("k2", "pem2")]))
-            .await
-            .unwrap());
+        assert_eq!(publish("a", keys(&[("k1", "pem1"), ("k2", "pem2")])).await, Unchanged);
         // a withdraws k1 and replaces k2: b's k1 stays.
-        assert!(store
-            .publish_keys("a", &keys(&[("k2", "pem2-new")]))
-            .await
-            .unwrap());
+        assert_eq!(publish("a", keys(&[("k2", "pem2-new")])).await, Changed);
         let mut rows: Vec<(String, String, String)> = store
             .shared_keys()
             .await
@@ -255,8 +249,25 @@ fn each_publisher_rewrites_only_its_own_shared_keys() {
             .collect();
         rows.sort();
         // An empty set withdraws everything of a publisher.
-        assert!(store.publish_keys("b", &keys(&[])).await.unwrap());
+        assert_eq!(publish("b", keys(&[])).await, Changed);
         assert_eq!(store.shared_keys().await.unwrap().len(), 1);
+        // Another live instance wrote a's rows (a copied state directory):
+        // a writes nothing, so neither withdraws the other's keys.
+        pg.psql(
+            "INSERT INTO hdsd_instances (instance) VALUES ('twin/1');
+             UPDATE hdsd_signing_keys SET instance = 'twin/1' WHERE publisher = 'a'",
+        );
+        assert_eq!(
+            publish("a", keys(&[])).await,
+            Contested {
+                by: "twin/1".to_string()
+            }
+        );
+        assert_eq!(store.shared_keys().await.unwrap().len(), 1);
+        // Once that instance is silent for longer than `alive`, a takes its rows back.
+        pg.psql("UPDATE hdsd_instances SET heartbeat_at = now() - interval '11 seconds' WHERE instance = 'twin/1'");
+        assert_eq!(publish("a", keys(&[])).await, Changed);
+        assert!(store.shared_keys().await.unwrap().is_empty());
         rows
     });
     let row = |k: &str, p: &str, pem: &str| (k.to_string(), p.to_string(), pem.to_string());

@@ -93,6 +93,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
              kid text NOT NULL,
              publisher text NOT NULL,
              public_key text NOT NULL,
+             instance text NOT NULL,
              added_at timestamptz NOT NULL DEFAULT now(),
              PRIMARY KEY (kid, publisher)
          );",
@@ -109,6 +110,21 @@ pub const REVOCATIONS_CHANNEL: &str = "hdsd_revocations";
 /// The channel changes of the shared public keys are announced on (no
 /// payload: readers read all).
 pub const KEYS_CHANNEL: &str = "hdsd_signing_keys";
+
+/// What [`PgStore::publish_keys`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPublication {
+    /// The rows already said so: nothing written, nothing announced.
+    Unchanged,
+    /// Rows were added, replaced or withdrawn, and announced.
+    Changed,
+    /// Another live instance (named) writes under this publisher id:
+    /// nothing was written.
+    Contested {
+        /// That instance (`<host>/<pid>`).
+        by: String,
+    },
+}
 
 /// The channel stream claims are announced on: `<mesh>.<name>\t<instance>\t<at>`
 /// when a stream for the dataplane attached on that instance at `at`, and
@@ -1162,17 +1178,36 @@ impl PgStore {
     /// Makes `keys` (kid -> SPKI PEM) the public keys `publisher` shares:
     /// adds the new ones, replaces a changed one, withdraws those it
     /// published and no longer has, in one transaction that announces the
-    /// change on [`KEYS_CHANNEL`] (only when something changed, which it
-    /// returns). Other publishers' rows are never touched.
+    /// change on [`KEYS_CHANNEL`] when something changed. Other publishers'
+    /// rows are never touched. Writes nothing when another instance whose
+    /// heartbeat is younger than `alive_within` wrote rows under the same
+    /// publisher id (a copied state directory, or this instance's previous
+    /// run killed moments ago): two instances rewriting one publisher's rows
+    /// would withdraw each other's keys.
     pub async fn publish_keys(
         &self,
         publisher: &str,
         keys: &BTreeMap<String, String>,
-    ) -> Result<bool, StoreError> {
+        alive_within: Duration,
+    ) -> Result<KeyPublication, StoreError> {
         let (kids, pems): (Vec<&str>, Vec<&str>) =
             keys.iter().map(|(k, p)| (k.as_str(), p.as_str())).unzip();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg_error)?;
+        let other = tx
+            .query_opt(
+                "SELECT k.instance FROM hdsd_signing_keys k
+                 JOIN hdsd_instances i ON i.instance = k.instance
+                 WHERE k.publisher = $1 AND k.instance <> $2
+                   AND i.heartbeat_at > now() - make_interval(secs => $3)
+                 LIMIT 1",
+                &[&publisher, &self.instance, &alive_within.as_secs_f64()],
+            )
+            .await
+            .map_err(pg_error)?;
+        if let Some(row) = other {
+            return Ok(KeyPublication::Contested { by: row.get(0) });
+        }
         let withdrawn = tx
             .execute(
                 "DELETE FROM hdsd_signing_keys WHERE publisher = $1 AND NOT (kid = ANY($2))",
@@ -1182,12 +1217,16 @@ impl PgStore {
             .map_err(pg_error)?;
         let written = tx
             .execute(
-                "INSERT INTO hdsd_signing_keys (kid, publisher, public_key)
-                 SELECT kid, $1, pem FROM unnest($2::text[], $3::text[]) AS k(kid, pem)
+                "INSERT INTO hdsd_signing_keys (kid, publisher, public_key, instance)
+                 SELECT kid, $1, pem, $4 FROM unnest($2::text[], $3::text[]) AS k(kid, pem)
                  ON CONFLICT (kid, publisher) DO UPDATE
-                     SET public_key = EXCLUDED.public_key, added_at = now()
-                     WHERE hdsd_signing_keys.public_key <> EXCLUDED.public_key",
-                &[&publisher, &kids, &pems],
+                     SET public_key = EXCLUDED.public_key,
+                         instance = EXCLUDED.instance,
+                         added_at = CASE WHEN hdsd_signing_keys.public_key = EXCLUDED.public_key
+                                         THEN hdsd_signing_keys.added_at ELSE now() END
+                     WHERE hdsd_signing_keys.public_key <> EXCLUDED.public_key
+                        OR hdsd_signing_keys.instance <> EXCLUDED.instance",
+                &[&publisher, &kids, &pems, &self.instance],
             )
             .await
             .map_err(pg_error)?;
@@ -1198,7 +1237,11 @@ impl PgStore {
                 .map_err(pg_error)?;
         }
         tx.commit().await.map_err(pg_error)?;
-        Ok(changed)
+        Ok(if changed {
+            KeyPublication::Changed
+        } else {
+            KeyPublication::Unchanged
+        })
     }
 
     /// Every public key published by any instance.
@@ -1229,31 +1272,43 @@ impl PgStore {
         self: std::sync::Arc<Self>,
         publisher: String,
         mut keys: watch::Receiver<BTreeMap<String, String>>,
+        alive_within: Duration,
     ) {
         let mut full = tokio::time::interval(self.reconcile);
         // The loop publishes first; the first tick is one interval later.
         full.reset();
-        let mut failing = false;
+        let mut trouble: Option<String> = None;
         loop {
             let current = keys.borrow_and_update().clone();
-            match self.publish_keys(&publisher, &current).await {
-                Ok(changed) => {
-                    if changed || failing {
-                        tracing::info!(
-                            publisher,
-                            keys = ?current.keys().collect::<Vec<_>>(),
-                            "published this instance's public signing keys to the other instances"
-                        );
-                    }
-                    failing = false;
+            let problem = match self.publish_keys(&publisher, &current, alive_within).await {
+                Ok(KeyPublication::Unchanged) => None,
+                Ok(KeyPublication::Changed) => {
+                    tracing::info!(
+                        publisher,
+                        keys = ?current.keys().collect::<Vec<_>>(),
+                        "published this instance's public signing keys to the other instances"
+                    );
+                    None
                 }
-                Err(e) => {
-                    if !failing {
-                        tracing::warn!("cannot publish this instance's public signing keys: {e}; other instances may not accept tokens signed by them yet (retrying every reconcile_interval)");
-                    }
-                    failing = true;
+                Ok(KeyPublication::Contested { by }) => Some(format!(
+                    "not publishing this instance's public signing keys: instance {by}, alive, publishes under the same id {publisher:?}; if this instance was killed and restarted moments ago, it publishes once that run is taken for dead (cluster.instance_timeout); otherwise their state directories were copied from one another: delete {} on one of them and restart it",
+                    crate::auth::keys::PUBLISHER_FILE
+                )),
+                Err(e) => Some(format!(
+                    "cannot publish this instance's public signing keys: {e}; other instances may not accept tokens signed by them yet (retrying every reconcile_interval)"
+                )),
+            };
+            match (&problem, &trouble) {
+                (Some(now), before) if before.as_ref() != Some(now) => tracing::warn!("{now}"),
+                (None, Some(_)) => {
+                    tracing::info!(
+                        publisher,
+                        "published this instance's public signing keys again"
+                    )
                 }
+                _ => {}
             }
+            trouble = problem;
             tokio::select! {
                 changed = keys.changed() => if changed.is_err() { return },
                 _ = full.tick() => {}
