@@ -57,6 +57,35 @@ fn on_postgres_with_timeout(pg: &Postgres, instance_timeout: &str) -> HdsdOption
     }
 }
 
+/// Token auth, definitions through the API, and the PostgreSQL store in the
+/// config file (so that `hdsd token ... --config` uses the store too).
+fn token_auth_on_postgres(pg: &Postgres) -> HdsdOptions {
+    HdsdOptions {
+        auth_mode: "token",
+        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
+        extra: format!(
+            "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n",
+            pg.url()
+        ),
+        ..HdsdOptions::default()
+    }
+}
+
+/// `PUT`s web-01 (one inbound) on `a` and waits until `b` serves it.
+fn define_web01_seen_by(a: &Hdsd, b: &Hdsd) {
+    let yaml = dataplane_yaml("web-01", &[(10001, 8080)]);
+    let (status, _, _) = send(
+        a,
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200);
+    wait_for("web-01 on B", Duration::from_secs(5), || {
+        b.dataplane("default.web-01").map(|_| ())
+    });
+}
+
 /// `/readyz`: status and body.
 fn readyz(hdsd: &Hdsd) -> (u16, String) {
     let mut response = ureq::get(&hdsd.api_url("/readyz"))
@@ -1035,17 +1064,7 @@ fn a_newer_stream_on_another_instance_ends_the_older_one_within_a_second() {
     };
     let a = Hdsd::start(on_postgres(&pg));
     let b = Hdsd::start(on_postgres(&pg));
-    let yaml = dataplane_yaml("web-01", &[(10001, 8080)]);
-    let (status, _, _) = send(
-        &a,
-        "/api/v1/dataplanes/default/web-01",
-        Some(("application/yaml", &yaml)),
-        &[],
-    );
-    assert_eq!(status, 200);
-    wait_for("web-01 on B", Duration::from_secs(5), || {
-        b.dataplane("default.web-01").map(|_| ())
-    });
+    define_web01_seen_by(&a, &b);
 
     let on_a = GrpcClient::connect(a.hds);
     let mut older = on_a.open_as("default.web-01");
@@ -1081,29 +1100,10 @@ fn a_revocation_through_one_instance_ends_a_stream_held_by_another_within_a_seco
     ) else {
         return;
     };
-    // The store in the config file, so that `hdsd token revoke --config` uses it too.
-    let options = HdsdOptions {
-        auth_mode: "token",
-        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
-        extra: format!(
-            "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n",
-            pg.url()
-        ),
-        ..HdsdOptions::default()
-    };
+    let options = token_auth_on_postgres(&pg);
     let a = Hdsd::start(options.clone());
     let b = Hdsd::start(options);
-    let yaml = dataplane_yaml("web-01", &[(10001, 8080)]);
-    let (status, _, _) = send(
-        &a,
-        "/api/v1/dataplanes/default/web-01",
-        Some(("application/yaml", &yaml)),
-        &[],
-    );
-    assert_eq!(status, 200);
-    wait_for("web-01 on B", Duration::from_secs(5), || {
-        b.dataplane("default.web-01").map(|_| ())
-    });
+    define_web01_seen_by(&a, &b);
 
     // A stream on B with a token of B's.
     let token = b.issue_token("default.web-01", "1h");
@@ -1176,32 +1176,14 @@ fn a_token_signed_by_one_instances_key_verifies_on_another_until_the_key_is_remo
     ) else {
         return;
     };
-    let options = HdsdOptions {
-        auth_mode: "token",
-        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
-        extra: format!(
-            "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n",
-            pg.url()
-        ),
-        ..HdsdOptions::default()
-    };
+    let options = token_auth_on_postgres(&pg);
     // Two instances, each with its own state directory and first key.
     let a = Hdsd::start(options.clone());
     let b = Hdsd::start(options);
     let (kids_a, kids_b) = (private_kids(&a), private_kids(&b));
     assert_eq!(kids_a.len(), 1, "{kids_a:?}");
     assert_ne!(kids_a, kids_b);
-    let yaml = dataplane_yaml("web-01", &[(10001, 8080)]);
-    let (status, _, _) = send(
-        &a,
-        "/api/v1/dataplanes/default/web-01",
-        Some(("application/yaml", &yaml)),
-        &[],
-    );
-    assert_eq!(status, 200);
-    wait_for("web-01 on B", Duration::from_secs(5), || {
-        b.dataplane("default.web-01").map(|_| ())
-    });
+    define_web01_seen_by(&a, &b);
     // Each published its public key, and nothing private.
     wait_for(
         "both keys published",
