@@ -201,7 +201,7 @@ fn attached_machine(state: &DataplaneState, at: Instant) -> Stream {
         ..Default::default()
     };
     machine.handle(Event::Request(Box::new(request)), at, &mut actions);
-    machine.handle(Event::Resolved(state.clone()), at, &mut actions);
+    machine.handle(Event::Resolved(Box::new(state.clone())), at, &mut actions);
     assert!(
         actions.iter().any(|a| matches!(a, Action::Send(_))),
         "the machine attached and answered: {actions:?}"
@@ -249,7 +249,7 @@ fn report(k: u16, flip: bool) -> Box<dyn FnMut()> {
         }
         if rx.has_changed().unwrap() {
             let state = rx.borrow_and_update().clone();
-            machine.handle(Event::StateChanged(state), at, &mut actions);
+            machine.handle(Event::StateChanged(Box::new(state)), at, &mut actions);
             assert!(actions.is_empty(), "nothing to do on a status change");
         }
     })
@@ -278,7 +278,11 @@ fn push(k: u16, fresh: bool) -> Box<dyn FnMut()> {
             defined.specifier = next;
         }
         state.version += 1;
-        machine.handle(Event::StateChanged(state.clone()), at, &mut actions);
+        machine.handle(
+            Event::StateChanged(Box::new(state.clone())),
+            at,
+            &mut actions,
+        );
         for action in actions.drain(..) {
             let Action::Send(message) = action else {
                 panic!("a new version is sent, nothing else: {action:?}")

@@ -105,6 +105,23 @@ impl DataplaneHandle {
         self.commands.send(command).await.is_ok()
     }
 
+    /// Sends a command without waiting when the queue has room (almost
+    /// always); otherwise waits in a future of its own, so that the caller's
+    /// future does not carry a waiting send in its size. False when the
+    /// dataplane's task has ended.
+    pub async fn send_now(&self, command: Command) -> bool {
+        match self.commands.try_send(command) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            Err(mpsc::error::TrySendError::Full(command)) => Box::pin(self.send(command)).await,
+        }
+    }
+
+    /// Sends a command if the queue has room now.
+    pub fn try_send(&self, command: Command) -> Result<(), mpsc::error::TrySendError<Command>> {
+        self.commands.try_send(command)
+    }
+
     /// A receiver that wakes on every relevant change (specifier, status,
     /// connection), not on reports that change nothing.
     pub fn subscribe(&self) -> watch::Receiver<DataplaneState> {

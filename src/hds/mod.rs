@@ -27,7 +27,6 @@ use envoy_types::pb::envoy::service::health::v3::{
 use prost::bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
@@ -186,7 +185,7 @@ impl HdsService {
 
     /// Checks the token a request carries, before any message is trusted.
     /// The returned watch follows the token's validity from this moment on.
-    fn admit<T>(&self, request: &Request<T>) -> Result<Option<TokenWatch>, Status> {
+    fn admit<T>(&self, request: &Request<T>) -> Result<Option<Box<TokenWatch>>, Status> {
         if self.gate.mode() == crate::config::AuthMode::None {
             return Ok(None);
         }
@@ -198,13 +197,13 @@ impl HdsService {
             .map_err(|r| refuse(&r, peer, None, &self.log))?;
         let claims = (self.gate.verify(&token, self.clock.now()))
             .map_err(|r| refuse(&r, peer, None, &self.log))?;
-        Ok(Some(TokenWatch::new(
+        Ok(Some(Box::new(TokenWatch::new(
             token,
             claims,
             self.gate.clone(),
             reloads,
             self.clock.clone(),
-        )))
+        ))))
     }
 
     pub fn into_server(self) -> HdsServer {
@@ -213,10 +212,25 @@ impl HdsService {
 }
 
 /// Specifiers (or the final status) waiting for tonic to take them. The
-/// driver waits for each send, so a few places suffice. (tokio allocates a
-/// channel's slots 32 at a time whatever its capacity: with 32-byte items,
-/// 1 KiB per stream.)
+/// driver waits for each send, so a few places suffice.
+///
+/// The queue is a `futures-channel` one: it allocates per queued message
+/// (one here and there), not up front. A tokio channel allocates its slots 32
+/// at a time and pads its halves to cache lines: about 1.5 KiB for every
+/// connected Envoy, nearly all of it never used.
 const OUT_QUEUE: usize = 4;
+
+/// The sending half of a stream's outbound queue.
+type Outbound = futures_channel::mpsc::Sender<Result<Bytes, Status>>;
+
+/// A stream's outbound queue of [`OUT_QUEUE`] places (the channel adds one
+/// place per sender to its buffer).
+fn outbound() -> (
+    Outbound,
+    futures_channel::mpsc::Receiver<Result<Bytes, Status>>,
+) {
+    futures_channel::mpsc::channel(OUT_QUEUE - 1)
+}
 
 /// Specifiers to one Envoy, already encoded.
 type SpecifierStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<Bytes, Status>> + Send>>;
@@ -235,7 +249,7 @@ impl HdsService {
         };
         let peer = request.remote_addr();
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(OUT_QUEUE);
+        let (tx, rx) = outbound();
         let claims = token.as_ref().map(|t| t.claims.clone());
         let driver = Driver {
             id,
@@ -258,7 +272,7 @@ impl HdsService {
             "stream",
             mesh = tracing::field::Empty,
             name = tracing::field::Empty,
-            peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
+            peer = %Peer(peer),
             stream = id
         );
         let inbound = request.into_inner();
@@ -269,7 +283,7 @@ impl HdsService {
             }
             .instrument(span),
         );
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(rx)))
     }
 
     async fn fetch_health_check(
@@ -319,7 +333,9 @@ struct TokenWatch {
     gate: Arc<Gate>,
     reloads: watch::Receiver<u64>,
     clock: Arc<dyn Clock>,
-    expiry: Instant,
+    /// Fires when the token expires. Kept here (not made by each wait) so
+    /// that a stream task holds no timer of its own while it waits.
+    expiry: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl std::fmt::Debug for TokenWatch {
@@ -327,7 +343,7 @@ impl std::fmt::Debug for TokenWatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenWatch")
             .field("claims", &self.claims)
-            .field("expiry", &self.expiry)
+            .field("expiry", &self.expiry.deadline())
             .finish_non_exhaustive()
     }
 }
@@ -342,7 +358,7 @@ impl TokenWatch {
     ) -> TokenWatch {
         let left = (claims.exp - clock.now().timestamp()).max(0);
         TokenWatch {
-            expiry: Instant::now() + Duration::from_secs(left.unsigned_abs()),
+            expiry: Box::pin(tokio::time::sleep(Duration::from_secs(left.unsigned_abs()))),
             token,
             claims,
             gate,
@@ -355,7 +371,7 @@ impl TokenWatch {
     async fn invalidated(&mut self) -> Rejection {
         loop {
             tokio::select! {
-                () = tokio::time::sleep_until(self.expiry) => {
+                () = self.expiry.as_mut() => {
                     return Rejection::Expired { at: self.claims.expires_at().unwrap_or_default() };
                 }
                 changed = self.reloads.changed() => {
@@ -372,7 +388,7 @@ impl TokenWatch {
 }
 
 /// Completes when the token (if any) stops being valid.
-async fn token_invalidated(token: &mut Option<TokenWatch>) -> Rejection {
+async fn token_invalidated(token: &mut Option<Box<TokenWatch>>) -> Rejection {
     match token {
         Some(t) => t.invalidated().await,
         None => std::future::pending().await,
@@ -395,9 +411,11 @@ struct Driver {
     machine: Stream,
     registry: Registry,
     settings: Arc<HdsSettings>,
-    token: Option<TokenWatch>,
+    /// Boxed: most of its size is rarely touched, and the stream's task
+    /// should stay small (it lives as long as the stream).
+    token: Option<Box<TokenWatch>>,
     drain: watch::Receiver<bool>,
-    out: mpsc::Sender<Result<Bytes, Status>>,
+    out: Outbound,
     /// The dataplane being served, once resolved.
     attached: Option<Attachment>,
     /// The dataplane just resolved, until the machine attaches to it.
@@ -450,7 +468,7 @@ impl Driver {
                             }
                         }
                         changed = state_changed(&mut self.attached) => match changed {
-                            Some(state) => Event::StateChanged(state),
+                            Some(state) => Event::StateChanged(Box::new(state)),
                             None => Event::DataplaneGone,
                         },
                         () = &mut timer => {
@@ -500,13 +518,13 @@ impl Driver {
         }
         // An action cut short may have left the dataplane attached.
         if let Some(a) = self.attached.take() {
-            a.handle.send(Command::Detach { stream: self.id }).await;
+            a.handle.send_now(Command::Detach { stream: self.id }).await;
         }
     }
 
     /// A dataplane was found: the machine gets its current state.
     fn resolved(&mut self, handle: DataplaneHandle) -> Event {
-        let state = handle.state();
+        let state = Box::new(handle.state());
         self.resolved = Some(handle);
         Event::Resolved(state)
     }
@@ -596,7 +614,7 @@ impl Driver {
                 let handle = self.resolved.take()?;
                 let state = handle.subscribe();
                 let ok = handle
-                    .send(Command::Attach {
+                    .send_now(Command::Attach {
                         stream: self.id,
                         peer: self.peer,
                     })
@@ -610,7 +628,7 @@ impl Driver {
             }
             Action::Detach => {
                 if let Some(a) = self.attached.take() {
-                    a.handle.send(Command::Detach { stream: self.id }).await;
+                    a.handle.send_now(Command::Detach { stream: self.id }).await;
                 }
                 None
             }
@@ -619,18 +637,20 @@ impl Driver {
                     clusters = specifier.message.cluster_health_checks.len(),
                     "sending specifier"
                 );
-                tokio::select! {
-                    sent = self.out.send(Ok(specifier.encoded().clone())) => match sent {
-                        Ok(()) => {
-                            m::hot().specifiers_sent.increment(1);
-                            None
-                        }
-                        Err(_) => Some(Event::ClientClosed),
-                    },
-                    // Envoy may hold its flow-control window shut: the token
-                    // and shutdown are still watched while the send waits.
-                    rejection = token_invalidated(&mut self.token) => Some(Event::TokenInvalid(rejection)),
-                    () = drained(&mut self.drain) => Some(Event::Drain),
+                let bytes = specifier.encoded().clone();
+                // A place in the queue is almost always free: only a full
+                // queue waits, in a future of its own (see `send_waiting`).
+                let sent = match self.out.try_send(Ok(bytes)) {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.is_full() => Box::pin(self.send_waiting(e.into_inner())).await,
+                    Err(_) => Err(Event::ClientClosed),
+                };
+                match sent {
+                    Ok(()) => {
+                        m::hot().specifiers_sent.increment(1);
+                        None
+                    }
+                    Err(event) => Some(event),
                 }
             }
             Action::Forward(report) => {
@@ -640,25 +660,56 @@ impl Driver {
                     report,
                     received: std::time::Instant::now(),
                 };
-                tokio::select! {
-                    ok = a.handle.send(command) => (!ok).then_some(Event::DataplaneGone),
-                    rejection = token_invalidated(&mut self.token) => Some(Event::TokenInvalid(rejection)),
-                    () = drained(&mut self.drain) => Some(Event::Drain),
+                match a.handle.try_send(command) {
+                    Ok(()) => None,
+                    Err(mpsc::error::TrySendError::Closed(_)) => Some(Event::DataplaneGone),
+                    // The dataplane's queue is full: wait (backpressure on
+                    // this stream), in a future of its own.
+                    Err(mpsc::error::TrySendError::Full(command)) => {
+                        Box::pin(self.forward_waiting(command)).await
+                    }
                 }
             }
             Action::End(end) => {
-                self.finish(end).await;
+                // Once per stream: its future (a timer, a send) is boxed
+                // rather than kept in the stream's task for its whole life.
+                Box::pin(self.finish(end)).await;
                 None
             }
         }
     }
 
+    /// Sends to Envoy once the outbound queue has room. Envoy may hold its
+    /// flow-control window shut: the token and shutdown are still watched
+    /// while the send waits.
+    async fn send_waiting(&mut self, item: Result<Bytes, Status>) -> Result<(), Event> {
+        let ready = tokio::select! {
+            ready = std::future::poll_fn(|cx| self.out.poll_ready(cx)) => ready,
+            rejection = token_invalidated(&mut self.token) => return Err(Event::TokenInvalid(rejection)),
+            () = drained(&mut self.drain) => return Err(Event::Drain),
+        };
+        ready
+            .and_then(|()| self.out.start_send(item))
+            .map_err(|_| Event::ClientClosed)
+    }
+
+    /// Hands a report to the dataplane's task once its queue has room.
+    async fn forward_waiting(&mut self, command: Command) -> Option<Event> {
+        let a = self.attached.as_ref()?;
+        tokio::select! {
+            ok = a.handle.send(command) => (!ok).then_some(Event::DataplaneGone),
+            rejection = token_invalidated(&mut self.token) => Some(Event::TokenInvalid(rejection)),
+            () = drained(&mut self.drain) => Some(Event::Drain),
+        }
+    }
+
     async fn finish(&mut self, end: End) {
-        let peer = self.peer.map(|p| p.to_string()).unwrap_or_default();
+        // Formatted only into a line that is written.
+        let peer = Peer(self.peer);
         let status = match end {
             End::Closed => {
                 m::stream_closed(CloseReason::Ok);
-                tracing::debug!(peer, "stream closed by the client");
+                tracing::debug!(%peer, "stream closed by the client");
                 return;
             }
             End::Shutdown => {
@@ -667,7 +718,7 @@ impl Driver {
             }
             End::Stale(status) => {
                 m::stream_closed(CloseReason::Stale);
-                tracing::warn!(peer, code = ?status.code(), "ending stream: {}", status.message().escape_debug());
+                tracing::warn!(%peer, code = ?status.code(), "ending stream: {}", status.message().escape_debug());
                 status
             }
             End::Refused { rejection, node } => {
@@ -680,7 +731,7 @@ impl Driver {
                 m::stream_closed(close_reason(status.code()));
                 if let Some(suppressed) = self.log.allow(self.peer.map(|p| p.ip()), Instant::now())
                 {
-                    tracing::warn!(peer, limit, suppressed, code = ?status.code(), "ending stream: {}", status.message().escape_debug());
+                    tracing::warn!(%peer, limit, suppressed, code = ?status.code(), "ending stream: {}", status.message().escape_debug());
                 }
                 status
             }
@@ -688,13 +739,32 @@ impl Driver {
                 m::stream_closed(close_reason(status.code()));
                 if let Some(suppressed) = self.log.allow(self.peer.map(|p| p.ip()), Instant::now())
                 {
-                    tracing::warn!(peer, suppressed, code = ?status.code(), "ending stream: {}", status.message().escape_debug());
+                    tracing::warn!(%peer, suppressed, code = ?status.code(), "ending stream: {}", status.message().escape_debug());
                 }
                 status
             }
         };
         // A client that stopped reading must not keep this task alive.
-        let _ = tokio::time::timeout(END_SEND_TIMEOUT, self.out.send(Err(status))).await;
+        let out = &mut self.out;
+        let _ = tokio::time::timeout(END_SEND_TIMEOUT, async move {
+            std::future::poll_fn(|cx| out.poll_ready(cx)).await?;
+            out.start_send(Err(status))
+        })
+        .await;
+    }
+}
+
+/// A peer address in a log line: the address, or nothing when unknown.
+/// Formatted when (and only when) a line or span that shows it is written.
+#[derive(Debug, Clone, Copy)]
+struct Peer(Option<SocketAddr>);
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(p) => p.fmt(f),
+            None => Ok(()),
+        }
     }
 }
 

@@ -35,10 +35,12 @@ pub enum Event {
     ClientClosed,
     /// Reading from Envoy failed with this status.
     ClientError(Status),
-    /// After [`Action::Resolve`]: the dataplane is defined; this is its state.
-    Resolved(DataplaneState),
+    /// After [`Action::Resolve`]: the dataplane is defined; this is its state
+    /// (boxed, as the next one: it is rare, and an event is kept in every
+    /// stream's task while it waits).
+    Resolved(Box<DataplaneState>),
     /// The attached dataplane's state changed (specifier, status or connection).
-    StateChanged(DataplaneState),
+    StateChanged(Box<DataplaneState>),
     /// The attached dataplane's task is gone (it was removed).
     DataplaneGone,
     /// Time passed: the driver's timer for [`Stream::deadline`] fired.
@@ -207,7 +209,7 @@ impl Stream {
             Event::Resolved(state) => self.resolved(state, now, actions),
             Event::StateChanged(state) => {
                 if let Phase::Attached(a) = &mut self.phase {
-                    a.state = state;
+                    a.state = *state;
                     self.react(false, now, actions);
                 }
             }
@@ -291,7 +293,7 @@ impl Stream {
         }
     }
 
-    fn resolved(&mut self, state: DataplaneState, now: Instant, actions: &mut Vec<Action>) {
+    fn resolved(&mut self, state: Box<DataplaneState>, now: Instant, actions: &mut Vec<Action>) {
         let Phase::Resolving { id, .. } = &self.phase else {
             return;
         };
@@ -304,7 +306,7 @@ impl Stream {
         }
         self.phase = Phase::Attached(Box::new(Attached {
             id,
-            state,
+            state: *state,
             sent_version: 0,
             last_report: now,
         }));
@@ -513,9 +515,9 @@ mod tests {
         }
     }
 
-    fn state(version: u64, owner: Option<StreamId>) -> DataplaneState {
+    fn state(version: u64, owner: Option<StreamId>) -> Box<DataplaneState> {
         let defined = defined(WEB);
-        DataplaneState {
+        Box::new(DataplaneState {
             health: crate::readiness::rebase(
                 None,
                 &defined.dataplane,
@@ -528,7 +530,7 @@ mod tests {
                 stream: owner,
                 ..Default::default()
             },
-        }
+        })
     }
 
     fn claims(name: &str, tags: &[(&str, &str)]) -> Claims {

@@ -10,6 +10,12 @@
 //!   hundred bytes, and these buffers are a large part of what each connected
 //!   Envoy costs in memory. They still grow to the largest message seen.
 //!
+//! - a `HealthCheckRequest` is decoded for what hdsd reads of it, the
+//!   node's id ([`lean`]): Envoy's node also carries its build, metadata and
+//!   the list of its extensions (over a hundred in a real Envoy), which
+//!   decoding in full would allocate and free again on every stream's
+//!   first message. Reports are decoded in full.
+//!
 //! On the wire nothing changes: same service, methods, messages and (no)
 //! compression as the generated server; the largest message decoded is
 //! `hds.limits.max_message_bytes` instead of tonic's 4 MiB.
@@ -86,8 +92,8 @@ impl Decoder for Decode {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Status> {
         // As tonic-prost reports a message that does not decode.
-        Message::decode(buf)
-            .map(Some)
+        lean::Message::decode(buf)
+            .map(|m| Some(m.into()))
             .map_err(|e| Status::internal(e.to_string()))
     }
 
@@ -183,16 +189,120 @@ where
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The messages from Envoy, as hdsd reads them: the same field numbers and
+/// types as envoy-types' `HealthCheckRequestOrEndpointHealthResponse`, with
+/// only the node's id kept of a `HealthCheckRequest` (prost skips the other
+/// fields without decoding them).
+mod lean {
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::envoy::service::health::v3::health_check_request_or_endpoint_health_response::RequestType;
+    use envoy_types::pb::envoy::service::health::v3::{
+        EndpointHealthResponse, HealthCheckRequest, HealthCheckRequestOrEndpointHealthResponse,
+    };
 
-    /// tokio allocates a stream's outbound queue 32 slots at a time: an item
-    /// (pre-encoded bytes or the final status; tonic boxes a `Status`'s
-    /// fields) must stay at 32 bytes, 1 KiB per stream (see `OUT_QUEUE`).
-    #[test]
-    fn an_outbound_queue_slot_is_small() {
-        let slot = std::mem::size_of::<Result<Bytes, Status>>();
-        assert!(slot <= 32, "{slot} bytes");
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Message {
+        #[prost(oneof = "Type", tags = "1, 2")]
+        pub request_type: Option<Type>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum Type {
+        #[prost(message, tag = "1")]
+        HealthCheckRequest(Request),
+        #[prost(message, tag = "2")]
+        EndpointHealthResponse(EndpointHealthResponse),
+    }
+
+    /// `envoy.service.health.v3.HealthCheckRequest`: `node` is field 1.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Request {
+        #[prost(message, optional, tag = "1")]
+        pub node: Option<LeanNode>,
+    }
+
+    /// `envoy.config.core.v3.Node`: `id` is field 1.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LeanNode {
+        #[prost(string, tag = "1")]
+        pub id: String,
+    }
+
+    impl From<Message> for HealthCheckRequestOrEndpointHealthResponse {
+        fn from(m: Message) -> Self {
+            HealthCheckRequestOrEndpointHealthResponse {
+                request_type: m.request_type.map(|t| match t {
+                    Type::HealthCheckRequest(r) => {
+                        RequestType::HealthCheckRequest(HealthCheckRequest {
+                            node: r.node.map(|n| Node {
+                                id: n.id,
+                                ..Default::default()
+                            }),
+                            capability: None,
+                        })
+                    }
+                    Type::EndpointHealthResponse(r) => RequestType::EndpointHealthResponse(r),
+                }),
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use envoy_types::pb::envoy::config::core::v3::BuildVersion;
+        use envoy_types::pb::envoy::r#type::v3::SemanticVersion;
+        use envoy_types::pb::envoy::service::health::v3::Capability;
+        use prost::Message as _;
+
+        /// The node's id comes through; the rest of the node (build,
+        /// metadata) and the capability are skipped; a report is the same
+        /// message either way.
+        #[test]
+        fn reads_the_node_id_and_whole_reports() {
+            #[allow(deprecated)]
+            let request = HealthCheckRequestOrEndpointHealthResponse {
+                request_type: Some(RequestType::HealthCheckRequest(HealthCheckRequest {
+                    node: Some(Node {
+                        id: "default.web-01".into(),
+                        cluster: "web".into(),
+                        user_agent_name: "envoy".into(),
+                        user_agent_version_type: Some(
+                            envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType::UserAgentBuildVersion(BuildVersion {
+                                version: Some(SemanticVersion { major_number: 1, minor_number: 40, patch: 0 }),
+                                metadata: None,
+                            }),
+                        ),
+                        ..Default::default()
+                    }),
+                    capability: Some(Capability { health_check_protocols: vec![1] }),
+                })),
+            };
+            let decoded: HealthCheckRequestOrEndpointHealthResponse =
+                Message::decode(&request.encode_to_vec()[..])
+                    .unwrap()
+                    .into();
+            let Some(RequestType::HealthCheckRequest(r)) = decoded.request_type else {
+                panic!("a request: {decoded:?}")
+            };
+            assert_eq!(r.node.unwrap().id, "default.web-01");
+
+            let report = HealthCheckRequestOrEndpointHealthResponse {
+                request_type: Some(RequestType::EndpointHealthResponse(
+                    EndpointHealthResponse {
+                        cluster_endpoints_health: vec![Default::default()],
+                        ..Default::default()
+                    },
+                )),
+            };
+            let decoded: HealthCheckRequestOrEndpointHealthResponse =
+                Message::decode(&report.encode_to_vec()[..]).unwrap().into();
+            assert_eq!(decoded, report);
+
+            // Nothing at all: no request type, as before.
+            let empty: HealthCheckRequestOrEndpointHealthResponse =
+                Message::decode(&[][..]).unwrap().into();
+            assert_eq!(empty.request_type, None);
+        }
     }
 }
