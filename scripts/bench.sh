@@ -10,7 +10,8 @@
 # micro, and (only when named) soak10k: 10k dataplanes for DURATION_SOAK (default 2h),
 # hdsd's RSS sampled every 10 s, growth over the last hour in soak10k.json (rss_soak);
 # cluster10k: three instances on a throwaway PostgreSQL, a third of 10k dataplanes
-# each, then one instance killed (scripts/bench_cluster.py; DURATION_CLUSTER, default 60s).
+# each, then one instance killed (scripts/bench_cluster.py; DURATION_CLUSTER, default 60,
+# in seconds; CLUSTER_DATAPLANES, default 10000).
 # Results: one JSON file per scenario in $OUT (default target/bench-results).
 # Knobs: BENCH_PORT_BASE (default 25678: HDS, null server, API), DURATION_10K (default 300s),
 #        DURATION_50K (120s), SATURATION_DURATION (30s),
