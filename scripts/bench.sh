@@ -8,7 +8,10 @@
 #
 # Scenarios: steady10k steady50k saturation storm10k churn watchers10k eds10k detection
 # micro, and (only when named) soak10k: 10k dataplanes for DURATION_SOAK (default 2h),
-# hdsd's RSS sampled every 10 s, growth over the last hour in soak10k.json (rss_soak).
+# hdsd's RSS sampled every 10 s, growth over the last hour in soak10k.json (rss_soak);
+# cluster10k: three instances on a throwaway PostgreSQL, a third of 10k dataplanes
+# each, then one instance killed (scripts/bench_cluster.py; DURATION_CLUSTER, default 60,
+# in seconds; CLUSTER_DATAPLANES, default 10000).
 # Results: one JSON file per scenario in $OUT (default target/bench-results).
 # Knobs: BENCH_PORT_BASE (default 25678: HDS, null server, API), DURATION_10K (default 300s),
 #        DURATION_50K (120s), SATURATION_DURATION (30s),
@@ -204,6 +207,12 @@ EOF
     loadgen soak10k --dataplanes-dir "$d/dataplanes" --duration "${DURATION_SOAK:-2h}" --rss-sample-every 10s
     stop_hdsd
     ;;
+  cluster10k)
+    # Three instances on one PostgreSQL (needs Debian's postgresql and root:
+    # the server runs as the postgres user); see scripts/bench_cluster.py.
+    python3 scripts/bench_cluster.py --bin "$BIN" --dataplanes "${CLUSTER_DATAPLANES:-10000}" \
+      --window "${DURATION_CLUSTER:-60}" --port-base $((PORT_BASE + 100)) --json "$OUT/cluster10k.json" >/dev/null
+    ;;
   detection)
     # A real Envoy, 100 app stops and starts: times against the floor and worst case.
     ENVOY_BIN=${ENVOY_BIN:-$(./scripts/setup.sh)} python3 scripts/detection.py --hdsd "$BIN/hdsd" \
@@ -213,7 +222,7 @@ EOF
     cargo bench --bench specifier --bench readiness 2>&1 | tee "$OUT/micro.txt" >&2
     ;;
   *)
-    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn watchers10k eds10k soak10k detection micro)" >&2
+    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn watchers10k eds10k soak10k cluster10k detection micro)" >&2
     exit 2
     ;;
   esac
