@@ -828,45 +828,88 @@ impl ReadinessStore for PgStore {
         })
     }
 
+    /// One transaction, two statements whatever the batch's size: every
+    /// upsert in one `INSERT ... SELECT FROM unnest(...)` and every delete in
+    /// one `DELETE`, so a batch of a thousand rows is two round trips, not a
+    /// thousand (at 10k dataplanes per-row statements made a batch take
+    /// seconds, and the other instances read the rows too late).
     fn write(&self, batch: &[(DataplaneId, Option<StoredHealth>)]) -> Result<(), StoreError> {
+        let rows = batch_rows(batch)?;
+        if rows.is_empty() {
+            return Ok(());
+        }
         self.runtime.block_on(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(pg_error)?;
-            let upsert = tx
-                .prepare(
+            if !rows.upsert_meshes.is_empty() {
+                tx.execute(
                     "INSERT INTO hdsd_readiness (mesh, name, health, seq)
-                     VALUES ($1, $2, $3, nextval('hdsd_readiness_seq'))
+                     SELECT mesh, name, health, nextval('hdsd_readiness_seq')
+                     FROM unnest($1::text[], $2::text[], $3::text[]) AS u(mesh, name, health)
                      ON CONFLICT (mesh, name) DO UPDATE SET health = EXCLUDED.health,
                          seq = EXCLUDED.seq, updated_at = now()",
+                    &[&rows.upsert_meshes, &rows.upsert_names, &rows.upsert_health],
                 )
                 .await
                 .map_err(pg_error)?;
-            for (id, value) in batch {
-                match value {
-                    Some(health) => {
-                        let text = serde_json::to_string(health).map_err(pg_error)?;
-                        tx.execute(&upsert, &[&id.mesh, &id.name, &text])
-                            .await
-                            .map_err(pg_error)?;
-                    }
-                    None => {
-                        tx.execute(
-                            "DELETE FROM hdsd_readiness WHERE mesh = $1 AND name = $2",
-                            &[&id.mesh, &id.name],
-                        )
-                        .await
-                        .map_err(pg_error)?;
-                    }
-                }
             }
-            if !batch.is_empty() {
-                tx.batch_execute(&format!("NOTIFY {READINESS_CHANNEL}"))
-                    .await
-                    .map_err(pg_error)?;
+            if !rows.delete_meshes.is_empty() {
+                tx.execute(
+                    "DELETE FROM hdsd_readiness AS r
+                     USING unnest($1::text[], $2::text[]) AS u(mesh, name)
+                     WHERE r.mesh = u.mesh AND r.name = u.name",
+                    &[&rows.delete_meshes, &rows.delete_names],
+                )
+                .await
+                .map_err(pg_error)?;
             }
+            tx.batch_execute(&format!("NOTIFY {READINESS_CHANNEL}"))
+                .await
+                .map_err(pg_error)?;
             tx.commit().await.map_err(pg_error)
         })
     }
+}
+
+/// A readiness batch as the columns of its two statements. One row per
+/// dataplane, the last update in the batch winning (one statement may not
+/// touch a row twice).
+#[derive(Debug, Default, PartialEq)]
+struct BatchRows {
+    upsert_meshes: Vec<String>,
+    upsert_names: Vec<String>,
+    upsert_health: Vec<String>,
+    delete_meshes: Vec<String>,
+    delete_names: Vec<String>,
+}
+
+impl BatchRows {
+    fn is_empty(&self) -> bool {
+        self.upsert_meshes.is_empty() && self.delete_meshes.is_empty()
+    }
+}
+
+fn batch_rows(batch: &[(DataplaneId, Option<StoredHealth>)]) -> Result<BatchRows, StoreError> {
+    let mut last: BTreeMap<&DataplaneId, &Option<StoredHealth>> = BTreeMap::new();
+    for (id, value) in batch {
+        last.insert(id, value);
+    }
+    let mut rows = BatchRows::default();
+    for (id, value) in last {
+        match value {
+            Some(health) => {
+                rows.upsert_meshes.push(id.mesh.clone());
+                rows.upsert_names.push(id.name.clone());
+                rows.upsert_health
+                    .push(serde_json::to_string(health).map_err(pg_error)?);
+            }
+            None => {
+                rows.delete_meshes.push(id.mesh.clone());
+                rows.delete_names.push(id.name.clone());
+            }
+        }
+    }
+    Ok(rows)
 }
 
 impl PgStore {
@@ -1400,6 +1443,47 @@ impl PgStore {
 mod tests {
     use super::*;
     use chrono::TimeZone;
+
+    /// A batch becomes one row per dataplane, the last update winning, split
+    /// into the upsert's and the delete's columns.
+    #[test]
+    fn a_batch_is_one_row_per_dataplane_the_last_update_winning() {
+        let health = |n: usize| StoredHealth {
+            inbounds: Vec::new(),
+            last_report_at: Some(
+                chrono::Utc
+                    .timestamp_opt(1_700_000_000 + n as i64, 0)
+                    .unwrap(),
+            ),
+        };
+        let (a, b, c) = (
+            DataplaneId::new("default", "a"),
+            DataplaneId::new("default", "b"),
+            DataplaneId::new("other", "c"),
+        );
+        let rows = batch_rows(&[
+            (a.clone(), Some(health(1))),
+            (b.clone(), Some(health(2))),
+            (a.clone(), None),
+            (c.clone(), None),
+            (c.clone(), Some(health(3))),
+        ])
+        .unwrap();
+        assert_eq!(rows.upsert_meshes, ["default", "other"]);
+        assert_eq!(rows.upsert_names, ["b", "c"]);
+        assert_eq!(
+            rows.upsert_health,
+            [
+                serde_json::to_string(&health(2)).unwrap(),
+                serde_json::to_string(&health(3)).unwrap()
+            ]
+        );
+        assert_eq!(
+            (rows.delete_meshes, rows.delete_names),
+            (vec!["default".to_string()], vec!["a".to_string()])
+        );
+        assert!(batch_rows(&[]).unwrap().is_empty());
+    }
 
     #[test]
     fn a_claim_round_trips_through_its_payload() {
