@@ -955,18 +955,18 @@ impl PgStore {
         self: std::sync::Arc<Self>,
         apply: impl Fn(BTreeMap<DataplaneId, (String, Timestamp)>) + Send + 'static,
     ) {
-        let mut signal = self.streams_signal.subscribe();
-        let mut full = tokio::time::interval(self.reconcile);
-        loop {
-            tokio::select! {
-                changed = signal.changed() => if changed.is_err() { return },
-                _ = full.tick() => {}
-            }
-            match self.holders().await {
-                Ok(all) => apply(all),
-                Err(e) => tracing::debug!("cannot read the stream holders: {e}"),
-            }
-        }
+        let store = self.clone();
+        follow(
+            self.streams_signal.subscribe(),
+            self.reconcile,
+            move || {
+                let store = store.clone();
+                async move { store.holders().await }
+            },
+            apply,
+            "cannot read the stream holders",
+        )
+        .await
     }
 
     /// Heartbeats every `timeout / 4` and sweeps the instances silent for
@@ -1204,18 +1204,18 @@ impl PgStore {
         self: std::sync::Arc<Self>,
         apply: impl Fn(Vec<String>) + Send + 'static,
     ) {
-        let mut signal = self.revocations_signal.subscribe();
-        let mut full = tokio::time::interval(self.reconcile);
-        loop {
-            tokio::select! {
-                changed = signal.changed() => if changed.is_err() { return },
-                _ = full.tick() => {}
-            }
-            match self.revocations().await {
-                Ok(all) => apply(all),
-                Err(e) => tracing::debug!("cannot read the shared revocations: {e}"),
-            }
-        }
+        let store = self.clone();
+        follow(
+            self.revocations_signal.subscribe(),
+            self.reconcile,
+            move || {
+                let store = store.clone();
+                async move { store.revocations().await }
+            },
+            apply,
+            "cannot read the shared revocations",
+        )
+        .await
     }
 
     /// Makes `keys` (kid -> SPKI PEM) the public keys `publisher` shares:
@@ -1365,18 +1365,18 @@ impl PgStore {
         self: std::sync::Arc<Self>,
         apply: impl Fn(Vec<crate::auth::SharedKey>) + Send + 'static,
     ) {
-        let mut signal = self.keys_signal.subscribe();
-        let mut full = tokio::time::interval(self.reconcile);
-        loop {
-            tokio::select! {
-                changed = signal.changed() => if changed.is_err() { return },
-                _ = full.tick() => {}
-            }
-            match self.shared_keys().await {
-                Ok(all) => apply(all),
-                Err(e) => tracing::debug!("cannot read the shared signing keys: {e}"),
-            }
-        }
+        let store = self.clone();
+        follow(
+            self.keys_signal.subscribe(),
+            self.reconcile,
+            move || {
+                let store = store.clone();
+                async move { store.shared_keys().await }
+            },
+            apply,
+            "cannot read the shared signing keys",
+        )
+        .await
     }
 
     /// Readiness rows written after `seq`, oldest first.
@@ -1435,6 +1435,34 @@ impl PgStore {
                     failing = true;
                 }
             }
+        }
+    }
+}
+
+/// Calls `read` on every `signal` (a notification, a reconnect) and once
+/// per `reconcile`, and hands what it read to `apply`: what a missed
+/// notification left wrong is healed. A failed read is logged at debug (the
+/// listener logs the outage once) and tried again on the next signal or tick.
+/// Ends when the signal's sender is gone.
+async fn follow<T, F, Fut>(
+    mut signal: watch::Receiver<()>,
+    reconcile: Duration,
+    read: F,
+    apply: impl Fn(T),
+    what: &str,
+) where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut full = tokio::time::interval(reconcile);
+    loop {
+        tokio::select! {
+            changed = signal.changed() => if changed.is_err() { return },
+            _ = full.tick() => {}
+        }
+        match read().await {
+            Ok(all) => apply(all),
+            Err(e) => tracing::debug!("{what}: {e}"),
         }
     }
 }
