@@ -118,6 +118,11 @@ pub struct Health {
     pub inbounds: Vec<InboundHealth>,
     /// The last report of any kind from this dataplane.
     pub last_report_at: Option<Timestamp>,
+    /// When a stream first attached after the last report (see
+    /// [`reattached`]): an Envoy that has just (re)connected reports only
+    /// one report interval after it gets its specifier, so the stale window
+    /// of a report that was not stale yet restarts from this moment, once.
+    pub reattached_at: Option<Timestamp>,
     /// The last reported status of the Envoy's own `/ready` check, if checked.
     pub envoy_ready: Option<Status>,
     /// The last [`RECENT_CHANGES`] status changes of its inbounds, oldest
@@ -218,6 +223,7 @@ pub fn rebase(
     Health {
         inbounds,
         last_report_at: previous.and_then(|(_, _, h)| h.last_report_at),
+        reattached_at: previous.and_then(|(_, _, h)| h.reattached_at),
         envoy_ready,
         recent,
     }
@@ -354,12 +360,48 @@ pub fn fold_report(
     outcome
 }
 
+/// A stream attached at `now`. The first attach after the last report is
+/// remembered: the reports of a dataplane whose Envoy moved to another
+/// stream (an hdsd restart, another instance of a cluster taking over) have
+/// not stopped, the Envoy just reports again only after a report interval.
+/// Later attaches before the next report change nothing, so an Envoy that
+/// reconnects over and over without reporting still goes stale, at most
+/// `stale_after` later than it would have. Returns whether anything changed.
+pub fn reattached(health: &mut Health, now: Timestamp) -> bool {
+    let first_since_report = match (health.reattached_at, health.last_report_at) {
+        (None, _) => true,
+        (Some(at), Some(report)) => at <= report,
+        (Some(_), None) => false,
+    };
+    if first_since_report {
+        health.reattached_at = Some(now);
+    }
+    first_since_report
+}
+
+/// When an inbound last reported at `last` goes stale: `stale_after` after
+/// that report, or after the first attach that came since it while the
+/// report was still fresh ([`reattached`]).
+fn stale_at(
+    last: Timestamp,
+    reattached_at: Option<Timestamp>,
+    stale_after: chrono::Duration,
+) -> Timestamp {
+    let from_report = last + stale_after;
+    match reattached_at {
+        Some(at) if at > last && at < from_report => at + stale_after,
+        _ => from_report,
+    }
+}
+
 /// Marks every inbound whose last report is older than `stale_after` as
-/// `stale`. Pending and not-probed inbounds are left alone (they have no
-/// report to distrust). `since` is the moment the report went stale.
+/// `stale` (counted from a later attach, see [`reattached`]). Pending and
+/// not-probed inbounds are left alone (they have no report to distrust).
+/// `since` is the moment the report went stale.
 pub fn expire(health: &mut Health, now: Timestamp, stale_after: chrono::Duration) -> FoldOutcome {
     let mut outcome = FoldOutcome::default();
     let mut changes = Vec::new();
+    let reattached_at = health.reattached_at;
     for (i, inbound) in health.inbounds.iter_mut().enumerate() {
         let Some(last) = inbound.last_report_at else {
             continue;
@@ -370,7 +412,7 @@ pub fn expire(health: &mut Health, now: Timestamp, stale_after: chrono::Duration
         ) {
             continue;
         }
-        let stale_at = last + stale_after;
+        let stale_at = stale_at(last, reattached_at, stale_after);
         if stale_at <= now {
             if inbound.status.is_ready() {
                 outcome.became_not_ready += 1;
@@ -404,8 +446,8 @@ pub fn next_expiry(health: &Health, stale_after: chrono::Duration) -> Option<Tim
             )
         })
         .filter_map(|i| i.last_report_at)
+        .map(|last| stale_at(last, health.reattached_at, stale_after))
         .min()
-        .map(|t| t + stale_after)
 }
 
 #[cfg(test)]
@@ -732,6 +774,55 @@ mod tests {
         );
         assert_eq!(o.became_ready, 1);
         assert_eq!(statuses(&h), vec![Status::Healthy, Status::Pending]);
+    }
+
+    #[test]
+    fn the_first_attach_after_a_report_restarts_the_stale_window_once() {
+        let dp = dataplane(&[(10001, 8080)]);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let window = chrono::Duration::seconds(15);
+        let mut h = rebase(None, &dp, &spec, t(0));
+        let healthy = report(&[("probe_127.0.0.1:8080", 8080, H)]);
+        fold_report(&mut h, &spec, &healthy, t(1));
+        assert_eq!(next_expiry(&h, window), Some(t(16)));
+        // The Envoy moves to another stream at 10 s (an instance died): the
+        // window now runs from the attach, since it reports only after a
+        // report interval.
+        assert!(reattached(&mut h, t(10)));
+        assert_eq!(next_expiry(&h, window), Some(t(25)));
+        assert!(!expire(&mut h, t(20), window).changed, "not stale at 20 s");
+        // Attaching again before a report changes nothing: an Envoy that
+        // keeps reconnecting without reporting still goes stale.
+        assert!(!reattached(&mut h, t(14)));
+        assert_eq!(next_expiry(&h, window), Some(t(25)));
+        let o = expire(&mut h, t(25), window);
+        assert_eq!((o.changed, o.became_not_ready), (true, 1));
+        assert_eq!(h.inbounds[0].since, t(25));
+        // A report ends the extension: the next attach may extend again.
+        fold_report(&mut h, &spec, &healthy, t(30));
+        assert_eq!(next_expiry(&h, window), Some(t(45)));
+        assert!(reattached(&mut h, t(31)));
+        assert_eq!(next_expiry(&h, window), Some(t(46)));
+    }
+
+    #[test]
+    fn an_attach_after_the_reports_went_stale_extends_nothing() {
+        let dp = dataplane(&[(10001, 8080)]);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let window = chrono::Duration::seconds(15);
+        let mut h = rebase(None, &dp, &spec, t(0));
+        fold_report(
+            &mut h,
+            &spec,
+            &report(&[("probe_127.0.0.1:8080", 8080, H)]),
+            t(1),
+        );
+        // Attached at 16 s, when the report was already stale (the task had
+        // not looked yet): the report's own window decides.
+        reattached(&mut h, t(16));
+        assert_eq!(next_expiry(&h, window), Some(t(16)));
+        assert!(expire(&mut h, t(16), window).changed);
+        assert_eq!(statuses(&h), vec![Status::Stale]);
     }
 
     #[test]

@@ -521,8 +521,10 @@ impl DataplaneTask {
             crate::metrics::transitions(fold.became_ready, fold.became_not_ready);
         }
         // Another instance's state is its writer's to store, not ours.
+        // An attach is written at once: the other instances restart the
+        // stale window from it too (`readiness::reattached`).
         if !observed {
-            self.persist(applied.fold.changed || (redefines && applied.notify));
+            self.persist(applied.fold.changed || ((redefines || attach) && applied.notify));
         }
     }
 
@@ -561,8 +563,11 @@ impl DataplaneTask {
         });
     }
 
-    /// Writes the state on a transition, and the last report time at most
-    /// once per report interval: never once per report.
+    /// Writes the state on a transition, and the last report time when the
+    /// stored one is half a report interval old: at Envoy's pace, once per
+    /// report, so the time another instance reads is at most one interval
+    /// behind (not two), but never once per report of a client that reports
+    /// faster than its interval.
     fn persist(&mut self, transition: bool) {
         let Some(store) = &self.store else { return };
         let state = self.state.borrow();
@@ -573,7 +578,7 @@ impl DataplaneTask {
         };
         let last = state.health.last_report_at;
         let report_due = match (last, self.stored_report_at) {
-            (Some(now), Some(before)) => now - before >= self.report_interval,
+            (Some(now), Some(before)) => now - before >= self.report_interval / 2,
             (Some(_), None) => true,
             (None, _) => false,
         };
@@ -654,6 +659,7 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 replaced_on: None,
                 holder: None,
             };
+            crate::readiness::reattached(&mut s.health, now);
             Applied {
                 notify: true,
                 ..Default::default()
@@ -910,6 +916,49 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    #[test]
+    fn an_envoy_moving_to_another_instance_restarts_the_stale_window_everywhere() {
+        let window = chrono::Duration::seconds(15);
+        let d = defined(8080);
+        let attach = |stream| Command::Attach { stream, peer: None };
+        let mut old_holder = state(d.clone());
+        apply(&mut old_holder, attach(1), t(0));
+        apply(
+            &mut old_holder,
+            Command::Report {
+                stream: 1,
+                report: healthy(8080),
+                received: std::time::Instant::now(),
+            },
+            t(1),
+        );
+        let before_the_move = snapshot(&d.dataplane, &d.specifier, &old_holder.health);
+        let mut survivor = state(d.clone());
+        apply(
+            &mut survivor,
+            Command::Observed(Box::new(before_the_move.clone())),
+            t(2),
+        );
+        assert_eq!(next_expiry(&survivor.health, window), Some(t(16)));
+        // The old holder dies; the Envoy attaches to a third instance at
+        // 12 s, which has the same stored state and writes it on attach.
+        let mut new_holder = state(d.clone());
+        apply(
+            &mut new_holder,
+            Command::Observed(Box::new(before_the_move)),
+            t(3),
+        );
+        apply(&mut new_holder, attach(9), t(12));
+        assert_eq!(new_holder.health.reattached_at, Some(t(12)));
+        assert_eq!(next_expiry(&new_holder.health, window), Some(t(27)));
+        let written = snapshot(&d.dataplane, &d.specifier, &new_holder.health);
+        assert_eq!(written.reattached_at, Some(t(12)));
+        // The survivor reads that row: not stale at 16 s any more.
+        apply(&mut survivor, Command::Observed(Box::new(written)), t(12));
+        assert_eq!(next_expiry(&survivor.health, window), Some(t(27)));
+        assert_eq!(survivor.health.inbounds[0].status, Status::Healthy);
     }
 
     #[test]

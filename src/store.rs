@@ -39,6 +39,10 @@ use crate::specifier::Specifier;
 pub struct StoredHealth {
     pub inbounds: Vec<StoredInbound>,
     pub last_report_at: Option<Timestamp>,
+    /// [`crate::readiness::Health::reattached_at`]: written on an attach so
+    /// that the other instances of a cluster restart the stale window too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reattached_at: Option<Timestamp>,
 }
 
 /// What is kept of one inbound, with what identifies it.
@@ -71,6 +75,7 @@ pub fn snapshot(dataplane: &Dataplane, specifier: &Specifier, health: &Health) -
             })
             .collect(),
         last_report_at: health.last_report_at,
+        reattached_at: health.reattached_at,
     }
 }
 
@@ -103,6 +108,7 @@ pub fn restore(
         }
     }
     health.last_report_at = stored.last_report_at;
+    health.reattached_at = stored.reattached_at;
     health
 }
 
@@ -485,6 +491,7 @@ mod tests {
                 last_report_at: Some(t(2)),
             }],
             last_report_at: Some(t(2)),
+            reattached_at: None,
         }
     }
 

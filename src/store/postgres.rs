@@ -1483,6 +1483,7 @@ mod tests {
                     .timestamp_opt(1_700_000_000 + n as i64, 0)
                     .unwrap(),
             ),
+            reattached_at: None,
         };
         let (a, b, c) = (
             DataplaneId::new("default", "a"),
