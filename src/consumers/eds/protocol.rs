@@ -85,6 +85,10 @@ pub struct EdsStream {
     started: bool,
     /// The last version the client ACKed.
     acked: Option<String>,
+    /// The resource names of the last request, as sent: Envoy repeats
+    /// them in every ACK, so an unchanged list is recognised by comparing
+    /// the strings in order, without building a set.
+    last_names: Vec<String>,
 }
 
 impl EdsStream {
@@ -103,7 +107,7 @@ impl EdsStream {
 
     /// How many resource names the stream remembers (its memory, in entries).
     pub fn remembered(&self) -> usize {
-        self.subscribed.len()
+        self.subscribed.len() + self.last_names.len()
     }
 
     /// A request from the client.
@@ -140,6 +144,10 @@ impl EdsStream {
             return Err(ProtocolError::Wildcard);
         }
         self.started = true;
+        if request.resource_names == self.last_names {
+            return Ok(actions);
+        }
+        self.last_names.clone_from(&request.resource_names);
         if !self.same_names(&request.resource_names) {
             let mut previous = std::mem::take(&mut self.subscribed);
             let mut unknown = Vec::new();
@@ -245,7 +253,7 @@ fn update(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::Arc;
 
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
@@ -257,7 +265,10 @@ mod tests {
     use crate::consumers::eds::index::Published;
 
     /// Assignments at `revision` with `web` (version `web_version`, `n` endpoints).
-    fn assignments(revision: u64, services: &[(&str, u64, u16)]) -> Assignments {
+    pub(in crate::consumers::eds) fn assignments(
+        revision: u64,
+        services: &[(&str, u64, u16)],
+    ) -> Assignments {
         Assignments {
             epoch: 42,
             revision,
@@ -290,7 +301,11 @@ mod tests {
         }
     }
 
-    fn request(names: &[&str], version: &str, nonce: &str) -> DiscoveryRequest {
+    pub(in crate::consumers::eds) fn request(
+        names: &[&str],
+        version: &str,
+        nonce: &str,
+    ) -> DiscoveryRequest {
         DiscoveryRequest {
             type_url: TYPE_URL.to_string(),
             resource_names: names.iter().map(|s| s.to_string()).collect(),
@@ -556,7 +571,11 @@ mod tests {
             if s.on_change(&a).is_some() {
                 pushes += 1;
             }
-            assert_eq!(s.remembered(), 2);
+            assert_eq!(
+                s.remembered(),
+                4,
+                "two subscriptions, two names as last sent"
+            );
         }
         assert_eq!(pushes, 9_998);
         // Its late ACK of an old response is stale.
