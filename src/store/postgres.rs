@@ -104,6 +104,17 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
 /// (`pg_try_advisory_xact_lock`): one live instance sweeps at a time.
 pub const SWEEP_LOCK: i64 = 0x6864_7364_0000_0002;
 
+/// The advisory lock key every readiness write transaction takes
+/// (`pg_advisory_xact_lock`, released at commit) before it draws sequence
+/// numbers from `hdsd_readiness_seq`. The writes of all instances then commit
+/// one at a time, in sequence order: a reader that saw sequence number `n`
+/// has seen every row numbered below it, so reading `seq > last` skips
+/// nothing, and a read has seen everything committed before it started
+/// (the change feed's watermark rests on that). The cost: readiness writes
+/// of all instances serialize (each is at most one transaction per 200 ms
+/// per instance, of two statements).
+pub const READINESS_LOCK: i64 = 0x6864_7364_0000_0003;
+
 /// The channel revocations are announced on (no payload: readers read all).
 pub const REVOCATIONS_CHANNEL: &str = "hdsd_revocations";
 
@@ -828,7 +839,8 @@ impl ReadinessStore for PgStore {
         })
     }
 
-    /// One transaction, two statements whatever the batch's size: every
+    /// One transaction, two statements whatever the batch's size (after the
+    /// [`READINESS_LOCK`] that orders the instances' writes): every
     /// upsert in one `INSERT ... SELECT FROM unnest(...)` and every delete in
     /// one `DELETE`, so a batch of a thousand rows is two round trips, not a
     /// thousand (at 10k dataplanes per-row statements made a batch take
@@ -841,6 +853,10 @@ impl ReadinessStore for PgStore {
         self.runtime.block_on(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(pg_error)?;
+            // Sequence order = commit order (see READINESS_LOCK).
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&READINESS_LOCK])
+                .await
+                .map_err(pg_error)?;
             if !rows.upsert_meshes.is_empty() {
                 tx.execute(
                     "INSERT INTO hdsd_readiness (mesh, name, health, seq)
