@@ -42,12 +42,21 @@ pub struct ClusterConfig {
     /// sweeps run every quarter of it. Must be the same on every instance.
     #[serde(with = "humantime_serde")]
     pub instance_timeout: Duration,
+    /// How far a watch revision handed out by another instance may be from
+    /// this instance's: a watch resuming at revision R replays every
+    /// dataplane that changed after R minus this, and R may be ahead of
+    /// this instance by up to this. Covers what each instance computes by
+    /// itself at slightly different times and the watermark's lag. Above
+    /// 0 and below the change feed's history age (5 minutes).
+    #[serde(with = "humantime_serde")]
+    pub resume_slack: Duration,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
             instance_timeout: Duration::from_secs(10),
+            resume_slack: Duration::from_secs(10),
         }
     }
 }
@@ -782,6 +791,14 @@ impl Config {
                 humantime::format_duration(self.cluster.instance_timeout)
             ));
         }
+        let history_age = crate::consumers::feed::HistoryLimits::default().age;
+        if self.cluster.resume_slack.is_zero() || self.cluster.resume_slack >= history_age {
+            problems.push(format!(
+                "cluster.resume_slack is {}: it must be above 0 and below the change feed's history of {} (e.g. 10s); set cluster.resume_slack (or HDSD_CLUSTER__RESUME_SLACK): a watch resumed on another instance replays the changes of the last resume_slack, and that history must still hold them",
+                humantime::format_duration(self.cluster.resume_slack),
+                humantime::format_duration(history_age)
+            ));
+        }
         if self.store.kind == StoreKind::Postgres {
             let pg = &self.store.postgres;
             if pg.url.is_empty() {
@@ -1015,6 +1032,11 @@ reconcile_interval = "30s"
 # stale by the usual rule unless their Envoys reconnect to another instance). Set the same
 # value on every instance.
 instance_timeout = "10s"
+# Watch revisions are valid on every instance (cluster time, in microseconds): a watch
+# resumed on another instance at revision R replays every dataplane that changed after
+# R minus this, and R may be ahead of that instance by up to this (further ahead: RESYNC).
+# Above 0 and below 5m (the change feed's history).
+resume_slack = "10s"
 
 [eds]
 # EDS (Envoy's EndpointDiscoveryService) is served on hds.listen: one ClusterLoadAssignment
@@ -1069,7 +1091,9 @@ mod tests {
                 "HDSD_STORE__POSTGRES__URL",
                 "host=/run/postgresql dbname=hdsd",
             );
+            jail.set_env("HDSD_CLUSTER__RESUME_SLACK", "20s");
             let c = Config::load(None).unwrap();
+            assert_eq!(c.cluster.resume_slack, Duration::from_secs(20));
             assert_eq!(c.dataplanes.source, DataplanesSource::Api);
             assert_eq!(c.store.kind, StoreKind::Postgres);
             assert_eq!(c.store.postgres.pool_size, 8);
@@ -1113,6 +1137,29 @@ mod tests {
             problems.contains("cluster.instance_timeout is 0s: it must be at least 100ms"),
             "{problems}"
         );
+    }
+
+    #[test]
+    fn the_resume_slack_is_a_duration_above_zero_and_below_the_feeds_history() {
+        assert_eq!(
+            Config::default().cluster.resume_slack,
+            Duration::from_secs(10)
+        );
+        let c = load_str(".toml", "[cluster]\nresume_slack = \"30s\"\n").unwrap();
+        assert_eq!(c.cluster.resume_slack, Duration::from_secs(30));
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        for bad in ["0s", "5m", "1h"] {
+            let c = load_str(".toml", &format!("[cluster]\nresume_slack = \"{bad}\"\n")).unwrap();
+            let problems = c.validate().join("\n");
+            assert!(
+                problems.contains(&format!("cluster.resume_slack is {bad}: it must be above 0 and below the change feed's history of 5m")),
+                "{problems}"
+            );
+            assert!(
+                problems.contains("HDSD_CLUSTER__RESUME_SLACK"),
+                "{problems}"
+            );
+        }
     }
 
     #[test]

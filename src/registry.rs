@@ -78,7 +78,14 @@ pub enum Command {
     /// Readiness written by another instance sharing the store (the one
     /// holding this dataplane's stream): taken while no stream of this
     /// instance speaks for the dataplane, and never written back.
-    Observed(Box<StoredHealth>),
+    Observed {
+        stored: Box<StoredHealth>,
+        /// The watermark of the store read that brought it: the change feed
+        /// numbers a change it makes no lower ([`Change::at_least`]).
+        at_least: u64,
+        /// Dropped once applied (and any change told to the feed).
+        done: Option<tokio::sync::oneshot::Sender<()>>,
+    },
     /// A stream for this dataplane attached on another instance at `at`:
     /// ours ends unless it attached later.
     ReplacedOn {
@@ -168,14 +175,32 @@ impl Registry {
     }
 
     /// The dataplane's handle if it exists and is not being removed.
-    /// Hands readiness read from a shared store to the dataplane's task,
-    /// without waiting: when its queue is full the update is dropped (the
-    /// next one carries the same and newer state).
-    pub fn observe(&self, id: &DataplaneId, stored: StoredHealth) {
-        if let Some(handle) = self.get(id) {
-            let _ = handle
-                .commands
-                .try_send(Command::Observed(Box::new(stored)));
+    /// Hands readiness read from a shared store, by a read at `watermark`,
+    /// to each dataplane's task (waiting for room in its queue: none is
+    /// dropped), and completes once every task has applied its row and told
+    /// the change feed what changed. So a watermark sent to the feed
+    /// afterwards arrives behind every change these rows made. Rows of
+    /// dataplanes this instance does not have are skipped.
+    pub async fn observe(&self, rows: Vec<(DataplaneId, StoredHealth)>, watermark: u64) {
+        let catalog = self.catalog();
+        let mut applied = Vec::with_capacity(rows.len());
+        for (id, stored) in rows {
+            let Some(handle) = catalog.get(&id) else {
+                continue;
+            };
+            let (done, rx) = tokio::sync::oneshot::channel();
+            let command = Command::Observed {
+                stored: Box::new(stored),
+                at_least: watermark,
+                done: Some(done),
+            };
+            if handle.send_now(command).await {
+                applied.push(rx);
+            }
+        }
+        for rx in applied {
+            // An error is a task that ended: nothing more to wait for.
+            let _ = rx.await;
         }
     }
 
@@ -464,15 +489,20 @@ impl DataplaneTask {
         }
     }
 
-    fn command(&mut self, command: Command) {
+    fn command(&mut self, mut command: Command) {
         let now = self.clock.now();
+        // Held until the change (if any) is told to the feed.
+        let (at_least, _done) = match &mut command {
+            Command::Observed { at_least, done, .. } => (*at_least, done.take()),
+            _ => (0, None),
+        };
         let received = match &command {
             Command::Report { received, .. } => Some(*received),
             _ => None,
         };
         let observed = matches!(
             command,
-            Command::Observed(_) | Command::ReplacedOn { .. } | Command::Released { .. }
+            Command::Observed { .. } | Command::ReplacedOn { .. } | Command::Released { .. }
         );
         let attach = matches!(command, Command::Attach { .. });
         let detach = matches!(command, Command::Detach { .. });
@@ -507,7 +537,7 @@ impl DataplaneTask {
             applied.notify
         });
         if applied.notify && visible {
-            self.publish();
+            self.publish_at_least(at_least);
         }
         if (attach || detach) && applied.notify {
             if let Some(claims) = &self.claims {
@@ -544,6 +574,12 @@ impl DataplaneTask {
 
     /// Tells the feed that this dataplane changed (or was deleted).
     fn publish(&mut self) {
+        self.publish_at_least(0);
+    }
+
+    /// [`Self::publish`], for a change that a store read at `at_least`
+    /// brought (0: computed here).
+    fn publish_at_least(&mut self, at_least: u64) {
         let Some(feed) = &self.feed else { return };
         let state = self.state.borrow();
         if let Some(defined) = &state.defined {
@@ -560,6 +596,7 @@ impl DataplaneTask {
                 None => ChangeKind::Deleted,
             },
             ready: state.health.inbounds.iter().all(|i| i.status.is_ready()),
+            at_least,
         });
     }
 
@@ -720,7 +757,7 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 ..Default::default()
             }
         }
-        Command::Observed(stored) => {
+        Command::Observed { stored, .. } => {
             // Our own stream's reports win; an older observation never
             // replaces a newer state.
             if s.connection.stream.is_some() || stored.last_report_at < s.health.last_report_at {
@@ -988,7 +1025,11 @@ mod tests {
         let mut other = state(d.clone());
         let a = apply(
             &mut other,
-            Command::Observed(Box::new(written.clone())),
+            Command::Observed {
+                stored: Box::new(written.clone()),
+                at_least: 0,
+                done: None,
+            },
             t(3),
         );
         assert!(a.notify);
@@ -998,7 +1039,18 @@ mod tests {
         let mut older = written.clone();
         older.last_report_at = Some(t(1));
         older.inbounds[0].status = "unhealthy".into();
-        assert!(!apply(&mut other, Command::Observed(Box::new(older)), t(4)).notify);
+        assert!(
+            !apply(
+                &mut other,
+                Command::Observed {
+                    stored: Box::new(older),
+                    at_least: 0,
+                    done: None,
+                },
+                t(4)
+            )
+            .notify
+        );
         assert_eq!(other.health.inbounds[0].status, Status::Healthy);
         // Once the Envoy is here, its own reports win.
         apply(
@@ -1012,7 +1064,18 @@ mod tests {
         let mut later = written;
         later.last_report_at = Some(t(9));
         later.inbounds[0].status = "unhealthy".into();
-        assert!(!apply(&mut other, Command::Observed(Box::new(later)), t(9)).notify);
+        assert!(
+            !apply(
+                &mut other,
+                Command::Observed {
+                    stored: Box::new(later),
+                    at_least: 0,
+                    done: None,
+                },
+                t(9)
+            )
+            .notify
+        );
         assert_eq!(other.health.inbounds[0].status, Status::Healthy);
     }
 

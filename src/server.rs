@@ -290,8 +290,17 @@ pub async fn run(
         }
     }
     let store = StoreHandle::spawn(store);
-    let feed = crate::consumers::feed::spawn(
-        crate::consumers::feed::HistoryLimits::default(),
+    // Embedded, revisions count in this process; with PostgreSQL they are
+    // cluster time (the readiness follower's watermarks), valid on every
+    // instance within `cluster.resume_slack`.
+    let history = crate::consumers::feed::HistoryLimits::default();
+    let feed = crate::consumers::feed::spawn_feed(
+        match &pg {
+            Some(_) => {
+                crate::consumers::feed::Feed::clustered(history, config.cluster.resume_slack)
+            }
+            None => crate::consumers::feed::Feed::new(history),
+        },
         crate::consumers::feed::WATCHER_BUFFER,
     );
     let registry = Registry::spawn(
@@ -308,12 +317,17 @@ pub async fn run(
     );
     if let Some(pg) = &pg {
         // Every instance keeps the whole fleet's readiness from what the
-        // instances holding the streams write.
+        // instances holding the streams write; each read's watermark follows
+        // the changes it made into the feed and numbers its revisions.
         let observing = registry.clone();
-        tokio::spawn(
-            pg.clone()
-                .follow_readiness(move |id, stored| observing.observe(id, stored)),
-        );
+        let watermarks = feed.sender();
+        tokio::spawn(pg.clone().follow_readiness(
+            move |rows, watermark| {
+                let observing = observing.clone();
+                async move { observing.observe(rows, watermark).await }
+            },
+            move |watermark| watermarks.watermark(watermark),
+        ));
         // The newest stream wins across instances: one attached elsewhere
         // ends ours.
         let mut replaced = pg.replaced();

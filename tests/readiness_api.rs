@@ -356,42 +356,8 @@ where
     }
 }
 
-/// Reads `GET /api/v1/watch` up to the first `until` event: (event, id, data).
 fn sse(hdsd: &Hdsd, last_event_id: Option<&str>, until: &str) -> Vec<(String, String, String)> {
-    let mut request =
-        ureq::get(&hdsd.api_url("/api/v1/watch")).header("Authorization", "Bearer s3cret");
-    if let Some(id) = last_event_id {
-        request = request.header("Last-Event-ID", id);
-    }
-    let response = request.call().expect("GET /api/v1/watch");
-    assert_eq!(
-        response.headers().get("content-type").unwrap(),
-        "text/event-stream"
-    );
-    let reader = BufReader::new(response.into_body().into_reader());
-    let mut events = Vec::new();
-    let (mut event, mut id, mut data) = (String::new(), String::new(), String::new());
-    for line in reader.lines() {
-        let line = line.expect("read the event stream");
-        if let Some(v) = line.strip_prefix("event:") {
-            event = v.trim().to_string();
-        } else if let Some(v) = line.strip_prefix("id:") {
-            id = v.trim().to_string();
-        } else if let Some(v) = line.strip_prefix("data:") {
-            data = v.trim().to_string();
-        } else if line.is_empty() && !event.is_empty() {
-            let done = event == until;
-            events.push((
-                std::mem::take(&mut event),
-                std::mem::take(&mut id),
-                std::mem::take(&mut data),
-            ));
-            if done {
-                break;
-            }
-        }
-    }
-    events
+    hdsd.sse(Some("s3cret"), last_event_id, until)
 }
 
 #[test]

@@ -22,6 +22,11 @@
 //!   does not reconnect: one live instance (of two) marks the dataplane
 //!   disconnected within the instance timeout and a sweep, and it goes
 //!   stale; a SIGTERM leaves the cluster at once;
+//! - watch revisions are cluster-wide: a consumer that watched on A,
+//!   stopped at revision R and resumes on B with `Last-Event-ID: R` gets the
+//!   change it missed (an inbound that went unhealthy meanwhile), with its
+//!   current state, and nothing older than R minus `cluster.resume_slack`,
+//!   without RESYNC or a snapshot; a revision far ahead of B gets RESYNC;
 //! - signing keys shared: a token issued with instance A's key (A's own key
 //!   directory) opens a stream on B; deleting the key's files on A (a
 //!   rotation) ends B's stream within a second and B refuses the token.
@@ -1033,6 +1038,130 @@ fn every_instance_answers_for_the_whole_fleet_and_a_failover_never_reads_not_rea
     let survivor = format!("/{}", instances[other].pid());
     let row = pg.psql("SELECT instance FROM hdsd_streams");
     assert!(row.trim().ends_with(&survivor), "{row}");
+}
+
+/// The revision of a watch event (its SSE `id`).
+fn event_revision(event: &(String, String, String)) -> u64 {
+    event
+        .1
+        .parse()
+        .unwrap_or_else(|_| panic!("no revision: {event:?}"))
+}
+
+/// Dataplane `name` (mesh, name, revision, ready) in a snapshot event.
+fn in_snapshot(event: &(String, String, String), name: &str) -> serde_json::Value {
+    assert_eq!(event.0, "snapshot", "{event:?}");
+    let data: serde_json::Value = serde_json::from_str(&event.2).unwrap();
+    data["snapshot"]
+        .as_array()
+        .and_then(|items| items.iter().find(|i| i["name"] == name))
+        .unwrap_or_else(|| panic!("{name} not in {data}"))
+        .clone()
+}
+
+#[test]
+fn a_watch_resumes_on_another_instance_from_its_revision_without_a_snapshot() {
+    let Some(pg) =
+        Postgres::start("a_watch_resumes_on_another_instance_from_its_revision_without_a_snapshot")
+    else {
+        return;
+    };
+    const SLACK: u64 = 2_000_000; // resume_slack = "2s", in revisions (microseconds)
+    let options = on_postgres(&pg);
+    let options = HdsdOptions {
+        extra: format!("{}[cluster]\nresume_slack = \"2s\"\n", options.extra),
+        ..options
+    };
+    let instances = [Hdsd::start(options.clone()), Hdsd::start(options)];
+    let (a, b) = (&instances[0], &instances[1]);
+    // web-02 never changes (no Envoy); web-01 is probed by a real Envoy.
+    let (status, _, body) = send(
+        a,
+        "/api/v1/dataplanes/default/web-02",
+        Some(("application/yaml", &dataplane_yaml("web-02", &[(10002, 1)]))),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    let mut app = App::start();
+    let _envoy = web01_envoy_on_all(&instances, app.port);
+    for h in &instances {
+        h.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(30));
+    }
+
+    // The consumer watches on A until it is up to date at revision R, and
+    // disconnects. R is taken once web-02's last change on B is older than
+    // R minus the slack, so that the resumption shows what it leaves out.
+    let web02_on_b = in_snapshot(&b.sse(None, None, "synced")[0], "web-02")["revision"]
+        .as_u64()
+        .unwrap();
+    let (r, on_a) = wait_for(
+        "A's revision to pass web-02's on B by the slack",
+        Duration::from_secs(20),
+        || {
+            let events = a.sse(None, None, "synced");
+            let r = event_revision(events.last().unwrap());
+            (r > web02_on_b + SLACK)
+                .then_some((r, events.clone()))
+                .ok_or_else(|| format!("R {r}, web-02 on B at {web02_on_b}: {events:?}"))
+        },
+    );
+    assert_eq!(in_snapshot(&on_a[0], "web-01")["ready"], true, "{on_a:?}");
+    // Revisions are cluster time: the database clock in microseconds.
+    let db_now: u64 = pg
+        .psql("SELECT (extract(epoch FROM now()) * 1000000)::bigint")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        r <= db_now && db_now - r < 60_000_000,
+        "R {r} is not the database's clock ({db_now})"
+    );
+
+    // While it is away, web-01's app stops: both instances read unhealthy.
+    app.stop();
+    for h in &instances {
+        h.wait_inbound(
+            "default.web-01",
+            10001,
+            "unhealthy",
+            Duration::from_secs(10),
+        );
+    }
+
+    // It resumes on B from R: the change it missed, with the current state,
+    // and neither RESYNC nor a snapshot.
+    let events = b.sse(None, Some(&r.to_string()), "synced");
+    eprintln!("resumed on B from A's revision {r}: {events:?}");
+    assert!(
+        events.iter().all(|e| e.0 == "changed" || e.0 == "synced"),
+        "no RESYNC, no snapshot: {events:?}"
+    );
+    assert_eq!(events.last().unwrap().0, "synced", "{events:?}");
+    let web01: Vec<_> = events
+        .iter()
+        .filter(|e| e.0 == "changed" && e.2.contains(r#""name":"web-01""#))
+        .collect();
+    assert_eq!(web01.len(), 1, "one event for web-01: {events:?}");
+    assert!(web01[0].2.contains(r#""ready":false"#), "{events:?}");
+    assert!(
+        !events.iter().any(|e| e.2.contains(r#""name":"web-02""#)),
+        "web-02 changed before R minus the slack: {events:?}"
+    );
+    for e in &events[..events.len() - 1] {
+        assert!(event_revision(e) > r - SLACK, "{events:?}");
+    }
+
+    // A revision far ahead of B (an hour) is not B's: RESYNC, then a snapshot.
+    let far = (r + 3_600_000_000).to_string();
+    let events = b.sse(None, Some(&far), "synced");
+    assert_eq!(events[0].0, "resync", "{events:?}");
+    assert!(events[0].2.contains("unknown_revision"), "{events:?}");
+    assert_eq!(
+        in_snapshot(&events[1], "web-01")["ready"],
+        false,
+        "{events:?}"
+    );
+    assert_eq!(events[2].0, "synced", "{events:?}");
 }
 
 #[test]

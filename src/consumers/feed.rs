@@ -1,4 +1,4 @@
-//! The change feed: one revision counter per process and a bounded history of
+//! The change feed: a revision counter and a bounded history of
 //! "dataplane X changed (or was deleted) at revision N".
 //!
 //! [`Feed`] is plain data, written by one task ([`spawn`]): dataplane tasks
@@ -7,6 +7,17 @@
 //! definition, never a report time alone). Watchers subscribe through the
 //! same task, so a subscription's first messages and the live events that
 //! follow them never overlap and never leave a gap.
+//!
+//! **Embedded** ([`Feed::new`]): revisions count from 1 in each process.
+//! **Clustered** ([`Feed::clustered`], with PostgreSQL): revisions are
+//! cluster time. The store's readiness follower sends the feed a
+//! [`Watermark`] after each read (the database clock, in microseconds since
+//! the UNIX epoch, of a read that saw everything committed before it), and
+//! each event is numbered `max(previous + 1, watermark, change.at_least)`.
+//! A revision is then valid on every instance: [`Feed::since`] replays every
+//! dataplane whose last event is newer than `since - slack`, and accepts a
+//! `since` ahead of its own revision by up to the slack. ARCHITECTURE.md
+//! ("Watch revisions are cluster time") has the argument.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -17,8 +28,14 @@ use tokio::time::Instant;
 
 use crate::dataplane::{Dataplane, DataplaneId};
 
-/// A position in the feed. Starts at 1 with each process; 0 is "nothing yet".
+/// A position in the feed; 0 is "nothing yet". Embedded: counts from 1 in
+/// each process. Clustered: cluster time in microseconds since the UNIX
+/// epoch (the database's clock), strictly increasing in each process.
 pub type Revision = u64;
+
+/// The database clock of a readiness read that saw every row committed
+/// before it, in microseconds since the UNIX epoch.
+pub type Watermark = u64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChangeKind {
@@ -38,6 +55,12 @@ pub struct Change {
     pub kind: ChangeKind,
     /// Every inbound is ready (false once deleted).
     pub ready: bool,
+    /// The lowest revision this change may get (clustered feeds only): the
+    /// watermark of the store read that brought it, so that a change read
+    /// from the store is numbered no lower than its commit time even when
+    /// the watermark itself reaches the feed later. 0 for a change computed
+    /// here.
+    pub at_least: Revision,
 }
 
 /// One entry of the feed.
@@ -60,7 +83,8 @@ impl Event {
 pub enum ResyncReason {
     /// Its revision is older than the history the feed keeps.
     TooOld,
-    /// Its revision is newer than this process's (hdsd restarted).
+    /// Its revision is newer than this process's (hdsd restarted; or,
+    /// clustered, further ahead than the resume slack).
     UnknownRevision,
     /// It read too slowly and its buffer overflowed.
     Overflow,
@@ -158,6 +182,31 @@ struct Entry {
     event: Arc<Event>,
 }
 
+/// What a clustered feed knows of cluster time.
+#[derive(Debug)]
+struct Cluster {
+    /// How far `since` may be from a revision this feed numbered.
+    slack: Duration,
+    /// The last watermark and when it arrived.
+    watermark: Option<(Watermark, Instant)>,
+    /// The last event of each dataplane numbered without a fresh watermark
+    /// (none yet, or none for half the slack: the store could not be read).
+    /// Their revisions may lie below the commit times of what they show, so
+    /// the next watermark publishes them again ([`Feed::watermark`]).
+    blind: HashMap<DataplaneId, Arc<Event>>,
+}
+
+impl Cluster {
+    fn slack_us(&self) -> u64 {
+        u64::try_from(self.slack.as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn fresh(&self, now: Instant) -> bool {
+        self.watermark
+            .is_some_and(|(_, at)| now.saturating_duration_since(at) <= self.slack / 2)
+    }
+}
+
 /// The feed's state. Plain data: the caller passes the time.
 #[derive(Debug)]
 pub struct Feed {
@@ -170,9 +219,12 @@ pub struct Feed {
     /// Incarnations of deleted dataplanes, so a late change of an old task is ignored.
     deleted: HashMap<DataplaneId, u64>,
     limits: HistoryLimits,
+    /// Clustered (PostgreSQL): revisions are cluster time.
+    cluster: Option<Cluster>,
 }
 
 impl Feed {
+    /// An embedded feed: revisions count from 1.
     pub fn new(limits: HistoryLimits) -> Feed {
         Feed {
             revision: 0,
@@ -181,6 +233,21 @@ impl Feed {
             index: HashMap::new(),
             deleted: HashMap::new(),
             limits,
+            cluster: None,
+        }
+    }
+
+    /// A feed of one instance of a cluster: revisions are cluster time once
+    /// the first [`Feed::watermark`] arrives (they count from 1 before), and
+    /// a `since` within `slack` of them is honoured.
+    pub fn clustered(limits: HistoryLimits, slack: Duration) -> Feed {
+        Feed {
+            cluster: Some(Cluster {
+                slack,
+                watermark: None,
+                blind: HashMap::new(),
+            }),
+            ..Feed::new(limits)
         }
     }
 
@@ -224,13 +291,20 @@ impl Feed {
             let Some(change) = last.remove(&id) else {
                 continue;
             };
-            self.revision += 1;
+            self.revision = self.next_revision(change.at_least);
             let event = Arc::new(Event {
                 revision: self.revision,
                 kind: change.kind,
                 ready: change.ready && change.kind == ChangeKind::Changed,
                 dataplane: change.dataplane,
             });
+            if let Some(cluster) = &mut self.cluster {
+                if change.at_least == 0 && !cluster.fresh(now) {
+                    cluster.blind.insert(id.clone(), event.clone());
+                } else {
+                    cluster.blind.remove(&id);
+                }
+            }
             match change.kind {
                 ChangeKind::Changed => {
                     self.deleted.remove(&id);
@@ -252,6 +326,59 @@ impl Feed {
         }
         self.evict(now);
         events
+    }
+
+    /// The revision of the next event: the next number, and (clustered) no
+    /// lower than the watermark and `at_least`.
+    fn next_revision(&self, at_least: Revision) -> Revision {
+        let next = self.revision + 1;
+        match &self.cluster {
+            None => next,
+            Some(c) => next.max(c.watermark.map_or(0, |(w, _)| w)).max(at_least),
+        }
+    }
+
+    /// Clustered: a read of the store at `watermark` has completed and every
+    /// change it brought is already in this feed (it arrives behind them).
+    /// The feed's revision moves up to it (a watcher subscribing now is up
+    /// to date as of the watermark, also while nothing changes), and later
+    /// events are numbered above it. The dataplanes whose last event was
+    /// numbered without a fresh watermark are published again, with their
+    /// current state and a revision from the watermark on; these new events
+    /// are returned. An embedded feed ignores watermarks.
+    pub fn watermark(&mut self, watermark: Watermark, now: Instant) -> Vec<Arc<Event>> {
+        let Some(cluster) = &mut self.cluster else {
+            return Vec::new();
+        };
+        cluster.watermark = Some((watermark, now));
+        if cluster.blind.is_empty() {
+            self.revision = self.revision.max(watermark);
+            return Vec::new();
+        }
+        let mut blind: Vec<Arc<Event>> = cluster.blind.drain().map(|(_, e)| e).collect();
+        blind.sort_by(|a, b| a.id().cmp(b.id()));
+        let mut events = Vec::with_capacity(blind.len());
+        for old in blind {
+            self.revision = self.next_revision(0);
+            let event = Arc::new(Event {
+                revision: self.revision,
+                ..(*old).clone()
+            });
+            if let Some(entry) = self.index.get_mut(old.id()) {
+                entry.event = event.clone();
+            }
+            self.history.push_back((now, event.clone()));
+            events.push(event);
+        }
+        self.revision = self.revision.max(watermark);
+        self.evict(now);
+        events
+    }
+
+    /// How far a `since` may be from this feed's revisions: the resume
+    /// slack when clustered, 0 embedded.
+    pub fn slack(&self) -> Revision {
+        self.cluster.as_ref().map_or(0, Cluster::slack_us)
     }
 
     fn evict(&mut self, now: Instant) {
@@ -278,13 +405,17 @@ impl Feed {
         items
     }
 
-    /// What changed after `since` for the dataplanes `filter` matches, one
-    /// event per dataplane (its last), in revision order; or why the history
-    /// cannot tell.
+    /// What changed after `since - slack` for the dataplanes `filter`
+    /// matches, one event per dataplane (its last), in revision order; or why
+    /// the history cannot tell: `since` is further ahead of this feed's
+    /// revision than the slack, or `since - slack` is below the history's
+    /// floor. The slack is 0 embedded ([`Feed::slack`]).
     pub fn since(&self, since: Revision, filter: &Filter) -> Result<Vec<Arc<Event>>, ResyncReason> {
-        if since > self.revision {
+        let slack = self.slack();
+        if since > self.revision.saturating_add(slack) {
             return Err(ResyncReason::UnknownRevision);
         }
+        let since = since.saturating_sub(slack);
         if since < self.floor {
             return Err(ResyncReason::TooOld);
         }
@@ -336,6 +467,7 @@ pub const WATCHER_BUFFER: usize = 1024;
 
 enum Input {
     Change(Change),
+    Watermark(Watermark),
     Subscribe {
         since: Option<Revision>,
         filter: Filter,
@@ -363,6 +495,13 @@ impl FeedSender {
     pub fn publish(&self, change: Change) {
         // The feed ends only with the process.
         let _ = self.tx.send(Input::Change(change));
+    }
+
+    /// Tells a clustered feed that a store read at `watermark` completed.
+    /// Send it only once every change that read brought has been published:
+    /// it is ordered behind them.
+    pub fn watermark(&self, watermark: Watermark) {
+        let _ = self.tx.send(Input::Watermark(watermark));
     }
 }
 
@@ -436,9 +575,14 @@ const MAX_BATCH: usize = 4096;
 /// Starts the feed's task, its single writer. A watcher may fall `buffer`
 /// batches behind before it gets RESYNC ([`WATCHER_BUFFER`] in hdsd).
 pub fn spawn(limits: HistoryLimits, buffer: usize) -> FeedHandle {
+    spawn_feed(Feed::new(limits), buffer)
+}
+
+/// Starts the task of a given feed (embedded or clustered).
+pub fn spawn_feed(feed: Feed, buffer: usize) -> FeedHandle {
     let (tx, rx) = mpsc::unbounded_channel();
     let (events, _) = broadcast::channel(buffer.max(1));
-    tokio::spawn(run(Feed::new(limits), rx, events));
+    tokio::spawn(run(feed, rx, events));
     FeedHandle { tx, drain: None }
 }
 
@@ -456,6 +600,12 @@ async fn run(
         for input in buffer.drain(..) {
             match input {
                 Input::Change(c) => changes.push(c),
+                Input::Watermark(w) => {
+                    // Behind the changes before it: they keep their numbers.
+                    publish(&mut feed, std::mem::take(&mut changes), &events);
+                    let again = feed.watermark(w, Instant::now());
+                    broadcast_batch(again, &events);
+                }
                 other => {
                     // Changes before a subscription are published first, so
                     // the subscriber's snapshot and its live events meet exactly.
@@ -473,6 +623,10 @@ fn publish(feed: &mut Feed, changes: Vec<Change>, events: &broadcast::Sender<Bat
         return;
     }
     let batch = feed.apply(changes, Instant::now());
+    broadcast_batch(batch, events);
+}
+
+fn broadcast_batch(batch: Vec<Arc<Event>>, events: &broadcast::Sender<Batch>) {
     if !batch.is_empty() {
         crate::metrics::feed_changes(batch.len());
         // No receiver is fine: nobody watches.
@@ -482,7 +636,7 @@ fn publish(feed: &mut Feed, changes: Vec<Change>, events: &broadcast::Sender<Bat
 
 fn answer(feed: &Feed, input: Input, events: &broadcast::Sender<Batch>) {
     match input {
-        Input::Change(_) => {}
+        Input::Change(_) | Input::Watermark(_) => {}
         Input::Subscribe {
             since,
             filter,
@@ -519,6 +673,7 @@ mod tests {
             incarnation: 1,
             kind: ChangeKind::Changed,
             ready,
+            at_least: 0,
         }
     }
 
@@ -651,6 +806,205 @@ mod tests {
         assert_eq!(events[0].kind, ChangeKind::Deleted);
         assert!(!events[0].ready);
         assert!(feed.snapshot(&Filter::default()).is_empty());
+    }
+
+    const S: u64 = 1_000_000; // a second in cluster revisions (microseconds)
+
+    fn clustered() -> Feed {
+        Feed::clustered(HistoryLimits::default(), Duration::from_secs(10))
+    }
+
+    #[test]
+    fn an_embedded_feed_ignores_watermarks_and_has_no_slack() {
+        let mut feed = Feed::new(HistoryLimits::default());
+        let t = Instant::now();
+        assert!(feed.watermark(1_700_000_000 * S, t).is_empty());
+        let a = dp("a", "web");
+        let events = feed.apply(
+            vec![Change {
+                at_least: 99 * S,
+                ..changed(&a, true)
+            }],
+            t,
+        );
+        assert_eq!(names(&events), [("a".into(), 1)]);
+        assert_eq!(feed.slack(), 0);
+        assert_eq!(
+            feed.since(2, &Filter::default()),
+            Err(ResyncReason::UnknownRevision)
+        );
+    }
+
+    #[test]
+    fn clustered_revisions_are_the_next_number_or_the_watermark_and_never_go_back() {
+        let mut feed = clustered();
+        let (a, b) = (dp("a", "web"), dp("b", "web"));
+        let t = Instant::now();
+        // Before the first watermark the counter counts from 1.
+        feed.apply(vec![changed(&a, false)], t);
+        assert_eq!(feed.revision(), 1);
+        // The first watermark: what was numbered without one is published
+        // again, from cluster time on.
+        let again = feed.watermark(100 * S, t);
+        assert_eq!(names(&again), [("a".into(), 100 * S)]);
+        let e = feed.apply(vec![changed(&b, true)], t);
+        assert_eq!(names(&e), [("b".into(), 100 * S + 1)]);
+        // A watermark behind the revision: still strictly increasing.
+        assert!(feed.watermark(50 * S, t).is_empty());
+        assert_eq!(feed.revision(), 100 * S + 1);
+        let e = feed.apply(vec![changed(&a, true), changed(&b, false)], t);
+        assert_eq!(
+            names(&e),
+            [("a".into(), 100 * S + 2), ("b".into(), 100 * S + 3)]
+        );
+        // A watermark ahead moves the revision while nothing changes, and
+        // the next event comes after it.
+        assert!(feed.watermark(103 * S, t).is_empty());
+        assert_eq!(feed.revision(), 103 * S);
+        assert_eq!(
+            feed.subscribe(Some(103 * S), &Filter::default()).last(),
+            Some(&Message::Synced { revision: 103 * S })
+        );
+        let e = feed.apply(vec![changed(&a, false)], t);
+        assert_eq!(names(&e), [("a".into(), 103 * S + 1)]);
+        // A change read from the store is numbered no lower than its read.
+        let e = feed.apply(
+            vec![Change {
+                at_least: 104 * S,
+                ..changed(&b, true)
+            }],
+            t,
+        );
+        assert_eq!(names(&e), [("b".into(), 104 * S)]);
+        let e = feed.apply(vec![changed(&a, true)], t);
+        assert_eq!(names(&e), [("a".into(), 104 * S + 1)]);
+        // The index agrees with the events.
+        assert_eq!(feed.get(&a.id).unwrap().revision, 104 * S + 1);
+    }
+
+    #[test]
+    fn clustered_since_replays_within_the_slack_and_accepts_a_revision_slightly_ahead() {
+        let mut feed = clustered();
+        assert_eq!(feed.slack(), 10 * S);
+        let (a, b, c) = (dp("a", "web"), dp("b", "web"), dp("c", "web"));
+        let t = Instant::now();
+        // Changes read from the store at 100 s, 105 s and 112 s.
+        for (d, w) in [(&a, 100), (&b, 105), (&c, 112)] {
+            feed.apply(
+                vec![Change {
+                    at_least: w * S,
+                    ..changed(d, true)
+                }],
+                t,
+            );
+            feed.watermark(w * S, t);
+        }
+        assert_eq!(feed.revision(), 112 * S);
+        let all = Filter::default();
+        // Another instance's 110 s: every dataplane changed after 100 s, once.
+        assert_eq!(
+            names(&feed.since(110 * S, &all).unwrap()),
+            [("b".into(), 105 * S), ("c".into(), 112 * S)]
+        );
+        // Our own revision: the slack's worth again (harmless: levels).
+        assert_eq!(
+            names(&feed.since(112 * S, &all).unwrap()),
+            [("b".into(), 105 * S), ("c".into(), 112 * S)]
+        );
+        // Slightly ahead of us (another instance read the clock later):
+        // accepted, the last slack replayed, and the watch goes on live.
+        let m = feed.subscribe(Some(117 * S), &all);
+        assert_eq!(
+            m,
+            vec![
+                Message::Event(feed.get(&c.id).unwrap().clone()),
+                Message::Synced { revision: 112 * S },
+            ]
+        );
+        assert!(feed.since(122 * S, &all).unwrap().is_empty());
+        // Further ahead than the slack: unknown here.
+        assert_eq!(
+            feed.since(122 * S + 1, &all),
+            Err(ResyncReason::UnknownRevision)
+        );
+        let m = feed.subscribe(Some(200 * S), &all);
+        assert_eq!(m[0], Message::Resync(ResyncReason::UnknownRevision));
+        assert!(matches!(m[1], Message::Snapshot { .. }));
+        // Watermarks move the revision on while nothing changes: a revision
+        // of another instance a minute later is known here then.
+        feed.watermark(172 * S, t);
+        assert!(feed.since(180 * S, &all).unwrap().is_empty());
+    }
+
+    #[test]
+    fn clustered_since_is_too_old_once_its_slack_reaches_below_the_floor() {
+        let limits = HistoryLimits {
+            changes: 2,
+            age: Duration::from_secs(300),
+        };
+        let mut feed = Feed::clustered(limits, Duration::from_secs(10));
+        let t = Instant::now();
+        for (i, w) in [100, 120, 140].into_iter().enumerate() {
+            feed.watermark(w * S, t);
+            feed.apply(vec![changed(&dp(&format!("d{i}"), "web"), true)], t);
+        }
+        assert_eq!(feed.floor(), 100 * S + 1, "the first event fell out");
+        let all = Filter::default();
+        assert_eq!(
+            names(&feed.since(110 * S + 1, &all).unwrap()),
+            [("d1".into(), 120 * S + 1), ("d2".into(), 140 * S + 1)]
+        );
+        assert_eq!(feed.since(110 * S, &all), Err(ResyncReason::TooOld));
+        assert_eq!(feed.since(5, &all), Err(ResyncReason::TooOld));
+    }
+
+    #[test]
+    fn clustered_changes_numbered_without_a_fresh_watermark_are_published_again_at_the_next() {
+        let mut feed = clustered();
+        let (a, b, c) = (dp("a", "web"), dp("b", "web"), dp("c", "web"));
+        let t = Instant::now();
+        feed.watermark(100 * S, t);
+        feed.apply(vec![changed(&a, true), changed(&b, true)], t);
+        // Within half the slack of the watermark: numbered by it, not again.
+        let t1 = t + Duration::from_secs(5);
+        feed.apply(vec![changed(&a, false)], t1);
+        assert!(feed.watermark(106 * S, t1).is_empty());
+        // The store cannot be read for a while: these are numbered blind...
+        let t2 = t1 + Duration::from_secs(6);
+        feed.apply(vec![changed(&b, false)], t2);
+        let deleted = Change {
+            kind: ChangeKind::Deleted,
+            ..changed(&a, false)
+        };
+        feed.apply(vec![deleted], t2);
+        // ...unless the change came from a store read, numbered by its watermark.
+        feed.apply(
+            vec![Change {
+                at_least: 111 * S,
+                ..changed(&c, true)
+            }],
+            t2,
+        );
+        // The next watermark publishes the blind ones again with their
+        // current state, numbered from it.
+        let again = feed.watermark(200 * S, t2 + Duration::from_secs(60));
+        assert_eq!(
+            names(&again),
+            [("a".into(), 200 * S), ("b".into(), 200 * S + 1)]
+        );
+        assert_eq!(again[0].kind, ChangeKind::Deleted);
+        assert!(!again[1].ready);
+        assert_eq!(feed.get(&b.id).unwrap().revision, 200 * S + 1);
+        assert!(feed.get(&a.id).is_none());
+        // A consumer of another instance at 195 s gets both; c is older.
+        assert_eq!(
+            names(&feed.since(195 * S, &Filter::default()).unwrap()),
+            [("a".into(), 200 * S), ("b".into(), 200 * S + 1)]
+        );
+        // Once published again, not again.
+        assert!(feed
+            .watermark(201 * S, t2 + Duration::from_secs(61))
+            .is_empty());
     }
 
     #[test]

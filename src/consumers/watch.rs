@@ -109,6 +109,7 @@ mod tests {
             incarnation: 1,
             kind: ChangeKind::Changed,
             ready: true,
+            at_least: 0,
         }
     }
 

@@ -8,6 +8,12 @@
 //! - **Writes**: one statement per write (conditional on the revision where
 //!   asked), its `pg_notify` in the same transaction, so a notification is
 //!   sent exactly when the change commits. Revisions come from one sequence.
+//! - **Readiness**: each write transaction takes
+//!   `pg_advisory_xact_lock(`[`READINESS_LOCK`]`)` before it numbers its rows
+//!   from `hdsd_readiness_seq`, so rows commit in sequence order; the
+//!   follower ([`PgStore::follow_readiness`]) reads the rows above the last
+//!   sequence number it saw together with the database clock of that read,
+//!   the watermark that numbers the change feed (cluster-wide revisions).
 //! - **Changes**: one connection per instance `LISTEN`s on
 //!   [`CHANNEL`]. When it (re)connects, and every `reconcile_interval`, it
 //!   announces [`DefinitionChange::All`], so a notification missed while it
@@ -104,6 +110,21 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
 /// (`pg_try_advisory_xact_lock`): one live instance sweeps at a time.
 pub const SWEEP_LOCK: i64 = 0x6864_7364_0000_0002;
 
+/// The advisory lock key every readiness write transaction takes
+/// (`pg_advisory_xact_lock`, released at commit) before it draws sequence
+/// numbers from `hdsd_readiness_seq`. The writes of all instances then commit
+/// one at a time, in sequence order: a reader that saw sequence number `n`
+/// has seen every row numbered below it, so reading `seq > last` skips
+/// nothing, and a read has seen everything committed before it started
+/// (the change feed's watermark rests on that). The cost: readiness writes
+/// of all instances serialize (each is at most one transaction per 200 ms
+/// per instance, of two statements).
+pub const READINESS_LOCK: i64 = 0x6864_7364_0000_0003;
+
+/// How often the readiness follower reads at least, so that its watermark
+/// (and the change feed's revisions) advance while nothing changes.
+pub const READINESS_READ_INTERVAL: Duration = Duration::from_secs(1);
+
 /// The channel revocations are announced on (no payload: readers read all).
 pub const REVOCATIONS_CHANNEL: &str = "hdsd_revocations";
 
@@ -163,6 +184,9 @@ pub struct PgStore {
     /// Poked on every (re)connect of the listener: the stream holders are
     /// read whole.
     streams_signal: watch::Sender<()>,
+    /// Whether the listener's `LISTEN` is in force (definition changes are
+    /// heard): the readiness follower publishes watermarks only then.
+    listening: watch::Sender<bool>,
     describe: String,
     /// Dropped with the store: the listener task ends.
     _alive: watch::Sender<()>,
@@ -229,6 +253,7 @@ impl PgStore {
         let (revocations_signal, _) = watch::channel(());
         let (keys_signal, _) = watch::channel(());
         let (streams_signal, _) = watch::channel(());
+        let (listening_flag, _) = watch::channel(false);
         let instance = instance_name();
         let (replaced, _) = broadcast::channel(CHANGES_BUFFER);
         let (listening_tx, listening) = tokio::sync::oneshot::channel();
@@ -242,6 +267,7 @@ impl PgStore {
                 keys: keys_signal.clone(),
                 streams: streams_signal.clone(),
                 replaced: replaced.clone(),
+                listening: listening_flag.clone(),
                 instance: instance.clone(),
             },
             settings.reconcile_interval,
@@ -267,6 +293,7 @@ impl PgStore {
             replaced,
             claims,
             streams_signal,
+            listening: listening_flag,
             describe,
             _alive: alive,
         })
@@ -346,6 +373,8 @@ struct Announcements {
     keys: watch::Sender<()>,
     streams: watch::Sender<()>,
     replaced: broadcast::Sender<StreamNote>,
+    /// Whether the listener's `LISTEN` is in force.
+    listening: watch::Sender<bool>,
     /// This instance: its own claims are not news.
     instance: String,
 }
@@ -580,6 +609,7 @@ async fn listen(
                 if let Some(listening) = listening.take() {
                     let _ = listening.send(());
                 }
+                heard.listening.send_replace(true);
                 // Whatever changed while nobody listened.
                 let _ = heard.changes.send(DefinitionChange::All);
                 heard.readiness.send_replace(());
@@ -617,6 +647,7 @@ async fn listen(
                     }
                 };
                 drop(client);
+                heard.listening.send_replace(false);
                 tracing::warn!(
                     "PostgreSQL store: lost the connection that listens for definition changes ({reason}); reconnecting, then reading every definition again"
                 );
@@ -819,16 +850,16 @@ impl DefinitionStore for PgStore {
 impl ReadinessStore for PgStore {
     fn load(&self) -> Result<BTreeMap<DataplaneId, StoredHealth>, StoreError> {
         self.runtime.block_on(async {
-            Ok(self
-                .readiness_since(0)
-                .await?
+            let (rows, _) = self.readiness_since(0).await?;
+            Ok(rows
                 .into_iter()
                 .map(|(id, health, _)| (id, health))
                 .collect())
         })
     }
 
-    /// One transaction, two statements whatever the batch's size: every
+    /// One transaction, two statements whatever the batch's size (after the
+    /// [`READINESS_LOCK`] that orders the instances' writes): every
     /// upsert in one `INSERT ... SELECT FROM unnest(...)` and every delete in
     /// one `DELETE`, so a batch of a thousand rows is two round trips, not a
     /// thousand (at 10k dataplanes per-row statements made a batch take
@@ -841,6 +872,10 @@ impl ReadinessStore for PgStore {
         self.runtime.block_on(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(pg_error)?;
+            // Sequence order = commit order (see READINESS_LOCK).
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&READINESS_LOCK])
+                .await
+                .map_err(pg_error)?;
             if !rows.upsert_meshes.is_empty() {
                 tx.execute(
                     "INSERT INTO hdsd_readiness (mesh, name, health, seq)
@@ -1379,58 +1414,93 @@ impl PgStore {
         .await
     }
 
-    /// Readiness rows written after `seq`, oldest first.
-    async fn readiness_since(
-        &self,
-        seq: i64,
-    ) -> Result<Vec<(DataplaneId, StoredHealth, i64)>, StoreError> {
+    /// Readiness rows written after `seq`, oldest first, and the watermark
+    /// of the read: the database's `statement_timestamp()` in microseconds
+    /// since the UNIX epoch, taken in the same statement, before its
+    /// snapshot. Every row committed before the watermark is in the
+    /// snapshot, and (under [`READINESS_LOCK`]) every row committed before
+    /// one in the snapshot is too.
+    async fn readiness_since(&self, seq: i64) -> Result<(Vec<ReadinessRow>, u64), StoreError> {
         let client = self.client().await?;
         let rows = client
             .query(
-                "SELECT mesh, name, health, seq FROM hdsd_readiness WHERE seq > $1 ORDER BY seq",
+                "WITH clock AS (
+                     SELECT (extract(epoch FROM statement_timestamp()) * 1000000)::bigint AS us
+                 )
+                 SELECT clock.us, r.mesh, r.name, r.health, r.seq
+                 FROM clock LEFT JOIN hdsd_readiness AS r ON r.seq > $1
+                 ORDER BY r.seq",
                 &[&seq],
             )
             .await
             .map_err(pg_error)?;
-        Ok(rows
+        let watermark = rows
+            .first()
+            .map_or(0, |row| row.get::<_, i64>(0).max(0) as u64);
+        let rows = rows
             .iter()
             .filter_map(|row| {
-                let id =
-                    DataplaneId::try_new(row.get::<_, String>(0), row.get::<_, String>(1)).ok()?;
-                let health = serde_json::from_str(row.get(2)).ok()?;
-                Some((id, health, row.get(3)))
+                let mesh = row.get::<_, Option<String>>(1)?;
+                let name = row.get::<_, Option<String>>(2)?;
+                let id = DataplaneId::try_new(mesh, name).ok()?;
+                let health = serde_json::from_str(row.get::<_, Option<&str>>(3)?).ok()?;
+                Some((id, health, row.get::<_, Option<i64>>(4)?))
             })
-            .collect())
+            .collect();
+        Ok((rows, watermark))
     }
 
-    /// Hands `observe` the readiness other instances write: the rows written
-    /// since the last look on each notification, and every row once per
-    /// `reconcile_interval` (which also heals a write that committed after a
-    /// later one was read). Runs until the store is dropped.
-    pub async fn follow_readiness(
+    /// Hands `observe` the readiness other instances write, with the
+    /// watermark of the read: the rows written since the last look on each
+    /// notification and at least every [`READINESS_READ_INTERVAL`], and
+    /// every row once per `reconcile_interval` (a safety net: under
+    /// [`READINESS_LOCK`] no row is skipped). Once `observe` has completed
+    /// (every change the rows made is in the change feed), hands the
+    /// watermark to `watermark`, but only while the listener is in force, so
+    /// that definition changes were heard as well. A failed read hands
+    /// nothing: the watermark stays where it was. Runs until the store is
+    /// dropped.
+    pub async fn follow_readiness<O, Fut>(
         self: std::sync::Arc<Self>,
-        observe: impl Fn(&DataplaneId, StoredHealth) + Send + 'static,
-    ) {
+        observe: O,
+        watermark: impl Fn(u64) + Send + 'static,
+    ) where
+        O: Fn(Vec<(DataplaneId, StoredHealth)>, u64) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
         let mut signal = self.readiness_signal.subscribe();
+        let listening = self.listening.subscribe();
         let mut full = tokio::time::interval(self.reconcile);
+        let mut tick = tokio::time::interval(READINESS_READ_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last = 0;
         let mut failing = false;
         loop {
             tokio::select! {
                 changed = signal.changed() => if changed.is_err() { return },
                 _ = full.tick() => last = 0,
+                _ = tick.tick() => {}
             }
+            let heard = *listening.borrow();
             match self.readiness_since(last).await {
-                Ok(rows) => {
+                Ok((rows, w)) => {
                     failing = false;
+                    let mut observed = Vec::with_capacity(rows.len());
                     for (id, health, seq) in rows {
                         last = last.max(seq);
-                        observe(&id, health);
+                        observed.push((id, health));
+                    }
+                    observe(observed, w).await;
+                    if heard && *listening.borrow() {
+                        watermark(w);
                     }
                 }
                 Err(e) => {
                     if !failing {
-                        tracing::warn!("cannot read the readiness of other instances: {e}; retrying at the next notification");
+                        tracing::warn!(
+                            "cannot read the readiness of other instances: {e}; retrying every {}s",
+                            READINESS_READ_INTERVAL.as_secs()
+                        );
                     }
                     failing = true;
                 }
@@ -1438,6 +1508,9 @@ impl PgStore {
         }
     }
 }
+
+/// One readiness row: dataplane, health, sequence number.
+type ReadinessRow = (DataplaneId, StoredHealth, i64);
 
 /// Calls `read` on every `signal` (a notification, a reconnect) and once
 /// per `reconcile`, and hands what it read to `apply`: what a missed

@@ -724,6 +724,59 @@ impl Hdsd {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// Reads `GET /api/v1/watch` (with `Last-Event-ID` when given, and
+    /// `Authorization: Bearer <token>`) up to the first `until` event, then
+    /// disconnects: each event as (event, id, data). Fails after 30 s.
+    pub fn sse(
+        &self,
+        token: Option<&str>,
+        last_event_id: Option<&str>,
+        until: &str,
+    ) -> Vec<(String, String, String)> {
+        use std::io::{BufRead as _, BufReader};
+        let mut request = ureq::get(&self.api_url("/api/v1/watch"))
+            .config()
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build();
+        if let Some(token) = token {
+            request = request.header("Authorization", format!("Bearer {token}"));
+        }
+        if let Some(id) = last_event_id {
+            request = request.header("Last-Event-ID", id);
+        }
+        let response = request.call().expect("GET /api/v1/watch");
+        assert_eq!(
+            response.headers().get("content-type").unwrap(),
+            "text/event-stream"
+        );
+        let reader = BufReader::new(response.into_body().into_reader());
+        let mut events = Vec::new();
+        let (mut event, mut id, mut data) = (String::new(), String::new(), String::new());
+        for line in reader.lines() {
+            let line = line.unwrap_or_else(|e| {
+                panic!("read the event stream up to {until:?}: {e}; read so far: {events:?}")
+            });
+            if let Some(v) = line.strip_prefix("event:") {
+                event = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("id:") {
+                id = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data = v.trim().to_string();
+            } else if line.is_empty() && !event.is_empty() {
+                let done = event == until;
+                events.push((
+                    std::mem::take(&mut event),
+                    std::mem::take(&mut id),
+                    std::mem::take(&mut data),
+                ));
+                if done {
+                    break;
+                }
+            }
+        }
+        events
+    }
+
     /// The `/metrics` exposition text.
     pub fn metrics(&self) -> String {
         ureq::get(&self.api_url("/metrics"))
