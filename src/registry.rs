@@ -174,7 +174,6 @@ impl Registry {
         self.catalog.borrow().get(id).cloned()
     }
 
-    /// The dataplane's handle if it exists and is not being removed.
     /// Hands readiness read from a shared store, by a read at `watermark`,
     /// to each dataplane's task (waiting for room in its queue: none is
     /// dropped), and completes once every task has applied its row and told
@@ -955,6 +954,14 @@ mod tests {
         }
     }
 
+    fn observed(stored: StoredHealth) -> Command {
+        Command::Observed {
+            stored: Box::new(stored),
+            at_least: 0,
+            done: None,
+        }
+    }
+
     #[test]
     fn an_envoy_moving_to_another_instance_restarts_the_stale_window_everywhere() {
         let window = chrono::Duration::seconds(15);
@@ -973,27 +980,19 @@ mod tests {
         );
         let before_the_move = snapshot(&d.dataplane, &d.specifier, &old_holder.health);
         let mut survivor = state(d.clone());
-        apply(
-            &mut survivor,
-            Command::Observed(Box::new(before_the_move.clone())),
-            t(2),
-        );
+        apply(&mut survivor, observed(before_the_move.clone()), t(2));
         assert_eq!(next_expiry(&survivor.health, window), Some(t(16)));
         // The old holder dies; the Envoy attaches to a third instance at
         // 12 s, which has the same stored state and writes it on attach.
         let mut new_holder = state(d.clone());
-        apply(
-            &mut new_holder,
-            Command::Observed(Box::new(before_the_move)),
-            t(3),
-        );
+        apply(&mut new_holder, observed(before_the_move), t(3));
         apply(&mut new_holder, attach(9), t(12));
         assert_eq!(new_holder.health.reattached_at, Some(t(12)));
         assert_eq!(next_expiry(&new_holder.health, window), Some(t(27)));
         let written = snapshot(&d.dataplane, &d.specifier, &new_holder.health);
         assert_eq!(written.reattached_at, Some(t(12)));
         // The survivor reads that row: not stale at 16 s any more.
-        apply(&mut survivor, Command::Observed(Box::new(written)), t(12));
+        apply(&mut survivor, observed(written), t(12));
         assert_eq!(next_expiry(&survivor.health, window), Some(t(27)));
         assert_eq!(survivor.health.inbounds[0].status, Status::Healthy);
     }
