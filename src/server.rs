@@ -515,10 +515,7 @@ pub async fn run(
             .http2_max_local_error_reset_streams(Some(crate::net::H2_MAX_LOCAL_RESETS))
             .http2_max_header_list_size(HDS_MAX_HEADER_LIST)
             .add_service(service.into_server())
-            .add_service(
-                eds.into_server()
-                    .max_decoding_message_size(limits.max_message_bytes),
-            );
+            .add_service(eds.into_server(limits.max_message_bytes));
         let signal = async move {
             let _ = drain.wait_for(|d| *d).await;
         };

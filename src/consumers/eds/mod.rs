@@ -8,10 +8,13 @@
 //!   task; only the services a change touches are recomputed.
 //! - [`protocol`]: the state-of-the-world protocol of one stream (pure).
 //! - [`server`]: the gRPC service on the HDS listener.
+//! - [`transport`]: its gRPC server, whose `StreamEndpoints` decoder skips
+//!   names repeated from the previous request and all of the node but its id.
 
 pub mod assignment;
 pub mod index;
 pub mod protocol;
 pub mod server;
+pub mod transport;
 
 pub use assignment::{EdsOptions, StaleAs};

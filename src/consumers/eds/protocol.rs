@@ -85,10 +85,6 @@ pub struct EdsStream {
     started: bool,
     /// The last version the client ACKed.
     acked: Option<String>,
-    /// The resource names of the last request, as sent: Envoy repeats
-    /// them in every ACK, so an unchanged list is recognised by comparing
-    /// the strings in order, without building a set.
-    last_names: Vec<String>,
 }
 
 impl EdsStream {
@@ -107,13 +103,25 @@ impl EdsStream {
 
     /// How many resource names the stream remembers (its memory, in entries).
     pub fn remembered(&self) -> usize {
-        self.subscribed.len() + self.last_names.len()
+        self.subscribed.len()
     }
 
     /// A request from the client.
     pub fn on_request(
         &mut self,
         request: &DiscoveryRequest,
+        current: &Assignments,
+    ) -> Result<Vec<Action>, ProtocolError> {
+        self.on_request_with(request, false, current)
+    }
+
+    /// A request from the client, with `same_names` when the transport saw
+    /// that it names exactly the resources of the previous request (Envoy's
+    /// ACKs repeat them; `request.resource_names` may then be left empty).
+    pub fn on_request_with(
+        &mut self,
+        request: &DiscoveryRequest,
+        same_names: bool,
         current: &Assignments,
     ) -> Result<Vec<Action>, ProtocolError> {
         if !request.type_url.is_empty() && request.type_url != TYPE_URL {
@@ -144,11 +152,7 @@ impl EdsStream {
             return Err(ProtocolError::Wildcard);
         }
         self.started = true;
-        if request.resource_names == self.last_names {
-            return Ok(actions);
-        }
-        self.last_names.clone_from(&request.resource_names);
-        if !self.same_names(&request.resource_names) {
+        if !same_names && !self.same_names(&request.resource_names) {
             let mut previous = std::mem::take(&mut self.subscribed);
             let mut unknown = Vec::new();
             for name in &request.resource_names {
@@ -555,6 +559,31 @@ pub(super) mod tests {
             .contains("<mesh>/<service>"));
     }
 
+    /// An ACK the transport saw repeat the names (sent without them) is an
+    /// ACK: nothing is unsubscribed, nothing is sent again.
+    #[test]
+    fn an_ack_with_the_same_names_left_out_keeps_the_subscription() {
+        let mut s = EdsStream::new();
+        let a = assignments(1, &[("web", 1, 1), ("api", 1, 1)]);
+        let first = s
+            .on_request(&request(&["default/web", "default/api"], "", ""), &a)
+            .unwrap();
+        let Action::Send { response, .. } = &first[0] else {
+            panic!("a response first: {first:?}")
+        };
+        let ack = request(&[], &response.version_info, &response.nonce);
+        let actions = s.on_request_with(&ack, true, &a).unwrap();
+        assert!(matches!(&actions[..], [Action::Ack { .. }]), "{actions:?}");
+        assert_eq!(s.acked(), Some(response.version_info.as_str()));
+        assert_eq!(
+            s.names().collect::<Vec<_>>(),
+            ["default/api", "default/web"]
+        );
+        // The next change is pushed for both names, as before.
+        let b = assignments(2, &[("web", 2, 2), ("api", 2, 2)]);
+        assert_eq!(s.on_change(&b).unwrap().resources.len(), 2);
+    }
+
     /// A client that never ACKs: every change is one push, and the stream
     /// remembers no more than the names it serves.
     #[test]
@@ -571,11 +600,7 @@ pub(super) mod tests {
             if s.on_change(&a).is_some() {
                 pushes += 1;
             }
-            assert_eq!(
-                s.remembered(),
-                4,
-                "two subscriptions, two names as last sent"
-            );
+            assert_eq!(s.remembered(), 2);
         }
         assert_eq!(pushes, 9_998);
         // Its late ACK of an old response is stale.

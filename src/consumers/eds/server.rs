@@ -9,9 +9,7 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
-use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::{
-    EndpointDiscoveryService, EndpointDiscoveryServiceServer,
-};
+use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::EndpointDiscoveryService;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt as _;
@@ -20,6 +18,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::index::AssignmentsRx;
 use super::protocol::{Action, EdsStream};
+use super::transport::{EdsRequest, EdsServer};
 use crate::metrics as m;
 
 /// Who may subscribe.
@@ -86,21 +85,18 @@ impl EdsService {
         }
     }
 
-    pub fn into_server(self) -> EndpointDiscoveryServiceServer<Self> {
-        EndpointDiscoveryServiceServer::new(self)
+    /// The gRPC server (`StreamEndpoints` with a lean decoder, the rest
+    /// generated), refusing messages over `max_message_bytes`.
+    pub fn into_server(self, max_message_bytes: usize) -> EdsServer {
+        EdsServer::new(self, max_message_bytes)
     }
-}
 
-type Out<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl EndpointDiscoveryService for EdsService {
-    type StreamEndpointsStream = Out<DiscoveryResponse>;
-
-    async fn stream_endpoints(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamEndpointsStream>, Status> {
+    /// A `StreamEndpoints` stream: authenticate, then pump requests and
+    /// changes in a task of its own.
+    pub(super) fn stream<S>(&self, request: Request<S>) -> Result<Response<ResponseStream>, Status>
+    where
+        S: tokio_stream::Stream<Item = Result<EdsRequest, Status>> + Send + Unpin + 'static,
+    {
         let peer = request.remote_addr();
         if let Err(r) = check(&self.auth, request.metadata()) {
             return Err(refuse(&r, peer));
@@ -124,6 +120,25 @@ impl EndpointDiscoveryService for EdsService {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+type Out<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
+
+/// The responses of a `StreamEndpoints` stream.
+pub type ResponseStream = Out<DiscoveryResponse>;
+
+#[tonic::async_trait]
+impl EndpointDiscoveryService for EdsService {
+    type StreamEndpointsStream = Out<DiscoveryResponse>;
+
+    /// Served by [`EdsServer`]'s lean decoder; here for the generated
+    /// server's trait (and the same behaviour).
+    async fn stream_endpoints(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamEndpointsStream>, Status> {
+        self.stream(request.map(|inbound| inbound.map(|r| r.map(EdsRequest::from))))
     }
 
     async fn fetch_endpoints(
@@ -182,7 +197,7 @@ async fn drained(drain: &mut watch::Receiver<bool>) {
 /// Moves one stream: requests and assignment changes in, responses out.
 /// Ends with `Ok` when the client closes, `Err` to end it with a status.
 async fn pump(
-    mut inbound: impl tokio_stream::Stream<Item = Result<DiscoveryRequest, Status>> + Unpin,
+    mut inbound: impl tokio_stream::Stream<Item = Result<EdsRequest, Status>> + Unpin,
     mut assignments: AssignmentsRx,
     out: &mpsc::Sender<Result<DiscoveryResponse, Status>>,
     peer: Option<SocketAddr>,
@@ -198,7 +213,7 @@ async fn pump(
     loop {
         tokio::select! {
             message = inbound.next() => {
-                let request = match message {
+                let EdsRequest { request, same_names } = match message {
                     Some(Ok(r)) => r,
                     None => return Ok(()),
                     Some(Err(status)) => {
@@ -214,7 +229,7 @@ async fn pump(
                 // that changes nothing (Envoy's ACKs repeat the names)
                 // would otherwise swallow it until the next change.
                 let current = assignments.borrow().clone();
-                let actions = stream.on_request(&request, &current).map_err(|e| {
+                let actions = stream.on_request_with(&request, same_names, &current).map_err(|e| {
                     tracing::warn!(peer, node, "EDS stream refused: {e}");
                     Status::invalid_argument(e.to_string())
                 })?;
@@ -292,7 +307,7 @@ mod tests {
                     async move { pump(ReceiverStream::new(inbound), rx, &out, None).await },
                 );
             requests
-                .send(Ok(request(&["default/web"], "", "")))
+                .send(Ok(request(&["default/web"], "", "").into()))
                 .await
                 .unwrap();
             let first = pushed.recv().await.unwrap().unwrap();
@@ -302,7 +317,8 @@ mod tests {
                     &["default/web"],
                     &first.version_info,
                     &first.nonce,
-                )))
+                )
+                .into()))
                 .await
                 .unwrap();
             let second = tokio::time::timeout(std::time::Duration::from_secs(5), pushed.recv())
