@@ -20,8 +20,11 @@ use std::task::{Context, Poll};
 
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::EndpointDiscoveryServiceServer;
-use prost::bytes::Bytes;
-use prost::Message;
+use std::ops::Range;
+
+use prost::bytes::Buf;
+use prost::encoding::{decode_key, skip_field, DecodeContext, WireType};
+use prost::{DecodeError, Message};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 use tonic::server::{Grpc, NamedService, StreamingService};
@@ -91,51 +94,57 @@ impl Decoder for Decode {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<EdsRequest>, Status> {
+        // One contiguous message (tonic buffers it whole: no copy).
+        let message = buf.copy_to_bytes(buf.remaining());
         // As tonic-prost reports a message that does not decode.
-        let message = lean::Request::decode(buf).map_err(|e| Status::internal(e.to_string()))?;
-        self.names.next(message).map(Some)
+        self.names
+            .next(&message)
+            .map(Some)
+            .map_err(|e| Status::internal(e.to_string()))
     }
 }
 
-/// The resource names of a stream's last request, as received.
+/// `DiscoveryRequest.resource_names` is field 3.
+const RESOURCE_NAMES: u32 = 3;
+
+/// The resource names of a stream's last request, as received: each name's
+/// whole field (key, length, bytes), in order, one after the other.
 #[derive(Debug, Default)]
 struct Names {
-    last: Option<Vec<Bytes>>,
+    last: Option<Vec<u8>>,
 }
 
 impl Names {
-    fn next(&mut self, message: lean::Request) -> Result<EdsRequest, Status> {
+    /// Decodes one request. Its name fields are compared in place with the
+    /// last request's, and decoded only when they differ.
+    fn next(&mut self, message: &[u8]) -> Result<EdsRequest, DecodeError> {
+        let (same_names, fields) = self.compare(message)?;
+        let mut names = Vec::new();
+        if !same_names {
+            let mut last = Vec::with_capacity(fields.iter().map(|f| f.len()).sum());
+            for field in &fields {
+                let mut field: &[u8] = &message[field.clone()];
+                last.extend_from_slice(field);
+                decode_key(&mut field)?;
+                let mut name = String::new();
+                prost::encoding::string::merge(
+                    WireType::LengthDelimited,
+                    &mut name,
+                    &mut field,
+                    DecodeContext::default(),
+                )?;
+                names.push(name);
+            }
+            self.last = Some(last);
+        }
+        // prost skips the name fields, unknown to the lean message.
         let lean::Request {
             version_info,
             node,
-            resource_names,
             type_url,
             response_nonce,
             error_detail,
-        } = message;
-        let same_names = self.last.as_ref() == Some(&resource_names);
-        let names = if same_names {
-            Vec::new()
-        } else {
-            let names = resource_names
-                .iter()
-                .map(|n| {
-                    std::str::from_utf8(n).map(str::to_owned).map_err(|_| {
-                        // As prost refuses a string field that is not UTF-8.
-                        Status::internal("failed to decode Protobuf message: DiscoveryRequest.resource_names: invalid string value: data is not UTF-8 encoded")
-                    })
-                })
-                .collect::<Result<Vec<String>, Status>>()?;
-            // Owned copies, so the stream does not keep the whole received
-            // buffer alive for the names' sake.
-            self.last = Some(
-                resource_names
-                    .iter()
-                    .map(|n| Bytes::copy_from_slice(n))
-                    .collect(),
-            );
-            names
-        };
+        } = lean::Request::decode(message)?;
         Ok(EdsRequest {
             request: DiscoveryRequest {
                 version_info,
@@ -151,6 +160,35 @@ impl Names {
             },
             same_names,
         })
+    }
+
+    /// Whether `message`'s name fields are the last request's, byte for
+    /// byte and in order; and, when they are not, where they are.
+    fn compare(&self, message: &[u8]) -> Result<(bool, Vec<Range<usize>>), DecodeError> {
+        let mut fields = Vec::new();
+        let mut same = self.last.is_some();
+        let last = self.last.as_deref().unwrap_or_default();
+        let mut at = 0;
+        let mut rest = message;
+        while !rest.is_empty() {
+            let start = message.len() - rest.len();
+            let (tag, wire_type) = decode_key(&mut rest)?;
+            skip_field(wire_type, tag, &mut rest, DecodeContext::default())?;
+            if tag != RESOURCE_NAMES {
+                continue;
+            }
+            let field = start..message.len() - rest.len();
+            if same {
+                let n = field.len();
+                same = last.get(at..at + n) == Some(&message[field.clone()]);
+                at += n;
+            }
+            fields.push(field);
+        }
+        if same && at == last.len() {
+            return Ok((true, Vec::new()));
+        }
+        Ok((false, fields))
     }
 }
 
@@ -220,11 +258,10 @@ where
 }
 
 /// `envoy.service.discovery.v3.DiscoveryRequest` as hdsd reads it: the same
-/// field numbers, the names as byte slices of the received message, only the
-/// node's id (prost skips the other fields without decoding them).
+/// field numbers, without the names ([`Names`] reads them), only the node's
+/// id (prost skips the other fields without decoding them).
 mod lean {
     use envoy_types::pb::google::rpc::Status;
-    use prost::bytes::Bytes;
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Request {
@@ -232,8 +269,7 @@ mod lean {
         pub version_info: String,
         #[prost(message, optional, tag = "2")]
         pub node: Option<Node>,
-        #[prost(bytes = "bytes", repeated, tag = "3")]
-        pub resource_names: Vec<Bytes>,
+        // resource_names (3): read by `Names`, skipped here.
         #[prost(string, tag = "4")]
         pub type_url: String,
         #[prost(string, tag = "5")]
@@ -257,8 +293,7 @@ mod tests {
     use envoy_types::pb::google::rpc::Status as RpcStatus;
 
     fn decode(names: &mut Names, request: &DiscoveryRequest) -> EdsRequest {
-        let message = lean::Request::decode(&request.encode_to_vec()[..]).unwrap();
-        names.next(message).unwrap()
+        names.next(&request.encode_to_vec()).unwrap()
     }
 
     fn request(names: &[&str], nonce: &str) -> DiscoveryRequest {
@@ -331,13 +366,36 @@ mod tests {
         assert!(decode(&mut names, &request(&[], "1")).same_names);
     }
 
+    /// The names are compared as fields wherever they stand in the message
+    /// (protobuf does not fix the order of fields), and a broken message is
+    /// an error, not a panic.
+    #[test]
+    fn names_between_other_fields_and_broken_messages() {
+        let mut names = Names::default();
+        decode(&mut names, &request(&["default/web", "default/api"], ""));
+        // Same names, one of them after the nonce.
+        let mut raw = Vec::new();
+        prost::encoding::string::encode(3, &"default/web".to_string(), &mut raw);
+        prost::encoding::string::encode(5, &"7".to_string(), &mut raw);
+        prost::encoding::string::encode(3, &"default/api".to_string(), &mut raw);
+        let r = names.next(&raw).unwrap();
+        assert!(r.same_names);
+        assert_eq!(r.request.response_nonce, "7");
+        // A name cut short.
+        let full = request(&["default/web"], "").encode_to_vec();
+        assert!(names.next(&full[..full.len() - 3]).is_err());
+        assert!(
+            names.next(&[0x1a, 0x80]).is_err(),
+            "a length that never ends"
+        );
+    }
+
     /// A name that is not UTF-8 is refused, as the generated server would.
     #[test]
     fn a_name_that_is_not_utf8_is_refused() {
         let mut raw = Vec::new();
         prost::encoding::bytes::encode(3, &vec![0xff_u8, 0xfe], &mut raw);
-        let message = lean::Request::decode(&raw[..]).unwrap();
-        let e = Names::default().next(message).unwrap_err();
-        assert!(e.message().contains("UTF-8"), "{}", e.message());
+        let e = Names::default().next(&raw).unwrap_err();
+        assert!(e.to_string().contains("UTF-8"), "{e}");
     }
 }
