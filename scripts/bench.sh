@@ -18,7 +18,9 @@
 #        SATURATION_DATAPLANES (1000), STREAMS_PER_CONNECTION_50K (4: see BENCHMARKS.md),
 #        DURATION_CONSUMERS (60s: the window without, then with the consumers),
 #        WATCHERS (100), EDS_SUBSCRIBERS (50), FLIP_FRACTION (0.025: 50 flips/s at 10k, 5 s),
-#        DETECTION_CYCLES (100).
+#        DETECTION_CYCLES (100), SPREAD_REPORTS (eds10k: set to spread the simulated
+#        Envoys' report timers over one interval instead of the bursts of Envoys
+#        that all connected at once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -198,7 +200,8 @@ EOF
     d=$WORK/eds10k && mkdir -p "$d" && gen "$d/dataplanes" 10000 --services 500
     start_hdsd "$d"
     loadgen eds10k --dataplanes-dir "$d/dataplanes" --duration "${DURATION_CONSUMERS:-60s}" \
-      --flip-fraction "${FLIP_FRACTION:-0.025}" --sample 0 --eds-subscribers "${EDS_SUBSCRIBERS:-50}"
+      --flip-fraction "${FLIP_FRACTION:-0.025}" --sample 0 --eds-subscribers "${EDS_SUBSCRIBERS:-50}" \
+      ${SPREAD_REPORTS:+--spread-reports}
     stop_hdsd
     ;;
   soak10k)

@@ -73,6 +73,12 @@ pub struct Args {
     /// Saturation: send reports as fast as the server takes them, not every interval.
     #[arg(long, alias = "saturation")]
     pub rate_unlimited: bool,
+    /// Spread the simulated Envoys' report timers over one interval, as in a
+    /// fleet whose Envoys started at different times. By default each starts
+    /// its timer at its first specifier, like Envoy, and since they all
+    /// connect within a fraction of a second their reports come in bursts.
+    #[arg(long)]
+    pub spread_reports: bool,
     /// Dataplanes whose flips are timed until hdsd's API shows them (needs --api; 0: off).
     #[arg(long, default_value_t = 50)]
     pub sample: usize,
@@ -156,6 +162,7 @@ struct Ctx {
     mesh: String,
     expect_clusters: Option<usize>,
     rate_unlimited: bool,
+    spread_reports: bool,
     source_ips: usize,
     total: usize,
     started: Instant,
@@ -427,7 +434,13 @@ async fn stream_once(
                     }
                     // Envoy restarts its report timer only when the interval changes.
                     if plan.as_ref().map(|q| q.interval) != Some(p.interval) {
-                        next_report = Some(tokio::time::Instant::now() + p.interval);
+                        let phase = if ctx.spread_reports {
+                            // A fixed phase per dataplane, spread evenly.
+                            p.interval.mul_f64((dp.index as f64 * 0.618_034).fract())
+                        } else {
+                            Duration::ZERO
+                        };
+                        next_report = Some(tokio::time::Instant::now() + p.interval + phase);
                     }
                     plan = Some(p);
                 }
@@ -909,6 +922,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         mesh: mesh.clone(),
         expect_clusters,
         rate_unlimited: args.rate_unlimited,
+        spread_reports: args.spread_reports,
         source_ips: args.source_ips,
         total: count,
         started: Instant::now(),
@@ -1176,6 +1190,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             "connections": connections,
             "report_interval_ms": interval.as_millis() as u64,
             "rate_unlimited": args.rate_unlimited,
+            "spread_reports": args.spread_reports,
             "flip_fraction": args.flip_fraction,
             "duration_s": round3(window),
             "tokens": tokens.is_some(),

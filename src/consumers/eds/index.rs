@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use envoy_types::pb::google::protobuf::Any;
+use prost::bytes::Bytes;
 use prost::Message as _;
 use tokio::sync::{broadcast, watch};
 
@@ -32,6 +33,22 @@ pub struct Published {
     pub endpoints: Vec<Endpoint>,
     /// The encoded `ClusterLoadAssignment`, built once for every stream.
     pub resource: Any,
+    /// `resource` encoded, as every push writes it.
+    pub encoded: Bytes,
+}
+
+impl Published {
+    /// The assignment `name` (`<mesh>/<service>`) with `endpoints` (sorted),
+    /// encoded once.
+    pub fn new(version: u64, name: &str, endpoints: Vec<Endpoint>) -> Published {
+        let resource = encode(name, &endpoints);
+        Published {
+            version,
+            encoded: resource.encode_to_vec().into(),
+            endpoints,
+            resource,
+        }
+    }
 }
 
 /// How many recent changes (revision, service) the index keeps for streams
@@ -204,15 +221,8 @@ impl Index {
                     self.by_service.remove(&key);
                 } else {
                     self.count(&endpoints, true);
-                    let resource = encode(&key.to_string(), &endpoints);
-                    self.published.insert(
-                        key,
-                        Arc::new(Published {
-                            version: self.revision,
-                            endpoints,
-                            resource,
-                        }),
-                    );
+                    let published = Published::new(self.revision, &key.to_string(), endpoints);
+                    self.published.insert(key, Arc::new(published));
                 }
             }
         }
@@ -342,6 +352,7 @@ fn publish(index: &Index, epoch: u64, tx: &watch::Sender<Arc<Assignments>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::consumers::eds::protocol::Push;
     use crate::dataplane::parse_documents;
     use crate::readiness::{rebase, Status};
     use crate::registry::Connection;
@@ -349,7 +360,6 @@ mod tests {
     use crate::specifier::{build, SpecifierSettings};
     use chrono::{TimeZone, Utc};
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
-    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 
     fn state(
         name: &str,
@@ -510,8 +520,9 @@ mod tests {
         for s in [&mut in_step, &mut behind] {
             s.on_request(&request, &index.snapshot(1, true)).unwrap();
         }
-        let names = |r: &DiscoveryResponse| -> Vec<String> {
-            r.resources
+        let names = |r: &Push| -> Vec<String> {
+            r.message()
+                .resources
                 .iter()
                 .map(|any| {
                     ClusterLoadAssignment::decode(any.value.as_slice())

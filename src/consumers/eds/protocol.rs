@@ -25,12 +25,13 @@
 //!   no more than one that does.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use envoy_types::pb::google::protobuf::Any;
+use prost::bytes::BufMut;
 
 use super::assignment::ServiceKey;
-use super::index::{encode, Assignments};
+use super::index::{Assignments, Published};
 
 /// The type of every resource EDS serves.
 pub const TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
@@ -44,13 +45,55 @@ pub enum ProtocolError {
     TypeUrl(String),
 }
 
+/// A response as a stream sends it: the assignments as the index encoded
+/// them once for every stream, so a push to each of many subscribers copies
+/// bytes instead of building and encoding the message again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Push {
+    pub version_info: String,
+    pub nonce: String,
+    pub resources: Vec<Arc<Published>>,
+}
+
+impl Push {
+    /// The `DiscoveryResponse` this is.
+    pub fn message(&self) -> DiscoveryResponse {
+        DiscoveryResponse {
+            version_info: self.version_info.clone(),
+            resources: self.resources.iter().map(|p| p.resource.clone()).collect(),
+            type_url: TYPE_URL.to_string(),
+            nonce: self.nonce.clone(),
+            ..Default::default()
+        }
+    }
+
+    /// Writes the encoding of [`Push::message`] (the same bytes, fields in
+    /// field order as prost writes them) without building it.
+    pub fn encode(&self, buf: &mut impl BufMut) {
+        use prost::encoding::{encode_key, encode_varint, string, WireType};
+        // DiscoveryResponse: version_info 1, resources 2, type_url 4, nonce 5.
+        if !self.version_info.is_empty() {
+            string::encode(1, &self.version_info, buf);
+        }
+        for resource in &self.resources {
+            encode_key(2, WireType::LengthDelimited, buf);
+            encode_varint(resource.encoded.len() as u64, buf);
+            buf.put_slice(&resource.encoded);
+        }
+        string::encode(4, &TYPE_URL.to_string(), buf);
+        if !self.nonce.is_empty() {
+            string::encode(5, &self.nonce, buf);
+        }
+    }
+}
+
 /// What the stream must do after an event.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// Send this response. `unknown` lists newly subscribed names that match
     /// no service (served empty), for a debug log.
     Send {
-        response: DiscoveryResponse,
+        response: Push,
         unknown: Vec<String>,
     },
     /// The client accepted `version`.
@@ -185,7 +228,7 @@ impl EdsStream {
     /// New assignments: a response when a subscribed resource changed.
     /// Costs the services that changed since the stream last looked (read
     /// from the assignments' recent changes), not every service it follows.
-    pub fn on_change(&mut self, current: &Assignments) -> Option<DiscoveryResponse> {
+    pub fn on_change(&mut self, current: &Assignments) -> Option<Push> {
         if !self.started || current.revision == self.seen {
             return None;
         }
@@ -205,7 +248,7 @@ impl EdsStream {
 
     /// A response with every subscribed resource the client does not have
     /// at its current version; `None` when it has them all.
-    fn respond(&mut self, current: &Assignments) -> Option<DiscoveryResponse> {
+    fn respond(&mut self, current: &Assignments) -> Option<Push> {
         let mut resources = Vec::new();
         for (name, subscription) in &mut self.subscribed {
             update(name, subscription, current, &mut resources);
@@ -214,21 +257,15 @@ impl EdsStream {
         self.response(current, resources)
     }
 
-    fn response(
-        &mut self,
-        current: &Assignments,
-        resources: Vec<Any>,
-    ) -> Option<DiscoveryResponse> {
+    fn response(&mut self, current: &Assignments, resources: Vec<Arc<Published>>) -> Option<Push> {
         if resources.is_empty() {
             return None;
         }
         self.nonce += 1;
-        Some(DiscoveryResponse {
+        Some(Push {
             version_info: format!("{}.{}", current.epoch, current.revision),
             resources,
-            type_url: TYPE_URL.to_string(),
             nonce: self.nonce.to_string(),
-            ..Default::default()
         })
     }
 }
@@ -239,7 +276,7 @@ fn update(
     name: &str,
     subscription: &mut Subscription,
     current: &Assignments,
-    resources: &mut Vec<Any>,
+    resources: &mut Vec<Arc<Published>>,
 ) {
     let published = subscription
         .key
@@ -251,8 +288,8 @@ fn update(
     }
     subscription.sent = Some(version);
     resources.push(match published {
-        Some(p) => p.resource.clone(),
-        None => encode(name, &[]),
+        Some(p) => p.clone(),
+        None => Arc::new(Published::new(0, name, Vec::new())),
     });
 }
 
@@ -291,15 +328,8 @@ pub(super) mod tests {
                             health: EdsHealth::Healthy,
                         })
                         .collect();
-                    let resource = encode(&key.to_string(), &endpoints);
-                    (
-                        key,
-                        Arc::new(Published {
-                            version: *version,
-                            endpoints,
-                            resource,
-                        }),
-                    )
+                    let published = Published::new(*version, &key.to_string(), endpoints);
+                    (key, Arc::new(published))
                 })
                 .collect(),
         }
@@ -330,7 +360,7 @@ pub(super) mod tests {
         }
     }
 
-    fn sent(actions: &[Action]) -> Vec<&DiscoveryResponse> {
+    fn sent(actions: &[Action]) -> Vec<&Push> {
         actions
             .iter()
             .filter_map(|a| match a {
@@ -340,8 +370,9 @@ pub(super) mod tests {
             .collect()
     }
 
-    fn decoded(r: &DiscoveryResponse) -> Vec<(String, usize)> {
-        r.resources
+    fn decoded(r: &Push) -> Vec<(String, usize)> {
+        r.message()
+            .resources
             .iter()
             .map(|any| {
                 assert_eq!(any.type_url, TYPE_URL);
@@ -350,6 +381,36 @@ pub(super) mod tests {
                 (cla.cluster_name, n)
             })
             .collect()
+    }
+
+    /// A push is written as the bytes prost writes for its message, and a
+    /// client decodes it into the same message.
+    #[test]
+    fn a_push_encodes_to_the_bytes_of_its_message() {
+        let a = assignments(3, &[("web", 2, 3), ("api", 1, 0)]);
+        let mut s = EdsStream::new();
+        let actions = s
+            .on_request(
+                &request(&["default/web", "default/api", "default/nope"], "", ""),
+                &a,
+            )
+            .unwrap();
+        let push = sent(&actions)[0];
+        assert_eq!(push.resources.len(), 3);
+        let mut bytes = Vec::new();
+        push.encode(&mut bytes);
+        let message = push.message();
+        assert_eq!(bytes, message.encode_to_vec());
+        assert_eq!(DiscoveryResponse::decode(&bytes[..]).unwrap(), message);
+        // Empty strings are left out, as prost leaves them out.
+        let empty = Push {
+            version_info: String::new(),
+            nonce: String::new(),
+            resources: Vec::new(),
+        };
+        let mut bytes = Vec::new();
+        empty.encode(&mut bytes);
+        assert_eq!(bytes, empty.message().encode_to_vec());
     }
 
     #[test]
@@ -364,7 +425,7 @@ pub(super) mod tests {
         };
         assert_eq!(response.version_info, "42.3");
         assert_eq!(response.nonce, "1");
-        assert_eq!(response.type_url, TYPE_URL);
+        assert_eq!(response.message().type_url, TYPE_URL);
         // Sorted by name; the unknown service is an empty assignment.
         assert_eq!(
             decoded(response),

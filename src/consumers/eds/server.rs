@@ -17,7 +17,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::index::AssignmentsRx;
-use super::protocol::{Action, EdsStream};
+use super::protocol::{Action, EdsStream, Push};
 use super::transport::{EdsRequest, EdsServer};
 use crate::metrics as m;
 
@@ -126,7 +126,7 @@ impl EdsService {
 type Out<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
 
 /// The responses of a `StreamEndpoints` stream.
-pub type ResponseStream = Out<DiscoveryResponse>;
+pub type ResponseStream = Out<Push>;
 
 #[tonic::async_trait]
 impl EndpointDiscoveryService for EdsService {
@@ -138,7 +138,11 @@ impl EndpointDiscoveryService for EdsService {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamEndpointsStream>, Status> {
-        self.stream(request.map(|inbound| inbound.map(|r| r.map(EdsRequest::from))))
+        let pushes =
+            self.stream(request.map(|inbound| inbound.map(|r| r.map(EdsRequest::from))))?;
+        Ok(pushes.map(|p| -> Self::StreamEndpointsStream {
+            Box::pin(p.map(|r| r.map(|push| push.message())))
+        }))
     }
 
     async fn fetch_endpoints(
@@ -160,7 +164,7 @@ impl EndpointDiscoveryService for EdsService {
         actions
             .into_iter()
             .find_map(|a| match a {
-                Action::Send { response, .. } => Some(Response::new(response)),
+                Action::Send { response, .. } => Some(Response::new(response.message())),
                 _ => None,
             })
             .ok_or_else(|| Status::invalid_argument("FetchEndpoints needs resource_names"))
@@ -199,7 +203,7 @@ async fn drained(drain: &mut watch::Receiver<bool>) {
 async fn pump(
     mut inbound: impl tokio_stream::Stream<Item = Result<EdsRequest, Status>> + Unpin,
     mut assignments: AssignmentsRx,
-    out: &mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    out: &mpsc::Sender<Result<Push, Status>>,
     peer: Option<SocketAddr>,
 ) -> Result<(), Status> {
     let peer = peer.map(|p| p.to_string()).unwrap_or_default();
@@ -264,10 +268,7 @@ async fn pump(
     }
 }
 
-async fn send(
-    out: &mpsc::Sender<Result<DiscoveryResponse, Status>>,
-    response: DiscoveryResponse,
-) -> Result<(), Status> {
+async fn send(out: &mpsc::Sender<Result<Push, Status>>, response: Push) -> Result<(), Status> {
     // Waits while the client does not read; changes meanwhile coalesce in
     // the assignments' watch channel.
     out.send(Ok(response))

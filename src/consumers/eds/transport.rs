@@ -12,13 +12,16 @@
 //!   `set_node_on_first_message_only` is set: its build, metadata and the
 //!   list of its extensions (over a hundred). Only the node's id is kept.
 //!
+//! - A response goes out as [`Push::encode`] writes it: the assignments'
+//!   bytes as the index encoded them once, for every subscriber.
+//!
 //! On the wire nothing changes: same service, methods and messages, the
 //! same message size limit (`hds.limits.max_message_bytes`).
 
 use std::convert::Infallible;
 use std::task::{Context, Poll};
 
-use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::EndpointDiscoveryServiceServer;
 use std::ops::Range;
 
@@ -30,6 +33,7 @@ use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::protocol::Push;
 use super::server::{EdsService, ResponseStream};
 
 /// One `DiscoveryRequest` of a `StreamEndpoints` stream.
@@ -56,7 +60,7 @@ impl From<DiscoveryRequest> for EdsRequest {
 struct EdsCodec;
 
 impl Codec for EdsCodec {
-    type Encode = DiscoveryResponse;
+    type Encode = Push;
     type Decode = EdsRequest;
     type Encoder = Encode;
     type Decoder = Decode;
@@ -74,12 +78,12 @@ impl Codec for EdsCodec {
 struct Encode;
 
 impl Encoder for Encode {
-    type Item = DiscoveryResponse;
+    type Item = Push;
     type Error = Status;
 
-    fn encode(&mut self, item: DiscoveryResponse, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        item.encode(buf)
-            .map_err(|e| Status::internal(e.to_string()))
+    fn encode(&mut self, item: Push, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.encode(buf);
+        Ok(())
     }
 }
 
@@ -218,7 +222,7 @@ impl NamedService for EdsServer {
 struct StreamEndpoints(EdsService);
 
 impl StreamingService<EdsRequest> for StreamEndpoints {
-    type Response = DiscoveryResponse;
+    type Response = Push;
     type ResponseStream = ResponseStream;
     type Future = BoxFuture<Response<ResponseStream>, Status>;
 
