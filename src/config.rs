@@ -33,6 +33,11 @@ pub struct Config {
     pub cluster: ClusterConfig,
 }
 
+/// The shortest `cluster.resume_slack`: the watermark's lag (a read of the
+/// store at least once a second) plus the readiness writer's 200 ms batches,
+/// with room for the instances' expiry timers and clocks.
+pub const MIN_RESUME_SLACK: Duration = Duration::from_secs(2);
+
 /// `cluster`: how instances sharing a PostgreSQL store watch each other.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -798,6 +803,12 @@ impl Config {
                 humantime::format_duration(self.cluster.resume_slack),
                 humantime::format_duration(history_age)
             ));
+        } else if self.cluster.resume_slack < MIN_RESUME_SLACK {
+            problems.push(format!(
+                "cluster.resume_slack is {}: it must be at least {} (e.g. 10s): each instance reads the cluster's changes once a second and writes its own every 200ms, so a shorter slack cannot cover what another instance had not read yet when a watch moved; raise cluster.resume_slack (or HDSD_CLUSTER__RESUME_SLACK)",
+                humantime::format_duration(self.cluster.resume_slack),
+                humantime::format_duration(MIN_RESUME_SLACK)
+            ));
         }
         if self.store.kind == StoreKind::Postgres {
             let pg = &self.store.postgres;
@@ -1148,6 +1159,12 @@ mod tests {
         let c = load_str(".toml", "[cluster]\nresume_slack = \"30s\"\n").unwrap();
         assert_eq!(c.cluster.resume_slack, Duration::from_secs(30));
         assert!(c.validate().is_empty(), "{:?}", c.validate());
+        let c = load_str(".toml", "[cluster]\nresume_slack = \"500ms\"\n").unwrap();
+        let problems = c.validate().join("\n");
+        assert!(
+            problems.contains("cluster.resume_slack is 500ms: it must be at least 2s"),
+            "{problems}"
+        );
         for bad in ["0s", "5m", "1h"] {
             let c = load_str(".toml", &format!("[cluster]\nresume_slack = \"{bad}\"\n")).unwrap();
             let problems = c.validate().join("\n");
