@@ -52,11 +52,12 @@ use envoy_types::pb::envoy::service::health::v3::{
 use hdsd::consumers::eds::{self, index::Index, protocol::EdsStream, EdsOptions};
 use hdsd::dataplane::{parse_documents, DataplaneId};
 use hdsd::hds::stream::{Action, Event, Stream};
-use hdsd::hds::HdsSettings;
+use hdsd::hds::{FromEnvoy, HdsSettings};
 use hdsd::readiness::{rebase, Timestamp};
 use hdsd::registry::{publish, Command, Connection, DataplaneState};
 use hdsd::source::Defined;
 use hdsd::specifier::Specifier;
+use prost::bytes::Bytes;
 use prost::Message;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -209,13 +210,14 @@ fn attached_machine(state: &DataplaneState, at: Instant) -> Stream {
     machine
 }
 
-fn encoded_report(k: u16, first: HealthStatus) -> Vec<u8> {
+fn encoded_report(k: u16, first: HealthStatus) -> Bytes {
     HealthCheckRequestOrEndpointHealthResponse {
         request_type: Some(RequestType::EndpointHealthResponse(common::report(
             k, first,
         ))),
     }
     .encode_to_vec()
+    .into()
 }
 
 fn report(k: u16, flip: bool) -> Box<dyn FnMut()> {
@@ -230,11 +232,11 @@ fn report(k: u16, flip: bool) -> Box<dyn FnMut()> {
     Box::new(move || {
         odd = !odd;
         let bytes = if flip && odd { &unhealthy } else { &healthy };
-        let message = HealthCheckRequestOrEndpointHealthResponse::decode(&bytes[..]).unwrap();
-        let Some(RequestType::EndpointHealthResponse(r)) = message.request_type else {
+        // As the stream's codec decodes it (the bytes are shared, not copied).
+        let FromEnvoy::Report(r) = FromEnvoy::decode(bytes.clone()).unwrap() else {
             unreachable!("the input is a report")
         };
-        machine.handle(Event::Report(Box::new(r)), at, &mut actions);
+        machine.handle(Event::Report(r), at, &mut actions);
         for action in actions.drain(..) {
             let Action::Forward(report) = action else {
                 panic!("a report is forwarded, nothing else: {action:?}")

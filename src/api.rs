@@ -591,13 +591,13 @@ mod tests {
         crate::readiness::fold_report(
             &mut health,
             &specifier,
-            &report(HealthStatus::Healthy),
+            &report(HealthStatus::Healthy).into(),
             t(1),
         );
         crate::readiness::fold_report(
             &mut health,
             &specifier,
-            &report(HealthStatus::Unhealthy),
+            &report(HealthStatus::Unhealthy).into(),
             t(2),
         );
         let state = DataplaneState {

@@ -27,6 +27,7 @@ pub mod net;
 pub mod probe;
 pub mod readiness;
 pub mod registry;
+pub mod report;
 pub mod scrape;
 pub mod server;
 pub mod source;

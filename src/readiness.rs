@@ -19,11 +19,12 @@ use std::collections::VecDeque;
 
 use chrono::{DateTime, Utc};
 use envoy_types::pb::envoy::config::core::v3::HealthStatus;
-use envoy_types::pb::envoy::service::health::v3::EndpointHealthResponse;
 use serde::Serialize;
+use smallvec::SmallVec;
 
 use crate::dataplane::Dataplane;
-use crate::specifier::{endpoint_addr, Specifier};
+use crate::report::Report;
+use crate::specifier::Specifier;
 
 pub type Timestamp = DateTime<Utc>;
 
@@ -262,42 +263,25 @@ fn set_status(
 
 /// Folds one report into `health`. Reads `cluster_endpoints_health`; only when
 /// it is empty falls back to the deprecated flat `endpoints_health`, matching
-/// by address.
+/// by address. Allocates nothing unless a status changes (or a report
+/// carries more endpoints or the dataplane more inbounds than fit inline).
 pub fn fold_report(
     health: &mut Health,
     specifier: &Specifier,
-    report: &EndpointHealthResponse,
+    report: &Report,
     now: Timestamp,
 ) -> FoldOutcome {
     let mut outcome = FoldOutcome::default();
     health.last_report_at = Some(now);
     // (target, Envoy's status) of every reported endpoint, in report order.
-    let mut entries: Vec<(Option<usize>, i32)> = Vec::new();
-    let mut apply = |target: Option<usize>, status: i32| entries.push((target, status));
-    if !report.cluster_endpoints_health.is_empty() {
-        for cluster in &report.cluster_endpoints_health {
-            for locality in &cluster.locality_endpoints_health {
-                for eh in &locality.endpoints_health {
-                    let target = eh
-                        .endpoint
-                        .as_ref()
-                        .and_then(endpoint_addr)
-                        .and_then(|addr| specifier.target(&cluster.cluster_name, addr));
-                    apply(target, eh.health_status);
-                }
-            }
-        }
-    } else {
-        #[allow(deprecated)]
-        for eh in &report.endpoints_health {
-            let target = eh
-                .endpoint
-                .as_ref()
-                .and_then(endpoint_addr)
-                .and_then(|addr| specifier.target_by_endpoint(addr));
-            apply(target, eh.health_status);
-        }
-    }
+    let mut entries: SmallVec<[(Option<usize>, i32); 8]> = SmallVec::new();
+    report.for_each(|e| {
+        let target = e.endpoint.and_then(|addr| match e.cluster {
+            Some(cluster) => specifier.target(cluster, addr),
+            None => specifier.target_by_endpoint(addr),
+        });
+        entries.push((target, e.status));
+    });
     // The Envoy's own readiness first: while it fails, every inbound drains.
     let was_not_ready = health.envoy_not_ready();
     if let Some(e) = specifier.envoy_ready {
@@ -306,7 +290,7 @@ pub fn fold_report(
         }
     }
     let not_ready = health.envoy_not_ready();
-    let mut covered = vec![false; health.inbounds.len()];
+    let mut covered: SmallVec<[bool; 16]> = smallvec::smallvec![false; health.inbounds.len()];
     let mut changes = Vec::new();
     for (target, status) in entries {
         let Some(t) = target else {
@@ -453,6 +437,17 @@ pub fn next_expiry(health: &Health, stale_after: chrono::Duration) -> Option<Tim
 #[cfg(test)]
 mod tests {
     use super::*;
+    use envoy_types::pb::envoy::service::health::v3::EndpointHealthResponse;
+
+    /// [`fold_report`] of the report Envoy would send as `report`.
+    fn fold(
+        health: &mut Health,
+        specifier: &Specifier,
+        report: &EndpointHealthResponse,
+        now: Timestamp,
+    ) -> FoldOutcome {
+        fold_report(health, specifier, &Report::from(report), now)
+    }
     use crate::dataplane::{DataplaneId, Inbound};
     use crate::specifier::{build, endpoint, SpecifierSettings};
     use chrono::TimeZone;
@@ -570,7 +565,7 @@ mod tests {
         for (reports, expected) in table {
             let mut h = rebase(None, &dp, &spec, t(0));
             for (n, r) in reports.iter().enumerate() {
-                fold_report(&mut h, &spec, &report(r), t(n as i64 + 1));
+                fold(&mut h, &spec, &report(r), t(n as i64 + 1));
             }
             assert_eq!(statuses(&h), expected, "after {reports:?}");
             let ready: Vec<bool> = h.inbounds.iter().map(|i| i.status.is_ready()).collect();
@@ -587,17 +582,17 @@ mod tests {
         assert_eq!(h.inbounds[0].since, t(0));
         assert_eq!(h.inbounds[0].last_report_at, None);
         let a = "probe_127.0.0.1:8080";
-        let o = fold_report(&mut h, &spec, &report(&[(a, 8080, H)]), t(5));
+        let o = fold(&mut h, &spec, &report(&[(a, 8080, H)]), t(5));
         assert_eq!(
             (o.changed, o.became_ready, o.became_not_ready),
             (true, 1, 0)
         );
-        let o = fold_report(&mut h, &spec, &report(&[(a, 8080, H)]), t(10));
+        let o = fold(&mut h, &spec, &report(&[(a, 8080, H)]), t(10));
         assert_eq!(o, FoldOutcome::default());
         assert_eq!(h.inbounds[0].since, t(5));
         assert_eq!(h.inbounds[0].last_report_at, Some(t(10)));
         assert_eq!(h.last_report_at, Some(t(10)));
-        let o = fold_report(&mut h, &spec, &report(&[(a, 8080, U)]), t(15));
+        let o = fold(&mut h, &spec, &report(&[(a, 8080, U)]), t(15));
         assert_eq!(
             (o.changed, o.became_ready, o.became_not_ready),
             (true, 0, 1)
@@ -613,10 +608,10 @@ mod tests {
         let (a, b) = ("probe_127.0.0.1:8080", "probe_127.0.0.1:9090");
         let mut h = rebase(None, &dp, &spec, t(0));
         assert!(h.recent.is_empty());
-        fold_report(&mut h, &spec, &report(&[(a, 8080, H), (b, 9090, H)]), t(1));
+        fold(&mut h, &spec, &report(&[(a, 8080, H), (b, 9090, H)]), t(1));
         // A report that changes nothing logs nothing.
-        fold_report(&mut h, &spec, &report(&[(a, 8080, H), (b, 9090, H)]), t(2));
-        fold_report(&mut h, &spec, &report(&[(b, 9090, U)]), t(3));
+        fold(&mut h, &spec, &report(&[(a, 8080, H), (b, 9090, H)]), t(2));
+        fold(&mut h, &spec, &report(&[(b, 9090, U)]), t(3));
         expire(&mut h, t(100), chrono::Duration::seconds(10));
         let log: Vec<(usize, Status, Status, Timestamp)> = h
             .recent
@@ -643,7 +638,7 @@ mod tests {
         // Bounded: flapping keeps only the newest changes.
         for n in 0..(RECENT_CHANGES as i64 + 5) {
             let status = if n % 2 == 0 { H } else { U };
-            fold_report(&mut h, &spec, &report(&[(a, 8080, status)]), t(200 + n));
+            fold(&mut h, &spec, &report(&[(a, 8080, status)]), t(200 + n));
         }
         assert_eq!(h.recent.len(), RECENT_CHANGES);
         assert_eq!(
@@ -657,7 +652,7 @@ mod tests {
         let dp = dataplane(&[(10001, 8080), (10002, 8080)]);
         let spec = build(&dp, &settings(true)).unwrap();
         let mut h = rebase(None, &dp, &spec, t(0));
-        fold_report(
+        fold(
             &mut h,
             &spec,
             &report(&[("probe_127.0.0.1:8080", 8080, H)]),
@@ -671,7 +666,7 @@ mod tests {
         let dp = dataplane(&[(10001, 8080)]);
         let spec = build(&dp, &settings(true)).unwrap();
         let mut h = rebase(None, &dp, &spec, t(0));
-        let o = fold_report(
+        let o = fold(
             &mut h,
             &spec,
             &report(&[
@@ -700,11 +695,11 @@ mod tests {
             endpoints_health: vec![flat.clone()],
             cluster_endpoints_health: vec![],
         };
-        fold_report(&mut h, &spec, &old_envoy, t(1));
+        fold(&mut h, &spec, &old_envoy, t(1));
         assert_eq!(statuses(&h), vec![Status::Unhealthy]);
         let mut both = report(&[("probe_127.0.0.1:8080", 8080, H)]);
         both.endpoints_health = vec![flat];
-        fold_report(&mut h, &spec, &both, t(2));
+        fold(&mut h, &spec, &both, t(2));
         assert_eq!(statuses(&h), vec![Status::Healthy]);
     }
 
@@ -713,7 +708,7 @@ mod tests {
         let before = dataplane(&[(10001, 8080), (10002, 9090)]);
         let spec_before = build(&before, &settings(true)).unwrap();
         let mut h = rebase(None, &before, &spec_before, t(0));
-        fold_report(
+        fold(
             &mut h,
             &spec_before,
             &report(&[
@@ -746,7 +741,7 @@ mod tests {
             None,
             "pending inbounds never go stale"
         );
-        fold_report(
+        fold(
             &mut h,
             &spec,
             &report(&[("probe_127.0.0.1:8080", 8080, H)]),
@@ -766,7 +761,7 @@ mod tests {
         assert_eq!(next_expiry(&h, window), None);
         assert!(!expire(&mut h, t(30), window).changed, "stale stays stale");
         // The next report is the truth again.
-        let o = fold_report(
+        let o = fold(
             &mut h,
             &spec,
             &report(&[("probe_127.0.0.1:8080", 8080, H)]),
@@ -783,7 +778,7 @@ mod tests {
         let window = chrono::Duration::seconds(15);
         let mut h = rebase(None, &dp, &spec, t(0));
         let healthy = report(&[("probe_127.0.0.1:8080", 8080, H)]);
-        fold_report(&mut h, &spec, &healthy, t(1));
+        fold(&mut h, &spec, &healthy, t(1));
         assert_eq!(next_expiry(&h, window), Some(t(16)));
         // The Envoy moves to another stream at 10 s (an instance died): the
         // window now runs from the attach, since it reports only after a
@@ -799,7 +794,7 @@ mod tests {
         assert_eq!((o.changed, o.became_not_ready), (true, 1));
         assert_eq!(h.inbounds[0].since, t(25));
         // A report ends the extension: the next attach may extend again.
-        fold_report(&mut h, &spec, &healthy, t(30));
+        fold(&mut h, &spec, &healthy, t(30));
         assert_eq!(next_expiry(&h, window), Some(t(45)));
         assert!(reattached(&mut h, t(31)));
         assert_eq!(next_expiry(&h, window), Some(t(46)));
@@ -811,7 +806,7 @@ mod tests {
         let spec = build(&dp, &settings(true)).unwrap();
         let window = chrono::Duration::seconds(15);
         let mut h = rebase(None, &dp, &spec, t(0));
-        fold_report(
+        fold(
             &mut h,
             &spec,
             &report(&[("probe_127.0.0.1:8080", 8080, H)]),
@@ -830,7 +825,7 @@ mod tests {
         let dp = dataplane(&[(10001, 8080)]);
         let spec = build(&dp, &settings(true)).unwrap();
         let mut h = rebase(None, &dp, &spec, t(0));
-        fold_report(
+        fold(
             &mut h,
             &spec,
             &report(&[("probe_127.0.0.1:8080", 8080, U)]),
@@ -856,7 +851,7 @@ mod tests {
         let mut h = rebase(None, &dp, &spec, t(0));
         assert_eq!(statuses(&h), vec![Pending, NotProbed]);
 
-        fold_report(
+        fold(
             &mut h,
             &spec,
             &report(&[(a, 8080, H), (envoy, 9901, H)]),
@@ -866,7 +861,7 @@ mod tests {
         assert_eq!(h.envoy_ready, Some(Healthy));
 
         // The Envoy drains: every inbound is draining, even a healthy or unprobed one.
-        let o = fold_report(
+        let o = fold(
             &mut h,
             &spec,
             &report(&[(a, 8080, H), (envoy, 9901, U)]),
@@ -879,10 +874,10 @@ mod tests {
             .iter()
             .all(|i| !i.status.is_ready() && i.since == t(2)));
         // A report without the Envoy's check keeps the last known state.
-        fold_report(&mut h, &spec, &report(&[(a, 8080, H)]), t(3));
+        fold(&mut h, &spec, &report(&[(a, 8080, H)]), t(3));
         assert_eq!(statuses(&h), vec![Draining, Draining]);
         // A timeout of /ready drains too.
-        fold_report(
+        fold(
             &mut h,
             &spec,
             &report(&[(a, 8080, H), (envoy, 9901, T)]),
@@ -892,7 +887,7 @@ mod tests {
         assert_eq!(h.inbounds[0].since, t(2));
 
         // Ready again: each inbound reads its own probe again.
-        let o = fold_report(
+        let o = fold(
             &mut h,
             &spec,
             &report(&[(a, 8080, U), (envoy, 9901, H)]),
@@ -909,7 +904,7 @@ mod tests {
         dp.admin_port = Some(9901);
         let spec = build(&dp, &settings(true)).unwrap();
         let mut h = rebase(None, &dp, &spec, t(0));
-        fold_report(
+        fold(
             &mut h,
             &spec,
             &report(&[("probe_127.0.0.1:8080", 8080, H), ("envoy_ready", 9901, U)]),

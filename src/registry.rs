@@ -14,7 +14,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::health::v3::EndpointHealthResponse;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -22,6 +21,7 @@ use crate::clock::Clock;
 use crate::consumers::feed::{Change, ChangeKind, FeedSender};
 use crate::dataplane::{Dataplane, DataplaneId};
 use crate::readiness::{expire, fold_report, next_expiry, rebase, FoldOutcome, Health, Timestamp};
+use crate::report::Report;
 use crate::source::{Defined, Loaded};
 use crate::store::{restore, snapshot, StoreHandle, StoredHealth};
 
@@ -70,7 +70,7 @@ pub enum Command {
     },
     Report {
         stream: StreamId,
-        report: Box<EndpointHealthResponse>,
+        report: Report,
         /// When the stream handed the report on: the start of
         /// `hdsd_report_processing_seconds` (report received -> visible).
         received: std::time::Instant,
@@ -792,7 +792,7 @@ mod tests {
     use chrono::{TimeZone, Utc};
     use envoy_types::pb::envoy::config::core::v3::HealthStatus;
     use envoy_types::pb::envoy::service::health::v3::{
-        ClusterEndpointsHealth, EndpointHealth, LocalityEndpointsHealth,
+        ClusterEndpointsHealth, EndpointHealth, EndpointHealthResponse, LocalityEndpointsHealth,
     };
 
     fn t(s: i64) -> Timestamp {
@@ -819,8 +819,8 @@ mod tests {
         }
     }
 
-    fn healthy(port: u16) -> Box<EndpointHealthResponse> {
-        Box::new(EndpointHealthResponse {
+    fn healthy(port: u16) -> Report {
+        Report::from(EndpointHealthResponse {
             cluster_endpoints_health: vec![ClusterEndpointsHealth {
                 cluster_name: format!("probe_127.0.0.1:{port}"),
                 locality_endpoints_health: vec![LocalityEndpointsHealth {

@@ -11,7 +11,7 @@
 pub mod stream;
 mod transport;
 
-pub use transport::{HdsServer, CODEC_BUFFER};
+pub use transport::{DecodeError, FromEnvoy, HdsServer, CODEC_BUFFER};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -20,10 +20,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::health::v3::health_check_request_or_endpoint_health_response::RequestType;
-use envoy_types::pb::envoy::service::health::v3::{
-    HealthCheckRequest, HealthCheckRequestOrEndpointHealthResponse,
-};
+use envoy_types::pb::envoy::service::health::v3::HealthCheckRequest;
 use prost::bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -238,7 +235,7 @@ type SpecifierStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<Bytes, Sta
 impl HdsService {
     async fn stream_health_check(
         &self,
-        request: Request<Streaming<HealthCheckRequestOrEndpointHealthResponse>>,
+        request: Request<Streaming<FromEnvoy>>,
     ) -> Result<Response<SpecifierStream>, Status> {
         let token = match self.admit(&request) {
             Ok(token) => token,
@@ -288,12 +285,12 @@ impl HdsService {
 
     async fn fetch_health_check(
         &self,
-        request: Request<HealthCheckRequestOrEndpointHealthResponse>,
+        request: Request<FromEnvoy>,
     ) -> Result<Response<Bytes>, Status> {
         let token = self.admit(&request)?;
         let peer = request.remote_addr();
-        let id = match request.into_inner().request_type {
-            Some(RequestType::HealthCheckRequest(r)) => node_id(&r)?,
+        let id = match request.into_inner() {
+            FromEnvoy::Request(r) => node_id(&r)?,
             _ => {
                 return Err(Status::invalid_argument(
                     "FetchHealthCheck needs a HealthCheckRequest with node.id set",
@@ -436,7 +433,7 @@ struct Driver {
 const END_SEND_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Driver {
-    async fn run(mut self, mut inbound: Streaming<HealthCheckRequestOrEndpointHealthResponse>) {
+    async fn run(mut self, mut inbound: Streaming<FromEnvoy>) {
         let mut actions = Vec::with_capacity(4);
         let mut pending: Option<Event> = None;
         let mut resolve: Option<Waiting> = None;
@@ -476,16 +473,16 @@ impl Driver {
                             Event::Tick
                         }
                         msg = inbound.message() => match msg {
-                            Ok(Some(msg)) => match msg.request_type {
-                                Some(RequestType::HealthCheckRequest(r)) => {
+                            Ok(Some(msg)) => match msg {
+                                FromEnvoy::Request(r) => {
                                     m::hot().health_check_requests.increment(1);
-                                    Event::Request(Box::new(r))
+                                    Event::Request(r)
                                 }
-                                Some(RequestType::EndpointHealthResponse(r)) => {
+                                FromEnvoy::Report(r) => {
                                     m::hot().reports.increment(1);
-                                    Event::Report(Box::new(r))
+                                    Event::Report(r)
                                 }
-                                None => Event::EmptyMessage,
+                                FromEnvoy::Empty => Event::EmptyMessage,
                             },
                             Ok(None) => Event::ClientClosed,
                             Err(status) if status.code() == tonic::Code::OutOfRange => Event::LimitReached {

@@ -11,13 +11,14 @@
 
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::service::health::v3::{EndpointHealthResponse, HealthCheckRequest};
+use envoy_types::pb::envoy::service::health::v3::HealthCheckRequest;
 use tokio::time::Instant;
 use tonic::{Code, Status};
 
 use crate::auth::{authorize, check_identity, Claims, Rejection};
 use crate::dataplane::DataplaneId;
 use crate::registry::{DataplaneState, StreamId};
+use crate::report::Report;
 use crate::specifier::Specifier;
 
 use super::{node_id, not_found, HdsSettings};
@@ -28,7 +29,7 @@ pub enum Event {
     /// Envoy sent a `HealthCheckRequest` (boxed: it is rare and large).
     Request(Box<HealthCheckRequest>),
     /// Envoy sent a health report.
-    Report(Box<EndpointHealthResponse>),
+    Report(Report),
     /// Envoy sent a message with neither a request nor a report.
     EmptyMessage,
     /// Envoy closed its side of the stream (or went away).
@@ -75,7 +76,7 @@ pub enum Action {
     /// Send this specifier to Envoy (its encoded bytes, shared).
     Send(Arc<Specifier>),
     /// Give this report to the dataplane's task.
-    Forward(Box<EndpointHealthResponse>),
+    Forward(Report),
     /// Tell the dataplane's task this stream no longer speaks for it.
     Detach,
     /// End the stream.
@@ -261,12 +262,7 @@ impl Stream {
         }
     }
 
-    fn report(
-        &mut self,
-        report: Box<EndpointHealthResponse>,
-        now: Instant,
-        actions: &mut Vec<Action>,
-    ) {
+    fn report(&mut self, report: Report, now: Instant, actions: &mut Vec<Action>) {
         match &mut self.phase {
             Phase::AwaitingRequest { .. } => self.end(
                 End::Status(Status::failed_precondition(
@@ -275,7 +271,7 @@ impl Stream {
                 actions,
             ),
             Phase::Attached(a) => {
-                let entries = report_entries(&report);
+                let entries = report.len();
                 let targets = a.state.defined.as_ref().map_or(0, |d| d.specifier.targets.len());
                 let max = max_report_endpoints(targets);
                 if entries > max {
@@ -420,19 +416,6 @@ pub const REPORT_SLACK: usize = 64;
 /// The most endpoints a report against a specifier of `targets` targets may carry.
 pub fn max_report_endpoints(targets: usize) -> usize {
     targets * 2 + REPORT_SLACK
-}
-
-/// How many endpoints a report carries.
-pub fn report_entries(report: &EndpointHealthResponse) -> usize {
-    let grouped: usize = report
-        .cluster_endpoints_health
-        .iter()
-        .flat_map(|c| &c.locality_endpoints_health)
-        .map(|l| l.endpoints_health.len())
-        .sum();
-    #[allow(deprecated)]
-    let flat = report.endpoints_health.len();
-    grouped + flat
 }
 
 /// The token must name this dataplane, and its tags must be on its inbounds.
@@ -629,7 +612,7 @@ mod tests {
     #[test]
     fn the_first_message_must_be_a_request_with_a_node_id() {
         let mut h = Harness::new(None);
-        let a = h.on(Event::Report(Box::default()));
+        let a = h.on(Event::Report(Report::default()));
         assert_eq!(ended_with(&a).0, Code::FailedPrecondition);
         assert!(h.stream.is_ended());
 
@@ -674,11 +657,11 @@ mod tests {
     #[test]
     fn a_report_with_far_more_endpoints_than_targets_ends_the_stream() {
         use envoy_types::pb::envoy::service::health::v3::{
-            ClusterEndpointsHealth, EndpointHealth, LocalityEndpointsHealth,
+            ClusterEndpointsHealth, EndpointHealth, EndpointHealthResponse, LocalityEndpointsHealth,
         };
         let mut h = Harness::attached(None);
         let report = |n: usize| {
-            Box::new(EndpointHealthResponse {
+            Report::from(EndpointHealthResponse {
                 cluster_endpoints_health: vec![ClusterEndpointsHealth {
                     cluster_name: "x".into(),
                     locality_endpoints_health: vec![LocalityEndpointsHealth {
@@ -708,7 +691,7 @@ mod tests {
     fn the_default_message_limit_holds_a_report_of_two_thousand_inbounds() {
         use envoy_types::pb::envoy::config::core::v3::Locality;
         use envoy_types::pb::envoy::service::health::v3::{
-            ClusterEndpointsHealth, EndpointHealth, LocalityEndpointsHealth,
+            ClusterEndpointsHealth, EndpointHealth, EndpointHealthResponse, LocalityEndpointsHealth,
         };
         use prost::Message;
         let entry = |addr: std::net::SocketAddr| ClusterEndpointsHealth {
@@ -766,7 +749,7 @@ mod tests {
         let mut h = Harness::new(None);
         h.on(Event::Request(request("default.web")));
         // Reports and requests while waiting: dropped, and the node must stay the same.
-        assert!(h.on(Event::Report(Box::default())).is_empty());
+        assert!(h.on(Event::Report(Report::default())).is_empty());
         assert!(h.on(Event::Request(request("default.web"))).is_empty());
         assert!(h.advance(GRACE - Duration::from_millis(1)).is_empty());
         let a = h.advance(Duration::from_millis(1));
@@ -793,7 +776,7 @@ mod tests {
     fn reports_are_forwarded_and_push_back_the_silence_deadline() {
         let mut h = Harness::attached(None);
         h.now += Duration::from_secs(10);
-        let a = h.on(Event::Report(Box::default()));
+        let a = h.on(Event::Report(Report::default()));
         assert_eq!(names(&a), ["forward"]);
         // Not stale 15 s after attaching: the report moved the deadline.
         assert!(h.advance(Duration::from_secs(5)).is_empty());

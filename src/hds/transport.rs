@@ -24,15 +24,21 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use envoy_types::pb::envoy::service::health::v3::HealthCheckRequestOrEndpointHealthResponse;
-use prost::bytes::{BufMut, Bytes};
+use std::ops::Range;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::health::v3::HealthCheckRequest;
+use prost::bytes::{Buf, BufMut, Bytes};
+use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
 use prost::Message;
+use smallvec::SmallVec;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 use tonic::server::{Grpc, NamedService, StreamingService, UnaryService};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{HdsService, SpecifierStream};
+use crate::report::{Report, ReportError};
 
 /// Initial size of a stream's encode buffer and of its decode buffer.
 /// Envoy's requests and reports, and hdsd's specifiers, are a few hundred
@@ -53,7 +59,7 @@ struct HdsCodec;
 
 impl Codec for HdsCodec {
     type Encode = Bytes;
-    type Decode = HealthCheckRequestOrEndpointHealthResponse;
+    type Decode = FromEnvoy;
     type Encoder = PreEncoded;
     type Decoder = Decode;
 
@@ -87,13 +93,16 @@ impl Encoder for PreEncoded {
 struct Decode;
 
 impl Decoder for Decode {
-    type Item = HealthCheckRequestOrEndpointHealthResponse;
+    type Item = FromEnvoy;
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Status> {
+        // One contiguous message (tonic buffers it whole: no copy). A
+        // report keeps a slice of it until folded.
+        let message = buf.copy_to_bytes(buf.remaining());
         // As tonic-prost reports a message that does not decode.
-        lean::Message::decode(buf)
-            .map(|m| Some(m.into()))
+        FromEnvoy::decode(message)
+            .map(Some)
             .map_err(|e| Status::internal(e.to_string()))
     }
 
@@ -123,15 +132,12 @@ impl NamedService for HdsServer {
 
 struct StreamHealthCheck(Arc<HdsService>);
 
-impl StreamingService<HealthCheckRequestOrEndpointHealthResponse> for StreamHealthCheck {
+impl StreamingService<FromEnvoy> for StreamHealthCheck {
     type Response = Bytes;
     type ResponseStream = SpecifierStream;
     type Future = BoxFuture<Response<SpecifierStream>, Status>;
 
-    fn call(
-        &mut self,
-        request: Request<Streaming<HealthCheckRequestOrEndpointHealthResponse>>,
-    ) -> Self::Future {
+    fn call(&mut self, request: Request<Streaming<FromEnvoy>>) -> Self::Future {
         let inner = self.0.clone();
         Box::pin(async move { inner.stream_health_check(request).await })
     }
@@ -139,14 +145,11 @@ impl StreamingService<HealthCheckRequestOrEndpointHealthResponse> for StreamHeal
 
 struct FetchHealthCheck(Arc<HdsService>);
 
-impl UnaryService<HealthCheckRequestOrEndpointHealthResponse> for FetchHealthCheck {
+impl UnaryService<FromEnvoy> for FetchHealthCheck {
     type Response = Bytes;
     type Future = BoxFuture<Response<Bytes>, Status>;
 
-    fn call(
-        &mut self,
-        request: Request<HealthCheckRequestOrEndpointHealthResponse>,
-    ) -> Self::Future {
+    fn call(&mut self, request: Request<FromEnvoy>) -> Self::Future {
         let inner = self.0.clone();
         Box::pin(async move { inner.fetch_health_check(request).await })
     }
@@ -189,31 +192,96 @@ where
     }
 }
 
-/// The messages from Envoy, as hdsd reads them: the same field numbers and
-/// types as envoy-types' `HealthCheckRequestOrEndpointHealthResponse`, with
-/// only the node's id kept of a `HealthCheckRequest` (prost skips the other
-/// fields without decoding them).
+/// A message from Envoy (`HealthCheckRequestOrEndpointHealthResponse`), as
+/// hdsd reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FromEnvoy {
+    /// A `HealthCheckRequest`, with only its node's id decoded.
+    Request(Box<HealthCheckRequest>),
+    /// An `EndpointHealthResponse`, checked and kept as its bytes.
+    Report(Report),
+    /// Neither: the oneof is not set.
+    Empty,
+}
+
+impl FromEnvoy {
+    /// Decodes one message, as prost would decode the oneof (the last
+    /// variant wins; a variant that occurs more than once is merged).
+    pub fn decode(message: Bytes) -> Result<FromEnvoy, DecodeError> {
+        let mut variant = 0;
+        let mut parts: SmallVec<[Range<usize>; 1]> = SmallVec::new();
+        let mut buf = &message[..];
+        while !buf.is_empty() {
+            let (tag, wire_type) = decode_key(&mut buf)?;
+            if tag != REQUEST && tag != REPORT {
+                skip_field(wire_type, tag, &mut buf, DecodeContext::default())?;
+                continue;
+            }
+            if wire_type != WireType::LengthDelimited {
+                return Err(DecodeError::Malformed(format!(
+                    "field {tag} (the request_type oneof) has wire type {wire_type:?}, not LengthDelimited"
+                )));
+            }
+            let len = usize::try_from(decode_varint(&mut buf)?)
+                .ok()
+                .filter(|&len| len <= buf.len())
+                .ok_or_else(|| {
+                    DecodeError::Malformed("a field is longer than the message".into())
+                })?;
+            let start = message.len() - buf.len();
+            buf = &buf[len..];
+            if tag != variant {
+                parts.clear();
+                variant = tag;
+            }
+            parts.push(start..start + len);
+        }
+        // Occurrences of one variant merge: their bytes, joined, are that merge.
+        let joined = match parts.as_slice() {
+            [] => return Ok(FromEnvoy::Empty),
+            [one] => message.slice(one.clone()),
+            many => Bytes::from(
+                many.iter()
+                    .flat_map(|r| &message[r.clone()])
+                    .copied()
+                    .collect::<Vec<u8>>(),
+            ),
+        };
+        if variant == REQUEST {
+            let lean::Request { node } = lean::Request::decode(joined)?;
+            Ok(FromEnvoy::Request(Box::new(HealthCheckRequest {
+                node: node.map(|n| Node {
+                    id: n.id,
+                    ..Default::default()
+                }),
+                capability: None,
+            })))
+        } else {
+            Ok(FromEnvoy::Report(Report::decode(joined)?))
+        }
+    }
+}
+
+/// Why a message from Envoy does not decode.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error(transparent)]
+    Prost(#[from] prost::DecodeError),
+    #[error(transparent)]
+    Report(#[from] ReportError),
+    #[error("malformed HealthCheckRequestOrEndpointHealthResponse: {0}")]
+    Malformed(String),
+}
+
+/// The oneof's fields: `health_check_request`, `endpoint_health_response`.
+const REQUEST: u32 = 1;
+const REPORT: u32 = 2;
+
+/// A `HealthCheckRequest` as hdsd reads it: the same field numbers and
+/// types as envoy-types', with only the node's id kept (prost skips the
+/// other fields without decoding them). Envoy's node also carries its
+/// build, metadata and the list of its extensions.
 mod lean {
-    use envoy_types::pb::envoy::config::core::v3::Node;
-    use envoy_types::pb::envoy::service::health::v3::health_check_request_or_endpoint_health_response::RequestType;
-    use envoy_types::pb::envoy::service::health::v3::{
-        EndpointHealthResponse, HealthCheckRequest, HealthCheckRequestOrEndpointHealthResponse,
-    };
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Message {
-        #[prost(oneof = "Type", tags = "1, 2")]
-        pub request_type: Option<Type>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Oneof)]
-    pub enum Type {
-        #[prost(message, tag = "1")]
-        HealthCheckRequest(Request),
-        #[prost(message, tag = "2")]
-        EndpointHealthResponse(EndpointHealthResponse),
-    }
-
     /// `envoy.service.health.v3.HealthCheckRequest`: `node` is field 1.
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Request {
@@ -227,82 +295,136 @@ mod lean {
         #[prost(string, tag = "1")]
         pub id: String,
     }
+}
 
-    impl From<Message> for HealthCheckRequestOrEndpointHealthResponse {
-        fn from(m: Message) -> Self {
-            HealthCheckRequestOrEndpointHealthResponse {
-                request_type: m.request_type.map(|t| match t {
-                    Type::HealthCheckRequest(r) => {
-                        RequestType::HealthCheckRequest(HealthCheckRequest {
-                            node: r.node.map(|n| Node {
-                                id: n.id,
-                                ..Default::default()
-                            }),
-                            capability: None,
-                        })
-                    }
-                    Type::EndpointHealthResponse(r) => RequestType::EndpointHealthResponse(r),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::config::core::v3::BuildVersion;
+    use envoy_types::pb::envoy::r#type::v3::SemanticVersion;
+    use envoy_types::pb::envoy::service::health::v3::health_check_request_or_endpoint_health_response::RequestType;
+    use envoy_types::pb::envoy::service::health::v3::{
+        Capability, ClusterEndpointsHealth, EndpointHealthResponse,
+        HealthCheckRequestOrEndpointHealthResponse,
+    };
+
+    fn decode(m: &HealthCheckRequestOrEndpointHealthResponse) -> FromEnvoy {
+        FromEnvoy::decode(Bytes::from(m.encode_to_vec())).unwrap()
+    }
+
+    /// The node's id comes through; the rest of the node (build,
+    /// metadata) and the capability are skipped; a report keeps its bytes.
+    #[test]
+    fn reads_the_node_id_and_whole_reports() {
+        let request = HealthCheckRequestOrEndpointHealthResponse {
+            request_type: Some(RequestType::HealthCheckRequest(HealthCheckRequest {
+                node: Some(Node {
+                    id: "default.web-01".into(),
+                    cluster: "web".into(),
+                    user_agent_name: "envoy".into(),
+                    user_agent_version_type: Some(
+                        envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType::UserAgentBuildVersion(BuildVersion {
+                            version: Some(SemanticVersion { major_number: 1, minor_number: 40, patch: 0 }),
+                            metadata: None,
+                        }),
+                    ),
+                    ..Default::default()
                 }),
+                capability: Some(Capability { health_check_protocols: vec![1] }),
+            })),
+        };
+        let FromEnvoy::Request(r) = decode(&request) else {
+            panic!("a request")
+        };
+        assert_eq!(r.node.unwrap().id, "default.web-01");
+
+        let health = EndpointHealthResponse {
+            cluster_endpoints_health: vec![ClusterEndpointsHealth {
+                cluster_name: "web".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let report = HealthCheckRequestOrEndpointHealthResponse {
+            request_type: Some(RequestType::EndpointHealthResponse(health.clone())),
+        };
+        assert_eq!(decode(&report), FromEnvoy::Report(Report::from(&health)));
+
+        // Nothing at all: no request type, as before.
+        assert_eq!(FromEnvoy::decode(Bytes::new()).unwrap(), FromEnvoy::Empty);
+    }
+
+    /// As prost decodes a oneof: the last variant wins, and one variant
+    /// that occurs twice is merged.
+    #[test]
+    fn the_last_variant_wins_and_repeats_merge() {
+        let request = |id: &str| {
+            HealthCheckRequestOrEndpointHealthResponse {
+                request_type: Some(RequestType::HealthCheckRequest(HealthCheckRequest {
+                    node: Some(Node {
+                        id: id.into(),
+                        ..Default::default()
+                    }),
+                    capability: None,
+                })),
+            }
+            .encode_to_vec()
+        };
+        let report = |cluster: &str| {
+            HealthCheckRequestOrEndpointHealthResponse {
+                request_type: Some(RequestType::EndpointHealthResponse(
+                    EndpointHealthResponse {
+                        cluster_endpoints_health: vec![ClusterEndpointsHealth {
+                            cluster_name: cluster.into(),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    },
+                )),
+            }
+            .encode_to_vec()
+        };
+        let cases = [
+            [request("default.a"), report("x")].concat(),
+            [report("x"), request("default.a")].concat(),
+            [report("x"), report("y")].concat(),
+            [request("default.a"), request("default.b")].concat(),
+            [report("x"), request("default.a"), report("y")].concat(),
+        ];
+        for bytes in cases {
+            let prost = HealthCheckRequestOrEndpointHealthResponse::decode(&bytes[..]).unwrap();
+            let ours = FromEnvoy::decode(Bytes::from(bytes)).unwrap();
+            match (prost.request_type, ours) {
+                (Some(RequestType::HealthCheckRequest(p)), FromEnvoy::Request(o)) => {
+                    assert_eq!(p.node.unwrap().id, o.node.unwrap().id)
+                }
+                (Some(RequestType::EndpointHealthResponse(p)), FromEnvoy::Report(o)) => {
+                    assert_eq!(Report::from(&p).endpoints(), o.endpoints());
+                    assert_eq!(Report::from(&p).len(), o.len());
+                    assert_eq!(
+                        p.cluster_endpoints_health.len(),
+                        o.as_bytes().iter().filter(|&&b| b == 0x12).count()
+                    );
+                }
+                (p, o) => panic!("prost read {p:?}, hdsd {o:?}"),
             }
         }
     }
 
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-        use envoy_types::pb::envoy::config::core::v3::BuildVersion;
-        use envoy_types::pb::envoy::r#type::v3::SemanticVersion;
-        use envoy_types::pb::envoy::service::health::v3::Capability;
-        use prost::Message as _;
-
-        /// The node's id comes through; the rest of the node (build,
-        /// metadata) and the capability are skipped; a report is the same
-        /// message either way.
-        #[test]
-        fn reads_the_node_id_and_whole_reports() {
-            #[allow(deprecated)]
-            let request = HealthCheckRequestOrEndpointHealthResponse {
-                request_type: Some(RequestType::HealthCheckRequest(HealthCheckRequest {
-                    node: Some(Node {
-                        id: "default.web-01".into(),
-                        cluster: "web".into(),
-                        user_agent_name: "envoy".into(),
-                        user_agent_version_type: Some(
-                            envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType::UserAgentBuildVersion(BuildVersion {
-                                version: Some(SemanticVersion { major_number: 1, minor_number: 40, patch: 0 }),
-                                metadata: None,
-                            }),
-                        ),
-                        ..Default::default()
-                    }),
-                    capability: Some(Capability { health_check_protocols: vec![1] }),
-                })),
-            };
-            let decoded: HealthCheckRequestOrEndpointHealthResponse =
-                Message::decode(&request.encode_to_vec()[..])
-                    .unwrap()
-                    .into();
-            let Some(RequestType::HealthCheckRequest(r)) = decoded.request_type else {
-                panic!("a request: {decoded:?}")
-            };
-            assert_eq!(r.node.unwrap().id, "default.web-01");
-
-            let report = HealthCheckRequestOrEndpointHealthResponse {
-                request_type: Some(RequestType::EndpointHealthResponse(
-                    EndpointHealthResponse {
-                        cluster_endpoints_health: vec![Default::default()],
-                        ..Default::default()
-                    },
-                )),
-            };
-            let decoded: HealthCheckRequestOrEndpointHealthResponse =
-                Message::decode(&report.encode_to_vec()[..]).unwrap().into();
-            assert_eq!(decoded, report);
-
-            // Nothing at all: no request type, as before.
-            let empty: HealthCheckRequestOrEndpointHealthResponse =
-                Message::decode(&[][..]).unwrap().into();
-            assert_eq!(empty.request_type, None);
+    #[test]
+    fn broken_messages_are_refused() {
+        // The oneof's field as a varint; a length past the end; a report
+        // whose cluster name is not UTF-8.
+        for bytes in [
+            &[0x10, 0x01][..],
+            &[0x12, 0x05, 0x0a][..],
+            &[0x12, 0x06, 0x12, 0x04, 0x0a, 0x02, 0xff, 0xfe][..],
+        ] {
+            assert!(HealthCheckRequestOrEndpointHealthResponse::decode(bytes).is_err());
+            assert!(
+                FromEnvoy::decode(Bytes::copy_from_slice(bytes)).is_err(),
+                "{bytes:?}"
+            );
         }
     }
 }
