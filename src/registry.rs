@@ -550,10 +550,15 @@ impl DataplaneTask {
             crate::metrics::transitions(fold.became_ready, fold.became_not_ready);
         }
         // Another instance's state is its writer's to store, not ours.
-        // An attach is written at once: the other instances restart the
-        // stale window from it too (`readiness::reattached`).
+        // With a shared store an attach is written at once: the other
+        // instances restart the stale window from it too
+        // (`readiness::reattached`). Alone, nobody reads it before the next
+        // report: a reconnect storm writes nothing.
+        let shared = self.claims.is_some();
         if !observed {
-            self.persist(applied.fold.changed || ((redefines || attach) && applied.notify));
+            self.persist(
+                applied.fold.changed || ((redefines || (attach && shared)) && applied.notify),
+            );
         }
     }
 
