@@ -1,5 +1,5 @@
 //! The gRPC server of the `HealthDiscoveryService`, in place of the one
-//! generated in `envoy-types`, for two reasons:
+//! generated in `envoy-types`, for these reasons:
 //!
 //! - specifiers go out as the bytes encoded once when they were built
 //!   ([`Specifier::encoded`](crate::specifier::Specifier::encoded)): a send
@@ -8,14 +8,16 @@
 //! - the per-stream encode and decode buffers start at [`CODEC_BUFFER`]
 //!   instead of tonic's 8 KiB each: an HDS stream carries messages of a few
 //!   hundred bytes, and these buffers are a large part of what each connected
-//!   Envoy costs in memory. They still grow to the largest message seen.
-//!
+//!   Envoy costs in memory. They still grow to the largest message seen;
 //! - a `HealthCheckRequest` is decoded for what hdsd reads of it, the
 //!   node's id ([`lean`]): Envoy's node also carries its build, metadata and
 //!   the list of its extensions (over a hundred in a real Envoy), which
 //!   decoding in full would allocate and free again on every stream's
-//!   first message. Reports are decoded in full.
-//!
+//!   first message;
+//! - a report is checked and kept as its bytes, a slice of the stream's
+//!   buffer ([`Report`]), and folded in place: decoding it into messages
+//!   cost about a dozen allocations per report.
+
 //! On the wire nothing changes: same service, methods, messages and (no)
 //! compression as the generated server; the largest message decoded is
 //! `hds.limits.max_message_bytes` instead of tonic's 4 MiB.
