@@ -17,7 +17,7 @@
 //! - a report is checked and kept as its bytes, a slice of the stream's
 //!   buffer ([`Report`]), and folded in place: decoding it into messages
 //!   cost about a dozen allocations per report.
-
+//!
 //! On the wire nothing changes: same service, methods, messages and (no)
 //! compression as the generated server; the largest message decoded is
 //! `hds.limits.max_message_bytes` instead of tonic's 4 MiB.
