@@ -276,7 +276,7 @@ pub fn fold_report(
     // (target, Envoy's status) of every reported endpoint, in report order.
     let mut entries: SmallVec<[(Option<usize>, i32); 8]> = SmallVec::new();
     report.for_each(|e| {
-        let target = e.endpoint.and_then(|addr| match e.cluster {
+        let target = e.endpoint().and_then(|addr| match e.cluster {
             Some(cluster) => specifier.target(cluster, addr),
             None => specifier.target_by_endpoint(addr),
         });

@@ -46,11 +46,24 @@ pub struct Reported<'a> {
     /// The cluster it was reported under; `None` in the deprecated flat
     /// `endpoints_health` list, which names no cluster.
     pub cluster: Option<&'a str>,
-    /// Its IP and port, when its address is an IP socket address with a
-    /// port number.
-    pub endpoint: Option<SocketAddr>,
+    /// Its socket address's IP text and port number, as sent, when its
+    /// address is a socket address with a port number: parsed only by
+    /// [`Reported::endpoint`], so that checking a report parses nothing.
+    pub address: Option<(&'a str, u32)>,
     /// Envoy's `HealthStatus`, as sent.
     pub status: i32,
+}
+
+impl Reported<'_> {
+    /// Its IP and port, when its address is an IP socket address with a
+    /// port number that fits one.
+    pub fn endpoint(&self) -> Option<SocketAddr> {
+        let (ip, port) = self.address?;
+        Some(SocketAddr::new(
+            ip.parse::<IpAddr>().ok()?,
+            u16::try_from(port).ok()?,
+        ))
+    }
 }
 
 /// An `EndpointHealthResponse`, checked and kept as its bytes.
@@ -186,23 +199,16 @@ fn walk<'a>(message: &'a [u8], mut visit: impl FnMut(Reported<'a>)) -> Result<bo
         match tag {
             ENDPOINTS_HEALTH => {
                 let eh = nested(&mut buf, wire_type, "endpoints_health")?;
-                let (endpoint, status) = endpoint_health(eh)?;
-                visit(Reported {
-                    cluster: None,
-                    endpoint,
-                    status,
-                });
+                visit(endpoint_health(eh)?);
             }
             CLUSTER_ENDPOINTS_HEALTH => {
                 grouped = true;
                 let cluster = nested(&mut buf, wire_type, "cluster_endpoints_health")?;
                 let name = cluster_name(cluster)?;
                 each_endpoint_health(cluster, |eh| {
-                    let (endpoint, status) = endpoint_health(eh)?;
                     visit(Reported {
                         cluster: Some(name),
-                        endpoint,
-                        status,
+                        ..endpoint_health(eh)?
                     });
                     Ok(())
                 })?;
@@ -262,8 +268,8 @@ struct Address<'a> {
     port: Option<Option<u32>>,
 }
 
-/// An `EndpointHealth`'s endpoint address and status.
-fn endpoint_health(mut buf: &[u8]) -> Result<(Option<SocketAddr>, i32), ReportError> {
+/// An `EndpointHealth`: its socket address and status (no cluster).
+fn endpoint_health(mut buf: &[u8]) -> Result<Reported<'_>, ReportError> {
     let mut address = Address::default();
     let mut status = 0;
     while buf.has_remaining() {
@@ -289,18 +295,19 @@ fn endpoint_health(mut buf: &[u8]) -> Result<(Option<SocketAddr>, i32), ReportEr
             _ => skip(&mut buf, wire_type, tag)?,
         }
     }
-    let endpoint = match address {
+    let address = match address {
         Address {
             variant: Some(SOCKET_ADDRESS),
             ip,
             port: Some(Some(port)),
-        } => match (ip.parse::<IpAddr>(), u16::try_from(port)) {
-            (Ok(ip), Ok(port)) => Some(SocketAddr::new(ip, port)),
-            _ => None,
-        },
+        } => Some((ip, port)),
         _ => None,
     };
-    Ok((endpoint, status))
+    Ok(Reported {
+        cluster: None,
+        address,
+        status,
+    })
 }
 
 /// Merges one `Address` message into `address`.
@@ -449,11 +456,11 @@ mod tests {
     fn lean(bytes: &[u8]) -> Vec<(Option<String>, Option<SocketAddr>, i32)> {
         let report = Report::decode(Bytes::copy_from_slice(bytes)).unwrap();
         let mut seen = Vec::new();
-        report.for_each(|e| seen.push((e.cluster.map(str::to_owned), e.endpoint, e.status)));
+        report.for_each(|e| seen.push((e.cluster.map(str::to_owned), e.endpoint(), e.status)));
         let collected: Vec<_> = report
             .endpoints()
             .into_iter()
-            .map(|e| (e.cluster.map(str::to_owned), e.endpoint, e.status))
+            .map(|e| (e.cluster.map(str::to_owned), e.endpoint(), e.status))
             .collect();
         assert_eq!(seen, collected, "for_each and endpoints agree");
         seen
@@ -504,7 +511,7 @@ mod tests {
             report.endpoints()[0],
             Reported {
                 cluster: Some("web-8080"),
-                endpoint: Some("10.0.0.1:8080".parse().unwrap()),
+                address: Some(("10.0.0.1", 8080)),
                 status: HealthStatus::Healthy as i32
             }
         );
