@@ -1,7 +1,7 @@
 # The two commands a newcomer needs:
 #   make demo   - hdsd with real Envoys and demo apps on this machine
 #   make test   - every test (installs Envoy and Prometheus first)
-.PHONY: demo test setup lint build bench bench-instructions bench-baseline fuzz
+.PHONY: demo test setup standins-warmup lint build bench bench-instructions bench-baseline fuzz
 
 CARGO ?= cargo
 
@@ -19,9 +19,21 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
+# The compose test's stand-in images (tests/compose/standins.sh: about two
+# minutes of debootstrap and `docker import` on a fresh machine) are built in
+# the background while the lint and the build run; the test's own call of the
+# script waits for that build (the script holds a lock) and reuses its images.
+# Its log: target/standins-warmup.log. Without a Docker engine: nothing.
+standins-warmup: setup
+	@if docker version >/dev/null 2>&1; then \
+	  mkdir -p "$${CARGO_TARGET_DIR:-target}"; \
+	  ENVOY_BIN="$$(./scripts/setup.sh)" tests/compose/standins.sh \
+	    >"$${CARGO_TARGET_DIR:-target}/standins-warmup.log" 2>&1 </dev/null & \
+	fi
+
 # The demo story runs last, non-interactively, with the debug hdsd that
 # `cargo test` has just built (no extra release build).
-test: setup lint
+test: setup standins-warmup lint
 	ENVOY_BIN="$$(./scripts/setup.sh)" $(CARGO) test --lib --bins --tests -- --test-threads=2
 	CARGO="$(CARGO)" ./scripts/instructions.py check
 	ENVOY_BIN="$$(./scripts/setup.sh)" ./scripts/demo.py --once --hdsd "$${CARGO_TARGET_DIR:-target}/debug/hdsd"
@@ -41,8 +53,9 @@ bench-instructions: setup
 bench-baseline: setup
 	CARGO="$(CARGO)" ./scripts/instructions.py update
 
-# Fuzzing (README, "Fuzzing"): every target for FUZZ_SECONDS (default 30) each.
-# Not part of `make test`: its sanitizer build of every dependency takes far
+# Fuzzing (README, "Fuzzing"): every target for FUZZ_SECONDS (default 30) each,
+# FUZZ_JOBS at a time, without a sanitizer unless FUZZ_SANITIZER=address.
+# Not part of `make test`: its build of every dependency for fuzzing takes
 # longer than the runs (README, "Fuzzing").
 FUZZ_SECONDS ?= 30
 fuzz:
