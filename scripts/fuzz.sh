@@ -20,8 +20,9 @@
 # ends the run with a non-zero exit and leaves its input in
 # fuzz/artifacts/<target>/ (replay: cargo fuzz run -O -s none <target> <file>).
 #
-# cargo fuzz needs a nightly compiler's flags (-Zsanitizer=address); the
-# stable compiler accepts them with RUSTC_BOOTSTRAP=1, set here.
+# cargo fuzz passes nightly compiler flags (-Z..., -Zsanitizer=address with
+# the sanitizer); the stable compiler accepts them with RUSTC_BOOTSTRAP=1,
+# set here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
