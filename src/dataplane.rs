@@ -19,6 +19,9 @@ use crate::probe::{
     one_kind, Check, GrpcCheck, HttpCheck, Payload, ProbeSettings, StatusRange, TcpCheck,
 };
 
+mod documents;
+pub use documents::{reparse_file, Documents, Reparsed};
+
 /// `<mesh>.<name>`: the identity of a dataplane, and Envoy's `node.id`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct DataplaneId {
@@ -411,6 +414,20 @@ impl ParseError {
 /// file's size). A text the streaming parser cannot read is an error too,
 /// so nothing it has not checked reaches the deserializer.
 pub fn check_yaml(text: &str, limits: &FileLimits) -> Result<(), ParseError> {
+    scan_yaml(text, limits).map(|_| ())
+}
+
+/// What [`check_yaml`] counted in a text within the limits: its aliases, the
+/// size its aliases expand it to, and its documents. They add up over the
+/// documents of a stream, which lets a file be checked document by document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct YamlSize {
+    aliases: usize,
+    expanded: u64,
+    documents: usize,
+}
+
+fn scan_yaml(text: &str, limits: &FileLimits) -> Result<YamlSize, ParseError> {
     use yaml_rust2::parser::{Event, Parser};
     // One open collection: its anchor and its expanded size so far.
     struct Open {
@@ -423,6 +440,7 @@ pub fn check_yaml(text: &str, limits: &FileLimits) -> Result<(), ParseError> {
     let mut anchored: std::collections::HashMap<usize, u64> = std::collections::HashMap::new();
     let mut aliases = 0usize;
     let mut total = 0u64;
+    let mut documents = 0usize;
     let nesting = |line| {
         ParseError::limit(
             Limit::Nesting,
@@ -450,7 +468,17 @@ pub fn check_yaml(text: &str, limits: &FileLimits) -> Result<(), ParseError> {
         let line = Some(mark.line());
         // A finished node: (its anchor, its expanded size).
         let done = match event {
-            Event::StreamEnd => return Ok(()),
+            Event::StreamEnd => {
+                return Ok(YamlSize {
+                    aliases,
+                    expanded: total,
+                    documents,
+                })
+            }
+            Event::DocumentStart => {
+                documents += 1;
+                None
+            }
             Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
                 open.push(Open { anchor, size: 1 });
                 if open.len() > limits.max_nesting {

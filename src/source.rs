@@ -26,7 +26,9 @@ use imbl::OrdMap;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::dataplane::{self, Dataplane, DataplaneId, FileLimits, Format, IgnoredDocument, Limit};
+use crate::dataplane::{
+    self, Dataplane, DataplaneId, Documents, FileLimits, Format, IgnoredDocument, Limit,
+};
 use crate::fswatch;
 use crate::specifier::{build, Specifier, SpecifierError, SpecifierSettings};
 
@@ -61,6 +63,9 @@ pub struct FileState {
     pub error: Option<FileError>,
     /// The file's own problem (read, parse, validation), without conflicts.
     parse_error: Option<FileError>,
+    /// The documents of the last good parse, which the next version of the
+    /// file reuses where their text is unchanged.
+    documents: Documents,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -436,53 +441,62 @@ fn file_state(
 ) -> FileState {
     let result = read.and_then(|text| parse_file(path, &text, previous, limits, build));
     match result {
-        Ok((dataplanes, ignored)) => FileState {
+        Ok((dataplanes, ignored, documents)) => FileState {
             dataplanes,
             ignored,
             error: None,
             parse_error: None,
+            documents,
         },
         Err(error) => FileState {
             dataplanes: previous.map(|f| f.dataplanes.clone()).unwrap_or_default(),
             ignored: previous.map(|f| f.ignored.clone()).unwrap_or_default(),
             error: Some(error.clone()),
             parse_error: Some(error),
+            documents: previous.map(|f| f.documents.clone()).unwrap_or_default(),
         },
     }
 }
 
-/// Parses a file; a dataplane defined exactly as in the file's `previous`
-/// state keeps that definition (and its specifier: not built again).
+/// Parses a file, reusing the previous parse of each of its documents whose
+/// text is unchanged; a dataplane defined exactly as in the file's
+/// `previous` state keeps that definition (and its specifier: not built
+/// again).
 fn parse_file(
     path: &Path,
     text: &str,
     previous: Option<&FileState>,
     limits: &FileLimits,
     build: &mut Build<'_>,
-) -> Result<(Vec<Defined>, Vec<IgnoredDocument>), FileError> {
+) -> Result<(Vec<Defined>, Vec<IgnoredDocument>, Documents), FileError> {
     let before: HashMap<&DataplaneId, &Defined> = previous
         .map(|f| f.dataplanes.iter().map(|d| (&d.dataplane.id, d)).collect())
         .unwrap_or_default();
     let format = Format::of_path(path).unwrap_or(Format::Yaml);
-    let parsed = dataplane::parse_file_with(text, format, limits)
-        .map_err(|e| FileError::new(e.line, &e.message, e.limit))?;
+    let kept = previous.map(|f| &f.documents);
+    let parsed =
+        dataplane::reparse_file(text, format, limits, kept.unwrap_or(&Documents::default()))
+            .map_err(|e| FileError::new(e.line, &e.message, e.limit))?;
     let defined = parsed
         .dataplanes
         .into_iter()
         .map(|dp| {
-            if let Some(d) = before.get(&dp.id).filter(|d| *d.dataplane == dp) {
+            let unchanged = before
+                .get(&dp.id)
+                .filter(|d| Arc::ptr_eq(&d.dataplane, &dp) || d.dataplane == dp);
+            if let Some(d) = unchanged {
                 return Ok(Defined::clone(d));
             }
             let specifier = build(&dp)
                 .map_err(|e| FileError::new(None, &format!("dataplane {}: {e}", dp.id), None))?;
             Ok(Defined {
-                dataplane: Arc::new(dp),
+                dataplane: dp,
                 specifier: Arc::new(specifier),
                 file: path.to_path_buf(),
             })
         })
         .collect::<Result<_, _>>()?;
-    Ok((defined, parsed.ignored))
+    Ok((defined, parsed.ignored, parsed.documents))
 }
 
 /// Why the directory itself cannot be read.

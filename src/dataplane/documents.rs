@@ -1,0 +1,402 @@
+//! A new version of a YAML file parsed at the cost of its documents that
+//! changed.
+//!
+//! A YAML stream is split into documents at each line that starts with `---`
+//! followed by a blank or the line's end: YAML forbids such a line inside a
+//! scalar or a collection, so the parser starts a new document there too.
+//! Without directives (`%YAML`, `%TAG`), the documents of a stream are
+//! independent (anchors, tags and errors belong to one document), so each
+//! piece is parsed on its own, and a piece whose text is unchanged since the
+//! file's last good parse keeps that parse.
+//!
+//! Whatever the pieces cannot settle on their own goes to the whole-file
+//! parser, which gives the answer and the error message it always gave: a
+//! piece that does not parse, limits over the whole file (aliases, expansion,
+//! size), a dataplane defined twice, a template placeholder, directives, and
+//! JSON. The pieces are only a way to get the whole-file parser's answer
+//! cheaply; the fuzz target `dataplane_file` checks that they always do.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::{
+    check_sizes, classify, find_template, parse_file_with, scan_yaml, Dataplane, DataplaneDoc,
+    FileLimits, Format, Header, IgnoredDocument, ParseError, ParsedFile, YamlSize,
+};
+
+/// A file's documents as of its last good parse, for the next version of the
+/// file to reuse. It holds the file's text once; its dataplanes are shared
+/// with the parse's result.
+#[derive(Debug, Clone, Default)]
+pub struct Documents(Option<Arc<Kept>>);
+
+#[derive(Debug)]
+struct Kept {
+    text: Box<str>,
+    /// The limits the pieces were checked against.
+    limits: FileLimits,
+    pieces: Vec<Piece>,
+}
+
+/// One piece of the stream (normally one document) and what it holds.
+#[derive(Debug)]
+struct Piece {
+    range: Range<usize>,
+    items: Vec<Item>,
+    size: YamlSize,
+}
+
+#[derive(Debug, Clone)]
+enum Item {
+    /// An empty document (`---` alone).
+    Empty,
+    Dataplane(Arc<Dataplane>),
+    Ignored {
+        kind: String,
+        name: Option<String>,
+    },
+}
+
+impl Documents {
+    /// Bytes of file text held (the bound of this cache: one copy of each
+    /// dataplane file, at most `dataplanes.max_file_size` each).
+    pub fn text_len(&self) -> usize {
+        self.0.as_ref().map_or(0, |k| k.text.len())
+    }
+}
+
+impl PartialEq for Documents {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) || (a.text == b.text && a.limits == b.limits),
+            _ => false,
+        }
+    }
+}
+
+/// A file parsed by [`reparse_file`].
+#[derive(Debug, Clone, Default)]
+pub struct Reparsed {
+    pub dataplanes: Vec<Arc<Dataplane>>,
+    pub ignored: Vec<IgnoredDocument>,
+    /// What the next version of the file can reuse.
+    pub documents: Documents,
+    /// How many pieces of the file kept their previous parse (0 when the
+    /// whole-file parser answered).
+    pub reused: usize,
+}
+
+/// [`parse_file_with`]'s answer for `text`, reusing the parse of every
+/// document of `previous` (the file's last good parse) whose text is
+/// unchanged.
+pub fn reparse_file(
+    text: &str,
+    format: Format,
+    limits: &FileLimits,
+    previous: &Documents,
+) -> Result<Reparsed, ParseError> {
+    if format == Format::Yaml {
+        if let Some(reparsed) = by_pieces(text, limits, previous) {
+            return Ok(reparsed);
+        }
+    }
+    let ParsedFile {
+        dataplanes,
+        ignored,
+    } = parse_file_with(text, format, limits)?;
+    Ok(Reparsed {
+        dataplanes: dataplanes.into_iter().map(Arc::new).collect(),
+        ignored,
+        documents: Documents::default(),
+        reused: 0,
+    })
+}
+
+/// The file from its pieces, or `None` when the whole-file parser must answer.
+fn by_pieces(text: &str, limits: &FileLimits, previous: &Documents) -> Option<Reparsed> {
+    if text.len() as u64 > limits.max_file_size
+        || text.starts_with('%')
+        || text.contains("\n%")
+        || find_template(text).is_some()
+    {
+        return None;
+    }
+    let kept: HashMap<&str, &Piece> = match previous.0.as_deref() {
+        Some(k) if k.limits == *limits => k
+            .pieces
+            .iter()
+            .map(|p| (&k.text[p.range.clone()], p))
+            .collect(),
+        _ => HashMap::new(),
+    };
+    let mut pieces = Vec::with_capacity(kept.len().max(1));
+    let mut reused = 0;
+    for range in split(text) {
+        let piece = match kept.get(&text[range.clone()]) {
+            Some(p) => {
+                reused += 1;
+                Piece {
+                    range,
+                    items: p.items.clone(),
+                    size: p.size,
+                }
+            }
+            None => parse_piece(text, range, limits)?,
+        };
+        pieces.push(piece);
+    }
+    let mut out = Reparsed {
+        reused,
+        ..Reparsed::default()
+    };
+    let mut size = YamlSize::default();
+    let mut index = 0;
+    for piece in &pieces {
+        size.aliases = size.aliases.saturating_add(piece.size.aliases);
+        size.expanded = size.expanded.saturating_add(piece.size.expanded);
+        for item in &piece.items {
+            index += 1;
+            match item {
+                Item::Empty => {}
+                Item::Dataplane(dp) => out.dataplanes.push(Arc::clone(dp)),
+                Item::Ignored { kind, name } => out.ignored.push(IgnoredDocument {
+                    document: index,
+                    kind: kind.clone(),
+                    name: name.clone(),
+                }),
+            }
+        }
+    }
+    let mut ids = HashSet::with_capacity(out.dataplanes.len());
+    if size.aliases > limits.max_aliases
+        || size.expanded > limits.max_file_size
+        || !out.dataplanes.iter().all(|d| ids.insert(&d.id))
+    {
+        return None;
+    }
+    out.documents = Documents(Some(Arc::new(Kept {
+        text: text.into(),
+        limits: *limits,
+        pieces,
+    })));
+    Some(out)
+}
+
+/// The byte ranges of the pieces of a YAML stream: a piece starts at the
+/// text's start and at each line that starts with `---` followed by a blank
+/// or a line break. A piece may hold no document (comments before the first
+/// `---`) or several (after a `...`): it is parsed as a stream of its own.
+fn split(text: &str) -> Vec<Range<usize>> {
+    let bytes = text.as_bytes();
+    let mut starts = vec![0];
+    starts.extend(
+        bytes
+            .iter()
+            .enumerate()
+            .filter(|&(_, &b)| b == b'\n')
+            .map(|(i, _)| i + 1)
+            .filter(|&at| {
+                bytes[at..].starts_with(b"---")
+                    && matches!(bytes.get(at + 3), None | Some(b' ' | b'\t' | b'\r' | b'\n'))
+            }),
+    );
+    let mut ends = starts[1..].to_vec();
+    ends.push(text.len());
+    starts.into_iter().zip(ends).map(|(s, e)| s..e).collect()
+}
+
+/// One piece parsed as [`super::parse_yaml`] parses a file, or `None` at any
+/// problem (the whole-file parser then says what it is and where).
+fn parse_piece(text: &str, range: Range<usize>, limits: &FileLimits) -> Option<Piece> {
+    let piece = &text[range.clone()];
+    let size = scan_yaml(piece, limits).ok()?;
+    let headers = serde_yaml_ng::Deserializer::from_str(piece)
+        .map(|document| Option::<Header>::deserialize(document).ok())
+        .collect::<Option<Vec<_>>>()?;
+    // An empty stream is one empty document to the deserializer, but a piece
+    // of comments before the first `---` adds no document to the file.
+    let headers = match size.documents {
+        0 => Vec::new(),
+        n if n == headers.len() => headers,
+        _ => return None,
+    };
+    let mut items = Vec::with_capacity(headers.len());
+    for (document, header) in serde_yaml_ng::Deserializer::from_str(piece).zip(headers) {
+        let mut skipped = ParsedFile::default();
+        let item = if classify(0, header, &mut skipped).ok()? {
+            let dataplane = DataplaneDoc::deserialize(document)
+                .ok()?
+                .into_dataplane()
+                .ok()?;
+            check_sizes(&dataplane, limits).ok()?;
+            Item::Dataplane(Arc::new(dataplane))
+        } else {
+            match skipped.ignored.pop() {
+                Some(d) => Item::Ignored {
+                    kind: d.kind,
+                    name: d.name,
+                },
+                None => Item::Empty,
+            }
+        };
+        items.push(item);
+    }
+    Some(Piece { range, items, size })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(name: &str, port: u16) -> String {
+        format!(
+            "type: Dataplane\nmesh: default\nname: {name}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: {port}\n"
+        )
+    }
+
+    fn fleet(count: usize, changed: Option<usize>) -> String {
+        (0..count)
+            .map(|i| doc(&format!("dp-{i}"), if changed == Some(i) { 9 } else { 8 }))
+            .collect::<Vec<_>>()
+            .join("---\n")
+    }
+
+    /// The pieces' answer is the whole-file parser's, from no previous parse
+    /// and from the parse of `before`.
+    fn same_as_whole(text: &str, before: &str) -> Reparsed {
+        let limits = FileLimits::default();
+        let whole = parse_file_with(text, Format::Yaml, &limits);
+        let previous = reparse_file(before, Format::Yaml, &limits, &Documents::default())
+            .map(|r| r.documents)
+            .unwrap_or_default();
+        let mut last = None;
+        for previous in [Documents::default(), previous] {
+            let got = reparse_file(text, Format::Yaml, &limits, &previous);
+            match (&whole, &got) {
+                (Ok(w), Ok(g)) => {
+                    let dps: Vec<Dataplane> = g.dataplanes.iter().map(|d| (**d).clone()).collect();
+                    assert_eq!(w.dataplanes, dps, "{text:?}");
+                    assert_eq!(w.ignored, g.ignored, "{text:?}");
+                }
+                (Err(w), Err(g)) => assert_eq!(w, g, "{text:?}"),
+                _ => panic!("{text:?}: whole {whole:?}, pieces {got:?}"),
+            }
+            last = got.ok();
+        }
+        last.unwrap_or_default()
+    }
+
+    #[test]
+    fn a_change_reparses_its_document_only() {
+        let before = fleet(100, None);
+        let after = fleet(100, Some(40));
+        let limits = FileLimits::default();
+        let first = reparse_file(&before, Format::Yaml, &limits, &Documents::default()).unwrap();
+        assert_eq!(first.reused, 0);
+        let next = reparse_file(&after, Format::Yaml, &limits, &first.documents).unwrap();
+        assert_eq!(next.reused, 99);
+        assert_eq!(next.dataplanes.len(), 100);
+        assert_eq!(next.dataplanes[40].inbounds[0].service_port, 9);
+        // The unchanged dataplanes are the previous parse's, shared.
+        assert!(Arc::ptr_eq(&next.dataplanes[0], &first.dataplanes[0]));
+        assert!(!Arc::ptr_eq(&next.dataplanes[40], &first.dataplanes[40]));
+        assert_eq!(next.documents.text_len(), after.len());
+        same_as_whole(&after, &before);
+    }
+
+    #[test]
+    fn pieces_agree_with_the_whole_file() {
+        let a = doc("a", 8);
+        let b = doc("b", 8);
+        let mesh = "type: Mesh\nname: default\n";
+        let cases = [
+            String::new(),
+            "---\n".into(),
+            "---\n---\n".into(),
+            "# a comment\n---\n".into(),
+            format!("# a comment\n---\n{a}---\n{mesh}---\n---\n{b}"),
+            format!("{a}...\n---\n{b}"),
+            format!("{a}...\n{b}"),
+            format!("--- # the first\n{a}--- \n{b}"),
+            format!("{a}---\t\n{b}"),
+            format!("{a}----\n{b}"),
+            format!("{a}\r\n---\r\n{b}"),
+            format!("{mesh}---\n{mesh}"),
+            // A block scalar holding `---` indented, and a document that is one.
+            format!("{a}---\nx: |\n  ---\n  y\n"),
+            format!("{a}--- |\n  text\n---\n{b}"),
+            // Broken: a quoted scalar or a flow collection cut by `---`.
+            format!("{a}---\nname: \"x\n---\ny\"\n"),
+            format!("{a}---\nx: [1,\n---\n2]\n"),
+            // Anchors belong to their document.
+            format!("x: &v 1\n---\ny: *v\n"),
+            format!(
+                "{}---\n{}",
+                a.replace("mesh: default", "mesh: &m default"),
+                b.replace("mesh: default", "mesh: *m")
+            ),
+            // Defined twice, in two documents.
+            format!("{a}---\n{a}"),
+            // A directive, a template, a bad document, a Kubernetes manifest.
+            format!("%YAML 1.2\n---\n{a}"),
+            format!("{a}---\nname: {{{{ name }}}}\n"),
+            format!("{a}---\nnot: a resource\n"),
+            format!("{a}---\nkind: Pod\n"),
+            format!("{a}---\ntype: ''\n"),
+        ];
+        for text in &cases {
+            same_as_whole(text, "");
+            same_as_whole(text, &format!("{a}---\n{b}"));
+            same_as_whole(text, text);
+        }
+    }
+
+    #[test]
+    fn limits_over_the_whole_file_are_the_whole_files() {
+        // Each document has 40 aliases, within the limit of 64; the file has 80.
+        let many = |name: &str| {
+            let refs: String = (0..40).map(|i| format!("  k{i}: *v\n")).collect();
+            format!("type: Mesh\nname: {name}\nv: &v 1\nrefs:\n{refs}")
+        };
+        let text = format!("{}---\n{}", many("a"), many("b"));
+        let limits = FileLimits::default();
+        let e = reparse_file(&text, Format::Yaml, &limits, &Documents::default()).unwrap_err();
+        assert_eq!(e.limit, Some(super::super::Limit::Aliases), "{e}");
+        same_as_whole(&text, &many("a"));
+        let one = format!("{}---\n---\n", many("a"));
+        assert_eq!(same_as_whole(&one, "").ignored.len(), 1);
+    }
+
+    #[test]
+    fn other_limits_invalidate_the_kept_parse() {
+        let text = fleet(3, None);
+        let limits = FileLimits::default();
+        let first = reparse_file(&text, Format::Yaml, &limits, &Documents::default()).unwrap();
+        let again = reparse_file(&text, Format::Yaml, &limits, &first.documents).unwrap();
+        assert_eq!(again.reused, 3);
+        let tighter = FileLimits {
+            max_inbounds: 0,
+            ..limits
+        };
+        let e = reparse_file(&text, Format::Yaml, &tighter, &first.documents).unwrap_err();
+        assert_eq!(e.limit, Some(super::super::Limit::Inbounds), "{e}");
+    }
+
+    #[test]
+    fn json_is_parsed_whole() {
+        let json = r#"{"type": "Dataplane", "mesh": "default", "name": "a", "networking": {"address": "127.0.0.1", "inbound": [{"port": 1}]}}"#;
+        let r = reparse_file(
+            json,
+            Format::Json,
+            &FileLimits::default(),
+            &Documents::default(),
+        )
+        .unwrap();
+        assert_eq!(r.dataplanes.len(), 1);
+        assert_eq!(r.documents, Documents::default());
+    }
+}
