@@ -793,6 +793,7 @@ fn add(index: usize, doc: DataplaneDoc, out: &mut ParsedFile) -> Result<(), Pars
 
 /// The first `{{ name }}` placeholder outside a comment: (line, placeholder).
 fn find_template(text: &str) -> Option<(usize, &str)> {
+    memchr::memmem::find(text.as_bytes(), b"{{")?;
     text.lines().enumerate().find_map(|(i, line)| {
         if line.trim_start().starts_with('#') {
             return None;

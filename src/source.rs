@@ -298,6 +298,9 @@ fn update(
     next.dir = dir.to_path_buf();
     let mut modified = next.dir != previous.dir;
     let mut touched: BTreeSet<DataplaneId> = BTreeSet::new();
+    // The files whose conflicts may have changed: the changed ones, and every
+    // file that defines a touched dataplane.
+    let mut affected: BTreeSet<PathBuf> = BTreeSet::new();
     for (path, read) in changed {
         let old = next.files.get(&path).cloned();
         let new = read.map(|read| file_state(&path, read, old.as_deref(), limits, build));
@@ -306,32 +309,35 @@ fn update(
             (None, None) => continue,
             _ => modified = true,
         }
-        if let Some(old) = &old {
-            for d in &old.dataplanes {
-                let id = &d.dataplane.id;
-                touched.insert(id.clone());
-                let gone = match next.definers.get_mut(id) {
-                    Some(paths) => {
-                        paths.retain(|p| p != &path);
-                        paths.is_empty()
-                    }
-                    None => false,
-                };
-                if gone {
-                    next.definers.remove(id);
+        let (gone, came, differ) = differences(
+            old.as_deref().map_or(&[], |o| &o.dataplanes),
+            new.as_ref().map_or(&[], |n| &n.dataplanes),
+        );
+        for id in gone {
+            let emptied = match next.definers.get_mut(id) {
+                Some(paths) => {
+                    paths.retain(|p| p != &path);
+                    paths.is_empty()
                 }
+                None => false,
+            };
+            if emptied {
+                next.definers.remove(id);
             }
+            touched.insert(id.clone());
         }
+        for id in came {
+            let paths = next.definers.entry(id.clone()).or_default();
+            if let Err(at) = paths.binary_search(&path) {
+                paths.insert(at, path.clone());
+            }
+            touched.insert(id.clone());
+        }
+        touched.extend(differ.into_iter().cloned());
         match new {
             Some(state) => {
-                for d in &state.dataplanes {
-                    let id = &d.dataplane.id;
-                    touched.insert(id.clone());
-                    let paths = next.definers.entry(id.clone()).or_default();
-                    if let Err(at) = paths.binary_search(&path) {
-                        paths.insert(at, path.clone());
-                    }
-                }
+                // Its conflicts are worked out below, with the others'.
+                affected.insert(path.clone());
                 next.files.insert(path, Arc::new(state));
             }
             None => {
@@ -339,28 +345,23 @@ fn update(
             }
         }
     }
-    // The winner of each touched dataplane, and the files whose conflicts
-    // may have changed: every file that defines one of them.
-    let mut by_file: HashMap<PathBuf, HashMap<DataplaneId, Defined>> = HashMap::new();
-    let mut affected: BTreeSet<PathBuf> = BTreeSet::new();
+    // The winner of each touched dataplane: the first file in path order
+    // that defines it (each such file's definitions indexed once).
+    let mut by_file: HashMap<&PathBuf, HashMap<&DataplaneId, &Defined>> = HashMap::new();
     let mut changed_ids: Vec<DataplaneId> = Vec::new();
     for id in touched {
         let winner = match next.definers.get(&id) {
             Some(paths) => {
                 affected.extend(paths.iter().cloned());
                 let first = &paths[0];
-                let index = by_file.entry(first.clone()).or_insert_with(|| {
-                    next.files
+                let files = &next.files;
+                let index = by_file.entry(first).or_insert_with(|| {
+                    files
                         .get(first)
-                        .map(|f| {
-                            f.dataplanes
-                                .iter()
-                                .map(|d| (d.dataplane.id.clone(), d.clone()))
-                                .collect()
-                        })
+                        .map(|f| f.dataplanes.iter().map(|d| (&d.dataplane.id, d)).collect())
                         .unwrap_or_default()
                 });
-                index.get(&id).cloned()
+                index.get(&id).map(|d| Defined::clone(d))
             }
             None => None,
         };
@@ -401,6 +402,45 @@ fn update(
         }
     }
     next
+}
+
+/// How a file's definitions changed: the dataplanes it no longer defines,
+/// the ones it defines now and did not, and the ones it defines differently.
+/// Definitions in the same place compare first, by pointer when the file's
+/// parse kept them, so an edit of one document costs that document.
+fn differences<'a>(
+    old: &'a [Defined],
+    new: &'a [Defined],
+) -> (
+    Vec<&'a DataplaneId>,
+    Vec<&'a DataplaneId>,
+    Vec<&'a DataplaneId>,
+) {
+    // Definitions in the same place, the same: untouched.
+    let same: Vec<bool> = old
+        .iter()
+        .zip(new)
+        .map(|(o, n)| o.dataplane.id == n.dataplane.id && o == n)
+        .collect();
+    let untouched = |i: usize| same.get(i).copied().unwrap_or(false);
+    let mut before: HashMap<&DataplaneId, &Defined> = HashMap::new();
+    for (i, d) in old.iter().enumerate() {
+        if !untouched(i) {
+            before.insert(&d.dataplane.id, d);
+        }
+    }
+    let (mut came, mut differ) = (Vec::new(), Vec::new());
+    for (i, d) in new.iter().enumerate() {
+        if untouched(i) {
+            continue;
+        }
+        match before.remove(&d.dataplane.id) {
+            Some(o) if o == d => {}
+            Some(_) => differ.push(&d.dataplane.id),
+            None => came.push(&d.dataplane.id),
+        }
+    }
+    (before.into_keys().collect(), came, differ)
 }
 
 /// A file's error: its own problem, else its conflicts with files earlier in
@@ -942,6 +982,94 @@ mod tests {
             &settings(),
         );
         assert_eq!(second, full);
+    }
+
+    #[test]
+    fn edits_of_multi_document_files_give_what_reading_everything_gives() {
+        let dir = Path::new("d");
+        let text = |docs: &[(&str, u16)]| {
+            docs.iter()
+                .map(|(n, p)| doc(n, *p))
+                .collect::<Vec<_>>()
+                .join("---\n")
+        };
+        // Each step: the files' contents; a step replaces only the files it names.
+        let steps: Vec<Vec<(&str, String)>> = vec![
+            vec![
+                ("d/a.yaml", text(&[("a1", 1), ("a2", 2), ("x", 3)])),
+                ("d/b.yaml", text(&[("b1", 1), ("x", 4)])),
+            ],
+            // One document changed; one added; a conflict appears and goes.
+            vec![("d/a.yaml", text(&[("a1", 1), ("a2", 20), ("x", 3)]))],
+            vec![("d/b.yaml", text(&[("b1", 1), ("b2", 2), ("x", 4)]))],
+            vec![("d/a.yaml", text(&[("a1", 1), ("a2", 20)]))],
+            // Broken, then fixed to what it was: its conflict comes back.
+            vec![("d/a.yaml", text(&[("a1", 1), ("x", 3)]))],
+            vec![(
+                "d/a.yaml",
+                format!("{}---\nmesh: [", text(&[("a1", 1), ("x", 3)])),
+            )],
+            vec![("d/a.yaml", text(&[("a1", 1), ("x", 3)]))],
+            // Documents moved within a file and between files.
+            vec![("d/a.yaml", text(&[("x", 3), ("a1", 1)]))],
+            vec![
+                ("d/a.yaml", text(&[("x", 3)])),
+                ("d/b.yaml", text(&[("a1", 1), ("b1", 1), ("b2", 2)])),
+            ],
+        ];
+        let mut contents: BTreeMap<PathBuf, String> = BTreeMap::new();
+        let mut loaded = Loaded::default();
+        for (n, step) in steps.into_iter().enumerate() {
+            let mut changed = BTreeMap::new();
+            for (path, text) in step {
+                contents.insert(PathBuf::from(path), text.clone());
+                changed.insert(PathBuf::from(path), Some(Ok(text)));
+            }
+            loaded = if n == 0 {
+                assemble(
+                    dir,
+                    changed.into_iter().map(|(p, r)| (p, r.unwrap())).collect(),
+                    &loaded,
+                    &settings(),
+                )
+            } else {
+                reassemble(&loaded, changed, &settings())
+            };
+            // Reading everything from scratch, with the broken file's last
+            // good text read first.
+            let mut full = Loaded::default();
+            if n == 5 {
+                let mut good = contents.clone();
+                good.insert(PathBuf::from("d/a.yaml"), text(&[("a1", 1), ("x", 3)]));
+                full = assemble(
+                    dir,
+                    good.into_iter().map(|(p, t)| (p, Ok(t))).collect(),
+                    &full,
+                    &settings(),
+                );
+            }
+            let full = assemble(
+                dir,
+                contents
+                    .iter()
+                    .map(|(p, t)| (p.clone(), Ok(t.clone())))
+                    .collect(),
+                &full,
+                &settings(),
+            );
+            assert_eq!(loaded.dataplanes, full.dataplanes, "step {n}");
+            assert_eq!(loaded.problems(), full.problems(), "step {n}");
+            assert_eq!(loaded.definers, full.definers, "step {n}");
+            if n == 6 {
+                let problems = loaded.problems();
+                assert_eq!(problems.len(), 1, "{problems:?}");
+                assert!(
+                    problems[0].contains("default.x is also defined in d/a.yaml"),
+                    "{problems:?}"
+                );
+            }
+        }
+        assert!(loaded.problems().is_empty(), "{:?}", loaded.problems());
     }
 
     /// `count` dataplanes, `per_file` to a file: d/f000.yaml...

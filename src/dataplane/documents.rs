@@ -16,7 +16,7 @@
 //! JSON. The pieces are only a way to get the whole-file parser's answer
 //! cheaply; the fuzz target `dataplane_file` checks that they always do.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -120,32 +120,54 @@ pub fn reparse_file(
 fn by_pieces(text: &str, limits: &FileLimits, previous: &Documents) -> Option<Reparsed> {
     if text.len() as u64 > limits.max_file_size
         || text.starts_with('%')
-        || text.contains("\n%")
+        || memchr::memmem::find(text.as_bytes(), b"\n%").is_some()
         || find_template(text).is_some()
     {
         return None;
     }
-    let kept: HashMap<&str, &Piece> = match previous.0.as_deref() {
-        Some(k) if k.limits == *limits => k
-            .pieces
-            .iter()
-            .map(|p| (&k.text[p.range.clone()], p))
-            .collect(),
-        _ => HashMap::new(),
+    let kept = previous.0.as_deref().filter(|k| k.limits == *limits);
+    let old: &[Piece] = kept.map_or(&[], |k| &k.pieces);
+    // Old piece `j`, when its text is `new`.
+    let same = |j: usize, new: &str| {
+        let (kept, piece) = (kept?, old.get(j)?);
+        (&kept.text[piece.range.clone()] == new).then_some(piece)
     };
-    let mut pieces = Vec::with_capacity(kept.len().max(1));
+    let ranges = split(text);
+    let mut pieces = Vec::with_capacity(ranges.len());
     let mut reused = 0;
-    for range in split(text) {
-        let piece = match kept.get(&text[range.clone()]) {
+    // The old pieces are matched in order, as a diff would: a document
+    // changed, added or removed keeps every other document's parse; documents
+    // moved around are parsed again.
+    let mut j = 0;
+    for (i, range) in ranges.iter().enumerate() {
+        let new = &text[range.clone()];
+        let found = if let Some(p) = same(j, new) {
+            j += 1;
+            Some(p)
+        } else if let Some(p) = same(j + 1, new) {
+            // Old piece j was removed.
+            j += 2;
+            Some(p)
+        } else {
+            // Added before old piece j, or old piece j changed.
+            let added = ranges
+                .get(i + 1)
+                .is_some_and(|next| same(j, &text[next.clone()]).is_some());
+            if !added {
+                j += 1;
+            }
+            None
+        };
+        let piece = match found {
             Some(p) => {
                 reused += 1;
                 Piece {
-                    range,
+                    range: range.clone(),
                     items: p.items.clone(),
                     size: p.size,
                 }
             }
-            None => parse_piece(text, range, limits)?,
+            None => parse_piece(text, range.clone(), limits)?,
         };
         pieces.push(piece);
     }
@@ -194,15 +216,9 @@ fn split(text: &str) -> Vec<Range<usize>> {
     let bytes = text.as_bytes();
     let mut starts = vec![0];
     starts.extend(
-        bytes
-            .iter()
-            .enumerate()
-            .filter(|&(_, &b)| b == b'\n')
-            .map(|(i, _)| i + 1)
-            .filter(|&at| {
-                bytes[at..].starts_with(b"---")
-                    && matches!(bytes.get(at + 3), None | Some(b' ' | b'\t' | b'\r' | b'\n'))
-            }),
+        memchr::memmem::find_iter(bytes, b"\n---")
+            .map(|at| at + 1)
+            .filter(|&at| matches!(bytes.get(at + 3), None | Some(b' ' | b'\t' | b'\r' | b'\n'))),
     );
     let mut ends = starts[1..].to_vec();
     ends.push(text.len());
@@ -309,6 +325,31 @@ mod tests {
     }
 
     #[test]
+    fn documents_added_or_removed_keep_the_others_parse() {
+        let limits = FileLimits::default();
+        let docs: Vec<String> = (0..10).map(|i| doc(&format!("dp-{i}"), 8)).collect();
+        let file = |docs: &[String]| docs.join("---\n");
+        let first =
+            reparse_file(&file(&docs), Format::Yaml, &limits, &Documents::default()).unwrap();
+        let mut added = docs.clone();
+        added.insert(4, doc("new", 8));
+        let r = reparse_file(&file(&added), Format::Yaml, &limits, &first.documents).unwrap();
+        assert_eq!((r.reused, r.dataplanes.len()), (10, 11));
+        let mut removed = docs.clone();
+        removed.remove(4);
+        let r = reparse_file(&file(&removed), Format::Yaml, &limits, &first.documents).unwrap();
+        assert_eq!((r.reused, r.dataplanes.len()), (9, 9));
+        // Moved: parsed again from there on (correct, only slower).
+        let mut moved = docs.clone();
+        moved.swap(2, 7);
+        let r = reparse_file(&file(&moved), Format::Yaml, &limits, &first.documents).unwrap();
+        assert!(r.reused >= 2, "{}", r.reused);
+        same_as_whole(&file(&moved), &file(&docs));
+        same_as_whole(&file(&added), &file(&docs));
+        same_as_whole(&file(&removed), &file(&docs));
+    }
+
+    #[test]
     fn pieces_agree_with_the_whole_file() {
         let a = doc("a", 8);
         let b = doc("b", 8);
@@ -333,7 +374,7 @@ mod tests {
             format!("{a}---\nname: \"x\n---\ny\"\n"),
             format!("{a}---\nx: [1,\n---\n2]\n"),
             // Anchors belong to their document.
-            format!("x: &v 1\n---\ny: *v\n"),
+            "x: &v 1\n---\ny: *v\n".to_string(),
             format!(
                 "{}---\n{}",
                 a.replace("mesh: default", "mesh: &m default"),
