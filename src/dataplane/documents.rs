@@ -121,6 +121,7 @@ fn by_pieces(text: &str, limits: &FileLimits, previous: &Documents) -> Option<Re
     if text.len() as u64 > limits.max_file_size
         || text.starts_with('%')
         || memchr::memmem::find(text.as_bytes(), b"\n%").is_some()
+        || !plain_breaks(text)
         || find_template(text).is_some()
     {
         return None;
@@ -225,6 +226,30 @@ fn split(text: &str) -> Vec<Range<usize>> {
     starts.into_iter().zip(ends).map(|(s, e)| s..e).collect()
 }
 
+/// Whether the text breaks its lines with `\n` or `\r\n` only, with no
+/// byte order mark past its start. The two YAML parsers hdsd runs read
+/// other breaks differently (the deserializer's also breaks at `\r`, NEL,
+/// LS and PS), so such a text is left to the whole-file parser.
+fn plain_breaks(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let other = [&b"\xc2\x85"[..], b"\xe2\x80\xa8", b"\xe2\x80\xa9"];
+    memchr::memchr_iter(b'\r', bytes).all(|at| bytes.get(at + 1) == Some(&b'\n'))
+        && other
+            .iter()
+            .all(|b| memchr::memmem::find(bytes, b).is_none())
+        && memchr::memmem::find(bytes.get(3..).unwrap_or_default(), b"\xef\xbb\xbf").is_none()
+}
+
+/// Whether every line of `text` is blank or a comment: no document, to
+/// either parser.
+fn only_comments(text: &str) -> bool {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    text.lines().all(|line| {
+        let line = line.trim_start_matches([' ', '\t']);
+        line.is_empty() || line.starts_with('#')
+    })
+}
+
 /// One piece parsed as [`super::parse_yaml`] parses a file, or `None` at any
 /// problem (the whole-file parser then says what it is and where).
 fn parse_piece(text: &str, range: Range<usize>, limits: &FileLimits) -> Option<Piece> {
@@ -234,10 +259,11 @@ fn parse_piece(text: &str, range: Range<usize>, limits: &FileLimits) -> Option<P
         .map(|document| Option::<Header>::deserialize(document).ok())
         .collect::<Option<Vec<_>>>()?;
     // An empty stream is one empty document to the deserializer, but a piece
-    // of comments before the first `---` adds no document to the file.
+    // of comments before the first `---` adds no document to the file. The
+    // two parsers must agree on what they read.
     let headers = match size.documents {
-        0 => Vec::new(),
-        n if n == headers.len() => headers,
+        0 if only_comments(piece) => Vec::new(),
+        n if n > 0 && n == headers.len() => headers,
         _ => return None,
     };
     let mut items = Vec::with_capacity(headers.len());
@@ -373,6 +399,13 @@ mod tests {
             // Broken: a quoted scalar or a flow collection cut by `---`.
             format!("{a}---\nname: \"x\n---\ny\"\n"),
             format!("{a}---\nx: [1,\n---\n2]\n"),
+            // Line breaks the two parsers read differently.
+            format!("# a\u{2029}b: 1\n---\n{a}"),
+            format!("# a\u{2029}~\n---\n{mesh}"),
+            format!("# a\rb: 1\n---\n{a}"),
+            format!("# a\u{85}b: 1\n---\n{a}"),
+            format!("{a}---\n\u{feff}{b}"),
+            format!("\u{feff}# a\n---\n{a}"),
             // Anchors belong to their document.
             "x: &v 1\n---\ny: *v\n".to_string(),
             format!(
