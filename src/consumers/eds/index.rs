@@ -24,30 +24,57 @@ use crate::dataplane::DataplaneId;
 use crate::registry::{DataplaneState, Registry};
 use crate::source::Loaded;
 
-/// One service's assignment as served.
-#[derive(Debug, Clone, PartialEq)]
+/// One service's assignment as served. It is encoded when a stream first
+/// serves it, once for every stream: a service nobody subscribes to costs
+/// its endpoints' list only, whatever its size and however often it changes.
+#[derive(Debug, Clone)]
 pub struct Published {
     /// The revision at which it last changed.
     pub version: u64,
     /// Sorted.
     pub endpoints: Vec<Endpoint>,
-    /// The encoded `ClusterLoadAssignment`, built once for every stream.
-    pub resource: Any,
-    /// `resource` encoded, as every push writes it.
-    pub encoded: Bytes,
+    /// The resource name, `<mesh>/<service>`.
+    name: String,
+    /// The encoded `ClusterLoadAssignment` and its encoding, as every push
+    /// writes it.
+    encoded: std::sync::OnceLock<(Any, Bytes)>,
+}
+
+impl PartialEq for Published {
+    fn eq(&self, other: &Self) -> bool {
+        self.version == other.version
+            && self.name == other.name
+            && self.endpoints == other.endpoints
+    }
 }
 
 impl Published {
-    /// The assignment `name` (`<mesh>/<service>`) with `endpoints` (sorted),
-    /// encoded once.
+    /// The assignment `name` (`<mesh>/<service>`) with `endpoints` (sorted).
     pub fn new(version: u64, name: &str, endpoints: Vec<Endpoint>) -> Published {
-        let resource = encode(name, &endpoints);
         Published {
             version,
-            encoded: resource.encode_to_vec().into(),
             endpoints,
-            resource,
+            name: name.to_string(),
+            encoded: std::sync::OnceLock::new(),
         }
+    }
+
+    fn encoded_pair(&self) -> &(Any, Bytes) {
+        self.encoded.get_or_init(|| {
+            let resource = encode(&self.name, &self.endpoints);
+            let bytes = resource.encode_to_vec().into();
+            (resource, bytes)
+        })
+    }
+
+    /// The response resource (encoded on first use).
+    pub fn resource(&self) -> &Any {
+        &self.encoded_pair().0
+    }
+
+    /// [`Published::resource`] encoded (on first use).
+    pub fn encoded(&self) -> &Bytes {
+        &self.encoded_pair().1
     }
 }
 

@@ -60,7 +60,11 @@ impl Push {
     pub fn message(&self) -> DiscoveryResponse {
         DiscoveryResponse {
             version_info: self.version_info.clone(),
-            resources: self.resources.iter().map(|p| p.resource.clone()).collect(),
+            resources: self
+                .resources
+                .iter()
+                .map(|p| p.resource().clone())
+                .collect(),
             type_url: TYPE_URL.to_string(),
             nonce: self.nonce.clone(),
             ..Default::default()
@@ -77,8 +81,9 @@ impl Push {
         }
         for resource in &self.resources {
             encode_key(2, WireType::LengthDelimited, buf);
-            encode_varint(resource.encoded.len() as u64, buf);
-            buf.put_slice(&resource.encoded);
+            let encoded = resource.encoded();
+            encode_varint(encoded.len() as u64, buf);
+            buf.put_slice(encoded);
         }
         string::encode(4, &TYPE_URL.to_string(), buf);
         if !self.nonce.is_empty() {
