@@ -31,8 +31,9 @@ use crate::source::Loaded;
 pub struct Published {
     /// The revision at which it last changed.
     pub version: u64,
-    /// Sorted.
-    pub endpoints: Vec<Endpoint>,
+    /// Its distinct endpoints, in order: a persistent set, shared with the
+    /// index (publishing a service of 10,000 endpoints copies none).
+    pub endpoints: imbl::OrdSet<Endpoint>,
     /// The resource name, `<mesh>/<service>`.
     name: String,
     /// The encoded `ClusterLoadAssignment` and its encoding, as every push
@@ -49,8 +50,16 @@ impl PartialEq for Published {
 }
 
 impl Published {
-    /// The assignment `name` (`<mesh>/<service>`) with `endpoints` (sorted).
-    pub fn new(version: u64, name: &str, endpoints: Vec<Endpoint>) -> Published {
+    /// The assignment `name` (`<mesh>/<service>`) with `endpoints`.
+    pub fn new(
+        version: u64,
+        name: &str,
+        endpoints: impl IntoIterator<Item = Endpoint>,
+    ) -> Published {
+        Published::of(version, name, endpoints.into_iter().collect())
+    }
+
+    fn of(version: u64, name: &str, endpoints: imbl::OrdSet<Endpoint>) -> Published {
         Published {
             version,
             endpoints,
@@ -61,7 +70,8 @@ impl Published {
 
     fn encoded_pair(&self) -> &(Any, Bytes) {
         self.encoded.get_or_init(|| {
-            let resource = encode(&self.name, &self.endpoints);
+            let endpoints: Vec<Endpoint> = self.endpoints.iter().copied().collect();
+            let resource = encode(&self.name, &endpoints);
             let bytes = resource.encode_to_vec().into();
             (resource, bytes)
         })
@@ -137,15 +147,25 @@ pub struct Index {
     options: EdsOptions,
     revision: u64,
     by_dataplane: HashMap<DataplaneId, Vec<(ServiceKey, Endpoint)>>,
-    by_service: HashMap<ServiceKey, BTreeMap<DataplaneId, Vec<Endpoint>>>,
+    by_service: HashMap<ServiceKey, Members>,
     published: imbl::OrdMap<ServiceKey, Arc<Published>>,
-    /// Services to recompute at the next commit.
+    /// Services whose endpoints changed since the last commit.
     touched: BTreeSet<ServiceKey>,
     /// What changed in the last [`RECENT_CHANGES`] changes (see [`Assignments::recent`]).
     recent: imbl::Vector<(u64, ServiceKey)>,
     recent_floor: u64,
     /// Published endpoints by health, in [`EdsHealth::ALL`] order.
     counts: [u64; 4],
+}
+
+/// A service's endpoints: how many inbounds give each one (two dataplanes
+/// may name the same address and port), and the distinct ones, kept as the
+/// set a [`Published`] shares. A change costs the endpoints it adds or
+/// removes, not the service's size.
+#[derive(Debug, Default)]
+struct Members {
+    given: HashMap<Endpoint, u32>,
+    distinct: imbl::OrdSet<Endpoint>,
 }
 
 impl Index {
@@ -183,20 +203,65 @@ impl Index {
         if old == new {
             return;
         }
-        for (key, _) in &old {
-            if let Some(dps) = self.by_service.get_mut(key) {
-                dps.remove(id);
+        // What the dataplane stopped and started giving (sorted, so that an
+        // endpoint it gives before and after is neither).
+        let (mut gone, mut came) = (old, new);
+        gone.sort_unstable();
+        came.sort_unstable();
+        let (mut g, mut c) = (0, 0);
+        let (mut removed, mut added) = (Vec::new(), Vec::new());
+        while g < gone.len() || c < came.len() {
+            match (gone.get(g), came.get(c)) {
+                (Some(a), Some(b)) if a == b => {
+                    g += 1;
+                    c += 1;
+                }
+                (Some(a), Some(b)) if a < b => {
+                    removed.push(a.clone());
+                    g += 1;
+                }
+                (Some(a), None) => {
+                    removed.push(a.clone());
+                    g += 1;
+                }
+                (_, Some(b)) => {
+                    added.push(b.clone());
+                    c += 1;
+                }
+                (None, None) => break,
             }
-            self.touched.insert(key.clone());
         }
-        for (key, endpoint) in new {
-            self.by_service
-                .entry(key.clone())
-                .or_default()
-                .entry(id.clone())
-                .or_default()
-                .push(endpoint);
-            self.touched.insert(key);
+        for (key, endpoint) in removed {
+            let Some(members) = self.by_service.get_mut(&key) else {
+                continue;
+            };
+            let left = match members.given.get_mut(&endpoint) {
+                Some(n) => {
+                    *n -= 1;
+                    *n
+                }
+                None => continue,
+            };
+            if left == 0 {
+                members.given.remove(&endpoint);
+                members.distinct.remove(&endpoint);
+                let slot = &mut self.counts[health_slot(endpoint.health)];
+                *slot = slot.saturating_sub(1);
+                if members.given.is_empty() {
+                    self.by_service.remove(&key);
+                }
+                self.touched.insert(key);
+            }
+        }
+        for (key, endpoint) in added {
+            let members = self.by_service.entry(key.clone()).or_default();
+            let n = members.given.entry(endpoint).or_insert(0);
+            *n += 1;
+            if *n == 1 {
+                members.distinct.insert(endpoint);
+                self.counts[health_slot(endpoint.health)] += 1;
+                self.touched.insert(key);
+            }
         }
     }
 
@@ -216,58 +281,38 @@ impl Index {
         }
     }
 
-    /// Recomputes the touched services; true when an assignment changed (the
-    /// revision moved on).
+    /// Publishes the touched services anew; true when an assignment changed
+    /// (the revision moved on). Costs the touched services' number, not
+    /// their size.
     pub fn commit(&mut self) -> bool {
         let mut changed = false;
         for key in std::mem::take(&mut self.touched) {
-            let mut endpoints: Vec<Endpoint> = self
-                .by_service
-                .get(&key)
-                .map(|dps| dps.values().flatten().copied().collect())
-                .unwrap_or_default();
-            endpoints.sort();
-            endpoints.dedup();
+            let endpoints = self.by_service.get(&key).map(|m| m.distinct.clone());
             let before = self.published.get(&key).map(|p| &p.endpoints);
-            if before.is_none_or(|b| b != &endpoints) && !(before.is_none() && endpoints.is_empty())
-            {
-                if !changed {
-                    self.revision += 1;
-                    changed = true;
+            if before == endpoints.as_ref() {
+                continue;
+            }
+            if !changed {
+                self.revision += 1;
+                changed = true;
+            }
+            self.recent.push_back((self.revision, key.clone()));
+            if self.recent.len() > RECENT_CHANGES {
+                if let Some((revision, _)) = self.recent.pop_front() {
+                    self.recent_floor = revision;
                 }
-                if let Some(old) = self.published.remove(&key) {
-                    self.count(&old.endpoints, false);
-                }
-                self.recent.push_back((self.revision, key.clone()));
-                if self.recent.len() > RECENT_CHANGES {
-                    if let Some((revision, _)) = self.recent.pop_front() {
-                        self.recent_floor = revision;
-                    }
-                }
-                if endpoints.is_empty() {
-                    self.by_service.remove(&key);
-                } else {
-                    self.count(&endpoints, true);
-                    let published = Published::new(self.revision, &key.to_string(), endpoints);
+            }
+            match endpoints {
+                Some(endpoints) => {
+                    let published = Published::of(self.revision, &key.to_string(), endpoints);
                     self.published.insert(key, Arc::new(published));
+                }
+                None => {
+                    self.published.remove(&key);
                 }
             }
         }
         changed
-    }
-
-    fn count(&mut self, endpoints: &[Endpoint], add: bool) {
-        for e in endpoints {
-            let i = EdsHealth::ALL
-                .iter()
-                .position(|h| *h == e.health)
-                .unwrap_or(0);
-            if add {
-                self.counts[i] += 1;
-            } else {
-                self.counts[i] = self.counts[i].saturating_sub(1);
-            }
-        }
     }
 
     pub fn snapshot(&self, epoch: u64, synced: bool) -> Assignments {
@@ -280,6 +325,14 @@ impl Index {
             recent_floor: self.recent_floor,
         }
     }
+}
+
+/// Where an endpoint of `health` is counted in [`Index::counts`].
+fn health_slot(health: EdsHealth) -> usize {
+    EdsHealth::ALL
+        .iter()
+        .position(|h| *h == health)
+        .unwrap_or(0)
 }
 
 /// Reads the assignments. Cheap to clone.
@@ -497,6 +550,38 @@ mod tests {
             .published
             .contains_key(&ServiceKey::new("default", "api")));
         assert_eq!(index.counts().map(|(_, n)| n).sum::<u64>(), 2);
+    }
+
+    #[test]
+    fn an_endpoint_two_dataplanes_give_stays_until_both_are_gone() {
+        let mut index = Index::new(EdsOptions::default());
+        // Both name 127.0.0.1:1001 in web.
+        let (a, sa) = state("a", &[("web", 1001)], Status::Healthy);
+        let (b, sb) = state("b", &[("web", 1001), ("web", 1002)], Status::Healthy);
+        index.set(&a, Some(&sa));
+        index.set(&b, Some(&sb));
+        assert!(index.commit());
+        let web = |index: &Index| endpoints(index, "web");
+        assert_eq!(
+            web(&index),
+            [(1001, EdsHealth::Healthy), (1002, EdsHealth::Healthy)]
+        );
+        assert_eq!(index.counts().map(|(_, n)| n).sum::<u64>(), 2);
+        index.set(&b, None);
+        assert!(index.commit());
+        assert_eq!(web(&index), [(1001, EdsHealth::Healthy)]);
+        assert_eq!(index.counts().map(|(_, n)| n).sum::<u64>(), 1);
+        // Gone and back within one commit: the same assignment, no new revision.
+        let revision = index.revision();
+        index.set(&a, None);
+        index.set(&a, Some(&sa));
+        assert!(!index.commit());
+        assert_eq!(index.revision(), revision);
+        index.set(&a, None);
+        assert!(index.commit());
+        assert!(web(&index).is_empty());
+        assert!(index.by_service.is_empty());
+        assert_eq!(index.counts().map(|(_, n)| n).sum::<u64>(), 0);
     }
 
     #[test]
