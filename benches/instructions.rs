@@ -36,6 +36,10 @@
 //!   snapshot, the stream's machine finds what changed (`on_change`) and the
 //!   response is encoded as the stream's transport writes it. The two counts should be close: a
 //!   flip costs the service it changed, not every service subscribed.
+//! - `eds/index/{100,10000}`: one readiness flip in a service of 100 or
+//!   10,000 endpoints, nobody subscribed: the index takes the dataplane's new
+//!   state, commits and publishes its snapshot. The two counts should be
+//!   close: a flip costs the endpoint it changed, not the service's size.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -82,6 +86,8 @@ const BENCHMARKS: &[&str] = &[
     "churn/file/10000",
     "eds/push/50",
     "eds/push/500",
+    "eds/index/100",
+    "eds/index/10000",
 ];
 
 /// Iterations of one benchmark: a churn iteration parses a file of 100
@@ -147,6 +153,7 @@ fn benchmark(name: &str) -> Option<Box<dyn FnMut()>> {
         ("specifier", "resend") => push(k, false),
         ("churn", "file") => churn(usize::from(k)),
         ("eds", "push") => eds_push(usize::from(k)),
+        ("eds", "index") => eds_index(usize::from(k)),
         _ => return None,
     })
 }
@@ -355,8 +362,17 @@ fn churn(count: usize) -> Box<dyn FnMut()> {
 
 /// A dataplane `i` with one inbound in service `svc-<i>`, in `status`.
 fn eds_state(i: usize, status: hdsd::readiness::Status) -> (DataplaneId, DataplaneState) {
+    eds_member(i, &format!("svc-{i:04}"), status)
+}
+
+/// A dataplane `i` with one inbound (port 10000 + i) in `service`, in `status`.
+fn eds_member(
+    i: usize,
+    service: &str,
+    status: hdsd::readiness::Status,
+) -> (DataplaneId, DataplaneState) {
     let yaml = format!(
-        "type: Dataplane\nmesh: default\nname: dp-{i:06}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: {port}\n    servicePort: {port}\n    tags: {{kuma.io/service: svc-{i:04}}}\n",
+        "type: Dataplane\nmesh: default\nname: dp-{i:06}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: {port}\n    servicePort: {port}\n    tags: {{kuma.io/service: {service}}}\n",
         port = 10000 + i
     );
     let dp = Arc::new(parse_documents(&yaml).expect("valid dataplane").remove(0));
@@ -376,6 +392,27 @@ fn eds_state(i: usize, status: hdsd::readiness::Status) -> (DataplaneId, Datapla
         connection: Connection::default(),
     };
     (dp.id.clone(), state)
+}
+
+/// One flip in a service of `members` endpoints, nobody subscribed: the
+/// index takes the state, commits and publishes its snapshot.
+fn eds_index(members: usize) -> Box<dyn FnMut()> {
+    use hdsd::readiness::Status;
+    let mut index = Index::new(EdsOptions::default());
+    for i in 0..members {
+        let (id, state) = eds_member(i, "web", Status::Healthy);
+        index.set(&id, Some(&state));
+    }
+    index.commit();
+    let (id, healthy) = eds_member(7, "web", Status::Healthy);
+    let (_, unhealthy) = eds_member(7, "web", Status::Unhealthy);
+    let mut flip = false;
+    Box::new(move || {
+        flip = !flip;
+        index.set(&id, Some(if flip { &unhealthy } else { &healthy }));
+        assert!(index.commit(), "the flip changes web");
+        black_box(index.snapshot(1, true));
+    })
 }
 
 fn eds_push(services: usize) -> Box<dyn FnMut()> {

@@ -164,7 +164,7 @@ pub struct Index {
 /// removes, not the service's size.
 #[derive(Debug, Default)]
 struct Members {
-    given: HashMap<Endpoint, u32>,
+    given: BTreeMap<Endpoint, u32>,
     distinct: imbl::OrdSet<Endpoint>,
 }
 
@@ -209,60 +209,65 @@ impl Index {
         gone.sort_unstable();
         came.sort_unstable();
         let (mut g, mut c) = (0, 0);
-        let (mut removed, mut added) = (Vec::new(), Vec::new());
-        while g < gone.len() || c < came.len() {
+        loop {
             match (gone.get(g), came.get(c)) {
+                (None, None) => break,
                 (Some(a), Some(b)) if a == b => {
                     g += 1;
                     c += 1;
                 }
+                (Some((key, endpoint)), None) => {
+                    self.withdraw(key, *endpoint);
+                    g += 1;
+                }
                 (Some(a), Some(b)) if a < b => {
-                    removed.push(a.clone());
+                    self.withdraw(&a.0, a.1);
                     g += 1;
                 }
-                (Some(a), None) => {
-                    removed.push(a.clone());
-                    g += 1;
-                }
-                (_, Some(b)) => {
-                    added.push(b.clone());
+                (_, Some((key, endpoint))) => {
+                    self.give(key, *endpoint);
                     c += 1;
                 }
-                (None, None) => break,
             }
         }
-        for (key, endpoint) in removed {
-            let Some(members) = self.by_service.get_mut(&key) else {
-                continue;
-            };
-            let left = match members.given.get_mut(&endpoint) {
-                Some(n) => {
-                    *n -= 1;
-                    *n
-                }
-                None => continue,
-            };
-            if left == 0 {
-                members.given.remove(&endpoint);
-                members.distinct.remove(&endpoint);
-                let slot = &mut self.counts[health_slot(endpoint.health)];
-                *slot = slot.saturating_sub(1);
-                if members.given.is_empty() {
-                    self.by_service.remove(&key);
-                }
-                self.touched.insert(key);
-            }
+    }
+
+    /// One inbound no longer gives `endpoint` to `key`.
+    fn withdraw(&mut self, key: &ServiceKey, endpoint: Endpoint) {
+        let Some(members) = self.by_service.get_mut(key) else {
+            return;
+        };
+        let Some(n) = members.given.get_mut(&endpoint) else {
+            return;
+        };
+        *n -= 1;
+        if *n > 0 {
+            return;
         }
-        for (key, endpoint) in added {
-            let members = self.by_service.entry(key.clone()).or_default();
-            let n = members.given.entry(endpoint).or_insert(0);
-            *n += 1;
-            if *n == 1 {
-                members.distinct.insert(endpoint);
-                self.counts[health_slot(endpoint.health)] += 1;
-                self.touched.insert(key);
-            }
+        members.given.remove(&endpoint);
+        members.distinct.remove(&endpoint);
+        if members.given.is_empty() {
+            self.by_service.remove(key);
         }
+        let slot = &mut self.counts[health_slot(endpoint.health)];
+        *slot = slot.saturating_sub(1);
+        self.touched.insert(key.clone());
+    }
+
+    /// One more inbound gives `endpoint` to `key`.
+    fn give(&mut self, key: &ServiceKey, endpoint: Endpoint) {
+        let members = match self.by_service.get_mut(key) {
+            Some(members) => members,
+            None => self.by_service.entry(key.clone()).or_default(),
+        };
+        let n = members.given.entry(endpoint).or_insert(0);
+        *n += 1;
+        if *n > 1 {
+            return;
+        }
+        members.distinct.insert(endpoint);
+        self.counts[health_slot(endpoint.health)] += 1;
+        self.touched.insert(key.clone());
     }
 
     /// Every dataplane that exists now: the others are removed.
