@@ -286,9 +286,11 @@ impl Index {
         }
     }
 
-    /// Publishes the touched services anew; true when an assignment changed
-    /// (the revision moved on). Costs the touched services' number, not
-    /// their size.
+    /// Publishes each touched service whose endpoints differ from what it
+    /// published (an endpoint gone and back within one batch publishes
+    /// nothing); true when an assignment changed (the revision moved on).
+    /// Nothing is listed, sorted or encoded here; the comparison walks the
+    /// two sets up to their first difference.
     pub fn commit(&mut self) -> bool {
         let mut changed = false;
         for key in std::mem::take(&mut self.touched) {
