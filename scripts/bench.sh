@@ -20,7 +20,9 @@
 #        WATCHERS (100), EDS_SUBSCRIBERS (50), FLIP_FRACTION (0.025: 50 flips/s at 10k, 5 s),
 #        DETECTION_CYCLES (100), SPREAD_REPORTS (eds10k: set to spread the simulated
 #        Envoys' report timers over one interval instead of the bursts of Envoys
-#        that all connected at once).
+#        that all connected at once), BENCH_SERVER_ENV (VAR=value words put in
+#        hdsd's environment, e.g. LD_PRELOAD=<an allocator's .so> to compare
+#        allocators; not HDSD_*, which the config reads).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -94,7 +96,7 @@ max_connections_per_ip = 100000
 [auth]
 mode = "none"
 EOF
-  "$BIN/hdsd" serve --config "$dir/hdsd.toml" >"$dir/hdsd.log" 2>&1 &
+  env ${BENCH_SERVER_ENV:-} "$BIN/hdsd" serve --config "$dir/hdsd.toml" >"$dir/hdsd.log" 2>&1 &
   HDSD_PID=$!
   for _ in $(seq 1 600); do
     if curl -sf "http://$API/readyz" >/dev/null 2>&1; then
