@@ -598,6 +598,22 @@ fn proc_sample(pid: Option<u32>) -> Option<sys::ProcSample> {
     pid.and_then(|p| sys::sample(Some(p)).ok())
 }
 
+/// CPU microseconds per event between two samples of one process.
+fn cpu_us_per(
+    before: Option<sys::ProcSample>,
+    after: Option<sys::ProcSample>,
+    events: usize,
+) -> Value {
+    match (before, after) {
+        (Some(a), Some(b)) if events > 0 => {
+            json!(round3(
+                (b.cpu_seconds - a.cpu_seconds) / events as f64 * 1e6
+            ))
+        }
+        _ => Value::Null,
+    }
+}
+
 /// The server's resident memory every `every` for `duration`: (seconds since
 /// the first sample, bytes).
 async fn sample_rss(pid: Option<u32>, every: Duration, duration: Duration) -> Vec<(f64, u64)> {
@@ -1136,6 +1152,9 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         ctx.storm_served.store(0, Ordering::Release);
         ctx.storm_target.store(target, Ordering::Release);
         let cpu0 = proc_sample(args.server_pid);
+        // The loadgen's own CPU too: on a machine it shares with the
+        // server, how soon everyone is served again depends on both.
+        let own0 = sys::sample(None).ok();
         let at = Instant::now();
         *ctx.storm_started.lock().unwrap() = Some(at);
         ctx.control.send_modify(|c| c.epoch += 1);
@@ -1144,6 +1163,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         })
         .await;
         let cpu1 = proc_sample(args.server_pid);
+        let own1 = sys::sample(None).ok();
         let done = ctx
             .storm_done_at
             .lock()
@@ -1158,12 +1178,8 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
                 (Some(a), Some(b)) => json!(round3(b.cpu_seconds - a.cpu_seconds)),
                 _ => Value::Null,
             },
-            "server_cpu_us_per_reconnect": match (cpu0, cpu1) {
-                (Some(a), Some(b)) if target > 0 => {
-                    json!(round3((b.cpu_seconds - a.cpu_seconds) / target as f64 * 1e6))
-                }
-                _ => Value::Null,
-            },
+            "server_cpu_us_per_reconnect": cpu_us_per(cpu0, cpu1, target),
+            "loadgen_cpu_us_per_reconnect": cpu_us_per(own0, own1, target),
         }))
     } else {
         None
