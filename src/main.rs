@@ -22,6 +22,7 @@ use hdsd::source::{self, Loaded};
 /// 4 KiB) out of a fragmented heap; jemalloc spends 8 %. Connecting 10k
 /// Envoys costs about a third less CPU, and the steady RSS is 3 % lower
 /// (BENCHMARKS.md, "Round six"). mimalloc held a third more memory.
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
