@@ -194,6 +194,7 @@ fn connected_state(k: u16) -> DataplaneState {
             replaced_on: None,
             holder: None,
         },
+        envoy: Default::default(),
     }
 }
 
@@ -390,6 +391,7 @@ fn eds_member(
         version: 1,
         health,
         connection: Connection::default(),
+        envoy: Default::default(),
     };
     (dp.id.clone(), state)
 }

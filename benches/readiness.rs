@@ -65,6 +65,7 @@ fn registry_apply(c: &mut Criterion) {
                 replaced_on: None,
                 holder: None,
             },
+            envoy: Default::default(),
         };
         let healthy = Report::from(common::report(k, HealthStatus::Healthy));
         // The report arrives as its bytes, as the stream hands it over: the

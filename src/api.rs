@@ -118,6 +118,30 @@ pub struct ConnectionItem {
     /// dataplane's stream; absent when it is held here or nowhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_by: Option<String>,
+    /// The Envoy's version, as its node reported it; absent when it
+    /// reported none, or no Envoy connected to this instance yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envoy_version: Option<String>,
+    /// What is wrong with the Envoy's streams, if anything (e.g.
+    /// `specifier_rejected`: it ends the stream after every specifier).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<ReasonItem>,
+}
+
+/// A reason: a stable code for programs and a sentence for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReasonItem {
+    pub code: String,
+    pub message: String,
+}
+
+impl From<crate::capability::Reason> for ReasonItem {
+    fn from(r: crate::capability::Reason) -> Self {
+        ReasonItem {
+            code: r.code.to_string(),
+            message: r.message,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -144,6 +168,13 @@ pub struct InboundItem {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProbeItem {
+    /// `tcp`, `http` or `grpc`: the check as configured.
+    #[serde(default)]
+    pub kind: String,
+    /// The check the Envoy runs instead, when its version cannot run
+    /// `kind` and `hds.check.fallback` names one (`tcp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
     /// The specifier's cluster name for the target.
     pub cluster: String,
     /// `serviceAddress:servicePort`, what Envoy connects to.
@@ -168,6 +199,10 @@ pub struct HealthItem {
     /// This inbound's recent status changes, oldest first (a few, since hdsd started).
     #[serde(default)]
     pub changes: Vec<StatusChangeItem>,
+    /// Why it is not ready, or what to know about how it is checked
+    /// (`envoy_too_old` with status `unsupported`; `probe_fallback`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<ReasonItem>,
 }
 
 /// One status change of an inbound.
@@ -196,7 +231,9 @@ impl DataplaneItem {
             kind: dp.kind(),
             listeners: dp.listeners.clone(),
             connection: ConnectionItem {
-                connected: state.connection.stream.is_some(),
+                // The fleet's answer: connected while any instance holds
+                // the stream (here, or the holder another one announced).
+                connected: state.connection.stream.is_some() || state.connection.holder.is_some(),
                 connected_at: state.connection.connected_at,
                 last_report_at: state.health.last_report_at,
                 held_by: state
@@ -204,6 +241,8 @@ impl DataplaneItem {
                     .holder
                     .clone()
                     .filter(|_| state.connection.stream.is_none()),
+                envoy_version: state.envoy.version.map(|v| v.to_string()),
+                problem: state.envoy.problem().map(Into::into),
             },
             inbounds: dp
                 .inbounds
@@ -240,6 +279,7 @@ impl DataplaneItem {
                                 at: c.at,
                             })
                             .collect(),
+                        reason: state.reason_of_inbound(i).map(Into::into),
                     },
                     probe: defined
                         .specifier
@@ -249,6 +289,11 @@ impl DataplaneItem {
                         .flatten()
                         .and_then(|t| defined.specifier.targets.get(t))
                         .map(|t| ProbeItem {
+                            kind: t.check.kind().to_string(),
+                            fallback: state
+                                .reason_of_inbound(i)
+                                .filter(|r| r.code == "probe_fallback")
+                                .map(|_| "tcp".to_string()),
                             cluster: t.cluster.clone(),
                             target: t.endpoint,
                             interval: t.settings.interval,
@@ -609,6 +654,7 @@ mod tests {
             version: 1,
             health,
             connection: Connection::default(),
+            envoy: Default::default(),
         };
         let item = DataplaneItem::from_state(&state).unwrap();
         let json = serde_json::to_value(&item).unwrap();
@@ -616,6 +662,7 @@ mod tests {
         assert_eq!(
             probed["probe"],
             serde_json::json!({
+                "kind": "tcp",
                 "cluster": "probe_127.0.0.1:8080",
                 "target": "127.0.0.1:8080",
                 "interval": "2s",
@@ -648,5 +695,40 @@ mod tests {
             .remove("changes");
         let read: DataplaneItem = serde_json::from_value(old).unwrap();
         assert!(read.inbounds[0].probe.is_none() && read.inbounds[0].health.changes.is_empty());
+    }
+
+    /// Any instance answers for the fleet: a stream held by another
+    /// instance reads connected, naming the holder.
+    #[test]
+    fn a_stream_held_elsewhere_reads_connected_with_its_holder() {
+        let t = |s: i64| chrono::Utc.timestamp_opt(1_700_000_000 + s, 0).unwrap();
+        let dp = crate::dataplane::parse_documents(
+            "type: Dataplane\nmesh: default\nname: web-01\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    tags: {kuma.io/service: web}\n",
+        )
+        .unwrap()
+        .remove(0);
+        let specifier = build(&dp, &SpecifierSettings::default()).unwrap();
+        let mut state = DataplaneState {
+            health: crate::readiness::rebase(None, &dp, &specifier, t(0)),
+            defined: Some(Defined {
+                dataplane: Arc::new(dp),
+                specifier: Arc::new(specifier),
+                file: "web-01.yaml".into(),
+            }),
+            version: 1,
+            connection: Connection::default(),
+            envoy: Default::default(),
+        };
+        let item = DataplaneItem::from_state(&state).unwrap();
+        assert!(!item.connection.connected);
+        state.connection.holder = Some("b".into());
+        let item = DataplaneItem::from_state(&state).unwrap();
+        assert!(item.connection.connected);
+        assert_eq!(item.connection.held_by.as_deref(), Some("b"));
+        // Held here (a stream of ours): no holder shown.
+        state.connection.stream = Some(1);
+        let item = DataplaneItem::from_state(&state).unwrap();
+        assert!(item.connection.connected);
+        assert_eq!(item.connection.held_by, None);
     }
 }

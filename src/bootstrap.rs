@@ -368,6 +368,31 @@ mod tests {
         assert!(b.get("hds_config").is_none());
     }
 
+    /// Envoy fills in its own version; a bootstrap that set one would hide
+    /// the real one from hdsd, which needs it to send only what that Envoy
+    /// runs (`capability`).
+    #[test]
+    fn bootstraps_never_set_the_envoy_version() {
+        let sidecar = bootstrap(&params()).unwrap();
+        let front = front(&FrontParams {
+            mesh: "default".into(),
+            service: "web".into(),
+            listen: "0.0.0.0:8080".parse().unwrap(),
+            server: "127.0.0.1:5678".into(),
+            token: None,
+            admin_port: 9902,
+            ca: None,
+        })
+        .unwrap();
+        for b in [sidecar, front] {
+            let node = b["node"].as_object().expect("a node");
+            for key in node.keys() {
+                assert!(!key.starts_with("user_agent"), "node.{key} is set");
+            }
+            assert!(!serde_json::to_string(&b).unwrap().contains("user_agent"));
+        }
+    }
+
     #[test]
     fn server_must_be_host_port() {
         for bad in ["", "host", "host:", ":5678", "host:0", "host:99999"] {

@@ -518,6 +518,8 @@ mod tests {
                 connected_at: Some(t),
                 last_report_at: None,
                 held_by: None,
+                envoy_version: None,
+                problem: None,
             },
             inbounds: vec![InboundItem {
                 port: 10001,
@@ -532,6 +534,7 @@ mod tests {
                     since: t,
                     last_report_at: None,
                     changes: vec![],
+                    reason: None,
                 },
                 probe: None,
             }],

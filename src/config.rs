@@ -352,6 +352,22 @@ pub struct CheckConfig {
     pub kind: CheckKind,
     /// Used when `kind = "http"`.
     pub http: HttpCheckConfig,
+    /// What an Envoy too old for a probe's kind (`hdsd`'s table of Envoy
+    /// versions, README "Envoy versions") is sent instead: nothing (the
+    /// default: the inbound reads `unsupported`, not ready), or a TCP
+    /// connect to the same target (`"tcp"`, marked as a fallback).
+    pub fallback: CheckFallback,
+}
+
+/// `hds.check.fallback`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckFallback {
+    /// The check is not sent; its inbounds read `unsupported`.
+    #[default]
+    None,
+    /// A TCP connect to the probe's target in its place.
+    Tcp,
 }
 
 /// `hds.check.kind`.
@@ -508,6 +524,7 @@ impl Default for CheckConfig {
             unhealthy_threshold: d.unhealthy_threshold,
             kind: CheckKind::Tcp,
             http: HttpCheckConfig::default(),
+            fallback: CheckFallback::None,
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod api;
 pub mod apply;
 pub mod auth;
 pub mod bootstrap;
+pub mod capability;
 pub mod client;
 pub mod clock;
 pub mod config;

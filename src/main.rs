@@ -485,6 +485,9 @@ fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
                 dataplanes = loaded.dataplanes.len();
                 problems.extend(loaded.problems());
                 ignored = ignored_summary(&loaded);
+                for w in version_warnings(&loaded, &config) {
+                    eprintln!("{w}");
+                }
             }
             Err(e) => problems.push(e.to_string()),
         }
@@ -516,6 +519,37 @@ fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     }
     eprintln!("{} problem(s) found", problems.len());
     Ok(ExitCode::from(1))
+}
+
+/// A warning for each probe that an Envoy older than its kind needs but
+/// still supported (README, "Envoy versions") cannot run.
+fn version_warnings(loaded: &Loaded, config: &Config) -> Vec<String> {
+    let fallback = match config.hds.check.fallback {
+        hdsd::config::CheckFallback::Tcp => "it is checked with a TCP connect instead (hds.check.fallback)",
+        hdsd::config::CheckFallback::None => "its inbounds read unsupported there (not ready); set hds.check.fallback = \"tcp\" to check them with a TCP connect instead",
+    };
+    let mut warnings = Vec::new();
+    for (id, defined) in loaded.dataplanes.iter() {
+        for (target, r) in defined.specifier.beyond_oldest_supported() {
+            let ports: Vec<String> = target
+                .inbounds
+                .iter()
+                .filter_map(|&i| defined.dataplane.inbounds.get(i))
+                .map(|i| i.port.to_string())
+                .collect();
+            warnings.push(format!(
+                "warning: {id} inbound {} ({}): {} needs Envoy >= {}.{}, and hdsd supports Envoy from {}.{}: on an older Envoy {fallback}",
+                ports.join(", "),
+                defined.file.display(),
+                r.what,
+                r.since.major,
+                r.since.minor,
+                hdsd::capability::OLDEST_SUPPORTED.major,
+                hdsd::capability::OLDEST_SUPPORTED.minor,
+            ));
+        }
+    }
+    warnings
 }
 
 /// `ignored N documents that are not Dataplanes (Mesh: 1, ...)`, or nothing.

@@ -47,6 +47,9 @@ pub const CONNECTIONS_TIMED_OUT: &str = "hdsd_connections_timed_out_total";
 pub const ACCEPT_ERRORS: &str = "hdsd_accept_errors_total";
 pub const LIMIT_HITS: &str = "hdsd_limit_hits_total";
 pub const AUTH_RELOADS: &str = "hdsd_auth_reloads_total";
+pub const SPECIFIER_REJECTIONS: &str = "hdsd_specifier_rejections_total";
+pub const DATAPLANES_REJECTING: &str = "hdsd_dataplanes_rejecting_specifier";
+pub const UNSUPPORTED_PROBES: &str = "hdsd_unsupported_probes_total";
 
 /// The listeners, the `listener` label of the connection metrics.
 pub const LISTENERS: [&str; 2] = ["hds", "api"];
@@ -236,6 +239,19 @@ pub fn transitions(became_ready: u32, became_not_ready: u32) {
     }
 }
 
+/// Counts a dataplane whose Envoy began ending the stream after every
+/// specifier (once per episode: a report ends it).
+pub fn specifier_rejected() {
+    counter!(SPECIFIER_REJECTIONS).increment(1);
+}
+
+/// Counts probe targets left out of (or replaced in) an Envoy's specifier
+/// because its version cannot run them; `fallback`: a TCP connect replaced it.
+pub fn unsupported_probes(n: usize, fallback: bool) {
+    let how = if fallback { "fallback" } else { "left_out" };
+    counter!(UNSUPPORTED_PROBES, "how" => how).increment(n as u64);
+}
+
 /// Records one specifier build.
 pub fn specifier_built(ok: bool, took: std::time::Duration) {
     metrics::histogram!(SPECIFIER_GENERATION).record(took.as_secs_f64());
@@ -378,6 +394,18 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
 }
 
 fn describe() {
+    describe_counter!(
+        SPECIFIER_REJECTIONS,
+        "Times a dataplane's Envoy began ending its HDS stream after every specifier (3 streams in a row, each ended within 10 s of a push with no report): it may be rejecting or crashing on it."
+    );
+    describe_gauge!(
+        DATAPLANES_REJECTING,
+        "Dataplanes whose Envoy ends its HDS stream after every specifier now (counted at scrape)."
+    );
+    describe_counter!(
+        UNSUPPORTED_PROBES,
+        "Probe targets an Envoy was not sent because its version cannot run them (how=left_out: its inbounds read unsupported; how=fallback: a TCP connect was sent instead, hds.check.fallback), counted when an Envoy attaches or a definition changes."
+    );
     describe_gauge!(
         STREAMS_ACTIVE,
         "HDS streams currently open (authenticated or waiting for their first message)."
@@ -518,6 +546,10 @@ fn describe() {
         "Reloads of the signing keys and the revocation list (on changes to those files only); every live stream re-verifies its token after each."
     );
     counter!(AUTH_RELOADS).absolute(0);
+    gauge!(DATAPLANES_REJECTING).set(0.0);
+    for how in ["left_out", "fallback"] {
+        counter!(UNSUPPORTED_PROBES, "how" => how).absolute(0);
+    }
     for listener in LISTENERS {
         gauge!(CONNECTIONS_OPEN, "listener" => listener).set(0.0);
     }
@@ -557,6 +589,7 @@ fn describe() {
         WATCH_EVENTS_SENT,
         EDS_PUSHES,
         EDS_NACKS,
+        SPECIFIER_REJECTIONS,
     ] {
         counter!(name).absolute(0);
     }

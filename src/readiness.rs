@@ -22,6 +22,7 @@ use envoy_types::pb::envoy::config::core::v3::HealthStatus;
 use serde::Serialize;
 use smallvec::SmallVec;
 
+use crate::capability::Support;
 use crate::dataplane::Dataplane;
 use crate::report::Report;
 use crate::specifier::Specifier;
@@ -42,10 +43,13 @@ pub enum Status {
     NotProbed,
     /// The last report is older than `hds.stale_after`.
     Stale,
+    /// The inbound's check needs a newer Envoy than the one connected
+    /// (`capability`): it is not sent, so nothing can say the app works.
+    Unsupported,
 }
 
 impl Status {
-    pub const ALL: [Status; 9] = [
+    pub const ALL: [Status; 10] = [
         Status::Pending,
         Status::Healthy,
         Status::Unhealthy,
@@ -55,6 +59,7 @@ impl Status {
         Status::Unknown,
         Status::NotProbed,
         Status::Stale,
+        Status::Unsupported,
     ];
 
     pub fn is_ready(self) -> bool {
@@ -72,6 +77,7 @@ impl Status {
             Status::Unknown => "unknown",
             Status::NotProbed => "not_probed",
             Status::Stale => "stale",
+            Status::Unsupported => "unsupported",
         }
     }
 
@@ -344,6 +350,39 @@ pub fn fold_report(
     outcome
 }
 
+/// Makes each inbound's status agree with how its Envoy runs its target
+/// (`support`, by target index, from `Specifier::support_for`; `None`: every
+/// target as built): an inbound of a target the Envoy cannot run is
+/// `unsupported`; one that was, and whose target it now runs (a newer Envoy,
+/// a fallback configured, another probe kind), is `pending` until reported.
+pub fn apply_support(
+    health: &mut Health,
+    specifier: &Specifier,
+    support: Option<&[Support]>,
+    now: Timestamp,
+) -> FoldOutcome {
+    let mut outcome = FoldOutcome::default();
+    let mut changes = Vec::new();
+    for (i, inbound) in health.inbounds.iter_mut().enumerate() {
+        let Some(t) = specifier.target_of_inbound.get(i).copied().flatten() else {
+            continue;
+        };
+        let unsupported = support
+            .and_then(|s| s.get(t))
+            .is_some_and(|s| matches!(s, Support::Unsupported(_)));
+        let status = match (unsupported, inbound.status) {
+            (true, _) => Status::Unsupported,
+            (false, Status::Unsupported) => Status::Pending,
+            (false, _) => continue,
+        };
+        set_status((i, inbound), status, now, false, &mut outcome, &mut changes);
+    }
+    for change in changes {
+        health.record(change);
+    }
+    outcome
+}
+
 /// A stream attached at `now`. The first attach after the last report is
 /// remembered: the reports of a dataplane whose Envoy moved to another
 /// stream (an hdsd restart, another instance of a cluster taking over) have
@@ -392,7 +431,7 @@ pub fn expire(health: &mut Health, now: Timestamp, stale_after: chrono::Duration
         };
         if matches!(
             inbound.status,
-            Status::Stale | Status::Pending | Status::NotProbed
+            Status::Stale | Status::Pending | Status::NotProbed | Status::Unsupported
         ) {
             continue;
         }

@@ -17,12 +17,16 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use crate::capability::{EnvoyVersion, Reason, Support};
 use crate::clock::Clock;
 use crate::consumers::feed::{Change, ChangeKind, FeedSender};
 use crate::dataplane::{Dataplane, DataplaneId};
-use crate::readiness::{expire, fold_report, next_expiry, rebase, FoldOutcome, Health, Timestamp};
+use crate::readiness::{
+    apply_support, expire, fold_report, next_expiry, rebase, FoldOutcome, Health, Timestamp,
+};
 use crate::report::Report;
 use crate::source::{Defined, Loaded};
+use crate::specifier::Specifier;
 use crate::store::{restore, snapshot, StoreHandle, StoredHealth};
 
 /// Identifies one HDS stream for the lifetime of the process.
@@ -54,6 +58,92 @@ pub struct DataplaneState {
     pub version: u64,
     pub health: Health,
     pub connection: Connection,
+    /// The dataplane's Envoy: its version and what it runs of the specifier.
+    pub envoy: EnvoyRun,
+}
+
+impl DataplaneState {
+    /// The specifier this dataplane's Envoy is sent: the definition's, or
+    /// the part of it its version runs ([`EnvoyRun::restricted`]).
+    pub fn specifier(&self) -> Option<&Arc<Specifier>> {
+        let defined = self.defined.as_ref()?;
+        Some(
+            self.envoy
+                .restricted
+                .as_ref()
+                .map_or(&defined.specifier, |r| &r.specifier),
+        )
+    }
+
+    /// How the Envoy runs the target of inbound `index`, and the reason to
+    /// show for it when that is not as configured.
+    pub fn reason_of_inbound(&self, index: usize) -> Option<Reason> {
+        let restricted = self.envoy.restricted.as_ref()?;
+        let target = self
+            .defined
+            .as_ref()?
+            .specifier
+            .target_of_inbound
+            .get(index)?;
+        restricted
+            .support
+            .get((*target)?)?
+            .reason(self.envoy.version)
+    }
+}
+
+/// Streams in a row that the Envoy ended soon after a specifier push, with
+/// no report, before hdsd says it rejects or crashes on its specifier.
+pub const REJECTED_STREAMS: u32 = 3;
+
+/// What hdsd knows of a dataplane's Envoy, from its streams.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EnvoyRun {
+    /// The version the last attached Envoy reported (`None`: it reported none).
+    pub version: Option<EnvoyVersion>,
+    /// Whether an Envoy attached since this dataplane's task began: what it
+    /// runs is known only then.
+    pub seen: bool,
+    /// The specifier this Envoy is sent when its version cannot run the
+    /// definition's whole; `None` when it runs it as built.
+    pub restricted: Option<Restricted>,
+    /// Consecutive streams the Envoy ended within
+    /// `hds::stream::REJECTION_WINDOW` of a specifier push, with no report
+    /// since that push. A report starts the count again.
+    pub rejected_streams: u32,
+}
+
+impl EnvoyRun {
+    /// The Envoy ends the stream after every specifier it is sent.
+    pub fn rejects_specifier(&self) -> bool {
+        self.rejected_streams >= REJECTED_STREAMS
+    }
+
+    /// The reason to show for a dataplane whose Envoy rejects its specifier.
+    pub fn problem(&self) -> Option<Reason> {
+        self.rejects_specifier().then(|| Reason {
+            code: "specifier_rejected",
+            message: format!(
+                "Envoy ends the stream after every specifier ({} in a row, each within {}s of a push and with no report): it may be rejecting or crashing on it; read the Envoy's log for a critical line or a restart",
+                self.rejected_streams,
+                crate::hds::stream::REJECTION_WINDOW.as_secs()
+            ),
+        })
+    }
+}
+
+/// A specifier restricted to what one Envoy's version runs.
+#[derive(Debug, Clone)]
+pub struct Restricted {
+    pub specifier: Arc<Specifier>,
+    /// How the Envoy runs each target of the definition's specifier.
+    pub support: Arc<[Support]>,
+}
+
+impl PartialEq for Restricted {
+    fn eq(&self, other: &Self) -> bool {
+        self.support == other.support && self.specifier.message == other.specifier.message
+    }
 }
 
 /// A request to a dataplane's task.
@@ -64,9 +154,14 @@ pub enum Command {
     Attach {
         stream: StreamId,
         peer: Option<SocketAddr>,
+        /// The version the Envoy's node reported, if any.
+        envoy: Option<EnvoyVersion>,
     },
     Detach {
         stream: StreamId,
+        /// The Envoy ended the stream soon after a specifier push, without
+        /// reporting since (`hds::stream::REJECTION_WINDOW`).
+        rejected: bool,
     },
     Report {
         stream: StreamId,
@@ -404,6 +499,7 @@ fn spawn_dataplane(
         version: 1,
         health,
         connection: Connection::default(),
+        envoy: EnvoyRun::default(),
     });
     let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
     static INCARNATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -522,7 +618,11 @@ impl DataplaneTask {
                 )
             });
             let replaced_before = holder_news.then(|| s.connection.replaced_on.clone());
+            let envoy_before = (attach || detach || redefines).then(|| s.envoy.clone());
             applied = apply(s, command, now);
+            if let Some(before) = envoy_before {
+                log_envoy_news(&self.id, &before, &s.envoy);
+            }
             if let Some((dataplane, health)) = before {
                 visible = dataplane.as_deref() != s.defined.as_ref().map(|d| &*d.dataplane)
                     || health != s.health;
@@ -665,9 +765,7 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
             if previous == Some(&defined) {
                 return Applied::default();
             }
-            if previous.is_none_or(|p| p.specifier.message != defined.specifier.message) {
-                s.version += 1;
-            }
+            let sent_before = s.specifier().cloned();
             s.health = rebase(
                 previous.map(|p| (&*p.dataplane, &*p.specifier, &s.health)),
                 &defined.dataplane,
@@ -675,10 +773,9 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 now,
             );
             s.defined = Some(defined);
-            Applied {
-                notify: true,
-                ..Default::default()
-            }
+            let fold = adapt(s, now);
+            bump_if_sent_changes(s, sent_before);
+            Applied { notify: true, fold }
         }
         Command::Remove => {
             s.defined = None;
@@ -688,7 +785,11 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 ..Default::default()
             }
         }
-        Command::Attach { stream, peer } => {
+        Command::Attach {
+            stream,
+            peer,
+            envoy,
+        } => {
             // Stream ids grow: an older stream never takes over from a newer one.
             if s.connection.stream.is_some_and(|owner| owner > stream) {
                 return Applied::default();
@@ -701,17 +802,23 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 holder: None,
             };
             crate::readiness::reattached(&mut s.health, now);
-            Applied {
-                notify: true,
-                ..Default::default()
-            }
+            let sent_before = s.specifier().cloned();
+            s.envoy.version = envoy;
+            s.envoy.seen = true;
+            let fold = adapt(s, now);
+            bump_if_sent_changes(s, sent_before);
+            Applied { notify: true, fold }
         }
-        Command::Detach { stream } => {
+        Command::Detach { stream, rejected } => {
             if s.connection.stream != Some(stream) {
                 return Applied::default();
             }
             s.connection.stream = None;
             s.connection.replaced_on = None;
+            s.envoy.rejected_streams = match rejected {
+                true => s.envoy.rejected_streams.saturating_add(1),
+                false => 0,
+            };
             Applied {
                 notify: true,
                 ..Default::default()
@@ -726,8 +833,11 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 return Applied::default();
             };
             let fold = fold_report(&mut s.health, &defined.specifier, &report, now);
+            // A report: the Envoy runs what it was sent.
+            let accepted = s.envoy.rejected_streams != 0;
+            s.envoy.rejected_streams = 0;
             Applied {
-                notify: fold.changed,
+                notify: fold.changed || accepted,
                 fold,
             }
         }
@@ -788,6 +898,82 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
     }
 }
 
+/// Logs, once per change, what an Envoy cannot run of its specifier and
+/// that an Envoy began ending its streams after every specifier.
+fn log_envoy_news(id: &DataplaneId, before: &EnvoyRun, after: &EnvoyRun) {
+    let version = after
+        .version
+        .map_or_else(|| "reporting no version".to_string(), |v| v.to_string());
+    if after.restricted != before.restricted {
+        if let Some(r) = &after.restricted {
+            let (mut left_out, mut fallback) = (0, 0);
+            let mut reason = None;
+            for s in r.support.iter() {
+                match s {
+                    Support::Full => continue,
+                    Support::Unsupported(_) => left_out += 1,
+                    Support::Fallback(_) => fallback += 1,
+                }
+                reason = reason.or(s.reason(after.version));
+            }
+            crate::metrics::unsupported_probes(left_out, false);
+            crate::metrics::unsupported_probes(fallback, true);
+            if let Some(reason) = reason {
+                tracing::warn!(
+                    dataplane = %id,
+                    envoy = %version,
+                    left_out,
+                    fallback,
+                    "{}",
+                    reason.message
+                );
+            }
+        }
+    }
+    if after.rejects_specifier() && !before.rejects_specifier() {
+        crate::metrics::specifier_rejected();
+        if let Some(problem) = after.problem() {
+            tracing::warn!(dataplane = %id, envoy = %version, "{}", problem.message);
+        }
+    }
+}
+
+/// Works out what the attached Envoy runs of the definition (once an Envoy
+/// attached: before, nothing is known) and makes the inbounds' statuses
+/// agree (`unsupported` where it runs nothing).
+fn adapt(s: &mut DataplaneState, now: Timestamp) -> FoldOutcome {
+    let DataplaneState {
+        defined,
+        envoy,
+        health,
+        ..
+    } = s;
+    let Some(defined) = defined else {
+        return FoldOutcome::default();
+    };
+    if envoy.seen {
+        envoy.restricted =
+            defined
+                .specifier
+                .for_envoy(envoy.version)
+                .map(|(specifier, support)| Restricted {
+                    specifier: Arc::new(specifier),
+                    support: support.into(),
+                });
+    }
+    let support = envoy.restricted.as_ref().map(|r| &r.support[..]);
+    apply_support(health, &defined.specifier, support, now)
+}
+
+/// Bumps the version when the specifier to send is no longer the one sent
+/// before (`None`: the dataplane was not defined).
+fn bump_if_sent_changes(s: &mut DataplaneState, before: Option<Arc<Specifier>>) {
+    let after = s.specifier().map(|a| &a.message);
+    if before.as_ref().map(|b| &b.message) != after {
+        s.version += 1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -821,6 +1007,7 @@ mod tests {
             defined: Some(d),
             version: 1,
             connection: Connection::default(),
+            envoy: Default::default(),
         }
     }
 
@@ -849,6 +1036,7 @@ mod tests {
             Command::Attach {
                 stream: 1,
                 peer: None,
+                envoy: None,
             },
             t(1),
         );
@@ -857,6 +1045,7 @@ mod tests {
             Command::Attach {
                 stream: 2,
                 peer: None,
+                envoy: None,
             },
             t(2),
         );
@@ -883,9 +1072,29 @@ mod tests {
         assert!(a.notify);
         assert_eq!(s.health.inbounds[0].status, Status::Healthy);
         // The old stream closing does not disconnect the new one.
-        assert!(!apply(&mut s, Command::Detach { stream: 1 }, t(5)).notify);
+        assert!(
+            !apply(
+                &mut s,
+                Command::Detach {
+                    stream: 1,
+                    rejected: false
+                },
+                t(5)
+            )
+            .notify
+        );
         assert_eq!(s.connection.stream, Some(2));
-        assert!(apply(&mut s, Command::Detach { stream: 2 }, t(6)).notify);
+        assert!(
+            apply(
+                &mut s,
+                Command::Detach {
+                    stream: 2,
+                    rejected: false
+                },
+                t(6)
+            )
+            .notify
+        );
         assert_eq!(s.connection.stream, None);
         assert_eq!(s.connection.connected_at, Some(t(2)));
     }
@@ -971,7 +1180,11 @@ mod tests {
     fn an_envoy_moving_to_another_instance_restarts_the_stale_window_everywhere() {
         let window = chrono::Duration::seconds(15);
         let d = defined(8080);
-        let attach = |stream| Command::Attach { stream, peer: None };
+        let attach = |stream| Command::Attach {
+            stream,
+            peer: None,
+            envoy: None,
+        };
         let mut old_holder = state(d.clone());
         apply(&mut old_holder, attach(1), t(0));
         apply(
@@ -1011,6 +1224,7 @@ mod tests {
             Command::Attach {
                 stream: 1,
                 peer: None,
+                envoy: None,
             },
             t(1),
         );
@@ -1062,6 +1276,7 @@ mod tests {
             Command::Attach {
                 stream: 7,
                 peer: None,
+                envoy: None,
             },
             t(5),
         );
@@ -1099,6 +1314,7 @@ mod tests {
             Command::Attach {
                 stream: 3,
                 peer: None,
+                envoy: None,
             },
             t(2),
         );
@@ -1106,7 +1322,14 @@ mod tests {
         assert!(!apply(&mut s, on_b(t(1)), t(3)).notify);
         assert!(apply(&mut s, on_b(t(3)), t(3)).notify);
         assert_eq!(s.connection.replaced_on.as_deref(), Some("b/1"));
-        apply(&mut s, Command::Detach { stream: 3 }, t(4));
+        apply(
+            &mut s,
+            Command::Detach {
+                stream: 3,
+                rejected: false,
+            },
+            t(4),
+        );
         assert_eq!(
             s.connection,
             Connection {
@@ -1121,6 +1344,7 @@ mod tests {
             Command::Attach {
                 stream: 4,
                 peer: None,
+                envoy: None,
             },
             t(5),
         );
@@ -1186,6 +1410,7 @@ mod tests {
             .send(Command::Attach {
                 stream: 1,
                 peer: None,
+                envoy: None,
             })
             .await;
         handle
@@ -1226,6 +1451,7 @@ mod tests {
             Command::Attach {
                 stream: 5,
                 peer: None,
+                envoy: None,
             },
             t(1),
         );
@@ -1234,7 +1460,8 @@ mod tests {
                 &mut s,
                 Command::Attach {
                     stream: 3,
-                    peer: None
+                    peer: None,
+                    envoy: None,
                 },
                 t(2)
             )
@@ -1252,6 +1479,7 @@ mod tests {
             Command::Attach {
                 stream: 1,
                 peer: None,
+                envoy: None,
             },
             t(1),
         );
@@ -1290,5 +1518,203 @@ mod tests {
             )
             .notify
         );
+    }
+
+    /// A dataplane with a gRPC inbound (8080) and a TCP one (8081).
+    fn grpc_and_tcp(tcp_fallback: bool) -> Defined {
+        let dp = parse_documents(
+            "type: Dataplane\nmesh: default\nname: web\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    tags: {kuma.io/service: web}\n    serviceProbe: {grpc: {service: shop.Cart}}\n  - port: 10002\n    servicePort: 8081\n    tags: {kuma.io/service: web}\n",
+        )
+        .unwrap()
+        .remove(0);
+        let settings = SpecifierSettings {
+            tcp_fallback,
+            ..SpecifierSettings::default()
+        };
+        Defined {
+            specifier: Arc::new(build(&dp, &settings).unwrap()),
+            dataplane: Arc::new(dp),
+            file: "web.yaml".into(),
+        }
+    }
+
+    fn attach(stream: StreamId, envoy: Option<&str>) -> Command {
+        Command::Attach {
+            stream,
+            peer: None,
+            envoy: envoy.map(|v| v.parse().unwrap()),
+        }
+    }
+
+    fn statuses(s: &DataplaneState) -> Vec<Status> {
+        s.health.inbounds.iter().map(|i| i.status).collect()
+    }
+
+    fn sent_clusters(s: &DataplaneState) -> Vec<String> {
+        s.specifier()
+            .unwrap()
+            .message
+            .cluster_health_checks
+            .iter()
+            .map(|c| c.cluster_name.clone())
+            .collect()
+    }
+
+    /// An Envoy too old for a gRPC check is never sent it: its inbound reads
+    /// `unsupported` with the reason, the TCP inbound is served as usual; a
+    /// newer Envoy on the same dataplane runs everything.
+    #[test]
+    fn an_envoy_is_sent_only_what_its_version_runs() {
+        let mut s = state(grpc_and_tcp(false));
+        // Before any Envoy: the whole specifier, nothing unsupported yet.
+        assert_eq!(sent_clusters(&s).len(), 2);
+        assert_eq!(statuses(&s), [Status::Pending, Status::Pending]);
+
+        let applied = apply(&mut s, attach(1, Some("1.37.0")), t(1));
+        assert!(applied.notify);
+        assert_eq!(sent_clusters(&s), ["probe_127.0.0.1:8081"]);
+        assert_eq!(statuses(&s), [Status::Unsupported, Status::Pending]);
+        assert_eq!(s.version, 2, "what is sent changed");
+        let reason = s.reason_of_inbound(0).unwrap();
+        assert_eq!(reason.code, "envoy_too_old");
+        assert!(reason
+            .message
+            .starts_with("gRPC probe needs Envoy >= 1.38; this Envoy is 1.37.0"));
+        assert_eq!(s.reason_of_inbound(1), None);
+        // Unsupported stays so: no report can make it ready, no time stale.
+        apply(
+            &mut s,
+            Command::Report {
+                stream: 1,
+                report: healthy(8081),
+                received: std::time::Instant::now(),
+            },
+            t(2),
+        );
+        assert_eq!(statuses(&s), [Status::Unsupported, Status::Healthy]);
+        crate::readiness::expire(&mut s.health, t(100), chrono::Duration::seconds(1));
+        assert_eq!(s.health.inbounds[0].status, Status::Unsupported);
+
+        // The same Envoy again: nothing changes.
+        apply(
+            &mut s,
+            Command::Detach {
+                stream: 1,
+                rejected: false,
+            },
+            t(3),
+        );
+        let version = s.version;
+        apply(&mut s, attach(2, Some("1.37.0")), t(4));
+        assert_eq!(s.version, version);
+        assert_eq!(s.health.inbounds[0].status, Status::Unsupported);
+
+        // Upgraded: the gRPC check is sent, its inbound pending until reported.
+        apply(&mut s, attach(3, Some("1.38.3")), t(5));
+        assert_eq!(sent_clusters(&s).len(), 2);
+        assert_eq!(s.health.inbounds[0].status, Status::Pending);
+        assert_eq!(s.reason_of_inbound(0), None);
+        assert!(s.envoy.restricted.is_none());
+
+        // No version reported: the conservative set.
+        apply(&mut s, attach(4, None), t(6));
+        assert_eq!(sent_clusters(&s), ["probe_127.0.0.1:8081"]);
+        assert!(s
+            .reason_of_inbound(0)
+            .unwrap()
+            .message
+            .contains("reports no version"));
+
+        // A new definition keeps the restriction for the Envoy attached.
+        let mut redefined = grpc_and_tcp(false);
+        redefined.file = "moved.yaml".into();
+        apply(&mut s, Command::Define(redefined), t(7));
+        assert_eq!(sent_clusters(&s), ["probe_127.0.0.1:8081"]);
+        assert_eq!(s.health.inbounds[0].status, Status::Unsupported);
+    }
+
+    /// With `hds.check.fallback = "tcp"`, the old Envoy gets a TCP connect
+    /// on the same cluster, and its reports fold as usual.
+    #[test]
+    fn a_configured_fallback_checks_the_target_with_a_connect() {
+        let mut s = state(grpc_and_tcp(true));
+        apply(&mut s, attach(1, Some("1.36.4")), t(1));
+        let sent = &s.specifier().unwrap().message.cluster_health_checks;
+        assert_eq!(sent.len(), 2);
+        assert_eq!(sent[0].cluster_name, "probe_127.0.0.1:8080");
+        assert!(matches!(
+            sent[0].health_checks[0].health_checker,
+            Some(envoy_types::pb::envoy::config::core::v3::health_check::HealthChecker::TcpHealthCheck(_))
+        ));
+        assert_eq!(statuses(&s), [Status::Pending, Status::Pending]);
+        assert_eq!(s.reason_of_inbound(0).unwrap().code, "probe_fallback");
+        apply(
+            &mut s,
+            Command::Report {
+                stream: 1,
+                report: healthy(8080),
+                received: std::time::Instant::now(),
+            },
+            t(2),
+        );
+        assert_eq!(s.health.inbounds[0].status, Status::Healthy);
+    }
+
+    /// Three streams in a row ended by the Envoy right after a push, with
+    /// no report: it rejects or crashes on its specifier. A report clears it.
+    #[test]
+    fn an_envoy_ending_every_stream_after_a_push_is_flagged_until_it_reports() {
+        let mut s = state(defined(8080));
+        for stream in 1..=REJECTED_STREAMS as u64 {
+            assert!(!s.envoy.rejects_specifier());
+            apply(&mut s, attach(stream, Some("1.37.0")), t(stream as i64));
+            apply(
+                &mut s,
+                Command::Detach {
+                    stream,
+                    rejected: true,
+                },
+                t(stream as i64),
+            );
+        }
+        assert!(s.envoy.rejects_specifier());
+        let problem = s.envoy.problem().unwrap();
+        assert_eq!(problem.code, "specifier_rejected");
+        assert!(problem
+            .message
+            .starts_with("Envoy ends the stream after every specifier"));
+        // Still flagged while it reconnects; a report ends it.
+        apply(&mut s, attach(10, Some("1.37.0")), t(10));
+        assert!(s.envoy.rejects_specifier());
+        let applied = apply(
+            &mut s,
+            Command::Report {
+                stream: 10,
+                report: healthy(8080),
+                received: std::time::Instant::now(),
+            },
+            t(11),
+        );
+        assert!(applied.notify);
+        assert!(!s.envoy.rejects_specifier());
+        // An ordinary end in between starts the count again.
+        apply(
+            &mut s,
+            Command::Detach {
+                stream: 10,
+                rejected: true,
+            },
+            t(12),
+        );
+        apply(&mut s, attach(11, None), t(13));
+        apply(
+            &mut s,
+            Command::Detach {
+                stream: 11,
+                rejected: false,
+            },
+            t(14),
+        );
+        assert_eq!(s.envoy.rejected_streams, 0);
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use metrics::gauge;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::metrics::{DATAPLANES, INBOUNDS, SOURCE_ERRORS};
+use crate::metrics::{DATAPLANES, DATAPLANES_REJECTING, INBOUNDS, SOURCE_ERRORS};
 use crate::readiness::Status;
 use crate::registry::Registry;
 use crate::source::Loaded;
@@ -34,6 +34,7 @@ impl Scrape {
         let mut connected = 0u64;
         let mut disconnected = 0u64;
         let mut by_status = [0u64; Status::ALL.len()];
+        let mut rejecting = 0u64;
         for handle in self.registry.catalog().values() {
             let state = handle.subscribe();
             let state = state.borrow();
@@ -44,6 +45,9 @@ impl Scrape {
                 connected += 1;
             } else {
                 disconnected += 1;
+            }
+            if state.envoy.rejects_specifier() {
+                rejecting += 1;
             }
             for inbound in &state.health.inbounds {
                 if let Some(i) = Status::ALL.iter().position(|s| *s == inbound.status) {
@@ -56,6 +60,7 @@ impl Scrape {
         for (status, n) in Status::ALL.iter().zip(by_status) {
             gauge!(INBOUNDS, "status" => status.as_str()).set(n as f64);
         }
+        gauge!(DATAPLANES_REJECTING).set(rejecting as f64);
         gauge!(SOURCE_ERRORS).set(self.sources.borrow().error_count() as f64);
         self.process.collect();
         self.handle.render()

@@ -174,6 +174,7 @@ pub fn specifier_settings(config: &Config) -> SpecifierSettings {
         report_interval: config.hds.report_interval,
         probe_all_inbounds: config.hds.probe_all_inbounds,
         check_envoy_ready: config.hds.check_envoy_ready,
+        tcp_fallback: config.hds.check.fallback == crate::config::CheckFallback::Tcp,
     }
 }
 

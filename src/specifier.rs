@@ -28,6 +28,7 @@ use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use prost::bytes::Bytes;
 use prost::Message;
 
+use crate::capability::{self, EnvoyVersion, Support};
 use crate::dataplane::Dataplane;
 use crate::probe::{Check, HttpCheck, Payload, ProbeSettings, StatusRange, ValidationError};
 
@@ -43,6 +44,9 @@ pub struct SpecifierSettings {
     /// Check the Envoy's own admin `/ready` when the dataplane declares
     /// `networking.admin.port`.
     pub check_envoy_ready: bool,
+    /// `hds.check.fallback = "tcp"`: an Envoy too old for a target's check
+    /// is sent a TCP connect to the same target instead ([`Specifier::for_envoy`]).
+    pub tcp_fallback: bool,
 }
 
 impl Default for SpecifierSettings {
@@ -54,6 +58,7 @@ impl Default for SpecifierSettings {
             report_interval: Duration::from_secs(5),
             probe_all_inbounds: true,
             check_envoy_ready: true,
+            tcp_fallback: false,
         }
     }
 }
@@ -82,6 +87,9 @@ pub struct Specifier {
     pub target_of_inbound: Vec<Option<usize>>,
     /// The target checking the Envoy's own admin `/ready`, if any.
     pub envoy_ready: Option<usize>,
+    /// Whether an Envoy too old for a target's check gets a TCP connect in
+    /// its place (`hds.check.fallback = "tcp"`), see [`Specifier::for_envoy`].
+    pub tcp_fallback: bool,
     /// Each endpoint's first target, for specifiers of more than
     /// [`SCAN_TARGETS`] targets: a report's endpoints are then matched by
     /// lookup, not by a scan of the targets (a report may name many). Empty
@@ -102,6 +110,7 @@ impl PartialEq for Specifier {
             && self.targets == other.targets
             && self.target_of_inbound == other.target_of_inbound
             && self.envoy_ready == other.envoy_ready
+            && self.tcp_fallback == other.tcp_fallback
     }
 }
 
@@ -142,6 +151,7 @@ impl Specifier {
             Vec::new(),
             Vec::new(),
             None,
+            false,
         )
     }
 
@@ -150,6 +160,7 @@ impl Specifier {
         targets: Vec<ProbeTarget>,
         target_of_inbound: Vec<Option<usize>>,
         envoy_ready: Option<usize>,
+        tcp_fallback: bool,
     ) -> Specifier {
         let mut by_endpoint = HashMap::new();
         if targets.len() > SCAN_TARGETS {
@@ -163,9 +174,73 @@ impl Specifier {
             targets,
             target_of_inbound,
             envoy_ready,
+            tcp_fallback,
             by_endpoint,
             encoded: OnceLock::new(),
         }
+    }
+
+    /// How an Envoy of `version` (`None`: it reported none) runs each
+    /// target, by index; `None` when it runs every one as built (the usual
+    /// case, which allocates nothing).
+    pub fn support_for(&self, version: Option<EnvoyVersion>) -> Option<Vec<Support>> {
+        let of = |t: &ProbeTarget| capability::support(version, &t.check, self.tcp_fallback);
+        if self.targets.iter().all(|t| of(t) == Support::Full) {
+            return None;
+        }
+        Some(self.targets.iter().map(of).collect())
+    }
+
+    /// This specifier as an Envoy with `support` (from
+    /// [`Specifier::support_for`]) can run it: a target it cannot run is
+    /// left out of the message, a fallback is a TCP connect to the same
+    /// target (same cluster, so its reports fold as before). The targets
+    /// and the inbounds' map are unchanged: readiness reads reports against
+    /// either.
+    pub fn restricted(&self, support: &[Support]) -> Specifier {
+        let tcp = Check::Tcp(crate::probe::TcpCheck::default());
+        let cluster_health_checks = self
+            .targets
+            .iter()
+            .zip(support)
+            .filter_map(|(t, s)| match s {
+                Support::Full => Some(cluster_health_check(t)),
+                Support::Unsupported(_) => None,
+                Support::Fallback(_) => Some(cluster_health_check(&ProbeTarget {
+                    check: tcp.clone(),
+                    ..t.clone()
+                })),
+            })
+            .collect();
+        Specifier::new(
+            HealthCheckSpecifier {
+                cluster_health_checks,
+                interval: self.message.interval,
+            },
+            self.targets.clone(),
+            self.target_of_inbound.clone(),
+            self.envoy_ready,
+            self.tcp_fallback,
+        )
+    }
+
+    /// The targets whose check the oldest supported Envoy cannot run, with
+    /// the table's row that says which release can (`hdsd validate` warns).
+    pub fn beyond_oldest_supported(
+        &self,
+    ) -> impl Iterator<Item = (&ProbeTarget, &'static capability::Requirement)> {
+        self.targets.iter().filter_map(|t| {
+            let f = capability::needed_by(&t.check)?;
+            (!capability::supports(Some(capability::OLDEST_SUPPORTED), f))
+                .then(|| (t, f.requirement()))
+        })
+    }
+
+    /// The specifier an Envoy of `version` is sent, with how it runs each
+    /// target: `None` when that is this one, whole.
+    pub fn for_envoy(&self, version: Option<EnvoyVersion>) -> Option<(Specifier, Vec<Support>)> {
+        let support = self.support_for(version)?;
+        Some((self.restricted(&support), support))
     }
 
     /// The message's protobuf encoding (a shared, reference-counted buffer),
@@ -306,6 +381,7 @@ pub fn build(
         targets,
         target_of_inbound,
         envoy_ready,
+        settings.tcp_fallback,
     ))
 }
 
@@ -382,8 +458,10 @@ fn health_checker(check: &Check, endpoint: SocketAddr) -> health_check::HealthCh
                 ..Default::default()
             })
         }
-        // Envoy 1.40 speaks HTTP/2 for this check although the cluster it
-        // builds from a ClusterHealthCheck has no HTTP/2 protocol options.
+        // Envoy 1.38 and later speak HTTP/2 for this check although the
+        // cluster built from a ClusterHealthCheck has no HTTP/2 protocol
+        // options; 1.36 and 1.37 abort on it (see `capability`), so an
+        // Envoy is sent it only when its version runs it.
         Check::Grpc(grpc) => {
             health_check::HealthChecker::GrpcHealthCheck(health_check::GrpcHealthCheck {
                 service_name: grpc.service.clone().unwrap_or_default(),

@@ -43,6 +43,7 @@ pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
     let mut rows = vec![[
         "DATAPLANE".to_string(),
         "CONNECTED".into(),
+        "ENVOY".into(),
         "INBOUND".into(),
         "SERVICE".into(),
         "STATUS".into(),
@@ -67,7 +68,8 @@ pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
             };
             rows.push([
                 id.clone(),
-                yes_no(d.connection.connected),
+                connected(d),
+                envoy(d),
                 "-".into(),
                 what,
                 "nothing to probe".into(),
@@ -84,7 +86,8 @@ pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
                 .unwrap_or_else(|| "-".into());
             rows.push([
                 id.clone(),
-                yes_no(d.connection.connected),
+                connected(d),
+                envoy(d),
                 match &i.name {
                     Some(name) => format!("{} ({name})", i.port),
                     None => format!("{}", i.port),
@@ -104,7 +107,7 @@ pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
             ]);
         }
     }
-    let widths: Vec<usize> = (0..8)
+    let widths: Vec<usize> = (0..9)
         .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -136,7 +139,40 @@ pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
         0 => writeln!(out),
         n => writeln!(out, " ({n} ignored)"),
     };
+    // Reasons: what is wrong and what to do, one line each.
+    let mut why = Vec::new();
+    for d in items {
+        if let Some(p) = &d.connection.problem {
+            why.push(format!("{}.{}: {}", d.mesh, d.name, p.message));
+        }
+        for i in &d.inbounds {
+            if let Some(r) = &i.health.reason {
+                why.push(format!("{}.{} {}: {}", d.mesh, d.name, i.port, r.message));
+            }
+        }
+    }
+    if !why.is_empty() {
+        let _ = writeln!(out, "\nWhy:");
+        for line in why {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
     out
+}
+
+/// `yes`, `yes (on B)` when another instance holds the stream, or `no`.
+fn connected(d: &DataplaneItem) -> String {
+    match (&d.connection.held_by, d.connection.connected) {
+        (Some(by), true) => format!("yes (on {by})"),
+        (_, c) => yes_no(c),
+    }
+}
+
+fn envoy(d: &DataplaneItem) -> String {
+    d.connection
+        .envoy_version
+        .clone()
+        .unwrap_or_else(|| "-".into())
 }
 
 fn fmt_ip(ip: std::net::IpAddr) -> String {
@@ -191,6 +227,8 @@ mod tests {
                 connected_at: Some(t0),
                 last_report_at: Some(t0),
                 held_by: None,
+                envoy_version: None,
+                problem: None,
             },
             inbounds: vec![inbound(
                 10001,
@@ -234,6 +272,7 @@ mod tests {
                 since: t0,
                 last_report_at: None,
                 changes: vec![],
+                reason: None,
             },
             probe: None,
         }
@@ -252,6 +291,8 @@ mod tests {
                 connected_at: None,
                 last_report_at: None,
                 held_by: None,
+                envoy_version: None,
+                problem: None,
             },
             inbounds,
             listeners,
@@ -307,6 +348,50 @@ mod tests {
         assert!(line("default.zp").contains("zone proxy (ZoneIngress 10001)"));
         assert!(
             out.contains("3 dataplanes (0 connected), 1/2 inbounds ready (1 ignored)"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn names_the_holder_the_envoy_and_every_reason() {
+        let t0 = Utc.timestamp_opt(1_700_000_000, 0).unwrap();
+        let mut grpc = inbound(10001, None, InboundState::Ready, "unsupported", false, t0);
+        grpc.health.reason = Some(crate::api::ReasonItem {
+            code: "envoy_too_old".into(),
+            message: "gRPC probe needs Envoy >= 1.38; this Envoy is 1.37.0".into(),
+        });
+        let item = DataplaneItem {
+            mesh: "default".into(),
+            name: "cart".into(),
+            address: "127.0.0.1".parse().unwrap(),
+            kind: DataplaneKind::Sidecar,
+            connection: ConnectionItem {
+                connected: true,
+                connected_at: Some(t0),
+                last_report_at: Some(t0),
+                held_by: Some("hdsd-b".into()),
+                envoy_version: Some("1.37.0".into()),
+                problem: Some(crate::api::ReasonItem {
+                    code: "specifier_rejected".into(),
+                    message: "Envoy ends the stream after every specifier".into(),
+                }),
+            },
+            inbounds: vec![grpc],
+            listeners: Vec::new(),
+        };
+        let out = render(&[item], t0);
+        let row = out.lines().find(|l| l.contains("10001")).unwrap();
+        assert!(row.contains("yes (on hdsd-b)"), "{out}");
+        assert!(row.contains("1.37.0"), "{out}");
+        assert!(row.contains("unsupported"), "{out}");
+        assert!(
+            out.contains(
+                "default.cart 10001: gRPC probe needs Envoy >= 1.38; this Envoy is 1.37.0"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("default.cart: Envoy ends the stream after every specifier"),
             "{out}"
         );
     }

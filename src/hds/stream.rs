@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use tonic::{Code, Status};
 
 use crate::auth::{authorize, check_identity, Claims, Rejection};
+use crate::capability::EnvoyVersion;
 use crate::dataplane::DataplaneId;
 use crate::registry::{DataplaneState, StreamId};
 use crate::report::Report;
@@ -71,14 +72,16 @@ pub enum Action {
     /// the machine ends the stream itself at its deadline.
     Resolve { id: DataplaneId, why: Awaiting },
     /// Follow the resolved dataplane's state and tell its task that this
-    /// stream now speaks for it.
-    Attach,
+    /// stream now speaks for it, and for an Envoy of which version.
+    Attach { envoy: Option<EnvoyVersion> },
     /// Send this specifier to Envoy (its encoded bytes, shared).
     Send(Arc<Specifier>),
     /// Give this report to the dataplane's task.
     Forward(Report),
-    /// Tell the dataplane's task this stream no longer speaks for it.
-    Detach,
+    /// Tell the dataplane's task this stream no longer speaks for it;
+    /// `rejected`: the Envoy ended it within [`REJECTION_WINDOW`] of a
+    /// specifier push, with no report since.
+    Detach { rejected: bool },
     /// End the stream.
     End(End),
 }
@@ -127,7 +130,14 @@ struct Attached {
     /// The specifier version last sent (0: none yet).
     sent_version: u64,
     last_report: Instant,
+    /// When a specifier with checks was last sent, if no report came since.
+    unanswered_send: Option<Instant>,
 }
+
+/// An Envoy that ends its stream this soon after a specifier push, with no
+/// report since, may be rejecting or crashing on the specifier: after
+/// `registry::REJECTED_STREAMS` such streams in a row, hdsd says so.
+pub const REJECTION_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The protocol state of one HDS stream.
 #[derive(Debug)]
@@ -136,6 +146,8 @@ pub struct Stream {
     settings: Arc<HdsSettings>,
     /// The verified token, when auth is on.
     claims: Option<Claims>,
+    /// The Envoy's version, from its first request's node.
+    envoy: Option<EnvoyVersion>,
     phase: Phase,
 }
 
@@ -153,6 +165,7 @@ impl Stream {
             id,
             settings,
             claims,
+            envoy: None,
             phase: Phase::AwaitingRequest { deadline },
         }
     }
@@ -186,8 +199,14 @@ impl Stream {
             return;
         }
         match event {
-            Event::ClientClosed => self.end(End::Closed, actions),
-            Event::ClientError(status) => self.end(End::Status(status), actions),
+            Event::ClientClosed => {
+                let rejected = self.rejected(now);
+                self.end_as(End::Closed, rejected, actions)
+            }
+            Event::ClientError(status) => {
+                let rejected = self.rejected(now);
+                self.end_as(End::Status(status), rejected, actions)
+            }
             Event::Drain => self.end(End::Shutdown, actions),
             Event::LimitReached { limit, status } => {
                 self.end(End::Limit { limit, status }, actions)
@@ -217,7 +236,7 @@ impl Stream {
             Event::DataplaneGone => {
                 if let Phase::Attached(a) = &self.phase {
                     let id = a.id.clone();
-                    actions.push(Action::Detach);
+                    actions.push(Action::Detach { rejected: false });
                     self.await_dataplane(id, Awaiting::Deleted, now, actions);
                 }
             }
@@ -237,6 +256,7 @@ impl Stream {
                     Ok(id) => id,
                     Err(status) => return self.end(End::Status(status), actions),
                 };
+                self.envoy = request.node.as_ref().and_then(EnvoyVersion::of_node);
                 // Bind the token to the node id before anything else happens.
                 if let Some(claims) = &self.claims {
                     if let Err(rejection) = check_identity(claims, &id.mesh, &id.name) {
@@ -282,6 +302,7 @@ impl Stream {
                     return self.end(End::Limit { limit, status }, actions);
                 }
                 a.last_report = now;
+                a.unanswered_send = None;
                 actions.push(Action::Forward(report));
             }
             // Reports without a specifier have nothing to match; drop them.
@@ -305,8 +326,9 @@ impl Stream {
             state: *state,
             sent_version: 0,
             last_report: now,
+            unanswered_send: None,
         }));
-        actions.push(Action::Attach);
+        actions.push(Action::Attach { envoy: self.envoy });
         // The request that named the node (or the one before a deletion) is answered now.
         self.react(true, now, actions);
     }
@@ -349,12 +371,18 @@ impl Stream {
             return self.end(End::Status(status), actions);
         }
         if answer || a.state.version != a.sent_version {
-            actions.push(Action::Send(current_specifier(&a.state, &self.settings)));
+            let specifier = current_specifier(&a.state, &self.settings, self.envoy);
+            // An Envoy reports nothing on an empty specifier: only a push
+            // with checks is one it should answer.
+            if !specifier.message.cluster_health_checks.is_empty() {
+                a.unanswered_send = Some(now);
+            }
+            actions.push(Action::Send(specifier));
             a.sent_version = a.state.version;
         }
         if a.state.defined.is_none() {
             let id = a.id.clone();
-            actions.push(Action::Detach);
+            actions.push(Action::Detach { rejected: false });
             self.await_dataplane(id, Awaiting::Deleted, now, actions);
         }
     }
@@ -399,10 +427,25 @@ impl Stream {
         actions.push(Action::Resolve { id, why });
     }
 
+    /// Whether the Envoy, ending the stream at `now`, was sent a specifier
+    /// within [`REJECTION_WINDOW`] and has not reported since.
+    fn rejected(&self, now: Instant) -> bool {
+        match &self.phase {
+            Phase::Attached(a) => a
+                .unanswered_send
+                .is_some_and(|at| now.saturating_duration_since(at) <= REJECTION_WINDOW),
+            _ => false,
+        }
+    }
+
     /// Ends the stream, detaching first when attached.
     fn end(&mut self, end: End, actions: &mut Vec<Action>) {
+        self.end_as(end, false, actions)
+    }
+
+    fn end_as(&mut self, end: End, rejected: bool, actions: &mut Vec<Action>) {
         if matches!(self.phase, Phase::Attached(_)) {
-            actions.push(Action::Detach);
+            actions.push(Action::Detach { rejected });
         }
         self.phase = Phase::Ended;
         actions.push(Action::End(end));
@@ -432,12 +475,27 @@ pub(super) fn authorize_for(
     authorize(claims, &id.mesh, &id.name, &tags)
 }
 
-/// The specifier to send for `state`: the dataplane's own (shared, not
-/// copied), or an empty one once it was deleted.
-pub(super) fn current_specifier(state: &DataplaneState, settings: &HdsSettings) -> Arc<Specifier> {
-    match &state.defined {
-        Some(d) => d.specifier.clone(),
-        None => Arc::new(Specifier::empty(settings.report_interval)),
+/// The specifier to send for `state` to an Envoy of `envoy`: the part of
+/// the dataplane's own that this version runs (shared, not copied: the
+/// dataplane's task keeps the one for the Envoy attached last), or an empty
+/// one once it was deleted. Never a check the Envoy cannot run, even before
+/// its task has heard of this stream.
+pub(super) fn current_specifier(
+    state: &DataplaneState,
+    settings: &HdsSettings,
+    envoy: Option<EnvoyVersion>,
+) -> Arc<Specifier> {
+    let Some(d) = &state.defined else {
+        return Arc::new(Specifier::empty(settings.report_interval));
+    };
+    if state.envoy.seen && state.envoy.version == envoy {
+        if let Some(r) = &state.envoy.restricted {
+            return r.specifier.clone();
+        }
+    }
+    match d.specifier.for_envoy(envoy) {
+        None => d.specifier.clone(),
+        Some((restricted, _)) => Arc::new(restricted),
     }
 }
 
@@ -513,6 +571,7 @@ mod tests {
                 stream: owner,
                 ..Default::default()
             },
+            envoy: Default::default(),
         })
     }
 
@@ -570,10 +629,10 @@ mod tests {
             .iter()
             .map(|a| match a {
                 Action::Resolve { .. } => "resolve",
-                Action::Attach => "attach",
+                Action::Attach { .. } => "attach",
                 Action::Send(_) => "send",
                 Action::Forward(_) => "forward",
-                Action::Detach => "detach",
+                Action::Detach { .. } => "detach",
                 Action::End(_) => "end",
             })
             .collect()
@@ -904,13 +963,125 @@ mod tests {
         let a = h.on(Event::Drain);
         assert!(matches!(
             &a[..],
-            [Action::Detach, Action::End(End::Shutdown)]
+            [
+                Action::Detach { rejected: false },
+                Action::End(End::Shutdown)
+            ]
         ));
         let mut h = Harness::attached(None);
+        h.now += REJECTION_WINDOW + Duration::from_millis(1);
         let a = h.on(Event::ClientClosed);
-        assert!(matches!(&a[..], [Action::Detach, Action::End(End::Closed)]));
+        // Closed long after the push: no sign of a rejected specifier.
+        assert!(matches!(
+            &a[..],
+            [Action::Detach { rejected: false }, Action::End(End::Closed)]
+        ));
         let mut h = Harness::new(None);
         let a = h.on(Event::ClientError(Status::cancelled("gone")));
         assert!(matches!(&a[..], [Action::End(End::Status(_))]));
+    }
+
+    /// An Envoy that ends the stream soon after a push, without reporting,
+    /// may be crashing on the specifier; one that reported, or ended long
+    /// after the push, or was ended by hdsd, is not.
+    #[test]
+    fn an_envoy_closing_right_after_a_push_without_a_report_is_flagged() {
+        let closed = |h: &mut Harness, event: Event| -> bool {
+            let a = h.on(event);
+            match &a[..] {
+                [Action::Detach { rejected }, Action::End(_)] => *rejected,
+                other => panic!("{:?}", names(other)),
+            }
+        };
+        let mut h = Harness::attached(None);
+        h.now += Duration::from_secs(2);
+        assert!(closed(&mut h, Event::ClientClosed));
+        let mut h = Harness::attached(None);
+        h.now += REJECTION_WINDOW;
+        assert!(closed(&mut h, Event::ClientError(Status::unknown("reset"))));
+
+        // A report answered the push.
+        let mut h = Harness::attached(None);
+        h.on(Event::Report(Report::from(
+            envoy_types::pb::envoy::service::health::v3::EndpointHealthResponse::default(),
+        )));
+        assert!(!closed(&mut h, Event::ClientClosed));
+        // A new push after the report counts again.
+        let mut h = Harness::attached(None);
+        h.on(Event::Report(Report::from(
+            envoy_types::pb::envoy::service::health::v3::EndpointHealthResponse::default(),
+        )));
+        h.on(Event::StateChanged(state(2, Some(5))));
+        assert!(closed(&mut h, Event::ClientClosed));
+        // hdsd ended it: not the Envoy's doing.
+        let mut h = Harness::attached(None);
+        assert_eq!(
+            h.on(Event::Drain)
+                .iter()
+                .filter(|a| matches!(a, Action::Detach { rejected: true }))
+                .count(),
+            0
+        );
+    }
+
+    /// The node's version goes with the attach, and the first push already
+    /// holds only what that version runs (the dataplane's task has not
+    /// heard of this stream yet).
+    #[test]
+    fn the_first_push_holds_only_what_the_envoy_version_runs() {
+        use envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType;
+        use envoy_types::pb::envoy::config::core::v3::BuildVersion;
+        use envoy_types::pb::envoy::r#type::v3::SemanticVersion;
+        let grpc = "type: Dataplane\nmesh: default\nname: web\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    tags: {kuma.io/service: web}\n    serviceProbe: {grpc: {}}\n  - port: 10002\n    servicePort: 8081\n    tags: {kuma.io/service: web}\n";
+        let resolved = || {
+            let defined = defined(grpc);
+            Box::new(DataplaneState {
+                health: crate::readiness::rebase(
+                    None,
+                    &defined.dataplane,
+                    &defined.specifier,
+                    chrono::Utc::now(),
+                ),
+                defined: Some(defined),
+                version: 1,
+                connection: Connection::default(),
+                envoy: Default::default(),
+            })
+        };
+        for (minor, clusters) in [(37, 1), (38, 2)] {
+            let mut h = Harness::new(None);
+            let mut first = request("default.web");
+            first.node.as_mut().unwrap().user_agent_version_type =
+                Some(UserAgentVersionType::UserAgentBuildVersion(BuildVersion {
+                    version: Some(SemanticVersion {
+                        major_number: 1,
+                        minor_number: minor,
+                        patch: 0,
+                    }),
+                    metadata: None,
+                }));
+            h.on(Event::Request(first));
+            let a = h.on(Event::Resolved(resolved()));
+            let Action::Attach { envoy } = &a[0] else {
+                panic!("{:?}", names(&a))
+            };
+            assert_eq!(*envoy, Some(EnvoyVersion::new(1, minor, 0)));
+            let Action::Send(sent) = &a[1] else {
+                panic!("{:?}", names(&a))
+            };
+            assert_eq!(
+                sent.message.cluster_health_checks.len(),
+                clusters,
+                "Envoy 1.{minor}"
+            );
+        }
+        // No version reported: the conservative set.
+        let mut h = Harness::new(None);
+        h.on(Event::Request(request("default.web")));
+        let a = h.on(Event::Resolved(resolved()));
+        let Action::Send(sent) = &a[1] else {
+            panic!("{:?}", names(&a))
+        };
+        assert_eq!(sent.message.cluster_health_checks.len(), 1);
     }
 }

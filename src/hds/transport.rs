@@ -10,7 +10,7 @@
 //!   hundred bytes, and these buffers are a large part of what each connected
 //!   Envoy costs in memory. They still grow to the largest message seen;
 //! - a `HealthCheckRequest` is decoded for what hdsd reads of it, the
-//!   node's id ([`lean`]): Envoy's node also carries its build, metadata and
+//!   node's id and Envoy version ([`lean`]): Envoy's node also carries its build, metadata and
 //!   the list of its extensions (over a hundred in a real Envoy), which
 //!   decoding in full would allocate and free again on every stream's
 //!   first message;
@@ -28,6 +28,7 @@ use std::task::{Context, Poll};
 
 use std::ops::Range;
 
+use envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::health::v3::HealthCheckRequest;
 use prost::bytes::{Buf, BufMut, Bytes};
@@ -254,6 +255,10 @@ impl FromEnvoy {
             Ok(FromEnvoy::Request(Box::new(HealthCheckRequest {
                 node: node.map(|n| Node {
                     id: n.id,
+                    user_agent_version_type: n.build.map(Into::into).or(n.version.map(
+                        #[allow(deprecated)]
+                        UserAgentVersionType::UserAgentVersion,
+                    )),
                     ..Default::default()
                 }),
                 capability: None,
@@ -280,10 +285,14 @@ const REQUEST: u32 = 1;
 const REPORT: u32 = 2;
 
 /// A `HealthCheckRequest` as hdsd reads it: the same field numbers and
-/// types as envoy-types', with only the node's id kept (prost skips the
-/// other fields without decoding them). Envoy's node also carries its
-/// build, metadata and the list of its extensions.
+/// types as envoy-types', with only the node's id and version kept (prost
+/// skips the other fields without decoding them). Envoy's node also carries
+/// its build metadata, its metadata and the list of its extensions.
 mod lean {
+    use envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType;
+    use envoy_types::pb::envoy::config::core::v3::BuildVersion;
+    use envoy_types::pb::envoy::r#type::v3::SemanticVersion;
+
     /// `envoy.service.health.v3.HealthCheckRequest`: `node` is field 1.
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Request {
@@ -291,11 +300,35 @@ mod lean {
         pub node: Option<LeanNode>,
     }
 
-    /// `envoy.config.core.v3.Node`: `id` is field 1.
+    /// `envoy.config.core.v3.Node`: `id` is field 1, the oneof
+    /// `user_agent_version_type` fields 7 (`user_agent_version`) and 8
+    /// (`user_agent_build_version`). Both are read; when both occur (the
+    /// oneof's last one wins in prost), the build version is preferred.
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct LeanNode {
         #[prost(string, tag = "1")]
         pub id: String,
+        #[prost(string, optional, tag = "7")]
+        pub version: Option<String>,
+        #[prost(message, optional, tag = "8")]
+        pub build: Option<LeanBuild>,
+    }
+
+    /// `envoy.config.core.v3.BuildVersion`: `version` is field 1 (its
+    /// metadata, field 2, is skipped).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LeanBuild {
+        #[prost(message, optional, tag = "1")]
+        pub version: Option<SemanticVersion>,
+    }
+
+    impl From<LeanBuild> for UserAgentVersionType {
+        fn from(b: LeanBuild) -> Self {
+            UserAgentVersionType::UserAgentBuildVersion(BuildVersion {
+                version: b.version,
+                metadata: None,
+            })
+        }
     }
 }
 
@@ -338,7 +371,13 @@ mod tests {
         let FromEnvoy::Request(r) = decode(&request) else {
             panic!("a request")
         };
-        assert_eq!(r.node.unwrap().id, "default.web-01");
+        let node = r.node.unwrap();
+        assert_eq!(node.id, "default.web-01");
+        assert_eq!(
+            crate::capability::EnvoyVersion::of_node(&node),
+            Some(crate::capability::EnvoyVersion::new(1, 40, 0))
+        );
+        assert_eq!(node.cluster, "", "the rest of the node is skipped");
 
         let health = EndpointHealthResponse {
             cluster_endpoints_health: vec![ClusterEndpointsHealth {

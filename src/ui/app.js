@@ -29,6 +29,7 @@
     stale: { kind: 'warn', mark: '!', rank: 5 },
     timeout: { kind: 'bad', mark: '✕', rank: 6 },
     unhealthy: { kind: 'bad', mark: '✕', rank: 6 },
+    unsupported: { kind: 'bad', mark: '✕', rank: 6 },
   };
   const SERVICE_STATUS = {
     online: { text: 'Online', kind: 'ok', mark: '✓' },
@@ -506,8 +507,11 @@
         h('span', { class: 'muted addr' }, item.address))),
       h('td', { 'data-label': 'Connection' },
         item.connection.connected
-          ? h('span', { class: 'conn k-ok' }, h('span', { 'aria-hidden': 'true' }, '● '), 'Connected')
-          : h('span', { class: 'conn k-bad' }, h('span', { 'aria-hidden': 'true' }, '○ '), 'Disconnected')),
+          ? h('span', { class: 'conn k-ok' }, h('span', { 'aria-hidden': 'true' }, '● '), connectedText(item.connection))
+          : h('span', { class: 'conn k-bad' }, h('span', { 'aria-hidden': 'true' }, '○ '), 'Disconnected'),
+        item.connection.problem
+          ? h('div', { class: 'problem k-bad', 'data-problem': item.connection.problem.code }, '! ', item.connection.problem.message)
+          : null),
       h('td', { 'data-label': 'Service' }, stack(item.inbounds.map(service))),
       h('td', { 'data-label': 'Target' }, stack(item.inbounds.map((i) => h('code', {}, target(i))))),
       h('td', { 'data-label': 'Status' }, stack(item.inbounds.map((i) => statusBadge(i.health.status)))),
@@ -519,6 +523,19 @@
       h('td', { 'data-label': 'Since' }, stack(item.inbounds.map((i) => time(i.health.since)))),
       h('td', { 'data-label': 'Last report' }, time(item.connection.lastReportAt)),
     );
+  }
+
+  // "Connected", or "Connected (on B)" when another instance holds the stream.
+  function connectedText(c) {
+    return c.heldBy ? `Connected (on ${c.heldBy})` : 'Connected';
+  }
+
+  // What a probe checks, in words.
+  function probeWords(p) {
+    const kind = { tcp: 'TCP connect', http: 'HTTP GET', grpc: 'gRPC health check' }[p.kind] || 'Check';
+    const instead = p.fallback ? ` (run as a ${p.fallback.toUpperCase()} connect: the Envoy is too old for it)` : '';
+    return `${kind}${instead} every ${p.noTrafficInterval} (interval ${p.interval}), timeout ${p.timeout}; `
+      + `healthy after ${p.healthyThreshold}, unhealthy after ${p.unhealthyThreshold} in a row`;
   }
 
   function renderBanner(sources) {
@@ -558,8 +575,10 @@
     body.replaceChildren(
       h('dl', { class: 'facts' },
         h('dt', {}, 'Address'), h('dd', {}, item.address),
-        h('dt', {}, 'Connection'), h('dd', {}, c.connected ? 'Connected' : 'Disconnected',
+        h('dt', {}, 'Connection'), h('dd', {}, c.connected ? connectedText(c) : 'Disconnected',
           c.connectedAt ? [' (since ', time(c.connectedAt), ')'] : ''),
+        h('dt', {}, 'Envoy'), h('dd', {}, c.envoyVersion || 'version not reported'),
+        c.problem ? [h('dt', {}, 'Problem'), h('dd', { 'data-problem': c.problem.code }, c.problem.message)] : null,
         h('dt', {}, 'Last report'), h('dd', {}, time(c.lastReportAt)),
         h('dt', {}, 'Ready'), h('dd', {}, isReady(item) ? 'Yes: every inbound is ready' : 'No')),
       ...item.inbounds.map((i) => inboundDetail(i)),
@@ -575,10 +594,9 @@
         h('dt', {}, 'Tags'), h('dd', {}, tags),
         h('dt', {}, 'Status'), h('dd', {}, `${i.health.status.replace('_', ' ')} (${i.health.ready ? 'ready' : 'not ready'}), since `, time(i.health.since)),
         h('dt', {}, 'Last report'), h('dd', {}, time(i.health.lastReportAt)),
+        i.health.reason ? [h('dt', {}, 'Why'), h('dd', { 'data-reason': i.health.reason.code }, i.health.reason.message)] : null,
         h('dt', {}, 'Specifier target'), h('dd', {}, p ? [h('code', {}, p.target), ' in cluster ', h('code', {}, p.cluster)] : 'not probed (no serviceProbe and hds.probe_all_inbounds = false)'),
-        p ? [h('dt', {}, 'Probe'), h('dd', {},
-          `TCP connect every ${p.noTrafficInterval} (interval ${p.interval}), timeout ${p.timeout}; `
-          + `healthy after ${p.healthyThreshold}, unhealthy after ${p.unhealthyThreshold} in a row`)] : null),
+        p ? [h('dt', {}, 'Probe'), h('dd', {}, probeWords(p))] : null),
       h('h4', {}, 'Recent status changes'),
       (i.health.changes || []).length === 0
         ? h('p', { class: 'muted' }, 'None since hdsd started.')

@@ -42,6 +42,52 @@ pub fn envoy_bin() -> PathBuf {
     })
 }
 
+/// The binary of the Envoy release `minor` (e.g. "1.37"): one of the
+/// releases `scripts/setup.sh` installs under `.envoys/` (ENVOY_MATRIX), or
+/// the main one (`envoy_bin`) when that is this release. With its full
+/// version, as `envoy --version` prints it.
+pub fn envoy_release(minor: &str) -> (String, PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(".envoys");
+    let prefix = format!("{minor}.");
+    let mut found: Vec<(String, PathBuf)> = std::fs::read_dir(&root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|d| {
+            let name = d.file_name().to_string_lossy().to_string();
+            let bin = d.path().join("envoy/_bin/envoy");
+            (name.starts_with(&prefix) && bin.exists()).then_some((name, bin))
+        })
+        .collect();
+    found.sort();
+    if let Some(newest) = found.pop() {
+        return newest;
+    }
+    let main = envoy_bin();
+    let version = envoy_version(&main);
+    if version.starts_with(&prefix) {
+        return (version, main);
+    }
+    panic!(
+        "no Envoy {minor} under {} nor as the main Envoy ({version}): run scripts/setup.sh (or `make test`), which installs every supported release",
+        root.display()
+    )
+}
+
+/// The version an Envoy binary prints (`envoy --version`), e.g. "1.40.0".
+pub fn envoy_version(bin: &Path) -> String {
+    let out = Command::new(bin)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("{} --version: {e}", bin.display()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL"
+    text.split('/')
+        .find(|p| p.split('.').count() == 3 && p.split('.').all(|n| n.parse::<u32>().is_ok()))
+        .unwrap_or_else(|| panic!("no version in {text:?}"))
+        .to_string()
+}
+
 /// A loopback listener on a port the kernel chose.
 pub fn listener() -> StdListener {
     StdListener::bind("127.0.0.1:0").expect("bind an ephemeral port")
@@ -361,15 +407,25 @@ pub fn dataplane_yaml(name: &str, inbounds: &[(u16, u16)]) -> String {
     s
 }
 
-/// A real Envoy whose bootstrap points at hdsd.
+/// A real Envoy whose bootstrap points at hdsd. When dropped at the end of a
+/// test that did not fail otherwise, it checks that the Envoy is still
+/// running (unless the test stopped it): an Envoy that crashed, e.g. on a
+/// specifier it could not run, fails the test with its critical log lines.
 pub struct Envoy {
     pub dir: tempfile::TempDir,
     pub id: String,
     child: Option<Child>,
+    /// The test sent a signal that may end the Envoy.
+    signalled: std::sync::atomic::AtomicBool,
 }
 
 impl Envoy {
     pub fn start(hds: SocketAddr, id: &str, token: Option<&str>) -> Envoy {
+        Self::start_release(&envoy_bin(), hds, id, token)
+    }
+
+    /// [`Envoy::start`] with the Envoy binary `bin` (see [`envoy_release`]).
+    pub fn start_release(bin: &Path, hds: SocketAddr, id: &str, token: Option<&str>) -> Envoy {
         let dir = tempfile::tempdir().expect("tempdir");
         let dp_id: DataplaneId = id.parse().expect("node id");
         let yaml = bootstrap_yaml(&BootstrapParams {
@@ -380,7 +436,7 @@ impl Envoy {
             ca: None,
         })
         .expect("bootstrap");
-        Self::start_with_bootstrap(dir, id, &yaml)
+        Self::spawn(bin, dir, id, &yaml, &[])
     }
 
     pub fn start_with_bootstrap(dir: tempfile::TempDir, id: &str, bootstrap: &str) -> Envoy {
@@ -394,10 +450,20 @@ impl Envoy {
         bootstrap: &str,
         extra: &[&str],
     ) -> Envoy {
+        Self::spawn(&envoy_bin(), dir, id, bootstrap, extra)
+    }
+
+    fn spawn(
+        bin: &Path,
+        dir: tempfile::TempDir,
+        id: &str,
+        bootstrap: &str,
+        extra: &[&str],
+    ) -> Envoy {
         let config = dir.path().join("envoy.yaml");
         std::fs::write(&config, bootstrap).unwrap();
         let log = std::fs::File::create(dir.path().join("envoy.log")).unwrap();
-        let child = Command::new(envoy_bin())
+        let child = Command::new(bin)
             .arg("-c")
             .arg(&config)
             .arg("--admin-address-path")
@@ -419,6 +485,7 @@ impl Envoy {
             dir,
             id: id.to_string(),
             child: Some(child),
+            signalled: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -445,6 +512,10 @@ impl Envoy {
 
     /// Sends a signal by name (STOP, CONT, KILL...).
     pub fn signal(&self, name: &str) {
+        if !matches!(name, "STOP" | "CONT") {
+            self.signalled
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let ok = Command::new("kill")
             .arg(format!("-{name}"))
             .arg(self.pid().to_string())
@@ -468,7 +539,34 @@ impl Envoy {
 
 impl Drop for Envoy {
     fn drop(&mut self) {
+        // A crash is a failure of the test, whatever it checked: no
+        // specifier may ever bring an Envoy down.
+        let exited = match self.child.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(Some(status)))
+                if !self.signalled.load(std::sync::atomic::Ordering::Relaxed) =>
+            {
+                Some(status)
+            }
+            _ => None,
+        };
         self.kill();
+        if let (Some(status), false) = (exited, std::thread::panicking()) {
+            let log = self.log();
+            let critical: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("[critical]"))
+                .take(5)
+                .collect();
+            panic!(
+                "Envoy {} exited during the test ({status}):\n{}",
+                self.id,
+                if critical.is_empty() {
+                    log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+                } else {
+                    critical.join("\n")
+                }
+            );
+        }
         if std::thread::panicking() {
             let log = self.log();
             let tail: Vec<&str> = log.lines().rev().take(60).collect();

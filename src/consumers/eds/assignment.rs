@@ -115,7 +115,8 @@ pub fn health_of(status: Status, stale_as: StaleAs) -> EdsHealth {
         Status::Degraded => EdsHealth::Degraded,
         // Never reported, or Envoy could not tell: no evidence it works.
         // (UNKNOWN must not be passed through: Envoy treats it as healthy.)
-        Status::Pending | Status::Unknown => EdsHealth::Unhealthy,
+        // Or not checked at all: the Envoy cannot run the probe.
+        Status::Pending | Status::Unknown | Status::Unsupported => EdsHealth::Unhealthy,
         Status::Stale => match stale_as {
             StaleAs::Degraded => EdsHealth::Degraded,
             StaleAs::Unhealthy => EdsHealth::Unhealthy,
@@ -248,6 +249,7 @@ mod tests {
             (Status::Pending, E::Unhealthy, E::Unhealthy),
             (Status::Unknown, E::Unhealthy, E::Unhealthy),
             (Status::Stale, E::Degraded, E::Unhealthy),
+            (Status::Unsupported, E::Unhealthy, E::Unhealthy),
         ];
         assert_eq!(expected.len(), Status::ALL.len());
         for (status, by_default, strict) in expected {

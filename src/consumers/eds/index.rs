@@ -479,6 +479,7 @@ mod tests {
                 version: 1,
                 health,
                 connection: Connection::default(),
+                envoy: Default::default(),
             },
         )
     }
