@@ -319,8 +319,9 @@ mod tests {
 
     #[test]
     fn every_feature_has_a_row_at_or_above_the_oldest_supported() {
-        for feature in [Feature::GrpcCheck] {
-            assert!(feature.requirement().since > OLDEST_SUPPORTED);
+        for row in TABLE {
+            assert!(row.since > OLDEST_SUPPORTED, "{row:?}");
+            assert_eq!(row.feature.requirement(), row);
         }
     }
 

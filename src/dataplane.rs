@@ -40,18 +40,18 @@ impl DataplaneId {
         }
     }
 
-    /// The identity `mesh.name`, validated: the mesh is lowercase letters,
-    /// digits and '-' (no dot: the node id is `<mesh>.<name>`), the name is
-    /// not empty (it may contain dots).
+    /// The identity `mesh.name`, validated by [`crate::names`]' rules (as
+    /// Kuma's): the mesh a DNS-1123 label (no dot: the node id is
+    /// `<mesh>.<name>`), the name lowercase letters, digits, '-', '_' and
+    /// '.', at most 253 characters. Every name that enters hdsd (files,
+    /// the API, tokens, HDS node ids) comes through here.
     pub fn try_new(
         mesh: impl Into<String>,
         name: impl Into<String>,
     ) -> Result<DataplaneId, BadIdentity> {
         let (mesh, name) = (mesh.into(), name.into());
-        valid_mesh(&mesh).map_err(BadIdentity)?;
-        if name.is_empty() {
-            return Err(BadIdentity("name must not be empty".into()));
-        }
+        crate::names::check_mesh(&mesh).map_err(BadIdentity)?;
+        crate::names::check_name(&name).map_err(BadIdentity)?;
         Ok(DataplaneId { mesh, name })
     }
 }
@@ -81,21 +81,6 @@ impl FromStr for DataplaneId {
             .and_then(|(mesh, name)| DataplaneId::try_new(mesh, name).ok())
             .ok_or_else(|| BadNodeId(s.to_string()))
     }
-}
-
-fn valid_mesh(mesh: &str) -> Result<(), String> {
-    if mesh.is_empty() {
-        return Err("mesh must not be empty".into());
-    }
-    if let Some(c) = mesh
-        .chars()
-        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
-    {
-        return Err(format!(
-            "mesh {mesh:?} contains {c:?}; use lowercase letters, digits and '-' only (no dot: the node id is <mesh>.<name>)"
-        ));
-    }
-    Ok(())
 }
 
 /// One Envoy and the inbounds (application ports) it fronts.
@@ -1359,7 +1344,16 @@ networking:
     #[test]
     fn semantic_errors() {
         for (from, to, expect) in [
-            ("mesh: default", "mesh: Default", "use lowercase letters"),
+            (
+                "mesh: default",
+                "mesh: Default",
+                "a mesh is lowercase letters",
+            ),
+            (
+                "name: web-01",
+                "name: Web_01",
+                "a dataplane name is lowercase letters",
+            ),
             ("mesh: default", "mesh: a.b", "no dot"),
             ("name: web-01", "name: \"\"", "name must not be empty"),
             ("type: Dataplane", "type: \"\"", "`type` is empty"),
@@ -1541,6 +1535,8 @@ networking:
             ("de.fault", "web", "contains '.'"),
             ("Default", "web", "contains 'D'"),
             ("default", "", "name must not be empty"),
+            ("default", "victim\tfake-host/1", "contains '\\t'"),
+            ("default", "Web", "contains 'W'"),
         ] {
             let e = DataplaneId::try_new(mesh, name).unwrap_err();
             assert!(e.to_string().contains(why), "{mesh}.{name}: {e}");

@@ -24,6 +24,7 @@ pub mod fswatch;
 pub mod grpc_auth;
 pub mod hds;
 pub mod metrics;
+pub mod names;
 pub mod net;
 pub mod probe;
 pub mod readiness;

@@ -96,6 +96,11 @@ impl DataplaneState {
 /// no report, before hdsd says it rejects or crashes on its specifier.
 pub const REJECTED_STREAMS: u32 = 3;
 
+/// An Envoy that ends its stream this soon after a specifier push, with no
+/// report since, may be rejecting or crashing on the specifier (the HDS
+/// stream decides, `hds::stream`; [`REJECTED_STREAMS`] in a row flag it).
+pub const REJECTION_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What hdsd knows of a dataplane's Envoy, from its streams.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EnvoyRun {
@@ -108,7 +113,7 @@ pub struct EnvoyRun {
     /// definition's whole; `None` when it runs it as built.
     pub restricted: Option<Restricted>,
     /// Consecutive streams the Envoy ended within
-    /// `hds::stream::REJECTION_WINDOW` of a specifier push, with no report
+    /// [`REJECTION_WINDOW`] of a specifier push, with no report
     /// since that push. A report starts the count again.
     pub rejected_streams: u32,
 }
@@ -126,7 +131,7 @@ impl EnvoyRun {
             message: format!(
                 "Envoy ends the stream after every specifier ({} in a row, each within {}s of a push and with no report): it may be rejecting or crashing on it; read the Envoy's log for a critical line or a restart",
                 self.rejected_streams,
-                crate::hds::stream::REJECTION_WINDOW.as_secs()
+                REJECTION_WINDOW.as_secs()
             ),
         })
     }
@@ -160,7 +165,7 @@ pub enum Command {
     Detach {
         stream: StreamId,
         /// The Envoy ended the stream soon after a specifier push, without
-        /// reporting since (`hds::stream::REJECTION_WINDOW`).
+        /// reporting since ([`REJECTION_WINDOW`]).
         rejected: bool,
     },
     Report {
@@ -617,7 +622,7 @@ impl DataplaneTask {
                     s.health.clone(),
                 )
             });
-            let replaced_before = holder_news.then(|| s.connection.replaced_on.clone());
+            let shown_before = holder_news.then(|| shown_holder(&s.connection));
             let envoy_before = (attach || detach || redefines).then(|| s.envoy.clone());
             applied = apply(s, command, now);
             if let Some(before) = envoy_before {
@@ -627,11 +632,11 @@ impl DataplaneTask {
                 visible = dataplane.as_deref() != s.defined.as_ref().map(|d| &*d.dataplane)
                     || health != s.health;
             }
-            // Which other instance holds the stream is the API's to show:
-            // the change feed's consumers do not carry it, so only a stream
-            // of ours being replaced is news to them.
-            if let Some(replaced) = replaced_before {
-                visible = replaced != s.connection.replaced_on;
+            // Which instance holds the stream is part of the fleet view
+            // every reader shows (connected, held by whom), so news of a
+            // holder is a change when it changes what they show.
+            if let Some(shown) = shown_before {
+                visible = shown != shown_holder(&s.connection);
             }
             applied.notify
         });
@@ -896,6 +901,15 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
             }
         }
     }
+}
+
+/// What readers show of who holds a dataplane's stream: the other instance
+/// holding it (none while ours does), and whether ours was replaced.
+fn shown_holder(c: &Connection) -> (Option<String>, bool) {
+    (
+        c.holder.clone().filter(|_| c.stream.is_none()),
+        c.replaced_on.is_some(),
+    )
 }
 
 /// Logs, once per change, what an Envoy cannot run of its specifier and

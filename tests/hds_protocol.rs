@@ -584,3 +584,68 @@ fn a_request_racing_a_deletion_still_gets_the_specifier_when_the_file_returns() 
         wait_connected(&hdsd, WEB, false);
     }
 }
+
+/// An Envoy that ends its stream right after every specifier, without a
+/// report (as one crashing on it does), is flagged after three streams in a
+/// row: in the API, `hdsd status` and `hdsd_dataplanes_rejecting_specifier`.
+/// A stream that reports clears it.
+#[test]
+fn an_envoy_that_ends_every_stream_after_its_specifier_is_flagged() {
+    let hdsd = start("30s");
+    define(&hdsd, "web-01", &[(10001, 18080)]);
+    let client = GrpcClient::connect(hdsd.hds);
+    for attempt in 1..=3 {
+        let mut s = client.open_as(WEB);
+        s.expect_specifier(PROMPT);
+        wait_connected(&hdsd, WEB, true);
+        drop(s);
+        let dp = wait_connected(&hdsd, WEB, false);
+        if attempt < 3 {
+            assert_eq!(dp.connection.problem, None, "after {attempt}: {dp:?}");
+        }
+    }
+    let dp = wait_for("the dataplane to be flagged", PROMPT, || {
+        let dp = hdsd.dataplane(WEB)?;
+        dp.connection
+            .problem
+            .clone()
+            .map(|p| (dp, p))
+            .ok_or_else(|| "not flagged".to_string())
+    });
+    assert_eq!(dp.1.code, "specifier_rejected");
+    assert!(
+        dp.1.message
+            .starts_with("Envoy ends the stream after every specifier"),
+        "{:?}",
+        dp.1
+    );
+    wait_for("the gauge", PROMPT, || {
+        let m = hdsd.metrics();
+        m.lines()
+            .any(|l| l == "hdsd_dataplanes_rejecting_specifier 1")
+            .then_some(())
+            .ok_or(m)
+    });
+    assert!(hdsd
+        .metrics()
+        .lines()
+        .any(|l| l == "hdsd_specifier_rejections_total 1"));
+
+    // It reports: no longer flagged.
+    let mut s = client.open_as(WEB);
+    s.expect_specifier(PROMPT);
+    s.send(report(&[(
+        &probe_cluster(18080),
+        18080,
+        HealthStatus::Healthy,
+    )]));
+    hdsd.wait_inbound(WEB, 10001, "healthy", PROMPT);
+    wait_for("the flag to clear", PROMPT, || {
+        let dp = hdsd.dataplane(WEB)?;
+        dp.connection
+            .problem
+            .is_none()
+            .then_some(())
+            .ok_or_else(|| format!("{:?}", dp.connection.problem))
+    });
+}

@@ -18,7 +18,7 @@ use tonic::{Code, Status};
 use crate::auth::{authorize, check_identity, Claims, Rejection};
 use crate::capability::EnvoyVersion;
 use crate::dataplane::DataplaneId;
-use crate::registry::{DataplaneState, StreamId};
+use crate::registry::{DataplaneState, StreamId, REJECTION_WINDOW};
 use crate::report::Report;
 use crate::specifier::Specifier;
 
@@ -133,11 +133,6 @@ struct Attached {
     /// When a specifier with checks was last sent, if no report came since.
     unanswered_send: Option<Instant>,
 }
-
-/// An Envoy that ends its stream this soon after a specifier push, with no
-/// report since, may be rejecting or crashing on the specifier: after
-/// `registry::REJECTED_STREAMS` such streams in a row, hdsd says so.
-pub const REJECTION_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The protocol state of one HDS stream.
 #[derive(Debug)]

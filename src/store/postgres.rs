@@ -147,10 +147,14 @@ pub enum KeyPublication {
     },
 }
 
-/// The channel stream claims are announced on: `<mesh>.<name>\t<instance>\t<at>`
-/// when a stream for the dataplane attached on that instance at `at`, and
-/// `<mesh>.<name>\t<instance>` when that instance no longer holds it (its
-/// stream ended, or the instance was found dead).
+/// The channel stream claims are announced on, one JSON object per
+/// dataplane ([`StreamPayload`]): `{"mesh", "name", "instance", "at"}` when a
+/// stream for the dataplane attached on that instance at `at`, without `at`
+/// when that instance no longer holds it (its stream ended, or the instance
+/// was found dead). Encoded, not joined with separators: no name can forge
+/// another field, and with names and instance names bounded
+/// ([`crate::names`], [`MAX_INSTANCE`]) every payload fits PostgreSQL's
+/// 8,000 bytes by construction ([`MAX_STREAM_PAYLOAD`]).
 pub const STREAMS_CHANNEL: &str = "hdsd_streams";
 
 /// The channel readiness writes are announced on (no payload: readers
@@ -382,14 +386,44 @@ struct Announcements {
 /// A stream that attached on another instance: dataplane, instance, when.
 pub type Claim = (DataplaneId, String, Timestamp);
 
-/// `<mesh>.<name>\t<instance>\t<attach time, RFC 3339>`.
-fn claim_payload(id: &DataplaneId, instance: &str, at: Timestamp) -> String {
-    format!("{id}\t{instance}\t{}", at.to_rfc3339())
+/// One announcement of `hdsd_streams` (see [`STREAMS_CHANNEL`]).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct StreamPayload<'a> {
+    mesh: std::borrow::Cow<'a, str>,
+    name: std::borrow::Cow<'a, str>,
+    instance: std::borrow::Cow<'a, str>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    at: Option<Timestamp>,
 }
 
-/// `<mesh>.<name>\t<instance>`: the instance no longer holds the stream.
+/// The longest instance name (`<host>/<pid>`) sent to other instances.
+pub const MAX_INSTANCE: usize = 200;
+
+/// The largest payload [`stream_payload`] makes: JSON escapes any character
+/// in at most 6 bytes; names are checked ASCII, so 1 byte each, the
+/// instance name is cut to [`MAX_INSTANCE`] ASCII characters, and the rest
+/// is the keys and a timestamp. Under PostgreSQL's 8,000-byte limit.
+pub const MAX_STREAM_PAYLOAD: usize =
+    crate::names::MAX_LABEL + crate::names::MAX_NAME + MAX_INSTANCE + 128;
+
+fn stream_payload(id: &DataplaneId, instance: &str, at: Option<Timestamp>) -> String {
+    serde_json::to_string(&StreamPayload {
+        mesh: id.mesh.as_str().into(),
+        name: id.name.as_str().into(),
+        instance: instance.into(),
+        at,
+    })
+    .unwrap_or_default()
+}
+
+/// A stream of the dataplane attached on `instance` at `at`.
+fn claim_payload(id: &DataplaneId, instance: &str, at: Timestamp) -> String {
+    stream_payload(id, instance, Some(at))
+}
+
+/// `instance` no longer holds the dataplane's stream.
 fn release_payload(id: &DataplaneId, instance: &str) -> String {
-    format!("{id}\t{instance}")
+    stream_payload(id, instance, None)
 }
 
 /// What another instance announced about a dataplane's stream.
@@ -411,16 +445,13 @@ impl StreamNote {
 }
 
 fn parse_stream_note(payload: &str) -> Option<StreamNote> {
-    let mut parts = payload.split('\t');
-    let id = parts.next()?.parse().ok()?;
-    let instance = parts.next()?.to_string();
-    let Some(at) = parts.next() else {
-        return Some(StreamNote::Released(id, instance));
-    };
-    let at = chrono::DateTime::parse_from_rfc3339(at)
-        .ok()?
-        .with_timezone(&chrono::Utc);
-    Some(StreamNote::Claimed((id, instance, at)))
+    let p: StreamPayload<'_> = serde_json::from_str(payload).ok()?;
+    let id = DataplaneId::try_new(p.mesh, p.name).ok()?;
+    let instance = p.instance.into_owned();
+    Some(match p.at {
+        Some(at) => StreamNote::Claimed((id, instance, at)),
+        None => StreamNote::Released(id, instance),
+    })
 }
 
 /// `<host>/<pid>`: how other instances name this one.
@@ -428,11 +459,23 @@ fn instance_name() -> String {
     let host = std::env::var("HOSTNAME")
         .ok()
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
-        .map(|h| h.trim().to_string())
+        .map(|h| sanitized_host(h.trim()))
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "hdsd".to_string());
     format!("{host}/{}", std::process::id())
 }
+
+/// A host name as other instances are told it: printable ASCII without
+/// spaces, at most [`MAX_INSTANCE`] less room for the pid.
+fn sanitized_host(host: &str) -> String {
+    host.chars()
+        .filter(|c| c.is_ascii_graphic())
+        .take(MAX_INSTANCE - 12)
+        .collect()
+}
+
+/// The longest wait between two tries of a stream announcement that failed.
+const MAX_ANNOUNCE_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Records and announces the streams that attach and end here: a burst in
 /// one transaction (the newest event per dataplane), whose `pg_notify`s are
@@ -443,14 +486,44 @@ async fn announce_claims(
     instance: String,
     mut claims: tokio::sync::mpsc::UnboundedReceiver<(DataplaneId, Option<Timestamp>)>,
 ) {
-    while let Some((id, at)) = claims.recv().await {
-        let mut burst = BTreeMap::from([(id, at)]);
+    // A burst that failed is kept and written with the next one (the
+    // newest event per dataplane wins), after a backoff: a failure is the
+    // database's (names are checked and payloads bounded, so no row can
+    // fail alone), and nothing is dropped.
+    let mut burst: BTreeMap<DataplaneId, Option<Timestamp>> = BTreeMap::new();
+    let mut backoff = Duration::from_millis(100);
+    let mut failing = false;
+    loop {
+        if burst.is_empty() {
+            let Some((id, at)) = claims.recv().await else {
+                return;
+            };
+            burst.insert(id, at);
+        }
         while let Ok((id, at)) = claims.try_recv() {
             burst.insert(id, at);
         }
         let count = burst.len();
-        if let Err(e) = record_streams(&pool, &instance, burst).await {
-            tracing::debug!("cannot announce {count} stream change(s) to other instances: {e}");
+        match record_streams(&pool, &instance, burst.clone()).await {
+            Ok(()) => {
+                if failing {
+                    tracing::info!("stream changes reach other instances again ({count} written)");
+                }
+                burst.clear();
+                backoff = Duration::from_millis(100);
+                failing = false;
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(
+                        "cannot announce {count} stream change(s) to other instances, retrying every {} at most: {e}",
+                        humantime::format_duration(MAX_ANNOUNCE_BACKOFF)
+                    );
+                }
+                failing = true;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_ANNOUNCE_BACKOFF);
+            }
         }
     }
 }
@@ -1606,6 +1679,39 @@ mod tests {
         );
         assert_eq!(parse_stream_note("default.web\thost\tnot a time"), None);
         assert_eq!(parse_stream_note("no-dot\thost"), None);
+    }
+
+    /// The forgery of the attack review: a name that carries the old
+    /// separators is refused where it enters, and even unchecked it cannot
+    /// turn into another dataplane's claim; the longest names fit.
+    #[test]
+    fn a_payload_cannot_be_forged_and_always_fits() {
+        assert!(
+            DataplaneId::try_new("default", "victim\tfake-host/1\t2099-01-01T00:00:00+00:00")
+                .is_err()
+        );
+        let forged = DataplaneId::new("default", "victim\tfake-host/1\t2099-01-01T00:00:00+00:00");
+        let payload = release_payload(&forged, "host-a/7");
+        // Parsed back, it names no dataplane (the name fails the rules),
+        // certainly not default.victim.
+        assert_eq!(parse_stream_note(&payload), None);
+        let longest = DataplaneId::new(
+            "m".repeat(crate::names::MAX_LABEL),
+            "n".repeat(crate::names::MAX_NAME),
+        );
+        let instance = format!("{}/{}", sanitized_host(&"h".repeat(10_000)), u32::MAX);
+        assert!(instance.len() <= MAX_INSTANCE);
+        let at = chrono::Utc
+            .timestamp_millis_opt(i64::from(i32::MAX) * 1000)
+            .unwrap();
+        let payload = claim_payload(&longest, &instance, at);
+        assert!(payload.len() <= MAX_STREAM_PAYLOAD, "{}", payload.len());
+        const { assert!(MAX_STREAM_PAYLOAD < 8000) };
+        assert!(matches!(
+            parse_stream_note(&payload),
+            Some(StreamNote::Claimed(_))
+        ));
+        assert_eq!(sanitized_host("a b\tc\u{7f}d"), "abcd");
     }
 
     fn t(ms: i64) -> Timestamp {
