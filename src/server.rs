@@ -291,7 +291,7 @@ pub async fn run(
         }
     }
     let store = StoreHandle::spawn(store);
-    // Embedded, revisions count in this process; with PostgreSQL they are
+    // Embedded, revisions count up from this process's start; with PostgreSQL they are
     // cluster time (the readiness follower's watermarks), valid on every
     // instance within `cluster.resume_slack`.
     let history = crate::consumers::feed::HistoryLimits::default();
@@ -300,7 +300,10 @@ pub async fn run(
             Some(_) => {
                 crate::consumers::feed::Feed::clustered(history, config.cluster.resume_slack)
             }
-            None => crate::consumers::feed::Feed::new(history),
+            None => crate::consumers::feed::Feed::starting_at(
+                history,
+                u64::try_from(clock.now().timestamp_micros()).unwrap_or(0),
+            ),
         },
         crate::consumers::feed::WATCHER_BUFFER,
     );

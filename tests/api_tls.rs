@@ -210,11 +210,12 @@ fn status_and_watch_speak_https_to_an_api_with_tls_and_watch_resumes_after_a_res
         l.contains("\"DELETED\"") && l.contains("deleted")
     });
 
-    // hdsd restarts: hdsd watch reconnects, says from where, and (the revision
-    // counter restarted with the process) is told to resync.
+    // hdsd restarts: hdsd watch reconnects, says from where, and (a
+    // revision of the earlier process is below the new one's floor) is told
+    // to resync.
     hdsd.kill();
     wait_line(&stderr, "a reconnect notice", |l| {
-        l.contains("reconnecting in") && l.contains("resuming after revision 2")
+        l.contains("reconnecting in") && l.contains("resuming after revision ")
     });
     hdsd.spawn();
     wait_line(&stderr, "reconnected", |l| l.contains("reconnected to"));

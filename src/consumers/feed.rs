@@ -8,13 +8,22 @@
 //! same task, so a subscription's first messages and the live events that
 //! follow them never overlap and never leave a gap.
 //!
-//! **Embedded** ([`Feed::new`]): revisions count from 1 in each process.
+//! A feed can replay only what happened while it ran: its history starts at
+//! its **floor**, and a `since` below it gets RESYNC, never a replay that
+//! may lack a deletion made before the feed existed.
+//!
+//! **Embedded** ([`Feed::starting_at`]): revisions count up from the
+//! process's start (the wall clock, in microseconds since the UNIX epoch),
+//! so a revision of an earlier process is below the floor, never mistaken
+//! for one of this process.
 //! **Clustered** ([`Feed::clustered`], with PostgreSQL): revisions are
 //! cluster time. The store's readiness follower sends the feed a
 //! [`Watermark`] after each read (the database clock, in microseconds since
 //! the UNIX epoch, of a read that saw everything committed before it), and
 //! each event is numbered `max(previous + 1, watermark, change.at_least)`.
-//! A revision is then valid on every instance: [`Feed::since`] replays every
+//! The floor of a clustered feed is its first watermark: what other
+//! instances changed (or deleted) before this one started is not in its
+//! history. A revision is then valid on every instance: [`Feed::since`] replays every
 //! dataplane whose last event is newer than `since - slack`, and accepts a
 //! `since` ahead of its own revision by up to the slack. ARCHITECTURE.md
 //! ("Watch revisions are cluster time") has the argument.
@@ -237,6 +246,17 @@ impl Feed {
         }
     }
 
+    /// An embedded feed of a process that starts at `start` (microseconds
+    /// since the UNIX epoch): revisions count up from there, and nothing
+    /// before it can be replayed.
+    pub fn starting_at(limits: HistoryLimits, start: Revision) -> Feed {
+        Feed {
+            revision: start,
+            floor: start,
+            ..Feed::new(limits)
+        }
+    }
+
     /// A feed of one instance of a cluster: revisions are cluster time once
     /// the first [`Feed::watermark`] arrives (they count from 1 before), and
     /// a `since` within `slack` of them is honoured.
@@ -350,6 +370,11 @@ impl Feed {
         let Some(cluster) = &mut self.cluster else {
             return Vec::new();
         };
+        if cluster.watermark.is_none() {
+            // The first read of the store: what changed before it (a
+            // deletion on another instance, say) is not in this history.
+            self.floor = self.floor.max(watermark);
+        }
         cluster.watermark = Some((watermark, now));
         if cluster.blind.is_empty() {
             self.revision = self.revision.max(watermark);
@@ -812,6 +837,50 @@ mod tests {
 
     fn clustered() -> Feed {
         Feed::clustered(HistoryLimits::default(), Duration::from_secs(10))
+    }
+
+    /// The finding of the attack review: watch on A at R, web-02 deleted
+    /// through B, a fresh instance C started; `Watch(since = R)` on C must
+    /// not replay web-01 alone (C never saw web-02's deletion): RESYNC.
+    #[test]
+    fn a_fresh_instance_cannot_prove_a_replay_from_before_it_started() {
+        let mut c = clustered();
+        let t = Instant::now();
+        let web01 = dp("default", "web-01");
+        // C's first load (web-02 is already gone), then its first read.
+        c.apply(vec![changed(&web01, true)], t);
+        c.watermark(200 * S, t);
+        let r = 150 * S; // A's revision, before C started
+        assert_eq!(c.since(r, &Filter::default()), Err(ResyncReason::TooOld));
+        let m = c.subscribe(Some(r), &Filter::default());
+        assert_eq!(m[0], Message::Resync(ResyncReason::TooOld));
+        assert!(matches!(m[1], Message::Snapshot { .. }));
+        // From C's own time on (beyond the slack), it replays.
+        let e = c.apply(vec![changed(&web01, false)], t);
+        let r = e[0].revision;
+        assert!(c.since(r + 10 * S, &Filter::default()).is_ok());
+        assert_eq!(c.floor(), 200 * S);
+    }
+
+    /// An embedded feed's revisions start at its process's start: a revision
+    /// of an earlier process (hdsd restarted) is below the floor, never
+    /// taken for one of this process.
+    #[test]
+    fn an_embedded_feed_counts_from_its_start_and_refuses_what_came_before() {
+        let start = 1_700_000_000 * S;
+        let mut feed = Feed::starting_at(HistoryLimits::default(), start);
+        let t = Instant::now();
+        let e = feed.apply(vec![changed(&dp("a", "web"), true)], t);
+        assert_eq!(e[0].revision, start + 1);
+        assert_eq!(feed.since(start, &Filter::default()).unwrap().len(), 1);
+        assert_eq!(
+            feed.since(start - 1, &Filter::default()),
+            Err(ResyncReason::TooOld)
+        );
+        assert_eq!(
+            feed.since(5, &Filter::default()),
+            Err(ResyncReason::TooOld)
+        );
     }
 
     #[test]
