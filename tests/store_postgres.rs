@@ -51,7 +51,7 @@ fn on_postgres(pg: &Postgres) -> HdsdOptions {
 
 /// Like [`on_postgres`], with `cluster.instance_timeout` short enough for a
 /// test to see an instance taken for dead.
-fn on_postgres_with_timeout(pg: &Postgres, instance_timeout: &str) -> HdsdOptions {
+pub(crate) fn on_postgres_with_timeout(pg: &Postgres, instance_timeout: &str) -> HdsdOptions {
     let options = on_postgres(pg);
     HdsdOptions {
         extra: format!(
@@ -112,7 +112,7 @@ fn count(pg: &Postgres, table: &str) -> u32 {
 }
 
 /// PUT (or DELETE with `body = None`); returns status, ETag and body.
-fn send(
+pub(crate) fn send(
     hdsd: &Hdsd,
     path: &str,
     body: Option<(&str, &str)>,
@@ -183,7 +183,7 @@ fn hdsd_cli(args: &[&str]) -> std::process::Output {
 /// Defines `default.web-01` (one inbound probing `app_port`) through the first
 /// instance's API and starts a real Envoy whose bootstrap lists every instance
 /// (`hdsd bootstrap --server A --server B`).
-fn web01_envoy_on_all(instances: &[Hdsd], app_port: u16) -> Envoy {
+pub(crate) fn web01_envoy_on_all(instances: &[Hdsd], app_port: u16) -> Envoy {
     let yaml = dataplane_yaml("web-01", &[(10001, app_port)]);
     let (status, _, body) = send(
         &instances[0],

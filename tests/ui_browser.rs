@@ -41,6 +41,15 @@ fn dataplane(name: &str, port: u16, service: &str, app: u16) -> String {
 /// Runs the browser script; answers each `ACTION` line with `act`. Returns its
 /// `CHECK` lines and measurements; panics with its output if it fails.
 fn run_browser(args: &[String], mut act: impl FnMut(&str)) -> Vec<String> {
+    run_browser_told(args, |what| {
+        act(what);
+        String::new()
+    })
+}
+
+/// [`run_browser`], answering each `ACTION` with `DONE` and what `act`
+/// returns (words the script reads).
+fn run_browser_told(args: &[String], mut act: impl FnMut(&str) -> String) -> Vec<String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui/browser_test.py");
     let mut child = Command::new(python())
         .arg(script)
@@ -58,8 +67,8 @@ fn run_browser(args: &[String], mut act: impl FnMut(&str)) -> Vec<String> {
     for line in stdout.lines().map_while(Result::ok) {
         eprintln!("browser: {line}");
         if let Some(what) = line.strip_prefix("ACTION ") {
-            act(what);
-            writeln!(stdin, "DONE")
+            let told = act(what);
+            writeln!(stdin, "DONE {told}")
                 .and_then(|()| stdin.flush())
                 .unwrap();
         }
@@ -245,4 +254,134 @@ fn the_page_heap_levels_off_while_an_app_flaps() {
         }
         other => panic!("unknown action {other:?}"),
     });
+}
+
+/// Three instances on one PostgreSQL: an Envoy held by one reads
+/// `connected: true` with `heldBy` naming it on the two others, in REST,
+/// gRPC and the page, within a second of the connect, and again after a
+/// failover (SIGKILL of the holder).
+#[test]
+fn every_instance_shows_the_fleet_connection_in_rest_grpc_and_the_page() {
+    use crate::store_postgres::{on_postgres_with_timeout, web01_envoy_on_all};
+    let Some(pg) = crate::support::postgres::Postgres::start(
+        "every_instance_shows_the_fleet_connection_in_rest_grpc_and_the_page",
+    ) else {
+        return;
+    };
+    let _one = one_browser();
+    let options = on_postgres_with_timeout(&pg, "2s");
+    let mut instances: Vec<Hdsd> = (0..3).map(|_| Hdsd::start(options.clone())).collect();
+    let app = App::start();
+    // Defined through the first instance, seen by all before any Envoy.
+    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
+    let (status, _, body) = crate::store_postgres::send(
+        &instances[0],
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    for h in &instances {
+        h.wait_connected("default.web-01", false, Duration::from_secs(10));
+    }
+    let urls: Vec<String> = instances
+        .iter()
+        .map(|h| format!("http://{}/ui/", h.api))
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut envoy = None;
+    let mut dead = Vec::new();
+    run_browser_told(
+        &[
+            "--url".into(),
+            urls.join(","),
+            "--scenario".into(),
+            "fleet".into(),
+        ],
+        |what| {
+            let started = std::time::Instant::now();
+            match what {
+                "connect" => envoy = Some(web01_envoy_on_all(&instances, app.port)),
+                "failover" => {
+                    let holder = held_here(&instances, &dead).expect("a holder");
+                    instances[holder].kill();
+                    dead.push(holder);
+                }
+                other => panic!("unknown action {other}"),
+            }
+            let holder = wait_for_holder(&instances, &dead);
+            let pid = instances[holder].pid();
+            // Every other live instance answers for the fleet, in REST and gRPC.
+            for (i, h) in instances.iter().enumerate() {
+                if i == holder || dead.contains(&i) {
+                    continue;
+                }
+                crate::support::wait_for(
+                    "connected with heldBy on another instance (REST and gRPC)",
+                    Duration::from_secs(1),
+                    || {
+                        let c = h.dataplane("default.web-01")?.connection;
+                        let suffix = format!("/{pid}");
+                        if !(c.connected
+                            && c.held_by.as_deref().is_some_and(|b| b.ends_with(&suffix)))
+                        {
+                            return Err(format!("REST: {c:?}"));
+                        }
+                        let pb = rt.block_on(grpc_connection(h));
+                        if !(pb.connected && pb.held_by.ends_with(&suffix)) {
+                            return Err(format!("gRPC: {pb:?}"));
+                        }
+                        Ok(())
+                    },
+                );
+            }
+            eprintln!(
+                "MEASURE {what}: every instance answered connected (held by instance {holder}) {:?} after the action",
+                started.elapsed()
+            );
+            format!("{holder} {pid}")
+        },
+    );
+    drop(envoy);
+}
+
+/// The instance (not in `dead`) whose own stream holds web-01.
+fn held_here(instances: &[Hdsd], dead: &[usize]) -> Option<usize> {
+    (0..instances.len())
+        .filter(|i| !dead.contains(i))
+        .find(|&i| {
+            instances[i]
+                .dataplane("default.web-01")
+                .is_ok_and(|d| d.connection.connected && d.connection.held_by.is_none())
+        })
+}
+
+fn wait_for_holder(instances: &[Hdsd], dead: &[usize]) -> usize {
+    crate::support::wait_for(
+        "an instance to hold web-01",
+        Duration::from_secs(60),
+        || held_here(instances, dead).ok_or_else(|| "none yet".to_string()),
+    )
+}
+
+/// web-01's connection as `hdsd.v1.ReadinessService/GetDataplane` answers it.
+async fn grpc_connection(h: &Hdsd) -> hdsd::consumers::pb::Connection {
+    use hdsd::consumers::pb;
+    let mut client =
+        pb::readiness_service_client::ReadinessServiceClient::connect(format!("http://{}", h.api))
+            .await
+            .expect("gRPC on the API port");
+    client
+        .get_dataplane(pb::GetDataplaneRequest {
+            mesh: "default".into(),
+            name: "web-01".into(),
+        })
+        .await
+        .expect("GetDataplane")
+        .into_inner()
+        .connection
+        .expect("a connection")
 }

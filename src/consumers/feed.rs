@@ -877,10 +877,7 @@ mod tests {
             feed.since(start - 1, &Filter::default()),
             Err(ResyncReason::TooOld)
         );
-        assert_eq!(
-            feed.since(5, &Filter::default()),
-            Err(ResyncReason::TooOld)
-        );
+        assert_eq!(feed.since(5, &Filter::default()), Err(ResyncReason::TooOld));
     }
 
     #[test]

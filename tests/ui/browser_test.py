@@ -6,7 +6,7 @@ script needs the world to change it prints `ACTION <name>` and waits for
 `DONE` on its standard input. Every assertion prints `CHECK <what>`; the last
 line is `PASSED <n> checks`. Any failed check exits non-zero with the reason.
 
-    browser_test.py --url http://127.0.0.1:PORT/ui/ --scenario live|token
+    browser_test.py --url http://127.0.0.1:PORT/ui/[,URL...] --scenario live|token|soak|fleet
                     [--chromium /usr/bin/chromium] [--screenshot out.png]
                     [--detection SECONDS] [--token T]
 """
@@ -37,11 +37,13 @@ class Checks:
 
 
 def action(name):
-    """Asks the Rust side to change the world; returns when it is done."""
+    """Asks the Rust side to change the world; returns when it is done, with
+    what the Rust side told about it (the words after DONE)."""
     print(f"ACTION {name}", flush=True)
     reply = sys.stdin.readline().strip()
-    if reply != "DONE":
+    if reply != "DONE" and not reply.startswith("DONE "):
         raise AssertionError(f"ACTION {name}: the test answered {reply!r}")
+    return reply[len("DONE "):].split()
 
 
 class Console:
@@ -272,6 +274,41 @@ def token(page, args, checks):
     checks.that(not bad, f"no console errors besides the refused token's 401: {bad}")
 
 
+def fleet(page, args, checks):
+    """Three instances on one PostgreSQL, a page on each: every page answers
+    for the fleet ("Connected" on the holder, "Connected (on <holder>)" on
+    the others), within a second of the connect and after a failover."""
+    urls = args.url.split(",")
+    pages = [page] + [page.context.browser.new_page(viewport={"width": 1280, "height": 800}) for _ in urls[1:]]
+    for p, url in zip(pages, urls):
+        p.goto(url)
+        expect(p.locator("#live")).to_have_text("Live", timeout=15_000)
+        expect(row(p, "web-01").locator("td").first).to_have_text(re.compile("Disconnected"), timeout=10_000)
+    checks.ok("before any Envoy, every page reads web-01 Disconnected")
+
+    def expect_held(holder, pid, alive):
+        for i in alive:
+            cell = row(pages[i], "web-01").locator("td").first
+            if i == holder:
+                expect(cell).to_have_text(re.compile(r"^\W*Connected$"), timeout=1_000)
+            else:
+                expect(cell).to_have_text(re.compile(rf"Connected \(on \S+/{pid}\)"), timeout=1_000)
+
+    holder, pid = (int(x) for x in action("connect"))
+    alive = list(range(len(pages)))
+    expect_held(holder, pid, alive)
+    checks.ok(f"within 1 s of the connect: Connected on instance {holder}, Connected (on .../{pid}) on the others")
+    pages[holder].close()
+    alive.remove(holder)
+    old = holder
+    holder, pid = (int(x) for x in action("failover"))
+    checks.that(holder != old and holder in alive, f"the Envoy moved from {old} to {holder}")
+    expect_held(holder, pid, alive)
+    checks.ok(f"within 1 s of the failover: Connected on instance {holder}, Connected (on .../{pid}) on the other")
+    for i in alive:
+        pages[i].screenshot(path=f"{args.screenshot}.{i}.png") if args.screenshot else None
+
+
 def soak(page, args, checks):
     """The page open while an app flaps (hdsd's side flaps it, this side only
     looks between blocks): the heap levels off, no list grows with events."""
@@ -291,7 +328,7 @@ def soak(page, args, checks):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
-    parser.add_argument("--scenario", choices=["live", "token", "soak"], required=True)
+    parser.add_argument("--scenario", choices=["live", "token", "soak", "fleet"], required=True)
     parser.add_argument("--flaps", type=int, default=60)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--screenshot")
@@ -305,7 +342,7 @@ def main():
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.set_default_timeout(10_000)
-            {"live": live, "token": token, "soak": soak}[args.scenario](page, args, checks)
+            {"live": live, "token": token, "soak": soak, "fleet": fleet}[args.scenario](page, args, checks)
         finally:
             browser.close()
     print(f"PASSED {checks.count} checks", flush=True)
