@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::api::{DataplaneItem, List};
+use crate::view::{DataplaneItem, List};
 
 /// Why a client could not be set up or the API not be read.
 #[derive(Debug, thiserror::Error)]
@@ -136,7 +136,7 @@ impl SseParser {
     }
 }
 
-fn inbound_name(i: &crate::api::InboundItem) -> String {
+fn inbound_name(i: &crate::view::InboundItem) -> String {
     let service = i
         .tags
         .get("kuma.io/service")
@@ -177,7 +177,7 @@ pub fn describe(before: Option<&DataplaneItem>, after: Option<&DataplaneItem>) -
             } else if b.connection.connected_at != a.connection.connected_at {
                 out.push("reconnected".into());
             }
-            let before: BTreeMap<u16, &crate::api::InboundItem> =
+            let before: BTreeMap<u16, &crate::view::InboundItem> =
                 b.inbounds.iter().map(|i| (i.port, i)).collect();
             for i in &a.inbounds {
                 match before.get(&i.port) {
@@ -459,7 +459,7 @@ pub fn watch(agent: &ureq::Agent, options: &WatchOptions) -> Result<(), ClientEr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ConnectionItem, HealthItem, InboundItem};
+    use crate::view::{ConnectionItem, HealthItem, InboundItem};
     use chrono::{TimeZone, Utc};
 
     #[test]

@@ -4,7 +4,8 @@ use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
 
-use crate::readiness::Timestamp;
+/// A moment in time, as every part of hdsd passes it (UTC).
+pub type Timestamp = chrono::DateTime<Utc>;
 
 pub trait Clock: Send + Sync + std::fmt::Debug {
     fn now(&self) -> Timestamp;

@@ -134,7 +134,7 @@ impl Default for PostgresConfig {
 pub struct EdsConfig {
     /// How a `stale` inbound is served: `degraded` (a fallback Envoy uses only
     /// when nothing healthy is left) or `unhealthy`.
-    pub stale_as: crate::consumers::eds::StaleAs,
+    pub stale_as: StaleAs,
     /// Leave not-ready endpoints out of assignments instead of marking them.
     pub omit_not_ready: bool,
     /// Bearer tokens for EDS clients only (with `auth.mode = "token"`), beside
@@ -143,13 +143,15 @@ pub struct EdsConfig {
     pub tokens: Vec<String>,
 }
 
-impl EdsConfig {
-    pub fn options(&self) -> crate::consumers::eds::EdsOptions {
-        crate::consumers::eds::EdsOptions {
-            stale_as: self.stale_as,
-            omit_not_ready: self.omit_not_ready,
-        }
-    }
+/// How a `stale` inbound is served (`eds.stale_as`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StaleAs {
+    /// Kept as a fallback: Envoy uses degraded endpoints only when no healthy one is left.
+    #[default]
+    Degraded,
+    /// Taken out of the load-balancing set.
+    Unhealthy,
 }
 
 /// How dataplanes prove who they are.
@@ -164,7 +166,19 @@ pub struct AuthConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revocations: Option<PathBuf>,
     /// Public keys of other issuers whose tokens are accepted.
-    pub public_keys: Vec<crate::auth::ExtraPublicKey>,
+    pub public_keys: Vec<ExtraPublicKey>,
+}
+
+/// An additional trusted public key (`auth.public_keys = [{kid, path}]`),
+/// e.g. the key of another hdsd that issues tokens for the same dataplanes.
+/// Verify-only: never used to sign.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtraPublicKey {
+    /// The key id that tokens signed by this key carry in their `kid` header.
+    pub kid: String,
+    /// An Ed25519 public key in SPKI PEM (`-----BEGIN PUBLIC KEY-----`).
+    pub path: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -261,17 +275,6 @@ impl Default for HdsLimits {
     }
 }
 
-impl HdsLimits {
-    pub fn connections(&self) -> crate::net::ConnectionLimits {
-        crate::net::ConnectionLimits {
-            max_connections: self.max_connections,
-            max_connections_per_ip: self.max_connections_per_ip,
-            handshake_timeout: self.handshake_timeout,
-            idle_timeout: None,
-        }
-    }
-}
-
 /// What one client may hold of the API listener.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -301,17 +304,6 @@ impl Default for ApiLimits {
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
-        }
-    }
-}
-
-impl ApiLimits {
-    pub fn connections(&self) -> crate::net::ConnectionLimits {
-        crate::net::ConnectionLimits {
-            max_connections: self.max_connections,
-            max_connections_per_ip: self.max_connections_per_ip,
-            handshake_timeout: self.handshake_timeout,
-            idle_timeout: Some(self.idle_timeout),
         }
     }
 }
@@ -605,6 +597,10 @@ pub enum ConfigError {
     Parse(String),
 }
 
+/// How long the change feed keeps a change (its history's age limit): a
+/// watch may resume within it (`feed::HistoryLimits`'s default).
+pub const FEED_HISTORY_AGE: Duration = Duration::from_secs(300);
+
 /// The smallest report interval hdsd accepts: Envoy would flood the server below it.
 pub const MIN_REPORT_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -813,7 +809,7 @@ impl Config {
                 humantime::format_duration(self.cluster.instance_timeout)
             ));
         }
-        let history_age = crate::consumers::feed::HistoryLimits::default().age;
+        let history_age = FEED_HISTORY_AGE;
         if self.cluster.resume_slack.is_zero() || self.cluster.resume_slack >= history_age {
             problems.push(format!(
                 "cluster.resume_slack is {}: it must be above 0 and below the change feed's history of {} (e.g. 10s); set cluster.resume_slack (or HDSD_CLUSTER__RESUME_SLACK): a watch resumed on another instance replays the changes of the last resume_slack, and that history must still hold them",
@@ -1203,9 +1199,9 @@ mod tests {
             "[eds]\nstale_as = \"unhealthy\"\nomit_not_ready = true\ntokens = [\"front\"]\n",
         )
         .unwrap();
-        assert_eq!(c.eds.stale_as, crate::consumers::eds::StaleAs::Unhealthy);
+        assert_eq!(c.eds.stale_as, StaleAs::Unhealthy);
         assert_eq!(c.eds.tokens, ["front"]);
-        assert!(c.eds.options().omit_not_ready);
+        assert!(c.eds.omit_not_ready);
         let e = load_str(".toml", "[eds]\nstale_as = \"gone\"\n").unwrap_err();
         assert!(e.to_string().contains("degraded"), "{e}");
     }

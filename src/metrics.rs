@@ -277,8 +277,25 @@ pub fn watch_event_sent() {
 }
 
 /// Counts one RESYNC told to a watcher.
-pub fn watch_resync(reason: crate::consumers::feed::ResyncReason) {
-    counter!(WATCH_RESYNCS, "reason" => reason.as_str()).increment(1);
+pub fn watch_resync(reason: &'static str) {
+    counter!(WATCH_RESYNCS, "reason" => reason).increment(1);
+}
+
+/// Makes a series of every label value known before anything happens (a
+/// counter at 0), so dashboards and alerts see them from the start. The
+/// owner of each label's values calls it where it starts: metrics knows
+/// no type of hdsd's.
+pub fn zero_counters(name: &'static str, label: &'static str, values: &[&'static str]) {
+    for &value in values {
+        counter!(name, label => value).absolute(0);
+    }
+}
+
+/// [`zero_counters`] for a gauge.
+pub fn zero_gauges(name: &'static str, label: &'static str, values: &[&'static str]) {
+    for &value in values {
+        gauge!(name, label => value).set(0.0);
+    }
 }
 
 /// Keeps `hdsd_watchers_active` right on every exit path.
@@ -560,17 +577,11 @@ fn describe() {
         FILE_LIMIT_HITS,
         "Dataplane files rejected for going past a limit, by limit (not_regular_file, file_size, nesting, aliases, alias_expansion, inbounds, tags: the dataplanes.max_* settings); counted when the rejection is logged."
     );
-    for limit in crate::dataplane::Limit::ALL {
-        counter!(FILE_LIMIT_HITS, "limit" => limit.as_str()).absolute(0);
-    }
+    // The label values of FILE_LIMIT_HITS, EDS_ENDPOINTS and WATCH_RESYNCS
+    // belong to their owners, which zero them where they start
+    // (`zero_counters`, `zero_gauges`).
     gauge!(EDS_STREAMS_ACTIVE).set(0.0);
-    for health in crate::consumers::eds::assignment::EdsHealth::ALL {
-        gauge!(EDS_ENDPOINTS, "health" => health.as_str()).set(0.0);
-    }
     gauge!(WATCHERS_ACTIVE).set(0.0);
-    for reason in crate::consumers::feed::ResyncReason::ALL {
-        counter!(WATCH_RESYNCS, "reason" => reason.as_str()).absolute(0);
-    }
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     gauge!(STREAMS_ACTIVE).set(0.0);
     for reason in CloseReason::ALL {

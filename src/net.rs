@@ -756,6 +756,28 @@ impl SharedLogLimiter {
     }
 }
 
+impl From<&crate::config::HdsLimits> for ConnectionLimits {
+    fn from(l: &crate::config::HdsLimits) -> Self {
+        ConnectionLimits {
+            max_connections: l.max_connections,
+            max_connections_per_ip: l.max_connections_per_ip,
+            handshake_timeout: l.handshake_timeout,
+            idle_timeout: None,
+        }
+    }
+}
+
+impl From<&crate::config::ApiLimits> for ConnectionLimits {
+    fn from(l: &crate::config::ApiLimits) -> Self {
+        ConnectionLimits {
+            max_connections: l.max_connections,
+            max_connections_per_ip: l.max_connections_per_ip,
+            handshake_timeout: l.handshake_timeout,
+            idle_timeout: Some(l.idle_timeout),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,6 @@
 
 use std::collections::VecDeque;
 
-use chrono::{DateTime, Utc};
 use envoy_types::pb::envoy::config::core::v3::HealthStatus;
 use serde::Serialize;
 use smallvec::SmallVec;
@@ -27,7 +26,7 @@ use crate::dataplane::Dataplane;
 use crate::report::Report;
 use crate::specifier::Specifier;
 
-pub type Timestamp = DateTime<Utc>;
+pub use crate::clock::Timestamp;
 
 /// The health of one inbound, as its Envoy last reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -489,7 +488,7 @@ mod tests {
     }
     use crate::dataplane::{DataplaneId, Inbound};
     use crate::specifier::{build, endpoint, SpecifierSettings};
-    use chrono::TimeZone;
+    use chrono::{TimeZone, Utc};
     use envoy_types::pb::envoy::service::health::v3::{
         ClusterEndpointsHealth, EndpointHealth, LocalityEndpointsHealth,
     };

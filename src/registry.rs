@@ -19,8 +19,8 @@ use tokio::time::Instant;
 
 use crate::capability::{EnvoyVersion, Reason, Support};
 use crate::clock::Clock;
-use crate::consumers::feed::{Change, ChangeKind, FeedSender};
 use crate::dataplane::{Dataplane, DataplaneId};
+use crate::feed::{Change, ChangeKind, FeedSender};
 use crate::readiness::{
     apply_support, expire, fold_report, next_expiry, rebase, FoldOutcome, Health, Timestamp,
 };

@@ -166,6 +166,28 @@ fn passed_listener(
     Ok(Some(listener))
 }
 
+/// Zeroes the series whose label values belong to other parts than
+/// `metrics` (which names no type of hdsd's): every limit of a dataplane
+/// file, every EDS health tier, every reason of a watch RESYNC.
+fn zero_owned_labels() {
+    use crate::metrics as m;
+    m::zero_counters(
+        m::FILE_LIMIT_HITS,
+        "limit",
+        &crate::dataplane::Limit::ALL.map(|l| l.as_str()),
+    );
+    m::zero_gauges(
+        m::EDS_ENDPOINTS,
+        "health",
+        &crate::consumers::eds::assignment::EdsHealth::ALL.map(|h| h.as_str()),
+    );
+    m::zero_counters(
+        m::WATCH_RESYNCS,
+        "reason",
+        &crate::feed::ResyncReason::ALL.map(|r| r.as_str()),
+    );
+}
+
 /// The server-wide specifier settings of a configuration.
 pub fn specifier_settings(config: &Config) -> SpecifierSettings {
     SpecifierSettings {
@@ -294,18 +316,16 @@ pub async fn run(
     // Embedded, revisions count up from this process's start; with PostgreSQL they are
     // cluster time (the readiness follower's watermarks), valid on every
     // instance within `cluster.resume_slack`.
-    let history = crate::consumers::feed::HistoryLimits::default();
-    let feed = crate::consumers::feed::spawn_feed(
+    let history = crate::feed::HistoryLimits::default();
+    let feed = crate::feed::spawn_feed(
         match &pg {
-            Some(_) => {
-                crate::consumers::feed::Feed::clustered(history, config.cluster.resume_slack)
-            }
-            None => crate::consumers::feed::Feed::starting_at(
+            Some(_) => crate::feed::Feed::clustered(history, config.cluster.resume_slack),
+            None => crate::feed::Feed::starting_at(
                 history,
                 u64::try_from(clock.now().timestamp_micros()).unwrap_or(0),
             ),
         },
-        crate::consumers::feed::WATCHER_BUFFER,
+        crate::feed::WATCHER_BUFFER,
     );
     let registry = Registry::spawn(
         sources_rx.clone(),
@@ -366,7 +386,7 @@ pub async fn run(
         registry.clone(),
         feed.clone(),
         sources_rx.clone(),
-        config.eds.options(),
+        crate::consumers::eds::EdsOptions::from(&config.eds),
     );
     let gate = Arc::new(Gate::new(&config, clock.now())?);
     tokio::spawn(gate.clone().watch());
@@ -405,6 +425,7 @@ pub async fn run(
         process: Arc::new(metrics_process::Collector::default()),
     };
     scrape.process.describe();
+    zero_owned_labels();
     metrics::gauge!(crate::metrics::AUTH_SIGNING_KEYS).set(gate.signing_keys() as f64);
     // The heartbeat: says whether the shared store answers, and finds the
     // instances that stopped answering (after the recorder is installed:
@@ -523,7 +544,7 @@ pub async fn run(
         let signal = async move {
             let _ = drain.wait_for(|d| *d).await;
         };
-        let admission = Admission::new("hds", limits.connections());
+        let admission = Admission::new("hds", limits.into());
         match hds_tls {
             Some(tls) => {
                 let incoming = Incoming::new(hds_listener, admission, TlsHandshake(tls))
@@ -570,7 +591,7 @@ pub async fn run(
             let _ = drain.wait_for(|d| *d).await;
         };
         let limits = &config.api.limits;
-        let admission = Admission::new("api", limits.connections());
+        let admission = Admission::new("api", limits.into());
         let options = crate::net::HttpOptions {
             header_read_timeout: limits.header_read_timeout,
             max_streams_per_connection: API_MAX_STREAMS,

@@ -4,9 +4,9 @@ use std::fmt::Write as _;
 
 use chrono::Utc;
 
-use crate::api::{DataplaneItem, List};
 use crate::dataplane::{DataplaneKind, InboundState};
 use crate::readiness::Timestamp;
+use crate::view::{DataplaneItem, List};
 
 /// Why the API could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -211,7 +211,7 @@ pub fn render_now(items: &[DataplaneItem]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ConnectionItem, HealthItem, InboundItem};
+    use crate::view::{ConnectionItem, HealthItem, InboundItem};
     use chrono::TimeZone;
 
     #[test]
@@ -356,7 +356,7 @@ mod tests {
     fn names_the_holder_the_envoy_and_every_reason() {
         let t0 = Utc.timestamp_opt(1_700_000_000, 0).unwrap();
         let mut grpc = inbound(10001, None, InboundState::Ready, "unsupported", false, t0);
-        grpc.health.reason = Some(crate::api::ReasonItem {
+        grpc.health.reason = Some(crate::view::ReasonItem {
             code: "envoy_too_old".into(),
             message: "gRPC probe needs Envoy >= 1.38; this Envoy is 1.37.0".into(),
         });
@@ -371,7 +371,7 @@ mod tests {
                 last_report_at: Some(t0),
                 held_by: Some("hdsd-b".into()),
                 envoy_version: Some("1.37.0".into()),
-                problem: Some(crate::api::ReasonItem {
+                problem: Some(crate::view::ReasonItem {
                     code: "specifier_rejected".into(),
                     message: "Envoy ends the stream after every specifier".into(),
                 }),

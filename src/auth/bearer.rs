@@ -53,6 +53,15 @@ pub fn parse(value: &str) -> Result<&str, BearerError> {
     Ok(token)
 }
 
+/// Whether `presented` is one of `api.tokens`, compared in constant time per
+/// token so that timing does not reveal a token's prefix. Used by REST and gRPC.
+pub fn is_api_token(tokens: &[String], presented: &str) -> bool {
+    use subtle::ConstantTimeEq as _;
+    tokens
+        .iter()
+        .any(|known| bool::from(known.as_bytes().ct_eq(presented.as_bytes())))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

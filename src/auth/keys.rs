@@ -41,7 +41,6 @@ use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, 
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use jsonwebtoken::{DecodingKey, EncodingKey};
 use rand::RngCore;
-use serde::{Deserialize, Serialize};
 
 /// Name of the key directory inside the state directory.
 pub const KEYS_DIR: &str = "keys";
@@ -50,17 +49,8 @@ pub const PRIVATE_SUFFIX: &str = ".key.pem";
 /// File-name suffix of a public key (`<kid>.pub.pem`).
 pub const PUBLIC_SUFFIX: &str = ".pub.pem";
 
-/// An additional trusted public key from the configuration
-/// (`auth.public_keys = [{kid, path}]`), e.g. the key of another hdsd that
-/// issues tokens for the same dataplanes. Verify-only: never used to sign.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExtraPublicKey {
-    /// The key id that tokens signed by this key carry in their `kid` header.
-    pub kid: String,
-    /// An Ed25519 public key in SPKI PEM (`-----BEGIN PUBLIC KEY-----`).
-    pub path: PathBuf,
-}
+/// An additional trusted public key from the configuration (a setting).
+pub use crate::config::ExtraPublicKey;
 
 /// A key pair written by [`KeyRing::generate`].
 #[derive(Debug, Clone, PartialEq, Eq)]

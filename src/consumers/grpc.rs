@@ -10,14 +10,14 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 
-use super::feed::{ChangeKind, Event, FeedHandle, Filter, Message, ResyncReason};
 use super::pb;
 use super::services::{services, ServiceStatus};
 use super::watch::{watch, CONSUMER_BUFFER};
-use crate::api::DataplaneItem;
 use crate::dataplane::DataplaneId;
+use crate::feed::{ChangeKind, Event, FeedHandle, Filter, Message, ResyncReason};
 use crate::readiness::Timestamp;
 use crate::registry::Registry;
+use crate::view::DataplaneItem;
 
 /// The gRPC service: reads snapshots, writes nothing.
 #[derive(Debug, Clone)]
@@ -26,7 +26,7 @@ pub struct ReadinessApi {
     pub feed: FeedHandle,
 }
 
-fn unavailable(e: super::feed::FeedClosed) -> Status {
+fn unavailable(e: crate::feed::FeedClosed) -> Status {
     Status::unavailable(e.to_string())
 }
 
@@ -55,7 +55,7 @@ pub fn status_of(word: &str) -> pb::Status {
     }
 }
 
-fn reason(r: &crate::api::ReasonItem) -> pb::Reason {
+fn reason(r: &crate::view::ReasonItem) -> pb::Reason {
     pb::Reason {
         code: r.code.clone(),
         message: r.message.clone(),
@@ -284,7 +284,7 @@ impl tonic::service::Interceptor for TokenCheck {
                 .and_then(crate::auth::bearer::parse),
         };
         match presented {
-            Ok(t) if crate::api::is_api_token(&self.tokens, t) => Ok(request),
+            Ok(t) if crate::auth::bearer::is_api_token(&self.tokens, t) => Ok(request),
             Ok(_) => Err(Status::unauthenticated(
                 "invalid API token; use one of api.tokens",
             )),

@@ -1,7 +1,5 @@
-//! Who reads readiness: the change feed and its consumers.
+//! Who reads readiness: the consumers of the change feed ([`crate::feed`]).
 //!
-//! - [`feed`]: one revision counter and a bounded history of changes, written
-//!   by one task that the dataplane tasks tell about each change.
 //! - [`watch`]: one watcher's pump from the feed to a bounded buffer.
 //! - [`grpc`]: `hdsd.v1.ReadinessService` (`proto/hdsd/v1/readiness.proto`).
 //! - [`sse`]: the same watch as Server-Sent Events (`GET /api/v1/watch`).
@@ -9,7 +7,6 @@
 //! - [`eds`]: Envoy's EDS, per-service endpoints with their health.
 
 pub mod eds;
-pub mod feed;
 pub mod grpc;
 pub mod services;
 pub mod sse;

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::DataplaneItem;
+use crate::view::DataplaneItem;
 
 /// The tag that names an inbound's service.
 pub const SERVICE_TAG: &str = "kuma.io/service";
@@ -82,7 +82,7 @@ pub fn services(items: &[DataplaneItem], mesh: Option<&str>) -> Vec<ServiceItem>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ConnectionItem, HealthItem, InboundItem};
+    use crate::view::{ConnectionItem, HealthItem, InboundItem};
     use chrono::{TimeZone, Utc};
 
     fn item(name: &str, connected: bool, inbounds: &[(&str, bool)]) -> DataplaneItem {

@@ -13,9 +13,8 @@ use serde::Deserialize;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt as _;
 
-use super::feed::{ChangeKind, Event, Filter, Message, Revision};
 use super::watch::{watch as start_watch, CONSUMER_BUFFER};
-use crate::api::ApiState;
+use crate::feed::{ChangeKind, Event, FeedHandle, Filter, Message, Revision};
 
 /// The query of `GET /api/v1/watch`.
 #[derive(Debug, Deserialize)]
@@ -94,7 +93,7 @@ pub fn to_sse(message: &Message) -> SseEvent {
 
 /// `GET /api/v1/watch?mesh=&names=a,b&selector=k=v&since=N`.
 pub async fn handler(
-    State(s): State<ApiState>,
+    State(feed): State<FeedHandle>,
     headers: HeaderMap,
     Query(q): Query<WatchQuery>,
 ) -> Response {
@@ -124,7 +123,7 @@ pub async fn handler(
             .collect(),
         selector,
     };
-    let rx = start_watch(s.feed.clone(), filter, since, CONSUMER_BUFFER);
+    let rx = start_watch(feed.clone(), filter, since, CONSUMER_BUFFER);
     let stream = ReceiverStream::new(rx).map(|m| Ok::<_, Infallible>(to_sse(&m)));
     Sse::new(stream)
         .keep_alive(KeepAlive::default())

@@ -7,7 +7,7 @@
 
 use tokio::sync::{broadcast, mpsc};
 
-use super::feed::{FeedHandle, Filter, Message, ResyncReason, Revision};
+use crate::feed::{FeedHandle, Filter, Message, ResyncReason, Revision};
 
 /// Messages a consumer's buffer holds before the pump waits for it.
 pub const CONSUMER_BUFFER: usize = 256;
@@ -81,7 +81,7 @@ async fn pump_until_closed(
 
 async fn send(tx: &mpsc::Sender<Message>, message: Message) -> bool {
     if let Message::Resync(reason) = &message {
-        crate::metrics::watch_resync(*reason);
+        crate::metrics::watch_resync(reason.as_str());
     }
     let ok = tx.send(message).await.is_ok();
     if ok {
@@ -95,8 +95,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::consumers::feed::{self, Change, ChangeKind, HistoryLimits};
     use crate::dataplane::{parse_documents, Dataplane};
+    use crate::feed::{self, Change, ChangeKind, HistoryLimits};
 
     fn dp(name: &str) -> Arc<Dataplane> {
         let text = format!("type: Dataplane\nmesh: default\nname: {name}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n");

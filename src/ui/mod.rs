@@ -9,8 +9,6 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::api::ApiState;
-
 /// One embedded file.
 struct Asset {
     name: &'static str,
@@ -75,8 +73,20 @@ const ASSETS: &[Asset] = &[
 /// Only this origin's scripts, styles and API; no inline code, no framing.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
-/// The page's routes, merged into the API router.
-pub fn router() -> Router<ApiState> {
+/// What the page's `config.json` tells it, from the server's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageSettings {
+    /// `api.tokens` is not empty: the page asks for one first.
+    pub token_required: bool,
+}
+
+/// The page's routes, merged into the API router (whose state gives the
+/// [`PageSettings`]).
+pub fn router<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    PageSettings: axum::extract::FromRef<S>,
+{
     Router::new()
         .route("/", get(|| async { Redirect::to("/ui/") }))
         .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
@@ -103,9 +113,9 @@ async fn file(Path(name): Path<String>, headers: HeaderMap) -> Response {
 
 /// What the page must know before its first API call: whether to ask for a
 /// token (so it asks at once instead of failing a request first).
-async fn config(State(s): State<ApiState>) -> Response {
+async fn config(State(s): State<PageSettings>) -> Response {
     let body = serde_json::json!({
-        "tokenRequired": !s.tokens.is_empty(),
+        "tokenRequired": s.token_required,
         "version": env!("CARGO_PKG_VERSION"),
     });
     (

@@ -16,7 +16,6 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
     cluster_load_assignment, lb_endpoint, ClusterLoadAssignment, Endpoint as PbEndpoint,
     LbEndpoint, LocalityLbEndpoints,
 };
-use serde::{Deserialize, Serialize};
 
 use crate::consumers::services::SERVICE_TAG;
 use crate::dataplane::Dataplane;
@@ -50,16 +49,12 @@ impl fmt::Display for ServiceKey {
     }
 }
 
-/// How a `stale` inbound is served (`eds.stale_as`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StaleAs {
-    /// Kept as a fallback: Envoy uses degraded endpoints only when no healthy one is left.
-    #[default]
-    Degraded,
-    /// Taken out of the load-balancing set.
-    Unhealthy,
-}
+/// How a `stale` inbound is served (`eds.stale_as`): a setting, defined
+/// with the others in `config`.
+pub use crate::config::StaleAs;
+
+/// The type of every resource EDS serves.
+pub const TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 
 /// How readiness becomes endpoints.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -67,6 +62,15 @@ pub struct EdsOptions {
     pub stale_as: StaleAs,
     /// Leave not-ready endpoints out instead of marking them (Kuma's behaviour).
     pub omit_not_ready: bool,
+}
+
+impl From<&crate::config::EdsConfig> for EdsOptions {
+    fn from(c: &crate::config::EdsConfig) -> Self {
+        EdsOptions {
+            stale_as: c.stale_as,
+            omit_not_ready: c.omit_not_ready,
+        }
+    }
 }
 
 /// The `health_status` an endpoint is served with.

@@ -15,12 +15,12 @@ use prost::bytes::Bytes;
 use prost::Message as _;
 use tokio::sync::{broadcast, watch};
 
+use super::assignment::TYPE_URL;
 use super::assignment::{
     cluster_load_assignment, contributions, EdsHealth, EdsOptions, Endpoint, ServiceKey,
 };
-use super::protocol::TYPE_URL;
-use crate::consumers::feed::{FeedHandle, Filter};
 use crate::dataplane::DataplaneId;
+use crate::feed::{FeedHandle, Filter};
 use crate::registry::{DataplaneState, Registry};
 use crate::source::Loaded;
 

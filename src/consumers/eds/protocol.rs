@@ -33,8 +33,7 @@ use prost::bytes::BufMut;
 use super::assignment::ServiceKey;
 use super::index::{Assignments, Published};
 
-/// The type of every resource EDS serves.
-pub const TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+pub use super::assignment::TYPE_URL;
 
 /// A request hdsd does not serve: the stream ends with INVALID_ARGUMENT.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -60,7 +60,7 @@ pub fn check(auth: &EdsAuth, metadata: &MetadataMap) -> Result<(), Refusal> {
             reason: "missing",
             message: "EDS clients must send `authorization: Bearer <token>` (gRPC initial_metadata) with one of api.tokens or eds.tokens",
         }),
-        Some(Ok(t)) if crate::api::is_api_token(tokens, t) => Ok(()),
+        Some(Ok(t)) if crate::auth::bearer::is_api_token(tokens, t) => Ok(()),
         Some(_) => Err(Refusal {
             reason: "invalid_api_token",
             message: "invalid EDS token: it is not one of api.tokens or eds.tokens",

@@ -180,7 +180,7 @@ impl Default for HistoryLimits {
     fn default() -> Self {
         HistoryLimits {
             changes: 10_000,
-            age: Duration::from_secs(300),
+            age: crate::config::FEED_HISTORY_AGE,
         }
     }
 }

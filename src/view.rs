@@ -1,0 +1,385 @@
+//! The read model every reader shares: a dataplane as REST, gRPC, SSE,
+//! EDS's services, `hdsd status`, the client and the page show it, built
+//! from the registry's [`DataplaneState`]. The REST layer serialises it; it
+//! does not own it (`api` re-exports it for its handlers).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::dataplane::{DataplaneKind, InboundState, Listener};
+use crate::readiness::Timestamp;
+use crate::registry::DataplaneState;
+
+/// One dataplane as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DataplaneItem {
+    pub mesh: String,
+    pub name: String,
+    pub address: IpAddr,
+    /// `sidecar`, `gateway` or `zone_proxy` (the last two usually have no
+    /// inbounds: nothing to probe, ready once defined).
+    #[serde(default = "sidecar")]
+    pub kind: DataplaneKind,
+    pub connection: ConnectionItem,
+    pub inbounds: Vec<InboundItem>,
+    /// A zone proxy's `networking.listeners` (not probed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<Listener>,
+}
+
+fn sidecar() -> DataplaneKind {
+    DataplaneKind::Sidecar
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConnectionItem {
+    pub connected: bool,
+    pub connected_at: Option<Timestamp>,
+    pub last_report_at: Option<Timestamp>,
+    /// The other instance (sharing the PostgreSQL store) holding this
+    /// dataplane's stream; absent when it is held here or nowhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+    /// The Envoy's version, as its node reported it; absent when it
+    /// reported none, or no Envoy connected to this instance yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envoy_version: Option<String>,
+    /// What is wrong with the Envoy's streams, if anything (e.g.
+    /// `specifier_rejected`: it ends the stream after every specifier).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<ReasonItem>,
+}
+
+/// A reason: a stable code for programs and a sentence for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReasonItem {
+    pub code: String,
+    pub message: String,
+}
+
+impl From<crate::capability::Reason> for ReasonItem {
+    fn from(r: crate::capability::Reason) -> Self {
+        ReasonItem {
+            code: r.code.to_string(),
+            message: r.message,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InboundItem {
+    /// Kuma's inbound `name`, when the file gives one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub port: u16,
+    pub service_port: u16,
+    pub service_address: IpAddr,
+    pub tags: BTreeMap<String, String>,
+    /// The declared `state`: `Ready`, `NotReady` (never ready) or `Ignored`
+    /// (not probed, shown as `ignored`, never holds the dataplane back).
+    #[serde(default)]
+    pub state: InboundState,
+    pub health: HealthItem,
+    /// How Envoy probes this inbound; absent when nobody probes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeItem>,
+}
+
+/// The probe target of an inbound (in the specifier) and its effective settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeItem {
+    /// `tcp`, `http` or `grpc`: the check as configured.
+    #[serde(default)]
+    pub kind: String,
+    /// The check the Envoy runs instead, when its version cannot run
+    /// `kind` and `hds.check.fallback` names one (`tcp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
+    /// The specifier's cluster name for the target.
+    pub cluster: String,
+    /// `serviceAddress:servicePort`, what Envoy connects to.
+    pub target: std::net::SocketAddr,
+    #[serde(with = "humantime_serde")]
+    pub interval: std::time::Duration,
+    #[serde(with = "humantime_serde")]
+    pub timeout: std::time::Duration,
+    #[serde(with = "humantime_serde")]
+    pub no_traffic_interval: std::time::Duration,
+    pub healthy_threshold: u32,
+    pub unhealthy_threshold: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthItem {
+    pub ready: bool,
+    pub status: String,
+    pub since: Timestamp,
+    pub last_report_at: Option<Timestamp>,
+    /// This inbound's recent status changes, oldest first (a few, since hdsd started).
+    #[serde(default)]
+    pub changes: Vec<StatusChangeItem>,
+    /// Why it is not ready, or what to know about how it is checked
+    /// (`envoy_too_old` with status `unsupported`; `probe_fallback`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<ReasonItem>,
+}
+
+/// One status change of an inbound.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusChangeItem {
+    pub from: String,
+    pub to: String,
+    pub at: Timestamp,
+}
+
+impl DataplaneItem {
+    /// The API view of a dataplane's state; `None` for a deleted one.
+    pub fn from_state(state: &DataplaneState) -> Option<DataplaneItem> {
+        let defined = state.defined.as_ref()?;
+        let dp = &defined.dataplane;
+        Some(DataplaneItem {
+            mesh: dp.id.mesh.clone(),
+            name: dp.id.name.clone(),
+            address: dp.address,
+            kind: dp.kind(),
+            listeners: dp.listeners.clone(),
+            connection: ConnectionItem {
+                // The fleet's answer: connected while any instance holds
+                // the stream (here, or the holder another one announced).
+                connected: state.connection.stream.is_some() || state.connection.holder.is_some(),
+                connected_at: state.connection.connected_at,
+                last_report_at: state.health.last_report_at,
+                held_by: state
+                    .connection
+                    .holder
+                    .clone()
+                    .filter(|_| state.connection.stream.is_none()),
+                envoy_version: state.envoy.version.map(|v| v.to_string()),
+                problem: state.envoy.problem().map(Into::into),
+            },
+            inbounds: dp
+                .inbounds
+                .iter()
+                .zip(&state.health.inbounds)
+                .enumerate()
+                .map(|(i, (inbound, health))| InboundItem {
+                    name: inbound.name.clone(),
+                    port: inbound.port,
+                    service_port: inbound.service_port,
+                    service_address: inbound.service_address,
+                    tags: inbound.tags.clone(),
+                    state: inbound.state,
+                    health: HealthItem {
+                        ready: match inbound.state {
+                            InboundState::Ready => health.status.is_ready(),
+                            InboundState::NotReady => false,
+                            InboundState::Ignored => true,
+                        },
+                        status: match inbound.state {
+                            InboundState::Ignored => "ignored".to_string(),
+                            _ => health.status.as_str().to_string(),
+                        },
+                        since: health.since,
+                        last_report_at: health.last_report_at,
+                        changes: state
+                            .health
+                            .recent
+                            .iter()
+                            .filter(|c| c.inbound == i)
+                            .map(|c| StatusChangeItem {
+                                from: c.from.as_str().to_string(),
+                                to: c.to.as_str().to_string(),
+                                at: c.at,
+                            })
+                            .collect(),
+                        reason: state.reason_of_inbound(i).map(Into::into),
+                    },
+                    probe: defined
+                        .specifier
+                        .target_of_inbound
+                        .get(i)
+                        .copied()
+                        .flatten()
+                        .and_then(|t| defined.specifier.targets.get(t))
+                        .map(|t| ProbeItem {
+                            kind: t.check.kind().to_string(),
+                            fallback: state
+                                .reason_of_inbound(i)
+                                .filter(|r| r.code == "probe_fallback")
+                                .map(|_| "tcp".to_string()),
+                            cluster: t.cluster.clone(),
+                            target: t.endpoint,
+                            interval: t.settings.interval,
+                            timeout: t.settings.timeout,
+                            no_traffic_interval: t.settings.no_traffic_interval,
+                            healthy_threshold: t.settings.healthy_threshold,
+                            unhealthy_threshold: t.settings.unhealthy_threshold,
+                        }),
+                })
+                .collect(),
+        })
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.inbounds.iter().all(|i| i.health.ready)
+    }
+}
+
+/// A list of items, as the API answers it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct List<T> {
+    pub items: Vec<T>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::parse_documents;
+    use crate::readiness::rebase;
+    use crate::registry::Connection;
+    use crate::source::Defined;
+    use crate::specifier::{build, endpoint, SpecifierSettings};
+    use chrono::TimeZone;
+    use envoy_types::pb::envoy::config::core::v3::HealthStatus;
+    use envoy_types::pb::envoy::service::health::v3::{
+        ClusterEndpointsHealth, EndpointHealth, EndpointHealthResponse, LocalityEndpointsHealth,
+    };
+    use std::sync::Arc;
+
+    fn report(status: HealthStatus) -> EndpointHealthResponse {
+        EndpointHealthResponse {
+            cluster_endpoints_health: vec![ClusterEndpointsHealth {
+                cluster_name: "probe_127.0.0.1:8080".into(),
+                locality_endpoints_health: vec![LocalityEndpointsHealth {
+                    locality: None,
+                    endpoints_health: vec![EndpointHealth {
+                        endpoint: Some(endpoint(([127, 0, 0, 1], 8080).into())),
+                        health_status: status as i32,
+                        health_metadata: None,
+                    }],
+                }],
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// The item carries each inbound's probe target and settings and its
+    /// recent status changes; an inbound nobody probes has no probe.
+    #[test]
+    fn items_show_probe_settings_and_recent_changes() {
+        let text = "type: Dataplane\nmesh: default\nname: web-01\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    serviceProbe:\n      interval: 2s\n      unhealthyThreshold: 3\n  - port: 10002\n    servicePort: 9090\n";
+        let dp = parse_documents(text).unwrap().remove(0);
+        let settings = SpecifierSettings {
+            probe_all_inbounds: false,
+            ..SpecifierSettings::default()
+        };
+        let specifier = build(&dp, &settings).unwrap();
+        let t = |s: i64| chrono::Utc.timestamp_opt(1_700_000_000 + s, 0).unwrap();
+        let mut health = rebase(None, &dp, &specifier, t(0));
+        crate::readiness::fold_report(
+            &mut health,
+            &specifier,
+            &report(HealthStatus::Healthy).into(),
+            t(1),
+        );
+        crate::readiness::fold_report(
+            &mut health,
+            &specifier,
+            &report(HealthStatus::Unhealthy).into(),
+            t(2),
+        );
+        let state = DataplaneState {
+            defined: Some(Defined {
+                dataplane: Arc::new(dp),
+                specifier: Arc::new(specifier),
+                file: "web-01.yaml".into(),
+            }),
+            version: 1,
+            health,
+            connection: Connection::default(),
+            envoy: Default::default(),
+        };
+        let item = DataplaneItem::from_state(&state).unwrap();
+        let json = serde_json::to_value(&item).unwrap();
+        let probed = &json["inbounds"][0];
+        assert_eq!(
+            probed["probe"],
+            serde_json::json!({
+                "kind": "tcp",
+                "cluster": "probe_127.0.0.1:8080",
+                "target": "127.0.0.1:8080",
+                "interval": "2s",
+                "timeout": "1s",
+                "noTrafficInterval": "2s",
+                "healthyThreshold": 1,
+                "unhealthyThreshold": 3,
+            })
+        );
+        let changes: Vec<(&str, &str)> = item.inbounds[0]
+            .health
+            .changes
+            .iter()
+            .map(|c| (c.from.as_str(), c.to.as_str()))
+            .collect();
+        assert_eq!(changes, [("pending", "healthy"), ("healthy", "unhealthy")]);
+        assert_eq!(item.inbounds[0].health.changes[1].at, t(2));
+        // Not probed: no probe field, no changes.
+        assert!(json["inbounds"][1].get("probe").is_none());
+        assert_eq!(
+            json["inbounds"][1]["health"]["changes"],
+            serde_json::json!([])
+        );
+        // Additive: an item without the new fields (an older hdsd) still reads.
+        let mut old = json.clone();
+        old["inbounds"][0].as_object_mut().unwrap().remove("probe");
+        old["inbounds"][0]["health"]
+            .as_object_mut()
+            .unwrap()
+            .remove("changes");
+        let read: DataplaneItem = serde_json::from_value(old).unwrap();
+        assert!(read.inbounds[0].probe.is_none() && read.inbounds[0].health.changes.is_empty());
+    }
+
+    /// Any instance answers for the fleet: a stream held by another
+    /// instance reads connected, naming the holder.
+    #[test]
+    fn a_stream_held_elsewhere_reads_connected_with_its_holder() {
+        let t = |s: i64| chrono::Utc.timestamp_opt(1_700_000_000 + s, 0).unwrap();
+        let dp = crate::dataplane::parse_documents(
+            "type: Dataplane\nmesh: default\nname: web-01\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    tags: {kuma.io/service: web}\n",
+        )
+        .unwrap()
+        .remove(0);
+        let specifier = build(&dp, &SpecifierSettings::default()).unwrap();
+        let mut state = DataplaneState {
+            health: crate::readiness::rebase(None, &dp, &specifier, t(0)),
+            defined: Some(Defined {
+                dataplane: Arc::new(dp),
+                specifier: Arc::new(specifier),
+                file: "web-01.yaml".into(),
+            }),
+            version: 1,
+            connection: Connection::default(),
+            envoy: Default::default(),
+        };
+        let item = DataplaneItem::from_state(&state).unwrap();
+        assert!(!item.connection.connected);
+        state.connection.holder = Some("b".into());
+        let item = DataplaneItem::from_state(&state).unwrap();
+        assert!(item.connection.connected);
+        assert_eq!(item.connection.held_by.as_deref(), Some("b"));
+        // Held here (a stream of ours): no holder shown.
+        state.connection.stream = Some(1);
+        let item = DataplaneItem::from_state(&state).unwrap();
+        assert!(item.connection.connected);
+        assert_eq!(item.connection.held_by, None);
+    }
+}
