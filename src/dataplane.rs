@@ -67,19 +67,27 @@ impl fmt::Display for DataplaneId {
     }
 }
 
-/// A node id that is not `<mesh>.<name>`.
+/// A node id that is not `<mesh>.<name>` with a valid mesh and name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("node id {0:?} is not of the form <mesh>.<name> (e.g. default.web-01); set node.id in the Envoy bootstrap")]
-pub struct BadNodeId(pub String);
+pub enum BadNodeId {
+    #[error("node id {0:?} is not of the form <mesh>.<name> (e.g. default.web-01); set node.id in the Envoy bootstrap")]
+    Form(String),
+    #[error("node id {id:?}: {why}; set node.id in the Envoy bootstrap")]
+    Name { id: String, why: String },
+}
 
 impl FromStr for DataplaneId {
     type Err = BadNodeId;
 
     /// Splits on the first dot (Kuma's convention: the name may contain dots).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        s.split_once('.')
-            .and_then(|(mesh, name)| DataplaneId::try_new(mesh, name).ok())
-            .ok_or_else(|| BadNodeId(s.to_string()))
+        let (mesh, name) = s
+            .split_once('.')
+            .ok_or_else(|| BadNodeId::Form(s.to_string()))?;
+        DataplaneId::try_new(mesh, name).map_err(|e| BadNodeId::Name {
+            id: s.to_string(),
+            why: e.0,
+        })
     }
 }
 

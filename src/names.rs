@@ -56,11 +56,8 @@ fn check(text: &str, what: &str, max: usize, allowed: impl Fn(char) -> bool) -> 
         ));
     }
     if let Some(c) = text.chars().find(|&c| !allowed(c)) {
-        // Escaped: the character may be a control character or a NUL.
-        return Err(format!(
-            "{what} {:?} contains {c:?}",
-            text.escape_debug().to_string()
-        ));
+        // Debug-escaped: the character may be a control character or a NUL.
+        return Err(format!("{what} {text:?} contains {c:?}"));
     }
     let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
     if !edge(text.chars().next()) || !edge(text.chars().last()) {

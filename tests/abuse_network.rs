@@ -547,13 +547,20 @@ fn a_newline_in_a_node_id_is_escaped_in_the_log() {
     });
     let client = GrpcClient::connect(hdsd.hds);
     let mut s = client.open_as("default.evil\nFORGED-LINE level=ERROR");
-    s.expect_status(Code::NotFound, SOON);
+    // Refused where it enters: a name has no control character.
+    let status = s.expect_status(Code::InvalidArgument, SOON);
+    assert!(status.message().contains("contains '\\n'"), "{status:?}");
     let log = hdsd.log();
     assert!(
         !log.lines().any(|l| l.starts_with("FORGED-LINE")),
         "a forged line:\n{log}"
     );
-    assert!(log.contains(r"evil\nFORGED-LINE"), "{log}");
+    // The id is in the log, escaped, on the line that refused it.
+    assert!(
+        log.lines()
+            .any(|l| l.contains(r"evil\") && l.contains("FORGED-LINE") && l.contains("contains")),
+        "{log}"
+    );
 }
 
 /// Finding 7: Fetch checks the token's identity before looking anything up,
