@@ -194,9 +194,18 @@ fn connected_state(k: u16) -> DataplaneState {
             replaced_on: None,
             holder: None,
         },
-        envoy: Default::default(),
+        // As the dataplane's task left it after the stream's attach: it
+        // knows the Envoy's version, which runs the whole specifier.
+        envoy: hdsd::registry::EnvoyRun {
+            version: Some(ENVOY),
+            seen: true,
+            ..Default::default()
+        },
     }
 }
+
+/// The version the simulated Envoy's node reports.
+const ENVOY: hdsd::capability::EnvoyVersion = hdsd::capability::EnvoyVersion::new(1, 40, 0);
 
 /// A stream machine serving `state`, its first specifier already sent.
 fn attached_machine(state: &DataplaneState, at: Instant) -> Stream {
@@ -205,6 +214,18 @@ fn attached_machine(state: &DataplaneState, at: Instant) -> Stream {
     let request = HealthCheckRequest {
         node: Some(Node {
             id: "default.dp-000001".into(),
+            user_agent_version_type: Some(
+                envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType::UserAgentBuildVersion(
+                    envoy_types::pb::envoy::config::core::v3::BuildVersion {
+                        version: Some(envoy_types::pb::envoy::r#type::v3::SemanticVersion {
+                            major_number: ENVOY.major,
+                            minor_number: ENVOY.minor,
+                            patch: ENVOY.patch,
+                        }),
+                        metadata: None,
+                    },
+                ),
+            ),
             ..Default::default()
         }),
         ..Default::default()

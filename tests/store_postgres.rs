@@ -1407,3 +1407,46 @@ fn a_token_signed_by_one_instances_key_verifies_on_another_until_the_key_is_remo
     let token = a.issue_token("default.web-01", "1h");
     accepted_within(b.hds, &token, Duration::from_secs(5));
 }
+
+/// The findings of the attack review, at the API: a name that carries the
+/// old claim separators, a 7,990-byte name and a NUL are refused with a 400
+/// naming the rule (not a 503 "check the database"), and nothing is written:
+/// the other dataplanes stay served.
+#[test]
+fn names_that_break_the_rules_are_refused_at_the_api_with_the_rule() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
+        ..HdsdOptions::default()
+    });
+    let good = dataplane_yaml("web-01", &[(10001, 8080)]);
+    let (status, _, body) = send(
+        &hdsd,
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &good)),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    let long = "a".repeat(7_990);
+    for (name, why) in [
+        (
+            "victim%09fake-host%2F1%092099-01-01T00:00:00%2B00:00",
+            "contains '\\t'",
+        ),
+        (long.as_str(), "more than 253"),
+        ("a%00b", "contains '\\0'"),
+        ("Web", "contains 'W'"),
+    ] {
+        let (status, _, body) = send(
+            &hdsd,
+            &format!("/api/v1/dataplanes/default/{name}"),
+            Some(("application/yaml", &good)),
+            &[],
+        );
+        assert_eq!(status, 400, "{name}: {body}");
+        let error = body["error"].as_str().unwrap_or_default();
+        assert!(error.contains(why), "{name}: {body}");
+        assert!(error.contains("a dataplane name is"), "{body}");
+    }
+    let listed = hdsd.get_json("/api/v1/dataplanes").unwrap();
+    assert_eq!(listed["items"].as_array().unwrap().len(), 1, "{listed}");
+}

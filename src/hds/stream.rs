@@ -483,10 +483,12 @@ pub(super) fn current_specifier(
     let Some(d) = &state.defined else {
         return Arc::new(Specifier::empty(settings.report_interval));
     };
+    // The dataplane's task has worked it out for this version already.
     if state.envoy.seen && state.envoy.version == envoy {
-        if let Some(r) = &state.envoy.restricted {
-            return r.specifier.clone();
-        }
+        return match &state.envoy.restricted {
+            Some(r) => r.specifier.clone(),
+            None => d.specifier.clone(),
+        };
     }
     match d.specifier.for_envoy(envoy) {
         None => d.specifier.clone(),
@@ -495,6 +497,16 @@ pub(super) fn current_specifier(
 }
 
 fn check_same_node(id: &DataplaneId, request: &HealthCheckRequest) -> Result<(), Status> {
+    // The same text as the stream's node id is the same, valid id: no need
+    // to parse and check it again on every request.
+    let raw = request.node.as_ref().map_or("", |n| n.id.as_str());
+    if raw.len() == id.mesh.len() + 1 + id.name.len()
+        && raw.starts_with(id.mesh.as_str())
+        && raw[id.mesh.len()..].starts_with('.')
+        && raw.ends_with(id.name.as_str())
+    {
+        return Ok(());
+    }
     let other = node_id(request)?;
     if &other != id {
         return Err(Status::invalid_argument(format!(
