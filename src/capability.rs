@@ -191,29 +191,27 @@ impl Support {
                 "this Envoy reports no version, so hdsd assumes the oldest supported, {OLDEST_SUPPORTED}"
             ),
         };
-        match self {
-            Support::Full => None,
-            Support::Unsupported(f) => {
-                let r = f.requirement();
-                Some(Reason {
-                    code: "envoy_too_old",
-                    message: format!(
-                        "{} needs Envoy >= {}.{}; {this}. Upgrade the Envoy, use another probe kind, or set hds.check.fallback = \"tcp\"",
-                        r.what, r.since.major, r.since.minor
-                    ),
-                })
-            }
-            Support::Fallback(f) => {
-                let r = f.requirement();
-                Some(Reason {
-                    code: "probe_fallback",
-                    message: format!(
-                        "{} needs Envoy >= {}.{}; {this}: checked with a TCP connect instead (hds.check.fallback)",
-                        r.what, r.since.major, r.since.minor
-                    ),
-                })
-            }
-        }
+        let (code, f, then) = match self {
+            Support::Full => return None,
+            Support::Unsupported(f) => (
+                "envoy_too_old",
+                f,
+                ". Upgrade the Envoy, use another probe kind, or set hds.check.fallback = \"tcp\"",
+            ),
+            Support::Fallback(f) => (
+                "probe_fallback",
+                f,
+                ": checked with a TCP connect instead (hds.check.fallback)",
+            ),
+        };
+        let r = f.requirement();
+        Some(Reason {
+            code,
+            message: format!(
+                "{} needs Envoy >= {}.{}; {this}{then}",
+                r.what, r.since.major, r.since.minor
+            ),
+        })
     }
 }
 

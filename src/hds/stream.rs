@@ -564,7 +564,12 @@ mod tests {
     }
 
     fn state(version: u64, owner: Option<StreamId>) -> Box<DataplaneState> {
-        let defined = defined(WEB);
+        state_of(WEB, version, owner)
+    }
+
+    /// The state of the dataplane of `yaml`, freshly defined.
+    fn state_of(yaml: &str, version: u64, owner: Option<StreamId>) -> Box<DataplaneState> {
+        let defined = defined(yaml);
         Box::new(DataplaneState {
             health: crate::readiness::rebase(
                 None,
@@ -1040,21 +1045,7 @@ mod tests {
         use envoy_types::pb::envoy::config::core::v3::BuildVersion;
         use envoy_types::pb::envoy::r#type::v3::SemanticVersion;
         let grpc = "type: Dataplane\nmesh: default\nname: web\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    tags: {kuma.io/service: web}\n    serviceProbe: {grpc: {}}\n  - port: 10002\n    servicePort: 8081\n    tags: {kuma.io/service: web}\n";
-        let resolved = || {
-            let defined = defined(grpc);
-            Box::new(DataplaneState {
-                health: crate::readiness::rebase(
-                    None,
-                    &defined.dataplane,
-                    &defined.specifier,
-                    chrono::Utc::now(),
-                ),
-                defined: Some(defined),
-                version: 1,
-                connection: Connection::default(),
-                envoy: Default::default(),
-            })
-        };
+        let resolved = || state_of(grpc, 1, None);
         for (minor, clusters) in [(37, 1), (38, 2)] {
             let mut h = Harness::new(None);
             let mut first = request("default.web");
