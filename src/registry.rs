@@ -1025,6 +1025,15 @@ mod tests {
         }
     }
 
+    /// A HEALTHY report of the target on `port`, from `stream`.
+    fn healthy_report(stream: StreamId, port: u16) -> Command {
+        Command::Report {
+            stream,
+            report: healthy(port),
+            received: std::time::Instant::now(),
+        }
+    }
+
     fn healthy(port: u16) -> Report {
         Report::from(EndpointHealthResponse {
             cluster_endpoints_health: vec![ClusterEndpointsHealth {
@@ -1063,26 +1072,10 @@ mod tests {
             },
             t(2),
         );
-        let a = apply(
-            &mut s,
-            Command::Report {
-                stream: 1,
-                report: healthy(8080),
-                received: std::time::Instant::now(),
-            },
-            t(3),
-        );
+        let a = apply(&mut s, healthy_report(1, 8080), t(3));
         assert!(!a.notify);
         assert_eq!(s.health.inbounds[0].status, Status::Pending);
-        let a = apply(
-            &mut s,
-            Command::Report {
-                stream: 2,
-                report: healthy(8080),
-                received: std::time::Instant::now(),
-            },
-            t(4),
-        );
+        let a = apply(&mut s, healthy_report(2, 8080), t(4));
         assert!(a.notify);
         assert_eq!(s.health.inbounds[0].status, Status::Healthy);
         // The old stream closing does not disconnect the new one.
@@ -1201,15 +1194,7 @@ mod tests {
         };
         let mut old_holder = state(d.clone());
         apply(&mut old_holder, attach(1), t(0));
-        apply(
-            &mut old_holder,
-            Command::Report {
-                stream: 1,
-                report: healthy(8080),
-                received: std::time::Instant::now(),
-            },
-            t(1),
-        );
+        apply(&mut old_holder, healthy_report(1, 8080), t(1));
         let before_the_move = snapshot(&d.dataplane, &d.specifier, &old_holder.health);
         let mut survivor = state(d.clone());
         apply(&mut survivor, observed(before_the_move.clone()), t(2));
@@ -1242,15 +1227,7 @@ mod tests {
             },
             t(1),
         );
-        apply(
-            &mut holder,
-            Command::Report {
-                stream: 1,
-                report: healthy(8080),
-                received: std::time::Instant::now(),
-            },
-            t(2),
-        );
+        apply(&mut holder, healthy_report(1, 8080), t(2));
         let written = snapshot(&d.dataplane, &d.specifier, &holder.health);
 
         // Another instance without a stream takes it.
@@ -1427,13 +1404,7 @@ mod tests {
                 envoy: None,
             })
             .await;
-        handle
-            .send(Command::Report {
-                stream: 1,
-                report: healthy(8080),
-                received: std::time::Instant::now(),
-            })
-            .await;
+        handle.send(healthy_report(1, 8080)).await;
         let status = |s: &DataplaneState| s.health.inbounds[0].status;
         state
             .wait_for(|s| status(s) == Status::Healthy)
@@ -1497,15 +1468,7 @@ mod tests {
             },
             t(1),
         );
-        apply(
-            &mut s,
-            Command::Report {
-                stream: 1,
-                report: healthy(8080),
-                received: std::time::Instant::now(),
-            },
-            t(2),
-        );
+        apply(&mut s, healthy_report(1, 8080), t(2));
         assert!(!apply(&mut s, Command::Define(defined(8080)), t(3)).notify);
         assert_eq!(s.version, 1);
         let mut renamed = defined(8080);
@@ -1520,18 +1483,7 @@ mod tests {
         assert_eq!(s.version, 3);
         assert!(s.defined.is_none());
         // Reports after removal are ignored.
-        assert!(
-            !apply(
-                &mut s,
-                Command::Report {
-                    stream: 1,
-                    report: healthy(9090),
-                    received: std::time::Instant::now(),
-                },
-                t(6)
-            )
-            .notify
-        );
+        assert!(!apply(&mut s, healthy_report(1, 9090), t(6)).notify);
     }
 
     /// A dataplane with a gRPC inbound (8080) and a TCP one (8081).
@@ -1596,15 +1548,7 @@ mod tests {
             .starts_with("gRPC probe needs Envoy >= 1.38; this Envoy is 1.37.0"));
         assert_eq!(s.reason_of_inbound(1), None);
         // Unsupported stays so: no report can make it ready, no time stale.
-        apply(
-            &mut s,
-            Command::Report {
-                stream: 1,
-                report: healthy(8081),
-                received: std::time::Instant::now(),
-            },
-            t(2),
-        );
+        apply(&mut s, healthy_report(1, 8081), t(2));
         assert_eq!(statuses(&s), [Status::Unsupported, Status::Healthy]);
         crate::readiness::expire(&mut s.health, t(100), chrono::Duration::seconds(1));
         assert_eq!(s.health.inbounds[0].status, Status::Unsupported);
@@ -1662,15 +1606,7 @@ mod tests {
         ));
         assert_eq!(statuses(&s), [Status::Pending, Status::Pending]);
         assert_eq!(s.reason_of_inbound(0).unwrap().code, "probe_fallback");
-        apply(
-            &mut s,
-            Command::Report {
-                stream: 1,
-                report: healthy(8080),
-                received: std::time::Instant::now(),
-            },
-            t(2),
-        );
+        apply(&mut s, healthy_report(1, 8080), t(2));
         assert_eq!(s.health.inbounds[0].status, Status::Healthy);
     }
 
@@ -1700,15 +1636,7 @@ mod tests {
         // Still flagged while it reconnects; a report ends it.
         apply(&mut s, attach(10, Some("1.37.0")), t(10));
         assert!(s.envoy.rejects_specifier());
-        let applied = apply(
-            &mut s,
-            Command::Report {
-                stream: 10,
-                report: healthy(8080),
-                received: std::time::Instant::now(),
-            },
-            t(11),
-        );
+        let applied = apply(&mut s, healthy_report(10, 8080), t(11));
         assert!(applied.notify);
         assert!(!s.envoy.rejects_specifier());
         // An ordinary end in between starts the count again.
