@@ -200,7 +200,7 @@ impl DataplaneItem {
                                 at: c.at,
                             })
                             .collect(),
-                        reason: state.reason_of_inbound(i).map(Into::into),
+                        reason: reason(state, i, health.status),
                     },
                     probe: defined
                         .specifier
@@ -231,6 +231,29 @@ impl DataplaneItem {
     pub fn is_ready(&self) -> bool {
         self.inbounds.iter().all(|i| i.health.ready)
     }
+}
+
+/// The reason shown for inbound `i`: what this instance knows of its
+/// Envoy; for an `unsupported` inbound whose stream another instance holds
+/// (it only read the status from the store), where to look for the versions.
+fn reason(
+    state: &DataplaneState,
+    i: usize,
+    status: crate::readiness::Status,
+) -> Option<ReasonItem> {
+    if let Some(r) = state.reason_of_inbound(i) {
+        return Some(r.into());
+    }
+    (status == crate::readiness::Status::Unsupported).then(|| ReasonItem {
+        code: "envoy_too_old".into(),
+        message: format!(
+            "the probe needs a newer Envoy than the one connected; {} names both versions",
+            match &state.connection.holder {
+                Some(h) => format!("the instance holding the stream ({h})"),
+                None => "the instance that held the stream".to_string(),
+            }
+        ),
+    })
 }
 
 /// A list of items, as the API answers it.
@@ -376,6 +399,13 @@ mod tests {
         let item = DataplaneItem::from_state(&state).unwrap();
         assert!(item.connection.connected);
         assert_eq!(item.connection.held_by.as_deref(), Some("b"));
+        // An unsupported inbound read from the holder's store rows: the
+        // reason says where the versions are.
+        state.health.inbounds[0].status = crate::readiness::Status::Unsupported;
+        let item = DataplaneItem::from_state(&state).unwrap();
+        let reason = item.inbounds[0].health.reason.as_ref().unwrap();
+        assert_eq!(reason.code, "envoy_too_old");
+        assert!(reason.message.contains("(b)"), "{reason:?}");
         // Held here (a stream of ours): no holder shown.
         state.connection.stream = Some(1);
         let item = DataplaneItem::from_state(&state).unwrap();
