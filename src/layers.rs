@@ -42,6 +42,11 @@ pub const LAYERS: &[(&str, &str, &[&str])] = &[
         &["view"],
     ),
     (
+        "cluster",
+        "what several instances share (membership, stream holders, the sweep, shared keys and revocations, revision numbering), one trait with a single-instance and a PostgreSQL implementation",
+        &["cluster"],
+    ),
+    (
         "consumers",
         "readers of the feed and the view: gRPC watch, SSE, EDS, services, the metrics scrape",
         &["consumers", "scrape"],

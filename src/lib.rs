@@ -17,6 +17,7 @@ pub mod bootstrap;
 pub mod capability;
 pub mod client;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod consumers;
 pub mod dataplane;

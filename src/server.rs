@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use crate::api::{self, ApiState};
 use crate::auth::Gate;
 use crate::clock::{Clock, SystemClock};
+use crate::cluster::{Cluster, PgCluster, Solo};
 use crate::config::{AuthMode, Config, DataplanesSource, StoreKind};
 use crate::hds::{HdsService, HdsSettings};
 use crate::net::{Admission, Incoming, Plain};
@@ -19,7 +20,7 @@ use crate::registry::{Registry, RegistryOptions};
 use crate::source::{self, Loaded};
 use crate::specifier::SpecifierSettings;
 use crate::store::definitions::{self, DefinitionStore};
-use crate::store::postgres::{PgStore, StreamNote};
+use crate::store::postgres::PgStore;
 use crate::store::{ReadinessStore, RedbStore, StoreHandle, StoreStatus};
 use crate::tls::TlsHandshake;
 
@@ -200,7 +201,8 @@ pub fn specifier_settings(config: &Config) -> SpecifierSettings {
     }
 }
 
-/// Runs hdsd until `shutdown` completes.
+/// Runs hdsd until `shutdown` completes: a handful of named steps, each
+/// owning one part of the wiring.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -212,29 +214,197 @@ pub async fn run(
     }
     raise_open_file_limit(&config);
     let settings = specifier_settings(&config);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let stores = Stores::open(&config).await?;
+    let cluster = stores.cluster(&config);
+    let sources = start_sources(&config, &stores, &settings).await?;
+    let state = start_state(&config, &stores, cluster.as_ref(), &sources, clock.clone()).await?;
+    let gate = Arc::new(Gate::new(&config.auth, &config.state_dir, clock.now())?);
+    tokio::spawn(gate.clone().watch());
+    let scrape = start_metrics(&state, &sources, &gate)?;
+    let store_status = stores.status(&state.store);
+    let joined = crate::cluster::join(
+        cluster,
+        crate::cluster::Members {
+            registry: state.registry.clone(),
+            feed: state.feed.sender(),
+            gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
+            publisher: match (&stores.pg, config.auth.mode) {
+                (Some(_), AuthMode::Token) => Some(
+                    crate::auth::keys::publisher_id(&config.state_dir)
+                        .map_err(crate::auth::GateError::from)?,
+                ),
+                _ => None,
+            },
+            status: store_status.clone(),
+            instance_timeout: config.cluster.instance_timeout,
+        },
+    );
+    let listeners = Listeners::bind(&config).await?;
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let hds = serve_hds(
+        &config,
+        &state,
+        &gate,
+        clock,
+        listeners.hds,
+        drain_rx.clone(),
+    )?;
+    let ready = Arc::new(AtomicBool::new(false));
+    let api_state = ApiState {
+        feed: state.feed.clone().until(drain_rx.clone()),
+        registry: state.registry.clone(),
+        sources: sources.rx.clone(),
+        ready: ready.clone(),
+        notes: Arc::new(setup_notes(&config)),
+        store_status,
+        metrics: Some(scrape),
+        tokens: Arc::new(config.api.tokens.clone()),
+        gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
+        hds_port: listeners.hds_addr.port(),
+        definitions: sources.definitions,
+    };
+    let api = serve_api(&config, api_state, listeners.api, drain_rx.clone()).await?;
+
+    ready.store(true, Ordering::Release);
+    tracing::info!(hds = %listeners.hds_addr, api = %listeners.api_addr, "hdsd listening");
+
+    let mut hds = tokio::spawn(hds);
+    let mut api = tokio::spawn(api);
+    let failure = tokio::select! {
+        () = shutdown => None,
+        _ = sources.watcher => Some(ServeError::Stopped("the dataplane definitions watcher")),
+        r = &mut hds => Some(match r {
+            Ok(Err(e)) => ServeError::Hds(e),
+            _ => ServeError::Stopped("the HDS listener"),
+        }),
+        r = &mut api => Some(match r {
+            Ok(Err(e)) => ServeError::Api(e),
+            _ => ServeError::Stopped("the API listener"),
+        }),
+    };
+    if let Some(e) = &failure {
+        tracing::error!("{e}; shutting down");
+    }
+    tracing::info!("shutting down: ending streams (GOAWAY) so Envoys reconnect elsewhere");
+    let _ = drain_tx.send(true);
+    let shutdown_timeout = config.shutdown_timeout;
+    let graceful = tokio::time::timeout(shutdown_timeout, async {
+        if !hds.is_finished() {
+            let _ = hds.await;
+        }
+        if !api.is_finished() {
+            let _ = api.await;
+        }
+        state.store.flush().await;
+        joined.leave().await;
+    })
+    .await;
+    match graceful {
+        Ok(()) => tracing::info!("stopped; readiness state flushed"),
+        Err(_) => tracing::warn!(
+            "shutdown took longer than shutdown_timeout ({}); exiting anyway",
+            humantime::format_duration(shutdown_timeout)
+        ),
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The stores: this instance's redb file, and the PostgreSQL database when
+/// `store.kind = "postgres"` (definitions, shared readiness, the cluster).
+struct Stores {
+    redb: Arc<RedbStore>,
+    redb_path: std::path::PathBuf,
+    pg: Option<Arc<PgStore>>,
+}
+
+impl Stores {
+    async fn open(config: &Config) -> Result<Stores, ServeError> {
+        let redb_path = config.state_dir.join("readiness.redb");
+        let redb = Arc::new(RedbStore::open(&redb_path)?);
+        let pg = match config.store.kind {
+            StoreKind::Postgres => Some(Arc::new(
+                PgStore::connect(&config.store.postgres)
+                    .await
+                    .map_err(ServeError::Definitions)?,
+            )),
+            StoreKind::Redb => None,
+        };
+        Ok(Stores {
+            redb,
+            redb_path,
+            pg,
+        })
+    }
+
+    /// What this instance shares with others: nothing alone, the database
+    /// with PostgreSQL.
+    fn cluster(&self, config: &Config) -> Arc<dyn Cluster> {
+        match &self.pg {
+            Some(pg) => Arc::new(PgCluster::new(pg.clone(), config.cluster.resume_slack)),
+            None => Arc::new(Solo::new(format!("{}/{}", hostname(), std::process::id()))),
+        }
+    }
+
+    fn definitions(&self) -> Arc<dyn DefinitionStore> {
+        match &self.pg {
+            Some(pg) => pg.clone(),
+            None => self.redb.clone(),
+        }
+    }
+
+    fn readiness(&self) -> Arc<dyn ReadinessStore> {
+        match &self.pg {
+            Some(pg) => pg.clone(),
+            None => self.redb.clone(),
+        }
+    }
+
+    /// Whether the shared store answers (after the metrics recorder is
+    /// installed: it sets `hdsd_store_up`); `None` without one.
+    fn status(&self, handle: &StoreHandle) -> Option<StoreStatus> {
+        self.pg
+            .as_ref()
+            .map(|pg| StoreStatus::new(DefinitionStore::describe(pg.as_ref()), handle))
+    }
+}
+
+/// This host's name, for logs and the single instance's name.
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "hdsd".to_string())
+}
+
+/// The dataplane definitions, followed as one watch of `Loaded` snapshots.
+struct Sources {
+    rx: watch::Receiver<Arc<Loaded>>,
+    /// Follows the files or the store; ends only on failure.
+    watcher: tokio::task::JoinHandle<()>,
+    /// What the API writes to (the store) or refuses (files).
+    definitions: api::definitions::Definitions,
+}
+
+/// Loads the definitions (the files of `dataplanes.dir`, or the store) and
+/// starts following them.
+async fn start_sources(
+    config: &Config,
+    stores: &Stores,
+    settings: &SpecifierSettings,
+) -> Result<Sources, ServeError> {
     let dir = config.dataplanes.dir.clone();
     let limits = config.dataplanes.limits();
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store_path = config.state_dir.join("readiness.redb");
-    let redb = Arc::new(RedbStore::open(&store_path)?);
-
-    // A PostgreSQL store holds the definitions and the shared readiness.
-    let pg = match config.store.kind {
-        StoreKind::Postgres => Some(Arc::new(
-            PgStore::connect(&config.store.postgres)
-                .await
-                .map_err(ServeError::Definitions)?,
-        )),
-        StoreKind::Redb => None,
-    };
-
-    // Definitions: the files of dataplanes.dir, or the store. Either way the
-    // registry follows one watch of `Loaded` snapshots.
-    let (sources_tx, sources_rx) = watch::channel(Arc::new(Loaded::default()));
+    let (sources_tx, rx) = watch::channel(Arc::new(Loaded::default()));
     let (watcher, definitions): (Pin<Box<dyn Future<Output = ()> + Send>>, _) =
         match config.dataplanes.source {
             DataplanesSource::Dir => {
-                let initial = source::load(&dir, &Loaded::default(), &settings, &limits)?;
+                let initial = source::load(&dir, &Loaded::default(), settings, &limits)?;
                 source::log_problems(&initial, &Loaded::default());
                 tracing::info!(
                     dir = %dir.display(),
@@ -250,18 +420,15 @@ pub async fn run(
                         limits,
                         sources_tx,
                     )?),
-                    api::definitions::Definitions::Dir(dir.clone()),
+                    api::definitions::Definitions::Dir(dir),
                 )
             }
             DataplanesSource::Api => {
-                let store: Arc<dyn DefinitionStore> = match &pg {
-                    Some(pg) => pg.clone(),
-                    None => redb.clone(),
-                };
+                let store = stores.definitions();
                 // Subscribed before the first read: no change falls in between.
                 let changes = store.changes();
                 let initial =
-                    definitions::load(store.as_ref(), &Loaded::default(), &settings, &limits)
+                    definitions::load(store.as_ref(), &Loaded::default(), settings, &limits)
                         .await
                         .map_err(ServeError::Definitions)?;
                 source::log_problems(&initial, &Loaded::default());
@@ -290,45 +457,52 @@ pub async fn run(
                 )
             }
         };
-    let watcher = tokio::spawn(watcher);
+    Ok(Sources {
+        rx,
+        watcher: tokio::spawn(watcher),
+        definitions,
+    })
+}
 
-    // Readiness: this instance's redb file, or shared through PostgreSQL.
-    let store: Arc<dyn ReadinessStore> = match &pg {
-        Some(pg) => pg.clone(),
-        None => redb,
-    };
-    let loading = store.clone();
+/// The state every reader follows: the readiness store's writer, the
+/// change feed, the registry, and the EDS assignments built from them.
+struct State {
+    store: StoreHandle,
+    feed: crate::feed::FeedHandle,
+    registry: Registry,
+    assignments: crate::consumers::eds::index::AssignmentsRx,
+}
+
+async fn start_state(
+    config: &Config,
+    stores: &Stores,
+    cluster: &dyn Cluster,
+    sources: &Sources,
+    clock: Arc<dyn Clock>,
+) -> Result<State, ServeError> {
+    let readiness = stores.readiness();
+    let loading = readiness.clone();
     let restored = match tokio::task::spawn_blocking(move || loading.load()).await {
         Ok(Ok(restored)) => restored,
-        Ok(Err(e)) if pg.is_some() => return Err(ServeError::Readiness(e)),
+        Ok(Err(e)) if stores.pg.is_some() => return Err(ServeError::Readiness(e)),
         Ok(Err(e)) => return Err(e.into()),
         Err(_) => return Err(ServeError::Stopped("loading the readiness state")),
     };
-    match &pg {
+    match &stores.pg {
         Some(pg) => {
             tracing::info!(store = %DefinitionStore::describe(pg.as_ref()), dataplanes = restored.len(), "readiness state restored")
         }
         None => {
-            tracing::info!(file = %store_path.display(), dataplanes = restored.len(), "readiness state restored")
+            tracing::info!(file = %stores.redb_path.display(), dataplanes = restored.len(), "readiness state restored")
         }
     }
-    let store = StoreHandle::spawn(store);
-    // Embedded, revisions count up from this process's start; with PostgreSQL they are
-    // cluster time (the readiness follower's watermarks), valid on every
-    // instance within `cluster.resume_slack`.
-    let history = crate::feed::HistoryLimits::default();
+    let store = StoreHandle::spawn(readiness);
     let feed = crate::feed::spawn_feed(
-        match &pg {
-            Some(_) => crate::feed::Feed::clustered(history, config.cluster.resume_slack),
-            None => crate::feed::Feed::starting_at(
-                history,
-                u64::try_from(clock.now().timestamp_micros()).unwrap_or(0),
-            ),
-        },
+        cluster.feed(crate::feed::HistoryLimits::default(), clock.now()),
         crate::feed::WATCHER_BUFFER,
     );
     let registry = Registry::spawn(
-        sources_rx.clone(),
+        sources.rx.clone(),
         RegistryOptions {
             clock: clock.clone(),
             stale_after: config.hds.stale_after(),
@@ -336,169 +510,121 @@ pub async fn run(
             store: Some(store.clone()),
             restored,
             feed: Some(feed.sender()),
-            claims: pg.as_ref().map(|pg| pg.claims()),
+            claims: cluster.shared().then(|| cluster.claims()),
         },
     );
-    if let Some(pg) = &pg {
-        // Every instance keeps the whole fleet's readiness from what the
-        // instances holding the streams write; each read's watermark follows
-        // the changes it made into the feed and numbers its revisions.
-        let observing = registry.clone();
-        let watermarks = feed.sender();
-        tokio::spawn(pg.clone().follow_readiness(
-            move |rows, watermark| {
-                let observing = observing.clone();
-                async move { observing.observe(rows, watermark).await }
-            },
-            move |watermark| watermarks.watermark(watermark),
-        ));
-        // The newest stream wins across instances: one attached elsewhere
-        // ends ours.
-        let mut replaced = pg.replaced();
-        let following = registry.clone();
-        tokio::spawn(async move {
-            loop {
-                match replaced.recv().await {
-                    Ok(StreamNote::Claimed((id, instance, at))) => {
-                        following.replaced_on(&id, instance, at)
-                    }
-                    Ok(StreamNote::Released(id, instance)) => following.released(&id, instance),
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                }
-            }
-        });
-        // Which instance holds each stream, read whole on every reconnect
-        // and reconcile (heals an announcement missed while disconnected).
-        let syncing = registry.clone();
-        let own = pg.instance().to_string();
-        tokio::spawn(
-            pg.clone()
-                .follow_holders(move |holders| syncing.sync_holders(&holders, &own)),
-        );
-        tracing::info!(
-            instance = pg.instance(),
-            instance_timeout = %humantime::format_duration(config.cluster.instance_timeout),
-            "sharing the PostgreSQL store with other instances"
-        );
-    }
     let assignments = crate::consumers::eds::index::spawn(
         registry.clone(),
         feed.clone(),
-        sources_rx.clone(),
+        sources.rx.clone(),
         crate::consumers::eds::EdsOptions::from(&config.eds),
     );
-    let gate = Arc::new(Gate::new(&config, clock.now())?);
-    tokio::spawn(gate.clone().watch());
-    if let (Some(pg), AuthMode::Token) = (&pg, config.auth.mode) {
-        // A token revoked through any instance ends its streams on this one.
-        let revoking = gate.clone();
-        tokio::spawn(pg.clone().follow_revocations(move |all| {
-            revoking.set_shared_revocations(all.into_iter().collect())
-        }));
-        // Tokens signed by any instance's key verify on this one: this
-        // instance publishes the public keys of its files (and withdraws
-        // those it no longer has) and trusts the ones the others publish.
-        let publisher = crate::auth::keys::publisher_id(&config.state_dir)
-            .map_err(crate::auth::GateError::from)?;
-        tokio::spawn(pg.clone().publish_keys_from(
-            publisher,
-            gate.published_keys(),
-            config.cluster.instance_timeout,
-        ));
-        let trusting = gate.clone();
-        tokio::spawn(
-            pg.clone()
-                .follow_shared_keys(move |all| trusting.set_shared_keys(all)),
-        );
-    }
+    Ok(State {
+        store,
+        feed,
+        registry,
+        assignments,
+    })
+}
+
+/// Installs the recorder and the scrape, and zeroes the series owned
+/// elsewhere.
+fn start_metrics(
+    state: &State,
+    sources: &Sources,
+    gate: &Gate,
+) -> Result<crate::scrape::Scrape, ServeError> {
+    let scrape = crate::scrape::Scrape {
+        handle: crate::metrics::install()?,
+        registry: state.registry.clone(),
+        sources: sources.rx.clone(),
+        process: Arc::new(metrics_process::Collector::default()),
+    };
+    scrape.process.describe();
+    zero_owned_labels();
+    metrics::gauge!(crate::metrics::AUTH_SIGNING_KEYS).set(gate.signing_keys() as f64);
+    Ok(scrape)
+}
+
+/// Lines `/readyz` adds about the setup (and logs once).
+fn setup_notes(config: &Config) -> Vec<String> {
     let mut notes = Vec::new();
     if config.auth.mode == AuthMode::None {
         let note = "WARNING: auth.mode is \"none\": any client that reaches the HDS port can claim any dataplane and forge its readiness";
         tracing::warn!("{note}");
         notes.push(note.to_string());
     }
-    let scrape = crate::scrape::Scrape {
-        handle: crate::metrics::install()?,
-        registry: registry.clone(),
-        sources: sources_rx.clone(),
-        process: Arc::new(metrics_process::Collector::default()),
-    };
-    scrape.process.describe();
-    zero_owned_labels();
-    metrics::gauge!(crate::metrics::AUTH_SIGNING_KEYS).set(gate.signing_keys() as f64);
-    // The heartbeat: says whether the shared store answers, and finds the
-    // instances that stopped answering (after the recorder is installed:
-    // it sets `hdsd_store_up`).
-    let store_status = pg
-        .as_ref()
-        .map(|pg| StoreStatus::new(DefinitionStore::describe(pg.as_ref()), &store));
-    let cluster = pg.as_ref().zip(store_status.as_ref()).map(|(pg, status)| {
-        let claims = pg.claims();
-        let holding = registry.clone();
-        let reclaim = move || {
-            let held = holding.held_here();
-            tracing::info!(
-                streams = held.len(),
-                "claiming the streams held here again in the shared store"
-            );
-            for (id, at) in held {
-                (claims.0)(&id, Some(at));
-            }
-        };
-        tokio::spawn(pg.clone().run_cluster(
-            config.cluster.instance_timeout,
-            status.clone(),
-            reclaim,
-        ))
-    });
+    notes
+}
 
-    let tls_error = |e: crate::tls::TlsError| ServeError::Config(vec![e.to_string()]);
-    let hds_tls = (config.hds.tls.as_ref())
+/// The two listening sockets: passed in by a service manager (systemd
+/// socket activation, `LISTEN_FDS`: the first is the HDS listener, the
+/// second the API's), or bound to the configured addresses.
+struct Listeners {
+    hds: TcpListener,
+    api: TcpListener,
+    hds_addr: std::net::SocketAddr,
+    api_addr: std::net::SocketAddr,
+}
+
+impl Listeners {
+    async fn bind(config: &Config) -> Result<Listeners, ServeError> {
+        let mut passed = listenfd::ListenFd::from_env();
+        let hds = match passed_listener(&mut passed, 0, "hds.listen")? {
+            Some(l) => l,
+            None => bind_with_backlog(config.hds.listen, HDS_BACKLOG).map_err(|source| {
+                ServeError::Bind {
+                    what: "hds.listen",
+                    addr: config.hds.listen,
+                    source,
+                }
+            })?,
+        };
+        let api = match passed_listener(&mut passed, 1, "api.listen")? {
+            Some(l) => l,
+            None => TcpListener::bind(config.api.listen)
+                .await
+                .map_err(|source| ServeError::Bind {
+                    what: "api.listen",
+                    addr: config.api.listen,
+                    source,
+                })?,
+        };
+        Ok(Listeners {
+            hds_addr: hds.local_addr().map_err(ServeError::Api)?,
+            api_addr: api.local_addr().map_err(ServeError::Api)?,
+            hds,
+            api,
+        })
+    }
+}
+
+fn tls_error(e: crate::tls::TlsError) -> ServeError {
+    ServeError::Config(vec![e.to_string()])
+}
+
+type Serving<E> = Pin<Box<dyn Future<Output = Result<(), E>> + Send>>;
+
+/// HDS for the dataplanes' Envoys and EDS for Envoys that route to them, on
+/// `hds.listen`, until `drain`.
+fn serve_hds(
+    config: &Config,
+    state: &State,
+    gate: &Arc<Gate>,
+    clock: Arc<dyn Clock>,
+    listener: TcpListener,
+    drain: watch::Receiver<bool>,
+) -> Result<Serving<tonic::transport::Error>, ServeError> {
+    let tls = (config.hds.tls.as_ref())
         .map(|t| crate::tls::ServerTls::load_and_watch("hds.tls", t, crate::tls::Alpn::Grpc))
         .transpose()
         .map_err(tls_error)?;
-    let api_tls = (config.api.tls.as_ref())
-        .map(|t| crate::tls::ServerTls::load_and_watch("api.tls", t, crate::tls::Alpn::Http))
-        .transpose()
-        .map_err(tls_error)?;
-    if config.auth.mode == crate::config::AuthMode::Token
-        && hds_tls.is_none()
-        && !config.hds.listen.ip().is_loopback()
+    if config.auth.mode == AuthMode::Token && tls.is_none() && !config.hds.listen.ip().is_loopback()
     {
         tracing::warn!(listen = %config.hds.listen, "dataplane tokens travel in plaintext; set hds.tls");
     }
-
-    // Sockets passed in by a service manager (systemd socket activation,
-    // `LISTEN_FDS`: the first is the HDS listener, the second the API's) are
-    // used as they are; otherwise hdsd binds the configured addresses.
-    let mut passed = listenfd::ListenFd::from_env();
-    let hds_listener = match passed_listener(&mut passed, 0, "hds.listen")? {
-        Some(l) => l,
-        None => bind_with_backlog(config.hds.listen, HDS_BACKLOG).map_err(|source| {
-            ServeError::Bind {
-                what: "hds.listen",
-                addr: config.hds.listen,
-                source,
-            }
-        })?,
-    };
-    let api_listener = match passed_listener(&mut passed, 1, "api.listen")? {
-        Some(l) => l,
-        None => TcpListener::bind(config.api.listen)
-            .await
-            .map_err(|source| ServeError::Bind {
-                what: "api.listen",
-                addr: config.api.listen,
-                source,
-            })?,
-    };
-    let hds_addr = hds_listener.local_addr().map_err(ServeError::Api)?;
-    let api_addr = api_listener.local_addr().map_err(ServeError::Api)?;
-
-    let (drain_tx, drain_rx) = watch::channel(false);
     let service = HdsService::new(
-        registry.clone(),
+        state.registry.clone(),
         HdsSettings {
             unknown_dataplane_grace: config.hds.unknown_dataplane_grace,
             report_interval: config.hds.report_interval,
@@ -508,10 +634,10 @@ pub async fn run(
         },
         gate.clone(),
         clock,
-        drain_rx.clone(),
+        drain.clone(),
     );
     let eds = crate::consumers::eds::server::EdsService::new(
-        assignments,
+        state.assignments.clone(),
         match config.auth.mode {
             AuthMode::Token => crate::consumers::eds::server::EdsAuth::Tokens(Arc::new(
                 config
@@ -524,146 +650,80 @@ pub async fn run(
             )),
             AuthMode::None => crate::consumers::eds::server::EdsAuth::Open,
         },
-        drain_rx.clone(),
+        drain.clone(),
     );
-    let hds: Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> = {
-        let mut drain = drain_rx.clone();
-        // HDS for the dataplanes' Envoys, EDS for Envoys that route to them.
-        let limits = &config.hds.limits;
-        let server = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(config.hds.keepalive.interval))
-            .http2_keepalive_timeout(Some(config.hds.keepalive.timeout))
-            .initial_stream_window_size(HDS_STREAM_WINDOW)
-            .initial_connection_window_size(HDS_CONNECTION_WINDOW)
-            .max_concurrent_streams(limits.max_streams_per_connection)
-            .http2_max_pending_accept_reset_streams(Some(crate::net::H2_MAX_PENDING_RESETS))
-            .http2_max_local_error_reset_streams(Some(crate::net::H2_MAX_LOCAL_RESETS))
-            .http2_max_header_list_size(HDS_MAX_HEADER_LIST)
-            .add_service(service.into_server())
-            .add_service(eds.into_server(limits.max_message_bytes));
-        let signal = async move {
-            let _ = drain.wait_for(|d| *d).await;
-        };
-        let admission = Admission::new("hds", limits.into());
-        match hds_tls {
-            Some(tls) => {
-                let incoming = Incoming::new(hds_listener, admission, TlsHandshake(tls))
-                    .map_err(ServeError::Api)?;
-                Box::pin(server.serve_with_incoming_shutdown(incoming, signal))
-            }
-            None => {
-                let incoming =
-                    Incoming::new(hds_listener, admission, Plain).map_err(ServeError::Api)?;
-                Box::pin(server.serve_with_incoming_shutdown(incoming, signal))
-            }
-        }
+    let limits = &config.hds.limits;
+    let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(config.hds.keepalive.interval))
+        .http2_keepalive_timeout(Some(config.hds.keepalive.timeout))
+        .initial_stream_window_size(HDS_STREAM_WINDOW)
+        .initial_connection_window_size(HDS_CONNECTION_WINDOW)
+        .max_concurrent_streams(limits.max_streams_per_connection)
+        .http2_max_pending_accept_reset_streams(Some(crate::net::H2_MAX_PENDING_RESETS))
+        .http2_max_local_error_reset_streams(Some(crate::net::H2_MAX_LOCAL_RESETS))
+        .http2_max_header_list_size(HDS_MAX_HEADER_LIST)
+        .add_service(service.into_server())
+        .add_service(eds.into_server(limits.max_message_bytes));
+    let mut drain = drain;
+    let signal = async move {
+        let _ = drain.wait_for(|d| *d).await;
     };
-
-    let ready = Arc::new(AtomicBool::new(false));
-    let feed = feed.until(drain_rx.clone());
-    let api_tokens = Arc::new(config.api.tokens.clone());
-    let grpc = crate::consumers::grpc::router(
-        crate::consumers::grpc::ReadinessApi {
-            registry: registry.clone(),
-            feed: feed.clone(),
-        },
-        api_tokens.clone(),
-    )
-    .await;
-    let api_state = ApiState {
-        feed,
-        registry,
-        sources: sources_rx,
-        ready: ready.clone(),
-        notes: Arc::new(notes),
-        store_status,
-        metrics: Some(scrape),
-        tokens: api_tokens,
-        gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
-        hds_port: hds_addr.port(),
-        definitions,
-    };
-    let api: Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = {
-        let mut drain = drain_rx.clone();
-        // REST and gRPC (hdsd.v1) on one port, routed by content type.
-        let router = crate::consumers::grpc::by_content_type(api::router(api_state), grpc);
-        let signal = async move {
-            let _ = drain.wait_for(|d| *d).await;
-        };
-        let limits = &config.api.limits;
-        let admission = Admission::new("api", limits.into());
-        let options = crate::net::HttpOptions {
-            header_read_timeout: limits.header_read_timeout,
-            max_streams_per_connection: API_MAX_STREAMS,
-            keepalive_interval: config.hds.keepalive.interval,
-            keepalive_timeout: config.hds.keepalive.timeout,
-        };
-        match api_tls {
-            Some(tls) => {
-                let incoming = Incoming::new(api_listener, admission, TlsHandshake(tls))
-                    .map_err(ServeError::Api)?;
-                Box::pin(crate::net::serve_http(incoming, router, options, signal))
-            }
-            None => {
-                let incoming =
-                    Incoming::new(api_listener, admission, Plain).map_err(ServeError::Api)?;
-                Box::pin(crate::net::serve_http(incoming, router, options, signal))
-            }
+    let admission = Admission::new("hds", limits.into());
+    Ok(match tls {
+        Some(tls) => {
+            let incoming =
+                Incoming::new(listener, admission, TlsHandshake(tls)).map_err(ServeError::Api)?;
+            Box::pin(server.serve_with_incoming_shutdown(incoming, signal))
         }
-    };
-
-    ready.store(true, Ordering::Release);
-    tracing::info!(hds = %hds_addr, api = %api_addr, "hdsd listening");
-
-    let mut hds = tokio::spawn(hds);
-    let mut api = tokio::spawn(api);
-    let failure = tokio::select! {
-        () = shutdown => None,
-        _ = watcher => Some(ServeError::Stopped("the dataplane definitions watcher")),
-        r = &mut hds => Some(match r {
-            Ok(Err(e)) => ServeError::Hds(e),
-            _ => ServeError::Stopped("the HDS listener"),
-        }),
-        r = &mut api => Some(match r {
-            Ok(Err(e)) => ServeError::Api(e),
-            _ => ServeError::Stopped("the API listener"),
-        }),
-    };
-    if let Some(e) = &failure {
-        tracing::error!("{e}; shutting down");
-    }
-    tracing::info!("shutting down: ending streams (GOAWAY) so Envoys reconnect elsewhere");
-    let _ = drain_tx.send(true);
-    let shutdown_timeout = config.shutdown_timeout;
-    let graceful = tokio::time::timeout(shutdown_timeout, async {
-        if !hds.is_finished() {
-            let _ = hds.await;
-        }
-        if !api.is_finished() {
-            let _ = api.await;
-        }
-        store.flush().await;
-        if let Some(pg) = &pg {
-            // Gone at once for the other instances, not after instance_timeout.
-            if let Some(cluster) = &cluster {
-                cluster.abort();
-            }
-            match pg.leave().await {
-                Ok(()) => tracing::info!("left the cluster: the other instances no longer count this one"),
-                Err(e) => tracing::warn!("cannot leave the cluster ({e}); the other instances take this one for dead after cluster.instance_timeout"),
-            }
+        None => {
+            let incoming = Incoming::new(listener, admission, Plain).map_err(ServeError::Api)?;
+            Box::pin(server.serve_with_incoming_shutdown(incoming, signal))
         }
     })
+}
+
+/// REST and gRPC (hdsd.v1) on `api.listen`, routed by content type, until
+/// `drain`.
+async fn serve_api(
+    config: &Config,
+    state: ApiState,
+    listener: TcpListener,
+    drain: watch::Receiver<bool>,
+) -> Result<Serving<std::io::Error>, ServeError> {
+    let tls = (config.api.tls.as_ref())
+        .map(|t| crate::tls::ServerTls::load_and_watch("api.tls", t, crate::tls::Alpn::Http))
+        .transpose()
+        .map_err(tls_error)?;
+    let grpc = crate::consumers::grpc::router(
+        crate::consumers::grpc::ReadinessApi {
+            registry: state.registry.clone(),
+            feed: state.feed.clone(),
+        },
+        state.tokens.clone(),
+    )
     .await;
-    match graceful {
-        Ok(()) => tracing::info!("stopped; readiness state flushed"),
-        Err(_) => tracing::warn!(
-            "shutdown took longer than shutdown_timeout ({}); exiting anyway",
-            humantime::format_duration(shutdown_timeout)
-        ),
-    }
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    let router = crate::consumers::grpc::by_content_type(api::router(state), grpc);
+    let mut drain = drain;
+    let signal = async move {
+        let _ = drain.wait_for(|d| *d).await;
+    };
+    let limits = &config.api.limits;
+    let admission = Admission::new("api", limits.into());
+    let options = crate::net::HttpOptions {
+        header_read_timeout: limits.header_read_timeout,
+        max_streams_per_connection: API_MAX_STREAMS,
+        keepalive_interval: config.hds.keepalive.interval,
+        keepalive_timeout: config.hds.keepalive.timeout,
+    };
+    Ok(match tls {
+        Some(tls) => {
+            let incoming =
+                Incoming::new(listener, admission, TlsHandshake(tls)).map_err(ServeError::Api)?;
+            Box::pin(crate::net::serve_http(incoming, router, options, signal))
+        }
+        None => {
+            let incoming = Incoming::new(listener, admission, Plain).map_err(ServeError::Api)?;
+            Box::pin(crate::net::serve_http(incoming, router, options, signal))
+        }
+    })
 }

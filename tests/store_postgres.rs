@@ -242,6 +242,36 @@ fn the_definition_store_contract_holds_on_postgres() {
     assert_eq!(versions.trim(), expected.join(","));
 }
 
+/// The cluster contract (the same tests the single-instance cluster
+/// passes): one instance's duties, then what two instances sharing the
+/// database see of each other, including a burst with the longest name
+/// and a claim no name can forge.
+#[test]
+fn the_cluster_contract_holds_on_postgres() {
+    use hdsd::cluster::{conformance, PgCluster};
+    use hdsd::store::postgres::PgStore;
+    let Some(pg) = Postgres::start("the_cluster_contract_holds_on_postgres") else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let settings = hdsd::config::PostgresConfig {
+            url: pg.url(),
+            ..Default::default()
+        };
+        let slack = std::time::Duration::from_secs(10);
+        let a = PgStore::connect_as(&settings, "conformance/a".into());
+        let b = PgStore::connect_as(&settings, "conformance/b".into());
+        let (a, b) = tokio::join!(a, b);
+        let (a, b) = (
+            std::sync::Arc::new(a.expect("store a")),
+            std::sync::Arc::new(b.expect("store b")),
+        );
+        conformance::one_instance(&PgCluster::new(a.clone(), slack)).await;
+        conformance::two_instances(&PgCluster::new(a, slack), &PgCluster::new(b, slack)).await;
+    });
+}
+
 #[test]
 fn each_publisher_rewrites_only_its_own_shared_keys() {
     use hdsd::store::postgres::KeyPublication::{Changed, Contested, Unchanged};

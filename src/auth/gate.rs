@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use std::collections::BTreeMap;
 
 use super::{Claims, ExtraPublicKey, KeyError, KeyRing, Rejection, Revocations, SharedKey};
-use crate::config::{AuthMode, Config};
+use crate::config::{AuthConfig, AuthMode};
 use crate::fswatch;
 
 /// How long file events are coalesced before keys and revocations are read again.
@@ -64,12 +64,13 @@ pub struct Gate {
 }
 
 impl Gate {
-    /// Builds the gate for `config`: with token auth, creates the first key if
-    /// none exists (logging its path) and loads keys and revocations.
-    pub fn new(config: &Config, now: DateTime<Utc>) -> Result<Gate, GateError> {
-        let mode = config.auth.mode;
-        let state_dir = config.state_dir.clone();
-        let revocations_path = config.auth.revocations_path(&state_dir);
+    /// Builds the gate for the `auth` settings, keys living in `state_dir`:
+    /// with token auth, creates the first key if none exists (logging its
+    /// path) and loads keys and revocations.
+    pub fn new(auth: &AuthConfig, state_dir: &Path, now: DateTime<Utc>) -> Result<Gate, GateError> {
+        let mode = auth.mode;
+        let state_dir = state_dir.to_path_buf();
+        let revocations_path = auth.revocations_path(&state_dir);
         let (ring, revoked) = match mode {
             AuthMode::None => (KeyRing::empty(&state_dir), Revocations::default()),
             AuthMode::Token => {
@@ -80,7 +81,7 @@ impl Gate {
                         "no signing key found: created one; issue tokens with `hdsd token issue`"
                     );
                 }
-                let ring = KeyRing::load(&state_dir, &config.auth.public_keys)?;
+                let ring = KeyRing::load(&state_dir, &auth.public_keys)?;
                 for w in ring.warnings() {
                     tracing::warn!("{w}");
                 }
@@ -91,7 +92,7 @@ impl Gate {
         Ok(Gate {
             mode,
             state_dir,
-            extra_keys: config.auth.public_keys.clone(),
+            extra_keys: auth.public_keys.clone(),
             revocations_path,
             published: watch::channel(ring.public_keys()).0,
             local: ArcSwap::from_pointee(ring),
@@ -99,7 +100,7 @@ impl Gate {
             shared_keys: ArcSwap::from_pointee(Vec::new()),
             rekeying: std::sync::Mutex::new(()),
             revoked: ArcSwap::from_pointee(revoked),
-            max_validity: config.auth.max_token_validity,
+            max_validity: auth.max_token_validity,
             shared: ArcSwap::from_pointee(Revocations::default()),
             recompute: std::sync::Mutex::new(()),
             version: watch::channel(0).0,

@@ -649,7 +649,7 @@ fn the_gate_refuses_tokens_valid_longer_than_the_maximum_whoever_issued_them() {
         ..Default::default()
     };
     config.auth.max_token_validity = YEAR;
-    let gate = Gate::new(&config, t0()).unwrap();
+    let gate = Gate::new(&config.auth, &config.state_dir, t0()).unwrap();
     let err = gate.verify(&long, t0()).unwrap_err();
     assert_eq!(err.reason(), "validity_too_long");
     assert_eq!(err.kind(), RejectionKind::Unauthenticated);
@@ -788,7 +788,7 @@ fn the_gate_trusts_shared_keys_and_publishes_only_its_own() {
         state_dir: b_dir.path().to_path_buf(),
         ..Default::default()
     };
-    let gate = Gate::new(&config, t0()).unwrap();
+    let gate = Gate::new(&config.auth, &config.state_dir, t0()).unwrap();
     let mut published = gate.published_keys();
     assert_eq!(
         published.borrow_and_update().keys().collect::<Vec<_>>(),

@@ -1,0 +1,226 @@
+//! One instance alone (the embedded default): nobody else claims streams,
+//! beats or publishes, so what [`super::PgCluster`] keeps in shared rows
+//! lives here in memory, for this process only. Revisions count up from
+//! the process's start (a resume from before it is answered with RESYNC).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{broadcast, watch};
+
+use super::{Cluster, ClusterFuture, Holders, KeyPublication, Observe, StreamNote, Swept, Topic};
+use crate::auth::SharedKey;
+use crate::feed::{Feed, HistoryLimits};
+use crate::readiness::Timestamp;
+use crate::registry::Claims;
+
+/// How often followers re-read a [`Solo`] cluster (nothing changes it but
+/// this process, so rarely).
+const SOLO_RECONCILE: Duration = Duration::from_secs(30);
+
+/// A cluster of one.
+#[derive(Debug)]
+pub struct Solo {
+    instance: String,
+    state: Arc<Mutex<SoloState>>,
+    notes: broadcast::Sender<StreamNote>,
+    signals: [watch::Sender<()>; 3],
+}
+
+#[derive(Debug, Default)]
+struct SoloState {
+    registered: bool,
+    holders: Holders,
+    revoked: BTreeSet<String>,
+    /// (kid, publisher) -> PEM.
+    keys: BTreeMap<(String, String), String>,
+}
+
+impl Solo {
+    /// This process, named `instance`.
+    pub fn new(instance: impl Into<String>) -> Solo {
+        Solo {
+            instance: instance.into(),
+            state: Arc::default(),
+            notes: broadcast::channel(1).0,
+            signals: std::array::from_fn(|_| watch::channel(()).0),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SoloState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn poke(&self, topic: Topic) {
+        self.signals[topic as usize].send_replace(());
+    }
+}
+
+fn ready<T: Send + 'static>(value: T) -> ClusterFuture<'static, T> {
+    Box::pin(std::future::ready(Ok(value)))
+}
+
+impl Cluster for Solo {
+    fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    fn shared(&self) -> bool {
+        false
+    }
+
+    fn describe(&self) -> String {
+        "this instance alone".to_string()
+    }
+
+    fn claims(&self) -> Claims {
+        let (state, instance) = (self.state.clone(), self.instance.clone());
+        let holders = self.signals[Topic::Holders as usize].clone();
+        Claims(Arc::new(move |id, at| {
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            match at {
+                Some(at) => {
+                    state.holders.insert(id.clone(), (instance.clone(), at));
+                }
+                None => {
+                    state.holders.remove(id);
+                }
+            }
+            holders.send_replace(());
+        }))
+    }
+
+    /// Nobody else attaches streams: no note ever comes.
+    fn stream_notes(&self) -> broadcast::Receiver<StreamNote> {
+        self.notes.subscribe()
+    }
+
+    fn holders(&self) -> ClusterFuture<'_, Holders> {
+        ready(self.state().holders.clone())
+    }
+
+    fn heartbeat(&self) -> ClusterFuture<'_, bool> {
+        let mut state = self.state();
+        let missing = !state.registered;
+        state.registered = true;
+        ready(missing)
+    }
+
+    /// Nobody else can fall silent.
+    fn sweep(&self, _timeout: Duration) -> ClusterFuture<'_, Swept> {
+        ready(Vec::new())
+    }
+
+    fn leave(&self) -> ClusterFuture<'_, ()> {
+        let mut state = self.state();
+        state.holders.clear();
+        state.registered = false;
+        drop(state);
+        self.poke(Topic::Holders);
+        ready(())
+    }
+
+    fn revoke<'a>(&'a self, jti: &'a str) -> ClusterFuture<'a, bool> {
+        let added = self.state().revoked.insert(jti.to_string());
+        self.poke(Topic::Revocations);
+        ready(added)
+    }
+
+    fn revocations(&self) -> ClusterFuture<'_, Vec<String>> {
+        ready(self.state().revoked.iter().cloned().collect())
+    }
+
+    /// Alone, no other instance can contest a publisher id.
+    fn publish_keys<'a>(
+        &'a self,
+        publisher: &'a str,
+        keys: &'a BTreeMap<String, String>,
+        _alive_within: Duration,
+    ) -> ClusterFuture<'a, KeyPublication> {
+        let mut state = self.state();
+        let before = state.keys.clone();
+        state
+            .keys
+            .retain(|(kid, p), _| p != publisher || keys.contains_key(kid));
+        for (kid, pem) in keys {
+            state
+                .keys
+                .insert((kid.clone(), publisher.to_string()), pem.clone());
+        }
+        let changed = state.keys != before;
+        drop(state);
+        if changed {
+            self.poke(Topic::Keys);
+        }
+        ready(if changed {
+            KeyPublication::Changed
+        } else {
+            KeyPublication::Unchanged
+        })
+    }
+
+    fn shared_keys(&self) -> ClusterFuture<'_, Vec<SharedKey>> {
+        ready(
+            self.state()
+                .keys
+                .iter()
+                .map(|((kid, publisher), pem)| SharedKey {
+                    kid: kid.clone(),
+                    publisher: publisher.clone(),
+                    public_pem: pem.clone(),
+                })
+                .collect(),
+        )
+    }
+
+    fn signal(&self, topic: Topic) -> watch::Receiver<()> {
+        self.signals[topic as usize].subscribe()
+    }
+
+    fn reconcile_interval(&self) -> Duration {
+        SOLO_RECONCILE
+    }
+
+    /// Revisions count up from the process's start, in microseconds.
+    fn feed(&self, limits: HistoryLimits, now: Timestamp) -> Feed {
+        Feed::starting_at(limits, u64::try_from(now.timestamp_micros()).unwrap_or(0))
+    }
+
+    /// Nobody else writes readiness.
+    fn follow_readiness(
+        self: Arc<Self>,
+        _observe: Observe,
+        _watermark: Box<dyn Fn(u64) + Send>,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(std::future::pending())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_single_instance_keeps_the_cluster_contract() {
+        super::super::conformance::one_instance(&Solo::new("solo/1")).await;
+    }
+
+    #[tokio::test]
+    async fn a_single_instance_feeds_nothing_and_sweeps_nobody() {
+        let solo = Solo::new("solo/1");
+        assert!(!solo.shared());
+        assert!(solo.sweep(Duration::ZERO).await.unwrap().is_empty());
+        let mut notes = solo.stream_notes();
+        (solo.claims().0)(
+            &crate::dataplane::DataplaneId::new("default", "web-01"),
+            Some(chrono::Utc::now()),
+        );
+        assert!(matches!(
+            notes.try_recv(),
+            Err(broadcast::error::TryRecvError::Empty)
+        ));
+    }
+}

@@ -1,0 +1,264 @@
+//! Readiness shared by the instances (`hdsd_readiness`): batched writes
+//! under the readiness lock, and the follower that reads what the others
+//! wrote with the watermark that numbers the change feed.
+
+use std::collections::BTreeMap;
+
+use super::schema::*;
+use super::{pg_error, PgStore};
+use crate::dataplane::DataplaneId;
+use crate::store::{ReadinessStore, StoreError, StoredHealth};
+
+/// Readiness shared by the instances: each instance writes the state of the
+/// dataplanes whose streams it holds (the batches of [`super::StoreHandle`]:
+/// at most one transaction per 200 ms, whatever the report rate) and
+/// announces each batch with one `NOTIFY`; [`PgStore::follow_readiness`]
+/// hands every instance the rows written since it last looked. Called on
+/// the blocking pool (the store writer), so it may wait for its queries.
+impl ReadinessStore for PgStore {
+    fn load(&self) -> Result<BTreeMap<DataplaneId, StoredHealth>, StoreError> {
+        self.runtime.block_on(async {
+            let (rows, _) = self.readiness_since(0).await?;
+            Ok(rows
+                .into_iter()
+                .map(|(id, health, _)| (id, health))
+                .collect())
+        })
+    }
+
+    /// One transaction, two statements whatever the batch's size (after the
+    /// [`READINESS_LOCK`] that orders the instances' writes): every
+    /// upsert in one `INSERT ... SELECT FROM unnest(...)` and every delete in
+    /// one `DELETE`, so a batch of a thousand rows is two round trips, not a
+    /// thousand (at 10k dataplanes per-row statements made a batch take
+    /// seconds, and the other instances read the rows too late).
+    fn write(&self, batch: &[(DataplaneId, Option<StoredHealth>)]) -> Result<(), StoreError> {
+        let rows = batch_rows(batch)?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.runtime.block_on(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(pg_error)?;
+            // Sequence order = commit order (see READINESS_LOCK).
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&READINESS_LOCK])
+                .await
+                .map_err(pg_error)?;
+            if !rows.upsert_meshes.is_empty() {
+                tx.execute(
+                    "INSERT INTO hdsd_readiness (mesh, name, health, seq)
+                     SELECT mesh, name, health, nextval('hdsd_readiness_seq')
+                     FROM unnest($1::text[], $2::text[], $3::text[]) AS u(mesh, name, health)
+                     ON CONFLICT (mesh, name) DO UPDATE SET health = EXCLUDED.health,
+                         seq = EXCLUDED.seq, updated_at = now()",
+                    &[&rows.upsert_meshes, &rows.upsert_names, &rows.upsert_health],
+                )
+                .await
+                .map_err(pg_error)?;
+            }
+            if !rows.delete_meshes.is_empty() {
+                tx.execute(
+                    "DELETE FROM hdsd_readiness AS r
+                     USING unnest($1::text[], $2::text[]) AS u(mesh, name)
+                     WHERE r.mesh = u.mesh AND r.name = u.name",
+                    &[&rows.delete_meshes, &rows.delete_names],
+                )
+                .await
+                .map_err(pg_error)?;
+            }
+            tx.batch_execute(&format!("NOTIFY {READINESS_CHANNEL}"))
+                .await
+                .map_err(pg_error)?;
+            tx.commit().await.map_err(pg_error)
+        })
+    }
+}
+
+/// A readiness batch as the columns of its two statements. One row per
+/// dataplane, the last update in the batch winning (one statement may not
+/// touch a row twice).
+#[derive(Debug, Default, PartialEq)]
+struct BatchRows {
+    upsert_meshes: Vec<String>,
+    upsert_names: Vec<String>,
+    upsert_health: Vec<String>,
+    delete_meshes: Vec<String>,
+    delete_names: Vec<String>,
+}
+
+impl BatchRows {
+    fn is_empty(&self) -> bool {
+        self.upsert_meshes.is_empty() && self.delete_meshes.is_empty()
+    }
+}
+
+fn batch_rows(batch: &[(DataplaneId, Option<StoredHealth>)]) -> Result<BatchRows, StoreError> {
+    let mut last: BTreeMap<&DataplaneId, &Option<StoredHealth>> = BTreeMap::new();
+    for (id, value) in batch {
+        last.insert(id, value);
+    }
+    let mut rows = BatchRows::default();
+    for (id, value) in last {
+        match value {
+            Some(health) => {
+                rows.upsert_meshes.push(id.mesh.clone());
+                rows.upsert_names.push(id.name.clone());
+                rows.upsert_health
+                    .push(serde_json::to_string(health).map_err(pg_error)?);
+            }
+            None => {
+                rows.delete_meshes.push(id.mesh.clone());
+                rows.delete_names.push(id.name.clone());
+            }
+        }
+    }
+    Ok(rows)
+}
+
+impl PgStore {
+    /// Readiness rows written after `seq`, oldest first, and the watermark
+    /// of the read: the database's `statement_timestamp()` in microseconds
+    /// since the UNIX epoch, taken in the same statement, before its
+    /// snapshot. Every row committed before the watermark is in the
+    /// snapshot, and (under [`READINESS_LOCK`]) every row committed before
+    /// one in the snapshot is too.
+    async fn readiness_since(&self, seq: i64) -> Result<(Vec<ReadinessRow>, u64), StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "WITH clock AS (
+                     SELECT (extract(epoch FROM statement_timestamp()) * 1000000)::bigint AS us
+                 )
+                 SELECT clock.us, r.mesh, r.name, r.health, r.seq
+                 FROM clock LEFT JOIN hdsd_readiness AS r ON r.seq > $1
+                 ORDER BY r.seq",
+                &[&seq],
+            )
+            .await
+            .map_err(pg_error)?;
+        let watermark = rows
+            .first()
+            .map_or(0, |row| row.get::<_, i64>(0).max(0) as u64);
+        let rows = rows
+            .iter()
+            .filter_map(|row| {
+                let mesh = row.get::<_, Option<String>>(1)?;
+                let name = row.get::<_, Option<String>>(2)?;
+                let id = DataplaneId::try_new(mesh, name).ok()?;
+                let health: StoredHealth =
+                    serde_json::from_str(row.get::<_, Option<&str>>(3)?).ok()?;
+                Some((id, health, row.get::<_, Option<i64>>(4)?))
+            })
+            .collect();
+        Ok((rows, watermark))
+    }
+
+    /// Hands `observe` the readiness other instances write, with the
+    /// watermark of the read: the rows written since the last look on each
+    /// notification and at least every [`READINESS_READ_INTERVAL`], and
+    /// every row once per `reconcile_interval` (a safety net: under
+    /// [`READINESS_LOCK`] no row is skipped). Once `observe` has completed
+    /// (every change the rows made is in the change feed), hands the
+    /// watermark to `watermark`, but only while the listener is in force, so
+    /// that definition changes were heard as well. A failed read hands
+    /// nothing: the watermark stays where it was. Runs until the store is
+    /// dropped.
+    pub async fn follow_readiness<O, Fut>(
+        self: std::sync::Arc<Self>,
+        observe: O,
+        watermark: impl Fn(u64) + Send + 'static,
+    ) where
+        O: Fn(Vec<(DataplaneId, StoredHealth)>, u64) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
+        let mut signal = self.readiness_signal.subscribe();
+        let listening = self.listening.subscribe();
+        let mut full = tokio::time::interval(self.reconcile);
+        let mut tick = tokio::time::interval(READINESS_READ_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last = 0;
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                changed = signal.changed() => if changed.is_err() { return },
+                _ = full.tick() => last = 0,
+                _ = tick.tick() => {}
+            }
+            let heard = *listening.borrow();
+            match self.readiness_since(last).await {
+                Ok((rows, w)) => {
+                    failing = false;
+                    let mut observed = Vec::with_capacity(rows.len());
+                    for (id, health, seq) in rows {
+                        last = last.max(seq);
+                        observed.push((id, health));
+                    }
+                    observe(observed, w).await;
+                    if heard && *listening.borrow() {
+                        watermark(w);
+                    }
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(
+                            "cannot read the readiness of other instances: {e}; retrying every {}s",
+                            READINESS_READ_INTERVAL.as_secs()
+                        );
+                    }
+                    failing = true;
+                }
+            }
+        }
+    }
+}
+
+/// One readiness row: dataplane, health, sequence number.
+type ReadinessRow = (DataplaneId, StoredHealth, i64);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    /// A batch becomes one row per dataplane, the last update winning, split
+    /// into the upsert's and the delete's columns.
+    #[test]
+    fn a_batch_is_one_row_per_dataplane_the_last_update_winning() {
+        let health = |n: usize| StoredHealth {
+            inbounds: Vec::new(),
+            last_report_at: Some(
+                chrono::Utc
+                    .timestamp_opt(1_700_000_000 + n as i64, 0)
+                    .unwrap(),
+            ),
+            reattached_at: None,
+        };
+        let (a, b, c) = (
+            DataplaneId::new("default", "a"),
+            DataplaneId::new("default", "b"),
+            DataplaneId::new("other", "c"),
+        );
+        let rows = batch_rows(&[
+            (a.clone(), Some(health(1))),
+            (b.clone(), Some(health(2))),
+            (a.clone(), None),
+            (c.clone(), None),
+            (c.clone(), Some(health(3))),
+        ])
+        .unwrap();
+        assert_eq!(rows.upsert_meshes, ["default", "other"]);
+        assert_eq!(rows.upsert_names, ["b", "c"]);
+        assert_eq!(
+            rows.upsert_health,
+            [
+                serde_json::to_string(&health(2)).unwrap(),
+                serde_json::to_string(&health(3)).unwrap()
+            ]
+        );
+        assert_eq!(
+            (rows.delete_meshes, rows.delete_names),
+            (vec!["default".to_string()], vec!["a".to_string()])
+        );
+        assert!(batch_rows(&[]).unwrap().is_empty());
+    }
+}
