@@ -28,42 +28,81 @@ use crate::dataplane::{DataplaneId, IgnoredDocument};
 use crate::registry::Registry;
 use crate::source::{FileError, Loaded};
 
-/// What the API reads.
+/// What the API's handlers need, in parts: each handler takes only the
+/// part it reads (axum's `FromRef` substates).
 #[derive(Debug, Clone)]
 pub struct ApiState {
-    pub registry: Registry,
-    pub sources: watch::Receiver<Arc<Loaded>>,
-    /// Set once both listeners are bound and the dataplanes are loaded.
-    pub ready: Arc<AtomicBool>,
-    /// Extra lines for `/readyz`'s body (e.g. warnings about the setup).
-    pub notes: Arc<Vec<String>>,
-    /// Whether the shared store answers; `None` without one.
-    pub store_status: Option<crate::store::StoreStatus>,
+    pub fleet: Fleet,
+    pub health: Health,
+    pub tokens: ApiTokens,
+    pub bootstraps: Bootstraps,
     /// Renders `/metrics`; absent when metrics are off (tests of the router alone).
-    pub metrics: Option<crate::scrape::Scrape>,
-    /// Bearer tokens that `/api/*` requires; empty means open (loopback only).
-    pub tokens: Arc<Vec<String>>,
-    /// Verifies dataplane tokens for `/api/v1/bootstrap`; `None` without token auth.
-    pub gate: Option<Arc<crate::auth::Gate>>,
-    /// The HDS listener's port, the default for bootstraps.
-    pub hds_port: u16,
+    pub metrics: Metrics,
     /// The change feed, for `/api/v1/watch`.
     pub feed: crate::feed::FeedHandle,
     /// Where definitions come from: the write calls answer 409 for files.
     pub definitions: definitions::Definitions,
 }
 
-// Handlers outside the REST layer take only what they read.
-impl axum::extract::FromRef<ApiState> for crate::feed::FeedHandle {
-    fn from_ref(s: &ApiState) -> Self {
-        s.feed.clone()
-    }
+/// What the read handlers read: the registry's dataplanes and the sources.
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    pub registry: Registry,
+    pub sources: watch::Receiver<Arc<Loaded>>,
 }
+
+/// What `/readyz` says.
+#[derive(Debug, Clone)]
+pub struct Health {
+    /// Set once both listeners are bound and the dataplanes are loaded.
+    pub ready: Arc<AtomicBool>,
+    /// Extra lines for `/readyz`'s body (e.g. warnings about the setup).
+    pub notes: Arc<Vec<String>>,
+    /// Whether the shared store answers; `None` without one.
+    pub store_status: Option<crate::store::StoreStatus>,
+}
+
+/// Bearer tokens that `/api/*` requires; empty means open (loopback only).
+#[derive(Debug, Clone, Default)]
+pub struct ApiTokens(pub Arc<Vec<String>>);
+
+/// What `/api/v1/bootstrap` needs.
+#[derive(Debug, Clone)]
+pub struct Bootstraps {
+    /// Verifies dataplane tokens; `None` without token auth.
+    pub gate: Option<Arc<crate::auth::Gate>>,
+    /// The HDS listener's port, the default for bootstraps.
+    pub hds_port: u16,
+}
+
+/// Renders `/metrics`, when metrics are on.
+#[derive(Debug, Clone, Default)]
+pub struct Metrics(pub Option<crate::scrape::Scrape>);
+
+macro_rules! substate {
+    ($($part:ident: $ty:ty),* $(,)?) => {
+        $(impl axum::extract::FromRef<ApiState> for $ty {
+            fn from_ref(s: &ApiState) -> Self {
+                s.$part.clone()
+            }
+        })*
+    };
+}
+
+substate!(
+    fleet: Fleet,
+    health: Health,
+    tokens: ApiTokens,
+    bootstraps: Bootstraps,
+    metrics: Metrics,
+    feed: crate::feed::FeedHandle,
+    definitions: definitions::Definitions,
+);
 
 impl axum::extract::FromRef<ApiState> for crate::ui::PageSettings {
     fn from_ref(s: &ApiState) -> Self {
         crate::ui::PageSettings {
-            token_required: !s.tokens.is_empty(),
+            token_required: !s.tokens.0.is_empty(),
         }
     }
 }
@@ -81,7 +120,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/services", get(list_services))
         .route("/api/v1/watch", get(crate::consumers::sse::handler))
         .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            state.tokens.clone(),
             require_token,
         ));
     Router::new()
@@ -109,7 +148,7 @@ struct ListQuery {
 }
 
 async fn list_dataplanes(
-    State(s): State<ApiState>,
+    State(s): State<Fleet>,
     Query(q): Query<ListQuery>,
 ) -> Json<List<DataplaneItem>> {
     // The catalog is a BTreeMap keyed by (mesh, name): already sorted.
@@ -125,7 +164,8 @@ async fn list_dataplanes(
 }
 
 async fn get_dataplane(
-    State(s): State<ApiState>,
+    State(s): State<Fleet>,
+    State(defined): State<definitions::Definitions>,
     Path((mesh, name)): Path<(String, String)>,
 ) -> Response {
     let id = DataplaneId::new(mesh, name);
@@ -134,7 +174,7 @@ async fn get_dataplane(
         .get(&id)
         .and_then(|h| DataplaneItem::from_state(&h.state()))
     {
-        Some(item) => match definitions::revision_of(&s, &id).await {
+        Some(item) => match definitions::revision_of(&defined, &id).await {
             // The stored revision, for If-Match on the next write.
             Some(revision) => (
                 [(axum::http::header::ETAG, definitions::etag(revision))],
@@ -157,7 +197,7 @@ struct ServicesQuery {
 
 /// Per-service health by Kuma's rules (online, partially_degraded, offline).
 async fn list_services(
-    State(s): State<ApiState>,
+    State(s): State<Fleet>,
     Query(q): Query<ServicesQuery>,
 ) -> Json<List<crate::consumers::services::ServiceItem>> {
     let items: Vec<DataplaneItem> = s
@@ -210,7 +250,7 @@ impl From<&FileError> for FileErrorItem {
     }
 }
 
-async fn sources(State(s): State<ApiState>) -> Json<SourcesView> {
+async fn sources(State(s): State<Fleet>) -> Json<SourcesView> {
     let loaded = s.sources.borrow().clone();
     Json(SourcesView {
         dir: loaded.dir.display().to_string(),
@@ -233,7 +273,7 @@ async fn sources(State(s): State<ApiState>) -> Json<SourcesView> {
     })
 }
 
-async fn readyz(State(s): State<ApiState>) -> Response {
+async fn readyz(State(s): State<Health>) -> Response {
     if !s.ready.load(Ordering::Acquire) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready: starting\n").into_response();
     }
@@ -262,7 +302,7 @@ struct BootstrapQuery {
 
 /// The Envoy bootstrap for the identity in the caller's dataplane token.
 async fn bootstrap(
-    State(s): State<ApiState>,
+    State(s): State<Bootstraps>,
     headers: axum::http::HeaderMap,
     Query(q): Query<BootstrapQuery>,
 ) -> Response {
@@ -315,8 +355,8 @@ async fn bootstrap(
     }
 }
 
-async fn metrics(State(s): State<ApiState>) -> Response {
-    match s.metrics {
+async fn metrics(State(Metrics(scrape)): State<Metrics>) -> Response {
+    match scrape {
         Some(scrape) => (
             [(
                 axum::http::header::CONTENT_TYPE,
@@ -331,16 +371,16 @@ async fn metrics(State(s): State<ApiState>) -> Response {
 
 /// `/api/*` needs `Authorization: Bearer <one of api.tokens>` when tokens are configured.
 async fn require_token(
-    State(s): State<ApiState>,
+    State(ApiTokens(tokens)): State<ApiTokens>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if s.tokens.is_empty() {
+    if tokens.is_empty() {
         return next.run(request).await;
     }
     match bearer_token(request.headers()) {
         // Constant-time per token, so timing does not reveal a token's prefix.
-        Ok(t) if bearer::is_api_token(&s.tokens, t) => next.run(request).await,
+        Ok(t) if bearer::is_api_token(&tokens, t) => next.run(request).await,
         Ok(_) => error(
             StatusCode::UNAUTHORIZED,
             "invalid API token; use one of api.tokens",

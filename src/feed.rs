@@ -436,6 +436,12 @@ impl Feed {
     /// revision than the slack, or `since - slack` is below the history's
     /// floor. The slack is 0 embedded ([`Feed::slack`]).
     pub fn since(&self, since: Revision, filter: &Filter) -> Result<Vec<Arc<Event>>, ResyncReason> {
+        if self.cluster.as_ref().is_some_and(|c| c.watermark.is_none()) {
+            // Clustered, before the first read of the store: nothing here
+            // proves what changed elsewhere (a deletion on another
+            // instance), so no resume can be complete yet.
+            return Err(ResyncReason::UnknownRevision);
+        }
         let slack = self.slack();
         if since > self.revision.saturating_add(slack) {
             return Err(ResyncReason::UnknownRevision);
@@ -1089,5 +1095,26 @@ mod tests {
             ..Default::default()
         }
         .matches(&a));
+    }
+
+    /// Found by the cluster contract: a clustered feed that has not read the
+    /// store yet answered a resume with SYNCED and no replay.
+    #[test]
+    fn a_clustered_feed_resumes_nothing_before_its_first_watermark() {
+        let mut feed = Feed::clustered(HistoryLimits::default(), Duration::from_secs(10));
+        let start = feed.subscribe(Some(1), &Filter::default());
+        assert!(
+            matches!(
+                start.first(),
+                Some(Message::Resync(ResyncReason::UnknownRevision))
+            ),
+            "{start:?}"
+        );
+        feed.watermark(5_000_000_000, Instant::now());
+        assert_eq!(
+            feed.since(5_000_000_000, &Filter::default())
+                .map(|e| e.len()),
+            Ok(0)
+        );
     }
 }

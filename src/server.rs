@@ -252,16 +252,22 @@ pub async fn run(
     )?;
     let ready = Arc::new(AtomicBool::new(false));
     let api_state = ApiState {
+        fleet: api::Fleet {
+            registry: state.registry.clone(),
+            sources: sources.rx.clone(),
+        },
+        health: api::Health {
+            ready: ready.clone(),
+            notes: Arc::new(setup_notes(&config)),
+            store_status,
+        },
+        tokens: api::ApiTokens(Arc::new(config.api.tokens.clone())),
+        bootstraps: api::Bootstraps {
+            gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
+            hds_port: listeners.hds_addr.port(),
+        },
+        metrics: api::Metrics(Some(scrape)),
         feed: state.feed.clone().until(drain_rx.clone()),
-        registry: state.registry.clone(),
-        sources: sources.rx.clone(),
-        ready: ready.clone(),
-        notes: Arc::new(setup_notes(&config)),
-        store_status,
-        metrics: Some(scrape),
-        tokens: Arc::new(config.api.tokens.clone()),
-        gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
-        hds_port: listeners.hds_addr.port(),
         definitions: sources.definitions,
     };
     let api = serve_api(&config, api_state, listeners.api, drain_rx.clone()).await?;
@@ -696,10 +702,10 @@ async fn serve_api(
         .map_err(tls_error)?;
     let grpc = crate::consumers::grpc::router(
         crate::consumers::grpc::ReadinessApi {
-            registry: state.registry.clone(),
+            registry: state.fleet.registry.clone(),
             feed: state.feed.clone(),
         },
-        state.tokens.clone(),
+        state.tokens.0.clone(),
     )
     .await;
     let router = crate::consumers::grpc::by_content_type(api::router(state), grpc);

@@ -12,7 +12,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::{error, ApiState};
+use super::error;
 use crate::dataplane::{DataplaneId, FileLimits};
 use crate::specifier::{build, SpecifierSettings};
 use crate::store::definitions::{
@@ -92,8 +92,8 @@ fn format_of(headers: &HeaderMap) -> DocumentFormat {
 }
 
 /// The store, or the 409 that says where definitions come from.
-fn store_of(s: &ApiState) -> Result<(&Arc<dyn DefinitionStore>, &Checks), Box<Response>> {
-    match &s.definitions {
+fn store_of(defined: &Definitions) -> Result<(&Arc<dyn DefinitionStore>, &Checks), Box<Response>> {
+    match defined {
         Definitions::Store { store, checks } => Ok((store, checks)),
         Definitions::Dir(dir) => Err(Box::new(error(
             StatusCode::CONFLICT,
@@ -139,12 +139,12 @@ fn unavailable(e: impl std::fmt::Display) -> Response {
 
 /// `PUT /api/v1/dataplanes/{mesh}/{name}`: creates or replaces a definition.
 pub async fn put(
-    State(s): State<ApiState>,
+    State(defined): State<Definitions>,
     Path((mesh, name)): Path<(String, String)>,
     headers: HeaderMap,
     body: String,
 ) -> Response {
-    let (store, checks) = match store_of(&s) {
+    let (store, checks) = match store_of(&defined) {
         Ok(found) => found,
         Err(response) => return *response,
     };
@@ -185,11 +185,11 @@ pub async fn put(
 
 /// `DELETE /api/v1/dataplanes/{mesh}/{name}`.
 pub async fn delete(
-    State(s): State<ApiState>,
+    State(defined): State<Definitions>,
     Path((mesh, name)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    let (store, _) = match store_of(&s) {
+    let (store, _) = match store_of(&defined) {
         Ok(found) => found,
         Err(response) => return *response,
     };
@@ -216,8 +216,8 @@ pub async fn delete(
 }
 
 /// The stored revision of `id` for a `GET`'s `ETag`, when definitions come from the store.
-pub async fn revision_of(s: &ApiState, id: &DataplaneId) -> Option<u64> {
-    match &s.definitions {
+pub async fn revision_of(defined: &Definitions, id: &DataplaneId) -> Option<u64> {
+    match defined {
         Definitions::Store { store, .. } => store.get(id).await.ok().flatten().map(|d| d.revision),
         Definitions::Dir(_) => None,
     }
