@@ -31,6 +31,73 @@ pub struct Config {
     pub eds: EdsConfig,
     pub store: StoreConfig,
     pub cluster: ClusterConfig,
+    /// `[zone]`: this hdsd (or cluster) is a zone that reports to a global.
+    /// Absent: standalone (or a global).
+    pub zone: Option<ZoneConfig>,
+    /// `[global]`: this hdsd accepts zone streams.
+    pub global: GlobalConfig,
+}
+
+/// `[zone]`: where this zone reports, and as whom.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZoneConfig {
+    /// The zone's name, a DNS-1123 label of at most 63 characters. The
+    /// global takes the name from the zone token, never from this setting:
+    /// the two must agree, or the zone refuses to start.
+    pub name: String,
+    /// The global's zone listener(s), e.g. `["http://global.example:5682"]`
+    /// (`https://` with `ca`): tried in order, the next one on a failure.
+    pub global: Vec<String>,
+    /// A file holding the zone token (`hdsd token issue --zone NAME` on the
+    /// global), re-read at every connect.
+    pub token_file: Option<PathBuf>,
+    /// The CA that signed the global's certificate, for `https://`.
+    pub ca: Option<PathBuf>,
+}
+
+/// `[global]`: the zone streams this hdsd accepts, and when a zone is offline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GlobalConfig {
+    /// Accept zone streams on `listen`.
+    pub enabled: bool,
+    /// The zone listener (default `0.0.0.0:5682`).
+    pub listen: SocketAddr,
+    /// How often zones send a heartbeat (handed to each zone when it connects).
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// A zone is offline when nothing came from it for this long (on the
+    /// global's clock): its stream is ended and every reader sees why its
+    /// dataplanes are stale. At least twice `heartbeat_interval`.
+    #[serde(with = "humantime_serde")]
+    pub zone_timeout: Duration,
+    /// How long an offline zone's dataplanes keep their last readiness;
+    /// after it, the API reads them not ready.
+    #[serde(with = "humantime_serde")]
+    pub offline_ttl: Duration,
+    /// The zones allowed to connect (DNS-1123 labels). Others are refused
+    /// with the command that adds them, unless `auto_register`.
+    pub zones: Vec<String>,
+    /// Zones listed here are refused, and their data withdrawn.
+    pub disabled: Vec<String>,
+    /// Accept any zone with a valid zone token (Kuma's behaviour).
+    pub auto_register: bool,
+}
+
+impl Default for GlobalConfig {
+    fn default() -> Self {
+        GlobalConfig {
+            enabled: false,
+            listen: "0.0.0.0:5682".parse().expect("valid literal"),
+            heartbeat_interval: Duration::from_secs(5),
+            zone_timeout: Duration::from_secs(15),
+            offline_ttl: Duration::from_secs(300),
+            zones: Vec::new(),
+            disabled: Vec::new(),
+            auto_register: false,
+        }
+    }
 }
 
 /// The shortest `cluster.resume_slack`: the watermark's lag (a read of the
@@ -464,6 +531,8 @@ impl Default for Config {
             eds: EdsConfig::default(),
             store: StoreConfig::default(),
             cluster: ClusterConfig::default(),
+            zone: None,
+            global: GlobalConfig::default(),
         }
     }
 }
@@ -676,8 +745,58 @@ impl Config {
 
     /// Every problem with the values, each with its own message. Pure: it
     /// reads no file (see [`Config::file_problems`] for the files it names).
-    pub fn validate(&self) -> Vec<String> {
+    /// What is wrong with `[zone]` and `[global]`.
+    fn zone_problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
+        if let Some(zone) = &self.zone {
+            if let Err(e) = crate::names::check_zone(&zone.name) {
+                problems.push(format!("zone.name: {e}"));
+            }
+            if zone.global.is_empty() {
+                problems.push("zone.global is empty: list the global's zone listener, e.g. [\"http://global.example:5682\"]".to_string());
+            }
+            for url in &zone.global {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    problems.push(format!("zone.global: {url:?} is not an http:// or https:// URL of the global's zone listener (e.g. http://global.example:5682)"));
+                }
+            }
+            if zone.token_file.is_none() && self.auth.mode == AuthMode::Token {
+                problems.push("zone.token_file is not set: the global needs a zone token (issue one on the global with `hdsd token issue --zone NAME`, save it to a file, and set zone.token_file)".to_string());
+            }
+        }
+        let g = &self.global;
+        if g.enabled {
+            if g.heartbeat_interval < Duration::from_millis(50) {
+                problems.push(format!(
+                    "global.heartbeat_interval is {}: it must be at least 50ms (e.g. 5s)",
+                    humantime::format_duration(g.heartbeat_interval)
+                ));
+            }
+            if g.zone_timeout < g.heartbeat_interval * 2 {
+                problems.push(format!(
+                    "global.zone_timeout is {}: it must be at least twice global.heartbeat_interval ({}), or one late heartbeat takes a zone offline",
+                    humantime::format_duration(g.zone_timeout),
+                    humantime::format_duration(g.heartbeat_interval)
+                ));
+            }
+            for name in g.zones.iter().chain(&g.disabled) {
+                if let Err(e) = crate::names::check_zone(name) {
+                    problems.push(format!("global.zones: {e}"));
+                }
+            }
+            if g.listen.port() != 0 && (g.listen == self.hds.listen || g.listen == self.api.listen)
+            {
+                problems.push(format!(
+                    "global.listen {} is also hds.listen or api.listen: give the zone listener its own port (default 5682)",
+                    g.listen
+                ));
+            }
+        }
+        problems
+    }
+
+    pub fn validate(&self) -> Vec<String> {
+        let mut problems = self.zone_problems();
         if self.hds.report_interval < MIN_REPORT_INTERVAL {
             problems.push(format!(
                 "hds.report_interval is {}, below the minimum of 100ms; Envoy reports at this rate, so raise it",

@@ -228,11 +228,19 @@ enum TokenCommand {
     /// Create a new signing key pair under <state_dir>/keys (never overwrites).
     Keygen,
     /// Print a token for one dataplane, signed with the newest key.
+    /// A dataplane token (`--mesh M --name N`), or a zone token for the
+    /// global's zone listener (`--zone Z --mesh M [--mesh M2 ...]`: the
+    /// meshes whose dataplanes the zone may announce).
     Issue {
+        /// The dataplane's mesh; with --zone, a mesh the zone may announce (repeatable).
+        #[arg(long, required = true)]
+        mesh: Vec<String>,
+        /// The dataplane's name (not with --zone).
+        #[arg(long, conflicts_with = "zone", required_unless_present = "zone")]
+        name: Option<String>,
+        /// Issue a zone token for this zone (a DNS-1123 label).
         #[arg(long)]
-        mesh: String,
-        #[arg(long)]
-        name: String,
+        zone: Option<String>,
         /// How long the token is valid (at most auth.max_token_validity).
         #[arg(long, default_value = "720h", value_parser = humantime::parse_duration)]
         valid_for: Duration,
@@ -616,18 +624,35 @@ fn token(config_path: Option<&Path>, command: TokenCommand) -> anyhow::Result<Ex
         TokenCommand::Issue {
             mesh,
             name,
+            zone,
             valid_for,
             tags,
         } => {
             let ring = KeyRing::load(state_dir, &config.auth.public_keys)?;
-            let token = ring.issue(
-                &mesh,
-                &name,
-                valid_for,
-                config.auth.max_token_validity,
-                tags.into_iter().collect(),
-                now,
-            )?;
+            let token = match (zone, name) {
+                (Some(zone), _) => {
+                    if !tags.is_empty() {
+                        anyhow::bail!("--tag is for dataplane tokens; a zone token carries --zone and the --mesh(es) it may announce");
+                    }
+                    ring.issue_zone(&zone, &mesh, valid_for, config.auth.max_token_validity, now)?
+                }
+                (None, Some(name)) => {
+                    let [mesh] = &mesh[..] else {
+                        anyhow::bail!("a dataplane token names one --mesh (got {}); more than one is for zone tokens (--zone)", mesh.len());
+                    };
+                    ring.issue(
+                        mesh,
+                        &name,
+                        valid_for,
+                        config.auth.max_token_validity,
+                        tags.into_iter().collect(),
+                        now,
+                    )?
+                }
+                (None, None) => {
+                    anyhow::bail!("name the dataplane with --name, or the zone with --zone")
+                }
+            };
             println!("{token}");
         }
         TokenCommand::Inspect { token } => {

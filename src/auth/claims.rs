@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::rejection::Rejection;
 
 /// The claims of a dataplane token.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claims {
     /// The dataplane's mesh (first part of the Envoy node id).
     pub mesh: String,
@@ -24,12 +24,23 @@ pub struct Claims {
     /// Tags the dataplane must carry on at least one inbound each.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,
+    /// A zone token: the zone it names (`mesh` and `name` are empty). Only
+    /// the global's zone listener accepts it; it connects no dataplane.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// A zone token: the meshes whose dataplanes the zone may announce
+    /// (empty: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub meshes: Vec<String>,
 }
 
 impl Claims {
-    /// `mesh.name`.
+    /// `mesh.name`, or `zone NAME` for a zone token.
     pub fn identity(&self) -> String {
-        format!("{}.{}", self.mesh, self.name)
+        match &self.zone {
+            Some(zone) => format!("zone {zone}"),
+            None => format!("{}.{}", self.mesh, self.name),
+        }
     }
 
     /// `iat` as a time (`None` if out of range).
@@ -72,6 +83,12 @@ pub fn authorize(
 /// The first half of [`authorize`]: the token must name this node. Checked
 /// on the first request, before the dataplane (and its tags) is known.
 pub fn check_identity(claims: &Claims, node_mesh: &str, node_name: &str) -> Result<(), Rejection> {
+    if let Some(zone) = &claims.zone {
+        return Err(Rejection::WrongIdentity {
+            token: format!("zone {zone} (a zone token, for the global's zone listener)"),
+            node: format!("{node_mesh}.{node_name}"),
+        });
+    }
     if claims.mesh != node_mesh || claims.name != node_name {
         return Err(Rejection::WrongIdentity {
             token: format!("{}.{}", claims.mesh, claims.name),
@@ -97,6 +114,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            ..Claims::default()
         }
     }
 

@@ -830,3 +830,48 @@ fn the_gate_trusts_shared_keys_and_publishes_only_its_own() {
     assert!(published.has_changed().unwrap());
     assert_eq!(published.borrow().len(), 2);
 }
+
+/// A zone token names its zone and meshes, verifies with the same keys and
+/// revocations, and connects no dataplane.
+#[test]
+fn a_zone_token_names_its_zone_and_connects_no_dataplane() {
+    let (_dir, ring, _) = setup();
+    let meshes = vec!["default".to_string(), "payments".to_string()];
+    let token = ring.issue_zone("eu-1", &meshes, HOUR, YEAR, t0()).unwrap();
+    let claims = ring.verify(&token, &none(), t0()).unwrap();
+    assert_eq!(claims.zone.as_deref(), Some("eu-1"));
+    assert_eq!(claims.meshes, meshes);
+    assert_eq!(claims.identity(), "zone eu-1");
+    let refused = check_identity(&claims, "default", "web-01").unwrap_err();
+    assert_eq!(refused.kind(), RejectionKind::PermissionDenied);
+    assert!(
+        refused.detail().contains("zone token"),
+        "{}",
+        refused.detail()
+    );
+    // A dataplane token is not a zone token.
+    let dataplane = ring.verify(&issue(&ring, HOUR), &none(), t0()).unwrap();
+    assert_eq!(dataplane.zone, None);
+    // Revoked like any other.
+    let revoked = Revocations::from_iter([claims.jti.clone()]);
+    assert_eq!(
+        ring.verify(&token, &revoked, t0()).unwrap_err().reason(),
+        "revoked"
+    );
+}
+
+#[test]
+fn a_zone_token_for_a_bad_name_is_refused_with_the_rule() {
+    let (_dir, ring, _) = setup();
+    let err = ring
+        .issue_zone("EU_1", &["default".to_string()], HOUR, YEAR, t0())
+        .unwrap_err();
+    assert!(err.to_string().contains("zone name"), "{err}");
+    let err = ring
+        .issue_zone("eu-1", &["Bad.Mesh".to_string()], HOUR, YEAR, t0())
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("cannot issue a zone token"),
+        "{err}"
+    );
+}

@@ -74,6 +74,12 @@ pub enum IssueError {
         /// The name asked for.
         name: String,
     },
+    /// The zone (or one of its meshes) breaks the naming rules.
+    #[error("cannot issue a zone token: {problem}")]
+    BadZone {
+        /// The rule it breaks.
+        problem: String,
+    },
     /// A tag has an empty name.
     #[error("token tags must have non-empty names")]
     EmptyTagName,
@@ -138,28 +144,79 @@ impl KeyRing {
         if tags.keys().any(String::is_empty) {
             return Err(IssueError::EmptyTagName);
         }
+        self.sign(
+            Claims {
+                mesh: mesh.to_string(),
+                name: name.to_string(),
+                tags,
+                ..Claims::default()
+            },
+            valid_for,
+            now,
+        )
+    }
+
+    /// Issues a zone token for zone `zone`, allowed to announce the
+    /// dataplanes of `meshes`, valid from `now` for `valid_for`.
+    pub fn issue_zone(
+        &self,
+        zone: &str,
+        meshes: &[String],
+        valid_for: Duration,
+        max_validity: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<String, IssueError> {
+        if let Err(problem) = crate::names::check_zone(zone) {
+            return Err(IssueError::BadZone { problem });
+        }
+        if let Some(problem) = meshes
+            .iter()
+            .find_map(|m| crate::names::check_mesh(m).err())
+        {
+            return Err(IssueError::BadZone { problem });
+        }
+        if valid_for > max_validity {
+            return Err(IssueError::ValidityTooLong {
+                requested: valid_for,
+                max: max_validity,
+            });
+        }
+        if valid_for.as_secs() == 0 {
+            return Err(IssueError::ValidityTooShort);
+        }
+        self.sign(
+            Claims {
+                zone: Some(zone.to_string()),
+                meshes: meshes.to_vec(),
+                ..Claims::default()
+            },
+            valid_for,
+            now,
+        )
+    }
+
+    /// Signs `claims` with the newest local key, with `iat`, `exp` and a
+    /// fresh `jti`.
+    fn sign(
+        &self,
+        mut claims: Claims,
+        valid_for: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<String, IssueError> {
         let Some((kid, key)) = self.signer() else {
             return Err(IssueError::NoSigningKey {
                 keys_dir: self.keys_dir().display().to_string(),
             });
         };
-
-        let iat = now.timestamp();
-        let exp = i64::try_from(valid_for.as_secs())
+        claims.iat = now.timestamp();
+        claims.exp = i64::try_from(valid_for.as_secs())
             .ok()
-            .and_then(|secs| iat.checked_add(secs))
+            .and_then(|secs| claims.iat.checked_add(secs))
             .filter(|exp| DateTime::from_timestamp(*exp, 0).is_some())
             .ok_or(IssueError::OutOfRange)?;
         let mut jti = [0u8; 16];
         rand::rngs::OsRng.fill_bytes(&mut jti);
-        let claims = Claims {
-            mesh: mesh.to_string(),
-            name: name.to_string(),
-            iat,
-            exp,
-            jti: hex(&jti),
-            tags,
-        };
+        claims.jti = hex(&jti);
         let mut header = Header::new(Algorithm::EdDSA);
         header.kid = Some(kid.to_string());
         jsonwebtoken::encode(&header, &claims, key).map_err(|e| IssueError::Sign(e.to_string()))
