@@ -10,8 +10,8 @@
 pub const LAYERS: &[(&str, &str, &[&str])] = &[
     (
         "leaves",
-        "metrics, names, the clock and the file watcher import nothing of hdsd: callers pass plain numbers, strings and label values",
-        &["metrics", "names", "clock", "fswatch"],
+        "metrics, names, the clock, the file watcher and the generated protobuf code import nothing of hdsd: callers pass plain numbers, strings and label values",
+        &["metrics", "names", "clock", "fswatch", "pb"],
     ),
     (
         "core",

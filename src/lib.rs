@@ -28,6 +28,7 @@ pub mod layers;
 pub mod metrics;
 pub mod names;
 pub mod net;
+pub mod pb;
 pub mod probe;
 pub mod readiness;
 pub mod registry;
