@@ -42,6 +42,11 @@ pub const LAYERS: &[(&str, &str, &[&str])] = &[
         &["view"],
     ),
     (
+        "zones",
+        "the zone sync protocol of both sides (the zone's uplink, the global's session), what the global holds of each zone, liveness and reconnect backoff: machines and plain data over the core, the view and the protobuf messages; no task, no network",
+        &["zones"],
+    ),
+    (
         "consumers",
         "readers of the feed and the view: gRPC watch, SSE, EDS, services, the metrics scrape",
         &["consumers", "scrape"],

@@ -42,3 +42,4 @@ pub mod store;
 pub mod tls;
 pub mod ui;
 pub mod view;
+pub mod zones;
