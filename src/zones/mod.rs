@@ -22,6 +22,7 @@
 
 pub mod backoff;
 pub mod liveness;
+pub mod uplink;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -337,6 +338,7 @@ mod tests {
             ("mod.rs", include_str!("mod.rs")),
             ("backoff.rs", include_str!("backoff.rs")),
             ("liveness.rs", include_str!("liveness.rs")),
+            ("uplink.rs", include_str!("uplink.rs")),
         ];
         for (file, text) in files {
             assert_eq!(check_file(file, "zones", text), []);
