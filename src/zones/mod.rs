@@ -22,6 +22,8 @@
 
 pub mod backoff;
 pub mod liveness;
+pub mod remote;
+pub mod session;
 pub mod uplink;
 
 use std::collections::BTreeSet;
@@ -338,6 +340,8 @@ mod tests {
             ("mod.rs", include_str!("mod.rs")),
             ("backoff.rs", include_str!("backoff.rs")),
             ("liveness.rs", include_str!("liveness.rs")),
+            ("remote.rs", include_str!("remote.rs")),
+            ("session.rs", include_str!("session.rs")),
             ("uplink.rs", include_str!("uplink.rs")),
         ];
         for (file, text) in files {
