@@ -10,8 +10,8 @@
 pub const LAYERS: &[(&str, &str, &[&str])] = &[
     (
         "leaves",
-        "metrics, names, the clock and the file watcher import nothing of hdsd: callers pass plain numbers, strings and label values",
-        &["metrics", "names", "clock", "fswatch"],
+        "metrics, names, the clock, the file watcher and the generated protobuf code import nothing of hdsd: callers pass plain numbers, strings and label values",
+        &["metrics", "names", "clock", "fswatch", "pb"],
     ),
     (
         "core",
@@ -45,6 +45,11 @@ pub const LAYERS: &[(&str, &str, &[&str])] = &[
         "cluster",
         "what several instances share (membership, stream holders, the sweep, shared keys and revocations, revision numbering), one trait with a single-instance and a PostgreSQL implementation",
         &["cluster"],
+    ),
+    (
+        "zones",
+        "the zone sync protocol of both sides (the zone's uplink, the global's session), what the global holds of each zone, liveness and reconnect backoff: machines and plain data over the core, the view and the protobuf messages; no task, no network",
+        &["zones"],
     ),
     (
         "consumers",

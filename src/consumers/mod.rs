@@ -12,12 +12,6 @@ pub mod services;
 pub mod sse;
 pub mod watch;
 
-/// Code generated from `proto/hdsd/v1/readiness.proto` at build time.
-#[allow(clippy::all, clippy::pedantic, missing_docs)]
-pub mod pb {
-    tonic::include_proto!("hdsd.v1");
-
-    /// The encoded descriptors of `proto/`, for gRPC server reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] =
-        include_bytes!(concat!(env!("OUT_DIR"), "/hdsd_v1_descriptor.bin"));
-}
+/// Code generated from `proto/hdsd/v1/` at build time (the leaf module
+/// [`crate::pb`], named here too for the readiness API's callers).
+pub use crate::pb;

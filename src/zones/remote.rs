@@ -1,0 +1,723 @@
+//! What the global holds of one zone, across its streams: the zone's
+//! dataplanes, the zone revision it holds them complete at, the uplink
+//! lease (which stream holds it, the highest epoch accepted) and the
+//! liveness inputs. Plain data with one writer (the driver of the zone's
+//! streams), fed with the [`session::Action`]s of the stream that holds the
+//! uplink.
+//!
+//! The rules it keeps:
+//!
+//! - A snapshot deletes only once it is complete, and only what it did not
+//!   name: a reconnecting zone's dataplanes that were merely not sent again
+//!   *yet* never get a deletion.
+//! - While a snapshot is in progress, or after one was abandoned (its
+//!   stream ended first), the global holds no complete state: the next
+//!   stream gets no `resume_from`, so it sends a snapshot.
+//! - The uplink goes to the stream with the highest epoch; an equal epoch
+//!   takes over too (the same instance reconnecting). A lower epoch is
+//!   refused while the zone is online; once it is offline any epoch may
+//!   claim (a zone whose lease store was reset must not be locked out).
+//! - Actions of a stream that does not hold the uplink change nothing: a
+//!   superseded stream's late actions are dropped.
+//! - Claiming drops the dataplanes of meshes the stream's credential no
+//!   longer allows.
+//!
+//! [`session::Action`]: super::session::Action
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::liveness::{self, Liveness, LivenessInputs, ZoneState};
+use super::session::Action;
+use super::Meshes;
+use crate::clock::Timestamp;
+use crate::dataplane::DataplaneId;
+use crate::pb;
+
+/// Names one stream of the global (the driver numbers them, growing).
+pub type StreamId = u64;
+
+/// A dataplane of the zone that the global's readers must look at again.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Applied {
+    /// Created or changed.
+    Changed(DataplaneId),
+    /// Deleted.
+    Deleted(DataplaneId),
+}
+
+/// The answer to [`RemoteZone::claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The stream holds the uplink now.
+    Won {
+        /// The revision to resume from (for [`Event::Claimed`]).
+        ///
+        /// [`Event::Claimed`]: super::session::Event::Claimed
+        resume_from: Option<u64>,
+        /// The stream that held it before, which must now be told
+        /// [`Event::Superseded`](super::session::Event::Superseded).
+        replaced: Option<StreamId>,
+        /// Dataplanes dropped because the credential no longer allows their mesh.
+        pruned: Vec<Applied>,
+    },
+    /// A higher epoch holds it (for [`Event::ClaimLost`]).
+    ///
+    /// [`Event::ClaimLost`]: super::session::Event::ClaimLost
+    Lost {
+        /// The epoch held.
+        epoch: u64,
+        /// The instance that holds it.
+        instance: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Holder {
+    stream: StreamId,
+    epoch: u64,
+    instance: String,
+}
+
+/// What the global holds of one zone.
+#[derive(Debug, Clone)]
+pub struct RemoteZone {
+    zone: String,
+    zone_timeout: Duration,
+    dataplanes: BTreeMap<DataplaneId, pb::Dataplane>,
+    /// Complete as of this zone revision.
+    held: Option<u64>,
+    snapshot: bool,
+    holder: Option<Holder>,
+    /// The highest epoch accepted, and from which instance.
+    epoch: Option<(u64, String)>,
+    liveness: LivenessInputs,
+}
+
+impl RemoteZone {
+    /// A zone of which the global holds nothing yet.
+    pub fn new(zone: impl Into<String>, zone_timeout: Duration) -> RemoteZone {
+        RemoteZone {
+            zone: zone.into(),
+            zone_timeout,
+            dataplanes: BTreeMap::new(),
+            held: None,
+            snapshot: false,
+            holder: None,
+            epoch: None,
+            liveness: LivenessInputs::default(),
+        }
+    }
+
+    /// The zone's name.
+    pub fn zone(&self) -> &str {
+        &self.zone
+    }
+
+    /// The revision a new stream may resume from: the one the global holds
+    /// the zone complete at, `None` while a snapshot is in progress or none
+    /// was ever completed.
+    pub fn resume_from(&self) -> Option<u64> {
+        self.held.filter(|_| !self.snapshot)
+    }
+
+    /// True while a snapshot is in progress.
+    pub fn snapshot_in_progress(&self) -> bool {
+        self.snapshot
+    }
+
+    /// The stream holding the uplink, if any.
+    pub fn holder(&self) -> Option<StreamId> {
+        self.holder.as_ref().map(|h| h.stream)
+    }
+
+    /// One dataplane of the zone.
+    pub fn get(&self, id: &DataplaneId) -> Option<&pb::Dataplane> {
+        self.dataplanes.get(id)
+    }
+
+    /// Every dataplane of the zone, sorted by mesh, then name.
+    pub fn dataplanes(&self) -> impl Iterator<Item = (&DataplaneId, &pb::Dataplane)> {
+        self.dataplanes.iter()
+    }
+
+    /// How many dataplanes the global holds of the zone.
+    pub fn len(&self) -> usize {
+        self.dataplanes.len()
+    }
+
+    /// True when the global holds no dataplane of the zone.
+    pub fn is_empty(&self) -> bool {
+        self.dataplanes.is_empty()
+    }
+
+    /// The liveness inputs recorded from the holder's actions.
+    pub fn liveness_inputs(&self) -> &LivenessInputs {
+        &self.liveness
+    }
+
+    /// The zone's state at `now`; `disabled`: when an operator disabled it.
+    pub fn liveness(&self, now: Timestamp, disabled: Option<Timestamp>) -> Liveness {
+        let inputs = LivenessInputs {
+            disabled,
+            ..self.liveness.clone()
+        };
+        liveness::state(&inputs, now, self.zone_timeout)
+    }
+
+    /// `stream` (whose Hello named `epoch` and `instance`, and whose
+    /// credential allows `allowed`) asks for the uplink at `now`.
+    pub fn claim(
+        &mut self,
+        stream: StreamId,
+        epoch: u64,
+        instance: &str,
+        allowed: &Meshes,
+        now: Timestamp,
+    ) -> Claim {
+        let online = self.liveness(now, None).state == ZoneState::Online;
+        if let Some((held, by)) = &self.epoch {
+            if epoch < *held && (online || self.holder.is_some()) {
+                return Claim::Lost {
+                    epoch: *held,
+                    instance: by.clone(),
+                };
+            }
+        }
+        let replaced = self
+            .holder
+            .take()
+            .filter(|h| h.stream != stream)
+            .map(|h| h.stream);
+        if replaced.is_some() {
+            self.abandon_snapshot();
+        }
+        self.holder = Some(Holder {
+            stream,
+            epoch,
+            instance: instance.to_string(),
+        });
+        self.epoch = Some((epoch, instance.to_string()));
+        let gone: Vec<DataplaneId> = self
+            .dataplanes
+            .keys()
+            .filter(|id| !allowed.allows(&id.mesh))
+            .cloned()
+            .collect();
+        let pruned = gone
+            .into_iter()
+            .map(|id| {
+                self.dataplanes.remove(&id);
+                Applied::Deleted(id)
+            })
+            .collect();
+        Claim::Won {
+            resume_from: self.resume_from(),
+            replaced,
+            pruned,
+        }
+    }
+
+    /// Applies one action of `stream`'s session; returns the dataplanes the
+    /// global's readers must look at again. Nothing changes for a stream
+    /// that does not hold the uplink.
+    pub fn apply(&mut self, stream: StreamId, action: &Action) -> Vec<Applied> {
+        if self.holder() != Some(stream) {
+            return Vec::new();
+        }
+        match action {
+            Action::Connected(at) => self.liveness.opened(*at, self.zone_timeout),
+            Action::Heartbeat(at) => self.liveness.heartbeat(*at, self.zone_timeout),
+            Action::Upsert {
+                id,
+                dataplane,
+                revision,
+            } => {
+                self.advance(*revision);
+                let mut dataplane = dataplane.clone();
+                dataplane.revision = *revision;
+                if self.dataplanes.get(id) != Some(&dataplane) {
+                    self.dataplanes.insert(id.clone(), dataplane);
+                    return vec![Applied::Changed(id.clone())];
+                }
+            }
+            Action::Delete { id, revision } => {
+                self.advance(*revision);
+                if self.dataplanes.remove(id).is_some() {
+                    return vec![Applied::Deleted(id.clone())];
+                }
+            }
+            Action::SnapshotBegun => {
+                self.snapshot = true;
+                self.held = None;
+            }
+            Action::SnapshotComplete { keep, revision } => {
+                self.snapshot = false;
+                self.held = Some(*revision);
+                let gone: Vec<DataplaneId> = self
+                    .dataplanes
+                    .keys()
+                    .filter(|id| !keep.contains(*id))
+                    .cloned()
+                    .collect();
+                return gone
+                    .into_iter()
+                    .map(|id| {
+                        self.dataplanes.remove(&id);
+                        Applied::Deleted(id)
+                    })
+                    .collect();
+            }
+            Action::Synced { revision } => self.advance(*revision),
+            Action::End { .. } => {
+                self.holder = None;
+                self.abandon_snapshot();
+            }
+            Action::Send(_) | Action::Register | Action::Claim { .. } => {}
+        }
+        Vec::new()
+    }
+
+    /// A live change moves the revision held (never during a snapshot, and
+    /// never from nothing: only a snapshot makes the state complete).
+    fn advance(&mut self, revision: u64) {
+        if !self.snapshot {
+            self.held = self.held.map(|h| h.max(revision));
+        }
+    }
+
+    /// An unfinished snapshot leaves no complete state behind.
+    fn abandon_snapshot(&mut self) {
+        if self.snapshot {
+            self.snapshot = false;
+            self.held = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::zones::session::{Event, Registration, Session, SessionSettings, ZoneCredential};
+    use crate::zones::uplink::{self, Uplink, UplinkSettings};
+    use crate::zones::{plus, Code};
+
+    const TIMEOUT: Duration = Duration::from_secs(15);
+
+    fn t0() -> Timestamp {
+        "2025-01-01T00:00:00Z".parse().unwrap()
+    }
+
+    fn at(secs: u64) -> Timestamp {
+        plus(t0(), Duration::from_secs(secs))
+    }
+
+    fn id(name: &str) -> DataplaneId {
+        DataplaneId::new("default", name)
+    }
+
+    fn dp(name: &str, revision: u64) -> pb::Dataplane {
+        pb::Dataplane {
+            mesh: "default".into(),
+            name: name.into(),
+            revision,
+            ..Default::default()
+        }
+    }
+
+    fn upsert(name: &str, revision: u64) -> Action {
+        Action::Upsert {
+            id: id(name),
+            dataplane: dp(name, revision),
+            revision,
+        }
+    }
+
+    fn won(claim: Claim) -> (Option<u64>, Option<StreamId>, Vec<Applied>) {
+        match claim {
+            Claim::Won {
+                resume_from,
+                replaced,
+                pruned,
+            } => (resume_from, replaced, pruned),
+            Claim::Lost { .. } => panic!("lost: {claim:?}"),
+        }
+    }
+
+    /// A zone held complete at 10 with web and db, by stream 1.
+    fn held() -> RemoteZone {
+        let mut z = RemoteZone::new("eu-1", TIMEOUT);
+        won(z.claim(1, 1, "zone-a", &Meshes::All, t0()));
+        for a in [
+            Action::Connected(t0()),
+            Action::SnapshotBegun,
+            upsert("web", 5),
+            upsert("db", 6),
+            Action::SnapshotComplete {
+                keep: [id("web"), id("db")].into(),
+                revision: 10,
+            },
+        ] {
+            z.apply(1, &a);
+        }
+        z
+    }
+
+    fn end() -> Action {
+        Action::End {
+            code: Code::StreamClosed,
+            reason: "closed".into(),
+        }
+    }
+
+    #[test]
+    fn a_reconnects_snapshot_deletes_only_missing_dataplanes_and_only_once_complete() {
+        let mut z = held();
+        z.apply(1, &end());
+        assert_eq!(
+            z.resume_from(),
+            Some(10),
+            "a complete state survives its stream"
+        );
+        // A new stream, with a snapshot (e.g. the zone could not resume).
+        won(z.claim(2, 1, "zone-a", &Meshes::All, at(1)));
+        assert!(z.apply(2, &Action::SnapshotBegun).is_empty());
+        assert_eq!(z.resume_from(), None);
+        assert_eq!(
+            z.apply(2, &upsert("web", 12)),
+            [Applied::Changed(id("web"))]
+        );
+        // db is not sent again yet: still there, no deletion.
+        assert!(z.get(&id("db")).is_some());
+        assert_eq!(
+            z.apply(2, &upsert("api", 13)),
+            [Applied::Changed(id("api"))]
+        );
+        let deleted = z.apply(
+            2,
+            &Action::SnapshotComplete {
+                keep: [id("web"), id("api")].into(),
+                revision: 14,
+            },
+        );
+        assert_eq!(deleted, [Applied::Deleted(id("db"))]);
+        let names: Vec<&str> = z.dataplanes().map(|(id, _)| id.name.as_str()).collect();
+        assert_eq!(names, ["api", "web"]);
+        assert_eq!(z.resume_from(), Some(14));
+    }
+
+    #[test]
+    fn an_abandoned_snapshot_deletes_nothing_and_asks_for_a_new_one() {
+        let mut z = held();
+        z.apply(1, &Action::SnapshotBegun);
+        z.apply(1, &upsert("web", 12));
+        assert!(z.apply(1, &end()).is_empty());
+        assert_eq!(z.len(), 2, "nothing deleted");
+        assert!(!z.snapshot_in_progress());
+        assert_eq!(
+            z.resume_from(),
+            None,
+            "no complete state: the next stream sends a snapshot"
+        );
+        let (resume_from, _, _) = won(z.claim(2, 1, "zone-a", &Meshes::All, at(1)));
+        assert_eq!(resume_from, None);
+    }
+
+    #[test]
+    fn live_changes_move_the_revision_and_report_only_real_changes() {
+        let mut z = held();
+        assert!(
+            z.apply(1, &upsert("web", 5)).is_empty(),
+            "the same state again changes nothing"
+        );
+        assert_eq!(
+            z.apply(1, &upsert("web", 11)),
+            [Applied::Changed(id("web"))]
+        );
+        assert_eq!(
+            z.apply(
+                1,
+                &Action::Delete {
+                    id: id("db"),
+                    revision: 12
+                }
+            ),
+            [Applied::Deleted(id("db"))]
+        );
+        assert!(z
+            .apply(
+                1,
+                &Action::Delete {
+                    id: id("nope"),
+                    revision: 13
+                }
+            )
+            .is_empty());
+        assert_eq!(z.resume_from(), Some(13));
+        z.apply(1, &Action::Synced { revision: 20 });
+        assert_eq!(z.resume_from(), Some(20));
+        z.apply(1, &upsert("web", 15));
+        assert_eq!(z.resume_from(), Some(20), "never moves back");
+        assert_eq!(z.get(&id("web")).map(|d| d.revision), Some(15));
+    }
+
+    #[test]
+    fn changes_before_any_snapshot_never_make_the_state_complete() {
+        let mut z = RemoteZone::new("eu-1", TIMEOUT);
+        won(z.claim(1, 1, "zone-a", &Meshes::All, t0()));
+        z.apply(1, &upsert("web", 5));
+        z.apply(1, &Action::Synced { revision: 9 });
+        assert_eq!(z.resume_from(), None);
+    }
+
+    #[test]
+    fn the_highest_epoch_holds_the_uplink_and_late_actions_of_others_are_dropped() {
+        let mut z = held();
+        // Epoch 2 from another instance takes over stream 1 (epoch 1).
+        let (resume_from, replaced, _) = won(z.claim(2, 2, "zone-b", &Meshes::All, at(1)));
+        assert_eq!((resume_from, replaced), (Some(10), Some(1)));
+        assert_eq!(z.holder(), Some(2));
+        // Stream 1's late actions change nothing, its End does not release stream 2.
+        assert!(z.apply(1, &upsert("web", 99)).is_empty());
+        z.apply(1, &end());
+        assert_eq!(z.holder(), Some(2));
+        // Epoch 1 again, while the zone is online: refused, naming the holder.
+        assert_eq!(
+            z.claim(3, 1, "zone-a", &Meshes::All, at(2)),
+            Claim::Lost {
+                epoch: 2,
+                instance: "zone-b".into()
+            }
+        );
+        // The same epoch takes over (the holder reconnecting).
+        let (_, replaced, _) = won(z.claim(4, 2, "zone-b", &Meshes::All, at(3)));
+        assert_eq!(replaced, Some(2));
+    }
+
+    #[test]
+    fn a_takeover_during_a_snapshot_abandons_it() {
+        let mut z = held();
+        z.apply(1, &Action::SnapshotBegun);
+        let (resume_from, _, _) = won(z.claim(2, 2, "zone-b", &Meshes::All, at(1)));
+        assert_eq!(resume_from, None);
+        assert!(!z.snapshot_in_progress());
+    }
+
+    #[test]
+    fn once_offline_any_epoch_may_claim() {
+        let mut z = held();
+        won(z.claim(2, 5, "zone-b", &Meshes::All, at(1)));
+        z.apply(2, &Action::Connected(at(1)));
+        z.apply(2, &end());
+        // Offline (no holder, silent for longer than the timeout): a lease store reset is no lock-out.
+        let (_, replaced, _) = won(z.claim(3, 1, "zone-a", &Meshes::All, at(100)));
+        assert_eq!(replaced, None);
+    }
+
+    #[test]
+    fn a_claim_drops_the_dataplanes_of_meshes_no_longer_allowed() {
+        let mut z = held();
+        z.apply(
+            1,
+            &Action::Upsert {
+                id: DataplaneId::new("payments", "api"),
+                dataplane: pb::Dataplane {
+                    mesh: "payments".into(),
+                    name: "api".into(),
+                    ..Default::default()
+                },
+                revision: 11,
+            },
+        );
+        let only_default = Meshes::Only(BTreeSet::from(["default".to_string()]));
+        let (_, _, pruned) = won(z.claim(2, 1, "zone-a", &only_default, at(1)));
+        assert_eq!(
+            pruned,
+            [Applied::Deleted(DataplaneId::new("payments", "api"))]
+        );
+        assert_eq!(z.len(), 2);
+    }
+
+    #[test]
+    fn liveness_follows_the_holders_signs_of_life() {
+        let mut z = RemoteZone::new("eu-1", TIMEOUT);
+        assert_eq!(z.liveness(t0(), None).state, ZoneState::NeverConnected);
+        won(z.claim(1, 1, "zone-a", &Meshes::All, t0()));
+        z.apply(1, &Action::Connected(at(1)));
+        z.apply(1, &Action::Heartbeat(at(10)));
+        let l = z.liveness(at(20), None);
+        assert_eq!(
+            (l.state, l.since, l.last_seen),
+            (ZoneState::Online, Some(at(1)), Some(at(10)))
+        );
+        assert_eq!(z.liveness(at(26), None).state, ZoneState::Offline);
+        assert_eq!(z.liveness(at(20), Some(at(15))).state, ZoneState::Disabled);
+        // Signs of life of a stream that does not hold the uplink do not count.
+        z.apply(9, &Action::Heartbeat(at(30)));
+        assert_eq!(z.liveness_inputs().last_heartbeat, Some(at(10)));
+    }
+
+    /// The zone's machine, the global's machine and the remote zone wired
+    /// together without a network: what one sends, the other receives.
+    struct Wire {
+        uplink: Uplink,
+        session: Session,
+        zone: RemoteZone,
+        stream: StreamId,
+        now: Timestamp,
+        /// What the zone asked the feed for.
+        subscriptions: Vec<Option<u64>>,
+        applied: Vec<Applied>,
+        closed: Option<(String, bool)>,
+    }
+
+    impl Wire {
+        fn new(zone: RemoteZone, stream: StreamId, capabilities: Option<Vec<String>>) -> Wire {
+            let mut settings = UplinkSettings::new("eu-1", "zone-a");
+            if let Some(c) = capabilities {
+                settings.capabilities = c;
+            }
+            let credential = ZoneCredential {
+                zone: "eu-1".into(),
+                meshes: Meshes::All,
+            };
+            let global = Arc::new(SessionSettings::new(Duration::from_secs(5), TIMEOUT));
+            Wire {
+                uplink: Uplink::new(settings, 1),
+                session: Session::new(global, credential, Registration::Registered, t0()),
+                zone,
+                stream,
+                now: t0(),
+                subscriptions: Vec::new(),
+                applied: Vec::new(),
+                closed: None,
+            }
+        }
+
+        /// Delivers `event` to the zone and carries everything through.
+        fn zone_event(&mut self, event: uplink::Event) {
+            let mut actions = Vec::new();
+            self.uplink.handle(event, self.now, &mut actions);
+            let mut batch = Vec::new();
+            for a in actions {
+                match a {
+                    uplink::Action::Send(m) => batch.push(m),
+                    uplink::Action::Subscribe { since } => self.subscriptions.push(since),
+                    uplink::Action::Close { code, retry, .. } => self.closed = Some((code, retry)),
+                    uplink::Action::Connected | uplink::Action::Problem { .. } => {}
+                }
+            }
+            if !batch.is_empty() {
+                self.global_event(Event::Received(batch));
+            }
+        }
+
+        fn global_event(&mut self, event: Event) {
+            let mut actions = Vec::new();
+            self.session.handle(event, self.now, &mut actions);
+            for a in actions {
+                match &a {
+                    Action::Claim { epoch, instance } => {
+                        let (resume_from, _, _) = won(self.zone.claim(
+                            self.stream,
+                            *epoch,
+                            instance,
+                            &Meshes::All,
+                            self.now,
+                        ));
+                        self.global_event(Event::Claimed { resume_from });
+                    }
+                    Action::Send(m) => self.zone_event(uplink::Event::Received(m.clone())),
+                    other => self.applied.extend(self.zone.apply(self.stream, other)),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn zone_and_global_sync_a_snapshot_then_resume_without_one() {
+        let mut w = Wire::new(RemoteZone::new("eu-1", TIMEOUT), 1, None);
+        w.zone_event(uplink::Event::Opened);
+        assert_eq!(w.subscriptions, [None]);
+        w.zone_event(uplink::Event::FeedSnapshot {
+            revision: 10,
+            items: vec![dp("web", 4), dp("db", 9)],
+        });
+        assert_eq!(w.zone.resume_from(), Some(10));
+        assert_eq!(w.uplink.acked(), 10);
+        w.zone_event(uplink::Event::FeedDeleted {
+            mesh: "default".into(),
+            name: "db".into(),
+            revision: 11,
+        });
+        w.now = at(5);
+        w.zone_event(uplink::Event::Tick);
+        assert_eq!(w.uplink.acked(), 11, "the heartbeat's Ack");
+        assert_eq!(w.zone.liveness(at(5), None).state, ZoneState::Online);
+        w.zone_event(uplink::Event::Closed { error: None });
+        w.global_event(Event::Closed { error: None });
+        assert_eq!(w.closed, Some(("stream_closed".to_string(), true)));
+
+        // The next stream resumes from 11: no snapshot, nothing deleted.
+        let zone = w.zone.clone();
+        let mut w = Wire::new(zone, 2, None);
+        w.now = at(6);
+        w.zone_event(uplink::Event::Opened);
+        assert_eq!(w.subscriptions, [Some(11)]);
+        w.zone_event(uplink::Event::FeedChange(dp("api", 12)));
+        w.zone_event(uplink::Event::FeedSynced { revision: 12 });
+        assert_eq!(w.applied, [Applied::Changed(id("api"))]);
+        let names: Vec<&str> = w
+            .zone
+            .dataplanes()
+            .map(|(id, _)| id.name.as_str())
+            .collect();
+        assert_eq!(names, ["api", "web"]);
+    }
+
+    #[test]
+    fn a_zone_that_cannot_resume_sends_a_snapshot_and_the_global_deletes_what_it_lacks() {
+        let mut w = Wire::new(held(), 2, Some(vec![]));
+        w.zone_event(uplink::Event::Opened);
+        assert_eq!(w.subscriptions, [None]);
+        w.zone_event(uplink::Event::FeedSnapshot {
+            revision: 20,
+            items: vec![dp("web", 5)],
+        });
+        assert_eq!(w.applied, [Applied::Deleted(id("db"))]);
+    }
+
+    #[test]
+    fn an_unregistered_zone_closes_for_good_and_the_global_holds_nothing() {
+        let mut w = Wire::new(RemoteZone::new("eu-1", TIMEOUT), 1, None);
+        w.session = Session::new(
+            Arc::new(SessionSettings::new(Duration::from_secs(5), TIMEOUT)),
+            ZoneCredential {
+                zone: "eu-1".into(),
+                meshes: Meshes::All,
+            },
+            Registration::Unknown,
+            t0(),
+        );
+        w.zone_event(uplink::Event::Opened);
+        assert_eq!(w.closed, Some(("zone_unregistered".to_string(), false)));
+        assert_eq!(w.zone.holder(), None);
+        assert_eq!(w.zone.liveness(t0(), None).state, ZoneState::NeverConnected);
+    }
+
+    #[test]
+    fn a_chunked_snapshot_arrives_whole() {
+        let mut w = Wire::new(RemoteZone::new("eu-1", TIMEOUT), 1, None);
+        w.zone_event(uplink::Event::Opened);
+        let items: Vec<pb::Dataplane> = (0..1234).map(|i| dp(&format!("web-{i}"), i)).collect();
+        w.zone_event(uplink::Event::FeedSnapshot {
+            revision: 2000,
+            items,
+        });
+        assert_eq!(w.zone.len(), 1234);
+        assert_eq!(w.zone.resume_from(), Some(2000));
+    }
+}
