@@ -22,9 +22,11 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::{
-    check_sizes, classify, find_template, parse_file_with, scan_yaml, Dataplane, DataplaneDoc,
-    FileLimits, Format, Header, IgnoredDocument, ParseError, ParsedFile, YamlSize,
+use super::kuma::{DataplaneDoc, Header};
+use super::limits::{check_sizes, scan_yaml, FileLimits, YamlSize};
+use super::model::Dataplane;
+use super::parse::{
+    classify, find_template, parse_file_with, Format, IgnoredDocument, ParseError, ParsedFile,
 };
 
 /// A file's documents as of its last good parse, for the next version of the
@@ -250,8 +252,8 @@ fn only_comments(text: &str) -> bool {
     })
 }
 
-/// One piece parsed as [`super::parse_yaml`] parses a file, or `None` at any
-/// problem (the whole-file parser then says what it is and where).
+/// One piece parsed as [`super::parse::parse_yaml`] parses a file, or `None`
+/// at any problem (the whole-file parser then says what it is and where).
 fn parse_piece(text: &str, range: Range<usize>, limits: &FileLimits) -> Option<Piece> {
     let piece = &text[range.clone()];
     let size = scan_yaml(piece, limits).ok()?;

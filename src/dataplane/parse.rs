@@ -1,0 +1,396 @@
+//! Parsing one dataplane file: its YAML documents or JSON objects, each
+//! sorted by its `type` into a dataplane or an ignored document, within the
+//! file's limits.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::kuma::{DataplaneDoc, Header};
+use super::limits::{check_file_size, check_sizes, check_yaml, FileLimits, Limit};
+use super::model::Dataplane;
+
+/// Why a document could not be turned into a dataplane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    /// 1-based line, when the parser knows it.
+    pub line: Option<usize>,
+    pub message: String,
+    /// The limit the file went past, when that is the problem.
+    pub limit: Option<Limit>,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "line {line}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+/// The two forms Kuma reads a resource in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Yaml,
+    Json,
+}
+
+impl Format {
+    /// The format of a dataplane file, by extension: `.yaml`, `.yml`, `.json`.
+    pub fn of_path(path: &std::path::Path) -> Option<Format> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("yaml" | "yml") => Some(Format::Yaml),
+            Some("json") => Some(Format::Json),
+            _ => None,
+        }
+    }
+}
+
+/// A document of another resource type (`Mesh`, a policy...): skipped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IgnoredDocument {
+    /// 1-based position in the file.
+    pub document: usize,
+    /// Its `type`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// Everything one file holds.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ParsedFile {
+    pub dataplanes: Vec<Dataplane>,
+    pub ignored: Vec<IgnoredDocument>,
+}
+
+/// Parses every `---`-separated YAML document of one file and keeps the
+/// dataplanes. Empty documents and other resource types are skipped.
+pub fn parse_documents(text: &str) -> Result<Vec<Dataplane>, ParseError> {
+    parse_file(text, Format::Yaml).map(|p| p.dataplanes)
+}
+
+/// Parses one file: YAML documents separated by `---`, or a stream of JSON
+/// objects. Documents whose `type` is not `Dataplane` are listed as ignored;
+/// a document without `type` is an error. The default [`FileLimits`] apply.
+pub fn parse_file(text: &str, format: Format) -> Result<ParsedFile, ParseError> {
+    parse_file_with(text, format, &FileLimits::default())
+}
+
+/// [`parse_file`] within the given limits. YAML is checked by
+/// [`check_yaml`] before it is deserialized; JSON, which has no aliases, is
+/// deserialized at once (its parser stops at 128 levels, in linear time).
+pub fn parse_file_with(
+    text: &str,
+    format: Format,
+    limits: &FileLimits,
+) -> Result<ParsedFile, ParseError> {
+    check_file_size(text, limits)?;
+    if let Some((line, placeholder)) = find_template(text) {
+        return Err(ParseError {
+        limit: None,
+            line: Some(line),
+            message: format!(
+                "{placeholder} is a template placeholder: this file is a kuma-dp Dataplane template; render it first (replace every {{{{ ... }}}} with its value, as `kuma-dp run --dataplane-var` does) and put the rendered file in the dataplanes directory"
+            ),
+        });
+    }
+    let mut out = ParsedFile::default();
+    match format {
+        Format::Yaml => {
+            check_yaml(text, limits)?;
+            parse_yaml(text, &mut out)?
+        }
+        Format::Json => parse_json(text, &mut out)?,
+    }
+    for dp in &out.dataplanes {
+        check_sizes(dp, limits)?;
+    }
+    Ok(out)
+}
+
+fn parse_yaml(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
+    // First pass: what each document is. Second pass: the dataplanes, with
+    // the parser's line numbers for their errors.
+    let mut headers = Vec::new();
+    for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        headers.push(
+            Option::<Header>::deserialize(document).map_err(|e| ParseError {
+                limit: None,
+                line: e.location().map(|l| l.line()),
+                message: format!("document {}: {}", index + 1, strip_location(&e.to_string())),
+            })?,
+        );
+    }
+    for (index, (document, header)) in serde_yaml_ng::Deserializer::from_str(text)
+        .zip(headers)
+        .enumerate()
+    {
+        if !classify(index, header, out)? {
+            continue;
+        }
+        let doc = DataplaneDoc::deserialize(document).map_err(|e| ParseError {
+            limit: None,
+            line: e.location().map(|l| l.line()),
+            message: format!("document {}: {}", index + 1, strip_location(&e.to_string())),
+        })?;
+        add(index, doc, out)?;
+    }
+    Ok(())
+}
+
+fn parse_json(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
+    let json_error =
+        |index: usize, first_line: usize, e: &serde_json::Error, path: String| ParseError {
+            limit: None,
+            line: (e.line() > 0).then(|| first_line + e.line() - 1),
+            message: format!(
+                "document {}: {path}{}",
+                index + 1,
+                strip_location(&e.to_string())
+            ),
+        };
+    let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Header>();
+    let mut start = 0;
+    let mut index = 0;
+    while let Some(header) = stream.next() {
+        let header = header.map_err(|e| json_error(index, 1, &e, String::new()))?;
+        let end = stream.byte_offset();
+        let slice = &text[start..end];
+        let first_line = 1 + text[..start].matches('\n').count();
+        start = end;
+        if classify(index, Some(header), out)? {
+            let mut de = serde_json::Deserializer::from_str(slice);
+            let doc: DataplaneDoc = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+                let path = e.path().to_string();
+                let path = if path == "." {
+                    String::new()
+                } else {
+                    format!("{path}: ")
+                };
+                json_error(index, first_line, e.inner(), path)
+            })?;
+            add(index, doc, out)?;
+        }
+        index += 1;
+    }
+    Ok(())
+}
+
+/// Sorts a document by its `type`: `Ok(true)` for a dataplane, `Ok(false)`
+/// for an empty or ignored document.
+pub(super) fn classify(
+    index: usize,
+    header: Option<Header>,
+    out: &mut ParsedFile,
+) -> Result<bool, ParseError> {
+    let Some(header) = header else {
+        return Ok(false);
+    };
+    let error = |message: String| ParseError {
+        limit: None,
+        line: None,
+        message: format!("document {}: {message}", index + 1),
+    };
+    match header.kind {
+        Some(kind) if kind == "Dataplane" => Ok(true),
+        Some(kind) if kind.is_empty() => Err(error("`type` is empty; write `type: Dataplane` (other resource types are skipped)".into())),
+        Some(kind) => {
+            out.ignored.push(IgnoredDocument {
+                document: index + 1,
+                kind,
+                name: header.name.and_then(|n| n.as_str().map(str::to_string)),
+            });
+            Ok(false)
+        }
+        None => match header.k8s_kind.as_ref().and_then(|k| k.as_str()) {
+            Some(kind) => Err(error(format!(
+                "this is a Kubernetes manifest (kind: {kind}); hdsd reads Kuma's universal format: a document with `type: Dataplane`, `mesh`, `name` and `networking`"
+            ))),
+            None => Err(error(
+                "missing field `type`; every resource needs one (`type: Dataplane` for a dataplane; other types are skipped)".into(),
+            )),
+        },
+    }
+}
+
+fn add(index: usize, doc: DataplaneDoc, out: &mut ParsedFile) -> Result<(), ParseError> {
+    let dataplane = doc.into_dataplane().map_err(|message| ParseError {
+        limit: None,
+        line: None,
+        message: format!("document {}: {message}", index + 1),
+    })?;
+    if out.dataplanes.iter().any(|d| d.id == dataplane.id) {
+        return Err(ParseError {
+        limit: None,
+            line: None,
+            message: format!(
+                "document {}: dataplane {} is defined twice in this file; remove one of the documents",
+                index + 1,
+                dataplane.id
+            ),
+        });
+    }
+    out.dataplanes.push(dataplane);
+    Ok(())
+}
+
+/// The first `{{ name }}` placeholder outside a comment: (line, placeholder).
+pub(super) fn find_template(text: &str) -> Option<(usize, &str)> {
+    memchr::memmem::find(text.as_bytes(), b"{{")?;
+    text.lines().enumerate().find_map(|(i, line)| {
+        if line.trim_start().starts_with('#') {
+            return None;
+        }
+        let open = line.find("{{")?;
+        let close = open + 2 + line[open + 2..].find("}}")?;
+        let inner = line[open + 2..close].trim();
+        let is_name = !inner.is_empty()
+            && inner
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        is_name.then(|| (i + 1, &line[open..close + 2]))
+    })
+}
+
+fn strip_location(s: &str) -> &str {
+    match s.rfind(" at line ") {
+        Some(i) => &s[..i],
+        None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::kuma::tests::{yaml, WEB};
+    use super::*;
+
+    const MIXED: &str = include_str!("../../testdata/kuma/mixed.yaml");
+    const JSON: &str = include_str!("../../testdata/kuma/dataplane.json");
+    const TEMPLATE: &str = include_str!("../../testdata/kuma-invalid/template.yaml");
+    const TYPO: &str = include_str!("../../testdata/kuma-invalid/typo.yaml");
+    const NO_TYPE: &str = include_str!("../../testdata/kuma-invalid/no-type.yaml");
+
+    #[test]
+    fn several_documents_and_empty_ones() {
+        let text = format!("{WEB}\n---\n---\n{}", WEB.replace("web-01", "web-02"));
+        let dps = parse_documents(&text).unwrap();
+        assert_eq!(dps.len(), 2);
+        assert_eq!(dps[1].id.name, "web-02");
+        assert!(parse_documents("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn other_resource_types_are_skipped_and_listed() {
+        let parsed = yaml(MIXED);
+        let names: Vec<String> = parsed.dataplanes.iter().map(|d| d.id.to_string()).collect();
+        assert_eq!(names, ["default.backend-01", "default.frontend-01"]);
+        let ignored: Vec<(usize, &str, Option<&str>)> = parsed
+            .ignored
+            .iter()
+            .map(|d| (d.document, d.kind.as_str(), d.name.as_deref()))
+            .collect();
+        assert_eq!(
+            ignored,
+            [
+                (1, "Mesh", Some("default")),
+                (3, "MeshTrafficPermission", Some("allow-all")),
+                (5, "MeshHealthCheck", Some("backend-hc")),
+            ]
+        );
+        // parse_documents keeps only the dataplanes.
+        assert_eq!(parse_documents(MIXED).unwrap(), parsed.dataplanes);
+    }
+
+    #[test]
+    fn a_document_without_type_is_an_error() {
+        let e = parse_file(NO_TYPE, Format::Yaml).unwrap_err();
+        assert!(
+            e.message.contains("document 1: missing field `type`"),
+            "{e}"
+        );
+        let k8s = "apiVersion: kuma.io/v1alpha1\nkind: Dataplane\nmetadata: {name: a}\n";
+        let e = parse_file(k8s, Format::Yaml).unwrap_err();
+        assert!(
+            e.message.contains("Kubernetes manifest (kind: Dataplane)"),
+            "{e}"
+        );
+        let e = parse_file("- a\n- b\n", Format::Yaml).unwrap_err();
+        assert!(e.message.contains("a Kuma resource"), "{e}");
+    }
+
+    #[test]
+    fn typo_names_key_and_line_in_a_mixed_file() {
+        let e = parse_file(TYPO, Format::Yaml).unwrap_err();
+        assert!(e.message.contains("document 2"), "{e}");
+        assert!(e.message.contains("unknown field `protocl`"), "{e}");
+        assert!(e.message.contains("networking.inbound[0]"), "{e}");
+        assert_eq!(e.line, Some(12), "the key's line: {e}");
+    }
+
+    #[test]
+    fn json_form() {
+        let parsed = parse_file(JSON, Format::Json).unwrap_or_else(|e| panic!("{e}"));
+        let dp = &parsed.dataplanes[0];
+        assert_eq!(dp.id.to_string(), "default.json-01");
+        assert_eq!(dp.inbounds[0].name.as_deref(), Some("main"));
+        assert_eq!(
+            dp.inbounds[0].probe.as_ref().unwrap().interval,
+            Some(Duration::from_secs(2))
+        );
+        // The same dataplane as its YAML form.
+        let value: serde_json::Value = serde_json::from_str(JSON).unwrap();
+        let as_yaml = serde_yaml_ng::to_string(&value).unwrap();
+        assert_eq!(yaml(&as_yaml).dataplanes, parsed.dataplanes);
+        // Several objects in one file, other types skipped.
+        let stream = format!("{{\"type\": \"Mesh\", \"name\": \"default\"}}\n{JSON}");
+        let parsed = parse_file(&stream, Format::Json).unwrap();
+        assert_eq!(parsed.dataplanes.len(), 1);
+        assert_eq!(parsed.ignored[0].kind, "Mesh");
+    }
+
+    #[test]
+    fn json_errors_name_the_path_and_the_line() {
+        let text = format!(
+            "{{\"type\": \"Mesh\", \"name\": \"default\"}}\n{}",
+            JSON.replace("\"servicePort\"", "\"servicePrt\"")
+        );
+        let e = parse_file(&text, Format::Json).unwrap_err();
+        assert!(e.message.contains("document 2"), "{e}");
+        assert!(e.message.contains("networking.inbound[0]"), "{e}");
+        assert!(e.message.contains("unknown field `servicePrt`"), "{e}");
+        assert_eq!(e.line, Some(12), "the key's line: {e}");
+        let e = parse_file("{\"type\": \"Dataplane\",", Format::Json).unwrap_err();
+        assert_eq!(e.line, Some(1), "{e}");
+    }
+
+    #[test]
+    fn a_template_must_be_rendered_first() {
+        let e = parse_file(TEMPLATE, Format::Yaml).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(
+            e.message.contains("{{ name }} is a template placeholder"),
+            "{e}"
+        );
+        assert!(e.message.contains("render it first"), "{e}");
+        // Quoted or not, in JSON too.
+        let json = JSON.replace("\"127.0.0.1\"", "\"{{ address }}\"");
+        let e = parse_file(&json, Format::Json).unwrap_err();
+        assert!(e.message.contains("{{ address }}"), "{e}");
+        // Braces that are not a placeholder are left to the parser.
+        assert!(find_template("tags: {a: {b: c}}\n# {{ commented }}\n").is_none());
+    }
+
+    #[test]
+    fn format_by_extension() {
+        use std::path::Path;
+        assert_eq!(Format::of_path(Path::new("a.yaml")), Some(Format::Yaml));
+        assert_eq!(Format::of_path(Path::new("a.yml")), Some(Format::Yaml));
+        assert_eq!(Format::of_path(Path::new("a.json")), Some(Format::Json));
+        assert_eq!(Format::of_path(Path::new("a.txt")), None);
+    }
+}
