@@ -132,15 +132,6 @@ impl KeyRing {
                 name: name.to_string(),
             });
         }
-        if valid_for > max_validity {
-            return Err(IssueError::ValidityTooLong {
-                requested: valid_for,
-                max: max_validity,
-            });
-        }
-        if valid_for.as_secs() == 0 {
-            return Err(IssueError::ValidityTooShort);
-        }
         if tags.keys().any(String::is_empty) {
             return Err(IssueError::EmptyTagName);
         }
@@ -152,6 +143,7 @@ impl KeyRing {
                 ..Claims::default()
             },
             valid_for,
+            max_validity,
             now,
         )
     }
@@ -175,6 +167,27 @@ impl KeyRing {
         {
             return Err(IssueError::BadZone { problem });
         }
+        self.sign(
+            Claims {
+                zone: Some(zone.to_string()),
+                meshes: meshes.to_vec(),
+                ..Claims::default()
+            },
+            valid_for,
+            max_validity,
+            now,
+        )
+    }
+
+    /// Signs `claims` with the newest local key, with `iat`, `exp` and a
+    /// fresh `jti`; refuses `valid_for` above `max_validity` or under 1 s.
+    fn sign(
+        &self,
+        mut claims: Claims,
+        valid_for: Duration,
+        max_validity: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<String, IssueError> {
         if valid_for > max_validity {
             return Err(IssueError::ValidityTooLong {
                 requested: valid_for,
@@ -184,25 +197,6 @@ impl KeyRing {
         if valid_for.as_secs() == 0 {
             return Err(IssueError::ValidityTooShort);
         }
-        self.sign(
-            Claims {
-                zone: Some(zone.to_string()),
-                meshes: meshes.to_vec(),
-                ..Claims::default()
-            },
-            valid_for,
-            now,
-        )
-    }
-
-    /// Signs `claims` with the newest local key, with `iat`, `exp` and a
-    /// fresh `jti`.
-    fn sign(
-        &self,
-        mut claims: Claims,
-        valid_for: Duration,
-        now: DateTime<Utc>,
-    ) -> Result<String, IssueError> {
         let Some((kid, key)) = self.signer() else {
             return Err(IssueError::NoSigningKey {
                 keys_dir: self.keys_dir().display().to_string(),

@@ -44,6 +44,26 @@ where
     }
 }
 
+/// The next stream note, or a panic after `SEEN_WITHIN`.
+async fn next_note(notes: &mut tokio::sync::broadcast::Receiver<StreamNote>) -> StreamNote {
+    tokio::time::timeout(SEEN_WITHIN, notes.recv())
+        .await
+        .expect("a note within the deadline")
+        .expect("a note")
+}
+
+/// Publishes `keys` as publisher `pub-a`.
+async fn publish(
+    cluster: &dyn Cluster,
+    keys: &BTreeMap<String, String>,
+    alive: Duration,
+) -> KeyPublication {
+    cluster
+        .publish_keys("pub-a", keys, alive)
+        .await
+        .expect("publish")
+}
+
 /// What one instance must see of its own duties.
 pub async fn one_instance(cluster: &dyn Cluster) {
     // Membership: the first heartbeat registers, the next ones find the
@@ -119,28 +139,13 @@ pub async fn one_instance(cluster: &dyn Cluster) {
     };
     let alive = Duration::from_secs(10);
     let one = keys(&[("kid-1", "pem-1")]);
+    assert_eq!(publish(cluster, &one, alive).await, KeyPublication::Changed);
     assert_eq!(
-        cluster
-            .publish_keys("pub-a", &one, alive)
-            .await
-            .expect("publish"),
-        KeyPublication::Changed
-    );
-    assert_eq!(
-        cluster
-            .publish_keys("pub-a", &one, alive)
-            .await
-            .expect("publish"),
+        publish(cluster, &one, alive).await,
         KeyPublication::Unchanged
     );
     let two = keys(&[("kid-2", "pem-2")]);
-    assert_eq!(
-        cluster
-            .publish_keys("pub-a", &two, alive)
-            .await
-            .expect("publish"),
-        KeyPublication::Changed
-    );
+    assert_eq!(publish(cluster, &two, alive).await, KeyPublication::Changed);
     let shared: Vec<(String, String)> = cluster
         .shared_keys()
         .await
@@ -185,10 +190,7 @@ pub async fn two_instances(a: &dyn Cluster, b: &dyn Cluster) {
     let mut notes = b.stream_notes();
     let longest = dataplane(0);
     (a.claims().0)(&longest, Some(at(7)));
-    let note = tokio::time::timeout(SEEN_WITHIN, notes.recv())
-        .await
-        .expect("a note within the deadline")
-        .expect("a note");
+    let note = next_note(&mut notes).await;
     assert_eq!(
         note,
         StreamNote::Claimed((longest.clone(), a.instance().to_string(), at(7)))
@@ -203,10 +205,7 @@ pub async fn two_instances(a: &dyn Cluster, b: &dyn Cluster) {
     })
     .await;
     (a.claims().0)(&longest, None);
-    let note = tokio::time::timeout(SEEN_WITHIN, notes.recv())
-        .await
-        .expect("a note within the deadline")
-        .expect("a note");
+    let note = next_note(&mut notes).await;
     assert_eq!(
         note,
         StreamNote::Released(longest.clone(), a.instance().to_string())
@@ -246,16 +245,16 @@ pub async fn two_instances(a: &dyn Cluster, b: &dyn Cluster) {
     })
     .await;
     let timeout = Duration::from_millis(300);
-    let deadline = Instant::now() + SEEN_WITHIN;
-    let swept = loop {
+    let swept = std::sync::Mutex::new(Vec::new());
+    eventually("B sweeps the silent A", || async {
         let _ = b.heartbeat().await;
-        let swept = b.sweep(timeout).await.unwrap_or_default();
-        if !swept.is_empty() {
-            break swept;
-        }
-        assert!(Instant::now() < deadline, "B never swept the silent A");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        let found = b.sweep(timeout).await.unwrap_or_default();
+        let done = !found.is_empty();
+        *swept.lock().unwrap() = found;
+        done
+    })
+    .await;
+    let swept = swept.into_inner().unwrap();
     assert!(
         swept
             .iter()
