@@ -464,13 +464,13 @@ impl Session {
         match self.registration {
             Registration::Disabled => {
                 let message = format!(
-                    "zone {zone:?} is disabled at the global: enable it with `hdsd zone enable {zone}` (or PUT /api/v1/zones/{zone} with \"enabled\": true); until then the global refuses its streams"
+                    "zone {zone:?} is disabled at the global: remove it from global.disabled in the global's configuration and restart the global; until then the global refuses its streams"
                 );
                 return self.refuse(Code::ZoneDisabled, message, actions);
             }
             Registration::Unknown if !self.settings.auto_register => {
                 let message = format!(
-                    "zone {zone:?} is not registered at the global: add it with `hdsd zone add {zone}` (or PUT /api/v1/zones/{zone}), or set global.auto_register = true"
+                    "zone {zone:?} is not registered at the global: add it to global.zones in the global's configuration (or set global.auto_register = true) and restart the global"
                 );
                 return self.refuse(Code::ZoneUnregistered, message, actions);
             }
@@ -1045,7 +1045,7 @@ mod tests {
         assert_eq!((r.code.as_str(), r.permanent), ("zone_unregistered", true));
         assert_eq!(
             r.message,
-            "zone \"eu-1\" is not registered at the global: add it with `hdsd zone add eu-1` (or PUT /api/v1/zones/eu-1), or set global.auto_register = true"
+            "zone \"eu-1\" is not registered at the global: add it to global.zones in the global's configuration (or set global.auto_register = true) and restart the global"
         );
         // With auto_register, the global registers it, then claims.
         let mut h = Harness::new(Registration::Unknown, true);
@@ -1070,7 +1070,7 @@ mod tests {
         assert_eq!((r.code.as_str(), r.permanent), ("zone_disabled", true));
         assert!(
             r.message.contains("zone \"eu-1\" is disabled")
-                && r.message.contains("hdsd zone enable eu-1"),
+                && r.message.contains("remove it from global.disabled"),
             "{}",
             r.message
         );

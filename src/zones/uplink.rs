@@ -837,8 +837,7 @@ mod tests {
     fn refused_names_the_reason_and_says_whether_to_retry() {
         let mut h = Harness::new();
         h.on(Event::Opened);
-        let message =
-            "zone \"eu-1\" is not registered at the global: add it with `hdsd zone add eu-1`";
+        let message = "zone \"eu-1\" is not registered at the global: add it to global.zones";
         let a = h.on(Event::Received(refused("zone_unregistered", message, true)));
         assert_eq!(closed(&a), ("zone_unregistered", message, false));
         assert!(h.uplink.is_closed());
