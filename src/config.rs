@@ -760,12 +760,17 @@ impl Config {
                     problems.push(format!("zone.global: {url:?} is not an http:// or https:// URL of the global's zone listener (e.g. http://global.example:5682)"));
                 }
             }
-            if zone.token_file.is_none() && self.auth.mode == AuthMode::Token {
-                problems.push("zone.token_file is not set: the global needs a zone token (issue one on the global with `hdsd token issue --zone NAME`, save it to a file, and set zone.token_file)".to_string());
+            // The global's rule, not this hdsd's `auth.mode`: a global names
+            // every zone by its token, never by what the zone says.
+            if zone.token_file.is_none() {
+                problems.push("zone.token_file is not set: the global knows a zone only by its zone token (issue one on the global with `hdsd token issue --zone NAME --mesh MESH`, save it to a file, and set zone.token_file)".to_string());
             }
         }
         let g = &self.global;
         if g.enabled {
+            if self.auth.mode == AuthMode::None {
+                problems.push("global.enabled needs auth.mode = \"token\": a zone's name and meshes come from its zone token (`hdsd token issue --zone NAME --mesh MESH`), so without tokens any peer could speak for any zone".to_string());
+            }
             if g.heartbeat_interval < Duration::from_millis(50) {
                 problems.push(format!(
                     "global.heartbeat_interval is {}: it must be at least 50ms (e.g. 5s)",
@@ -1215,6 +1220,39 @@ mod tests {
         let mut f = tempfile::Builder::new().suffix(ext).tempfile().unwrap();
         f.write_all(text.as_bytes()).unwrap();
         Config::load_with_env(Some(f.path()), no_env())
+    }
+
+    #[test]
+    fn zones_are_known_by_their_token_only() {
+        let mut c = Config::default();
+        c.global.enabled = true;
+        c.auth.mode = AuthMode::None;
+        let problems = c.validate().join("\n");
+        assert!(
+            problems.contains("global.enabled needs auth.mode = \"token\""),
+            "{problems}"
+        );
+        c.auth.mode = AuthMode::Token;
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+
+        // A zone whose own Envoys need no token still needs a zone token.
+        let mut z = Config::default();
+        z.auth.mode = AuthMode::None;
+        z.zone = Some(ZoneConfig {
+            name: "eu-1".into(),
+            global: vec!["http://global.example:5682".into()],
+            token_file: None,
+            ca: None,
+        });
+        let problems = z.validate().join("\n");
+        assert!(
+            problems.contains("zone.token_file is not set"),
+            "{problems}"
+        );
+        if let Some(zone) = z.zone.as_mut() {
+            zone.token_file = Some(PathBuf::from("zone.token"));
+        }
+        assert!(z.validate().is_empty(), "{:?}", z.validate());
     }
 
     #[test]
