@@ -131,6 +131,11 @@ impl RemoteZone {
         self.holder.as_ref().map(|h| h.stream)
     }
 
+    /// The zone instance whose stream holds the uplink, if any.
+    pub fn uplink_instance(&self) -> Option<&str> {
+        self.holder.as_ref().map(|h| h.instance.as_str())
+    }
+
     /// One dataplane of the zone.
     pub fn get(&self, id: &DataplaneId) -> Option<&pb::Dataplane> {
         self.dataplanes.get(id)

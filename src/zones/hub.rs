@@ -1,0 +1,440 @@
+//! What a global holds of every zone at once: which zones are registered
+//! or disabled, each zone's [`RemoteZone`], how its streams went (snapshots
+//! and resumes), and the summary every reader shows (REST, metrics, the
+//! page). Plain data with one writer, the global's hub task, which feeds it
+//! the [`session::Action`]s of every stream and publishes [`Hub::summaries`].
+//!
+//! The rules it adds to [`RemoteZone`]'s:
+//!
+//! - A zone is known when it is listed (`global.zones`), registered by the
+//!   hub itself (`global.auto_register`, on [`Action::Register`]) or
+//!   disabled (`global.disabled`); a disabled zone is
+//!   [`Registration::Disabled`] whatever else says.
+//! - A zone's data is **withdrawn** (every reader shows its inbounds not
+//!   ready) while it is disabled, and once it has been offline for
+//!   `offline_ttl`; before that an offline zone keeps its last readiness and
+//!   readers show the zone's state beside it. Nothing is deleted because a
+//!   zone went away.
+//! - Streams get growing ids; a resume is counted when a stream wins the
+//!   uplink with a revision to resume from, a snapshot when the holder's
+//!   snapshot completes.
+//!
+//! [`session::Action`]: super::session::Action
+//! [`Action::Register`]: super::session::Action::Register
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::liveness::{Liveness, ZoneState};
+use super::remote::{Applied, Claim, RemoteZone, StreamId};
+use super::session::{Action, Registration};
+use super::{plus, Meshes};
+use crate::clock::Timestamp;
+
+/// How the global judges its zones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HubSettings {
+    /// `global.zone_timeout`.
+    pub zone_timeout: Duration,
+    /// `global.offline_ttl`.
+    pub offline_ttl: Duration,
+}
+
+/// How a zone's streams went, since the global started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Streams that won the uplink.
+    pub streams: u64,
+    /// Streams that won it with a revision to resume from.
+    pub resumes: u64,
+    /// Snapshots completed.
+    pub snapshots: u64,
+}
+
+/// One zone as readers see it at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneSummary {
+    /// The zone's name.
+    pub name: String,
+    /// Its liveness at the moment of the summary.
+    pub liveness: Liveness,
+    /// Listed, registered by the hub, or disabled (false: only seen).
+    pub registered: bool,
+    /// The zone instance holding the uplink, while one does.
+    pub instance: Option<String>,
+    /// The zone revision the global holds complete (`None`: syncing).
+    pub held: Option<u64>,
+    /// The zone's dataplanes the global holds.
+    pub dataplanes: usize,
+    /// Their inbounds, ready and in all (withdrawn: none ready).
+    pub inbounds_ready: usize,
+    /// Their inbounds in all.
+    pub inbounds_total: usize,
+    /// True when readers must show every inbound of the zone not ready.
+    pub withdrawn: bool,
+    /// How its streams went.
+    pub counters: Counters,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    remote: RemoteZone,
+    registered: bool,
+    disabled: Option<Timestamp>,
+    counters: Counters,
+}
+
+/// Every zone the global knows.
+#[derive(Debug, Clone)]
+pub struct Hub {
+    settings: HubSettings,
+    zones: BTreeMap<String, Entry>,
+    next_stream: StreamId,
+}
+
+impl Hub {
+    /// The zones of the configuration (`registered`, `disabled`), at `now`.
+    pub fn new(
+        settings: HubSettings,
+        registered: &[String],
+        disabled: &[String],
+        now: Timestamp,
+    ) -> Hub {
+        let mut hub = Hub {
+            settings,
+            zones: BTreeMap::new(),
+            next_stream: 1,
+        };
+        for zone in registered {
+            hub.entry(zone).registered = true;
+        }
+        for zone in disabled {
+            let entry = hub.entry(zone);
+            entry.registered = true;
+            entry.disabled = Some(now);
+        }
+        hub
+    }
+
+    fn entry(&mut self, zone: &str) -> &mut Entry {
+        let timeout = self.settings.zone_timeout;
+        self.zones.entry(zone.to_string()).or_insert_with(|| Entry {
+            remote: RemoteZone::new(zone, timeout),
+            registered: false,
+            disabled: None,
+            counters: Counters::default(),
+        })
+    }
+
+    /// A number for a new stream.
+    pub fn open_stream(&mut self) -> StreamId {
+        let id = self.next_stream;
+        self.next_stream += 1;
+        id
+    }
+
+    /// What the registry says of `zone` when its stream opens.
+    pub fn registration(&self, zone: &str) -> Registration {
+        match self.zones.get(zone) {
+            Some(e) if e.disabled.is_some() => Registration::Disabled,
+            Some(e) if e.registered => Registration::Registered,
+            _ => Registration::Unknown,
+        }
+    }
+
+    /// `stream` of `zone` asks for the uplink ([`RemoteZone::claim`]).
+    pub fn claim(
+        &mut self,
+        zone: &str,
+        stream: StreamId,
+        epoch: u64,
+        instance: &str,
+        allowed: &Meshes,
+        now: Timestamp,
+    ) -> Claim {
+        let entry = self.entry(zone);
+        let claim = entry.remote.claim(stream, epoch, instance, allowed, now);
+        if let Claim::Won { resume_from, .. } = &claim {
+            entry.counters.streams += 1;
+            if resume_from.is_some() {
+                entry.counters.resumes += 1;
+            }
+        }
+        claim
+    }
+
+    /// Applies one action of `stream` of `zone`; returns the dataplanes
+    /// readers must look at again.
+    pub fn apply(&mut self, zone: &str, stream: StreamId, action: &Action) -> Vec<Applied> {
+        let entry = self.entry(zone);
+        match action {
+            Action::Register => {
+                entry.registered = true;
+                Vec::new()
+            }
+            Action::SnapshotComplete { .. } if entry.remote.holder() == Some(stream) => {
+                entry.counters.snapshots += 1;
+                entry.remote.apply(stream, action)
+            }
+            _ => entry.remote.apply(stream, action),
+        }
+    }
+
+    /// What the global holds of `zone`.
+    pub fn remote(&self, zone: &str) -> Option<&RemoteZone> {
+        self.zones.get(zone).map(|e| &e.remote)
+    }
+
+    /// Every zone the global knows, by name, at `now`.
+    pub fn summaries(&self, now: Timestamp) -> Vec<ZoneSummary> {
+        self.zones
+            .values()
+            .map(|e| self.summary_of(e, now))
+            .collect()
+    }
+
+    /// One zone at `now`.
+    pub fn summary(&self, zone: &str, now: Timestamp) -> Option<ZoneSummary> {
+        self.zones.get(zone).map(|e| self.summary_of(e, now))
+    }
+
+    fn summary_of(&self, e: &Entry, now: Timestamp) -> ZoneSummary {
+        let liveness = e.remote.liveness(now, e.disabled);
+        let withdrawn = match liveness.state {
+            ZoneState::Disabled => true,
+            ZoneState::Offline => liveness
+                .since
+                .is_some_and(|since| plus(since, self.settings.offline_ttl) <= now),
+            ZoneState::Online | ZoneState::NeverConnected => false,
+        };
+        let (mut ready, mut total) = (0, 0);
+        for (_, dp) in e.remote.dataplanes() {
+            for inbound in &dp.inbounds {
+                total += 1;
+                if !withdrawn && inbound.health.as_ref().is_some_and(|h| h.ready) {
+                    ready += 1;
+                }
+            }
+        }
+        ZoneSummary {
+            name: e.remote.zone().to_string(),
+            liveness,
+            registered: e.registered,
+            instance: e.remote.uplink_instance().map(str::to_string),
+            held: e.remote.resume_from(),
+            dataplanes: e.remote.len(),
+            inbounds_ready: ready,
+            inbounds_total: total,
+            withdrawn,
+            counters: e.counters,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::dataplane::DataplaneId;
+    use crate::pb;
+
+    const TIMEOUT: Duration = Duration::from_secs(15);
+    const TTL: Duration = Duration::from_secs(300);
+
+    fn at(secs: u64) -> Timestamp {
+        plus(
+            "2025-01-01T00:00:00Z".parse().unwrap(),
+            Duration::from_secs(secs),
+        )
+    }
+
+    fn hub(registered: &[&str], disabled: &[&str]) -> Hub {
+        let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        Hub::new(
+            HubSettings {
+                zone_timeout: TIMEOUT,
+                offline_ttl: TTL,
+            },
+            &own(registered),
+            &own(disabled),
+            at(0),
+        )
+    }
+
+    fn dp(name: &str, ready: bool) -> pb::Dataplane {
+        pb::Dataplane {
+            mesh: "default".into(),
+            name: name.into(),
+            inbounds: vec![pb::Inbound {
+                port: 10001,
+                health: Some(pb::Health {
+                    ready,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ready,
+            ..Default::default()
+        }
+    }
+
+    fn id(name: &str) -> DataplaneId {
+        DataplaneId::new("default", name)
+    }
+
+    /// Claims the uplink for a new stream at `now` and applies a snapshot of
+    /// `dataplanes` (name, ready) through it.
+    fn connect(
+        h: &mut Hub,
+        zone: &str,
+        epoch: u64,
+        now: u64,
+        dataplanes: &[(&str, bool)],
+    ) -> StreamId {
+        let stream = h.open_stream();
+        let claim = h.claim(zone, stream, epoch, "zone-1", &Meshes::All, at(now));
+        assert!(matches!(claim, Claim::Won { .. }), "{claim:?}");
+        h.apply(zone, stream, &Action::Connected(at(now)));
+        h.apply(zone, stream, &Action::SnapshotBegun);
+        for (i, (name, ready)) in dataplanes.iter().enumerate() {
+            h.apply(
+                zone,
+                stream,
+                &Action::Upsert {
+                    id: id(name),
+                    dataplane: dp(name, *ready),
+                    revision: i as u64 + 1,
+                },
+            );
+        }
+        let keep: BTreeSet<_> = dataplanes.iter().map(|(n, _)| id(n)).collect();
+        h.apply(
+            zone,
+            stream,
+            &Action::SnapshotComplete {
+                keep,
+                revision: dataplanes.len() as u64,
+            },
+        );
+        stream
+    }
+
+    #[test]
+    fn a_zone_is_known_by_the_configuration_or_by_registering() {
+        let mut h = hub(&["eu-1"], &["us-1"]);
+        assert_eq!(h.registration("eu-1"), Registration::Registered);
+        assert_eq!(h.registration("us-1"), Registration::Disabled);
+        assert_eq!(h.registration("ap-1"), Registration::Unknown);
+        let s = h.open_stream();
+        h.apply("ap-1", s, &Action::Register);
+        assert_eq!(h.registration("ap-1"), Registration::Registered);
+        // Disabled wins over listed.
+        let h = hub(&["us-1"], &["us-1"]);
+        assert_eq!(h.registration("us-1"), Registration::Disabled);
+        let names: Vec<_> = h.summaries(at(0)).into_iter().map(|z| z.name).collect();
+        assert_eq!(names, ["us-1"]);
+    }
+
+    #[test]
+    fn the_summary_counts_inbounds_and_the_first_stream_is_a_snapshot() {
+        let mut h = hub(&["eu-1"], &[]);
+        let before = h.summary("eu-1", at(0)).unwrap();
+        assert_eq!(before.liveness.state, ZoneState::NeverConnected);
+        assert_eq!((before.dataplanes, before.held), (0, None));
+        connect(&mut h, "eu-1", 1, 1, &[("a", true), ("b", false)]);
+        let z = h.summary("eu-1", at(2)).unwrap();
+        assert_eq!(z.liveness.state, ZoneState::Online);
+        assert_eq!(z.instance.as_deref(), Some("zone-1"));
+        assert_eq!(
+            (z.dataplanes, z.inbounds_ready, z.inbounds_total),
+            (2, 1, 2)
+        );
+        assert_eq!(z.held, Some(2));
+        assert_eq!(
+            z.counters,
+            Counters {
+                streams: 1,
+                resumes: 0,
+                snapshots: 1
+            }
+        );
+        assert!(!z.withdrawn);
+    }
+
+    #[test]
+    fn an_offline_zone_keeps_its_readiness_until_the_ttl_then_reads_withdrawn() {
+        let mut h = hub(&["eu-1"], &[]);
+        connect(&mut h, "eu-1", 1, 0, &[("a", true)]);
+        // Offline once the timeout ran out: the data stays, marked by the state.
+        let z = h.summary("eu-1", at(16)).unwrap();
+        assert_eq!(z.liveness.state, ZoneState::Offline);
+        assert_eq!((z.inbounds_ready, z.withdrawn), (1, false));
+        // Offline since 15 s: withdrawn from 315 s on, never deleted.
+        let z = h.summary("eu-1", at(314)).unwrap();
+        assert!(!z.withdrawn);
+        let z = h.summary("eu-1", at(315)).unwrap();
+        assert_eq!((z.dataplanes, z.inbounds_ready, z.withdrawn), (1, 0, true));
+    }
+
+    #[test]
+    fn a_disabled_zone_is_withdrawn_at_once() {
+        let mut h = hub(&[], &["eu-1"]);
+        connect(&mut h, "eu-1", 1, 0, &[("a", true)]);
+        let z = h.summary("eu-1", at(1)).unwrap();
+        assert_eq!(z.liveness.state, ZoneState::Disabled);
+        assert_eq!((z.inbounds_ready, z.withdrawn), (0, true));
+    }
+
+    #[test]
+    fn a_reconnect_after_a_complete_snapshot_is_counted_as_a_resume() {
+        let mut h = hub(&["eu-1"], &[]);
+        let first = connect(&mut h, "eu-1", 1, 0, &[("a", true)]);
+        h.apply(
+            "eu-1",
+            first,
+            &Action::End {
+                code: crate::zones::Code::ZoneTimeout,
+                reason: "gone".into(),
+            },
+        );
+        let second = h.open_stream();
+        let claim = h.claim("eu-1", second, 1, "zone-1", &Meshes::All, at(5));
+        assert!(
+            matches!(
+                claim,
+                Claim::Won {
+                    resume_from: Some(1),
+                    ..
+                }
+            ),
+            "{claim:?}"
+        );
+        let z = h.summary("eu-1", at(5)).unwrap();
+        assert_eq!(
+            (z.counters.streams, z.counters.resumes, z.counters.snapshots),
+            (2, 1, 1)
+        );
+        // Nothing was deleted by the reconnect.
+        assert!(h.remote("eu-1").unwrap().get(&id("a")).is_some());
+    }
+
+    #[test]
+    fn a_stream_that_lost_the_uplink_counts_no_snapshot() {
+        let mut h = hub(&["eu-1"], &[]);
+        connect(&mut h, "eu-1", 2, 0, &[("a", true)]);
+        let old = h.open_stream();
+        let claim = h.claim("eu-1", old, 1, "zone-0", &Meshes::All, at(1));
+        assert!(matches!(claim, Claim::Lost { epoch: 2, .. }), "{claim:?}");
+        h.apply(
+            "eu-1",
+            old,
+            &Action::SnapshotComplete {
+                keep: BTreeSet::new(),
+                revision: 9,
+            },
+        );
+        let z = h.summary("eu-1", at(1)).unwrap();
+        assert_eq!((z.counters.snapshots, z.dataplanes), (1, 1));
+    }
+}
