@@ -239,6 +239,7 @@ mod tests {
                 t0,
             )],
             listeners: Vec::new(),
+            zone: None,
         };
         let out = render(&[item], t0 + chrono::Duration::seconds(3));
         let lines: Vec<&str> = out.lines().collect();
@@ -296,6 +297,7 @@ mod tests {
             },
             inbounds,
             listeners,
+            zone: None,
         };
         let items = [
             item(
@@ -378,6 +380,7 @@ mod tests {
             },
             inbounds: vec![grpc],
             listeners: Vec::new(),
+            zone: None,
         };
         let out = render(&[item], t0);
         let row = out.lines().find(|l| l.contains("10001")).unwrap();

@@ -28,6 +28,51 @@ pub struct DataplaneItem {
     /// A zone proxy's `networking.listeners` (not probed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub listeners: Vec<Listener>,
+    /// At a global: the zone this dataplane belongs to, and that zone's
+    /// state; absent for the instance's own dataplanes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<ZoneOfItem>,
+}
+
+/// The zone of a dataplane a global holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ZoneOfItem {
+    /// The zone's name.
+    pub name: String,
+    /// `online`, `offline`, `disabled` or `never_connected`: an offline
+    /// zone's readiness is its last known one.
+    pub state: String,
+}
+
+/// How a global shows a zone's dataplane ([`DataplaneItem::from_remote`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteZoneOf<'a> {
+    /// The zone's name.
+    pub name: &'a str,
+    /// The zone's state word.
+    pub state: &'a str,
+    /// True when every inbound must read not ready: the zone is disabled,
+    /// or has been offline for longer than `global.offline_ttl`.
+    pub withdrawn: bool,
+}
+
+/// The REST word of a status as the zone sent it (`unknown` for a value
+/// this release does not know).
+fn status_word(status: i32) -> String {
+    crate::pb::Status::try_from(status)
+        .ok()
+        .and_then(|s| {
+            s.as_str_name()
+                .strip_prefix("STATUS_")
+                .map(str::to_lowercase)
+        })
+        .filter(|word| crate::readiness::Status::from_name(word).is_some())
+        .unwrap_or_else(|| crate::readiness::Status::Unknown.as_str().to_string())
+}
+
+fn time_of(t: &prost_types::Timestamp) -> Option<Timestamp> {
+    Timestamp::from_timestamp(t.seconds, u32::try_from(t.nanos).ok()?)
 }
 
 fn sidecar() -> DataplaneKind {
@@ -165,6 +210,7 @@ impl DataplaneItem {
                 envoy_version: state.envoy.version.map(|v| v.to_string()),
                 problem: state.envoy.problem().map(Into::into),
             },
+            zone: None,
             inbounds: dp
                 .inbounds
                 .iter()
@@ -230,6 +276,72 @@ impl DataplaneItem {
 
     pub fn is_ready(&self) -> bool {
         self.inbounds.iter().all(|i| i.health.ready)
+    }
+
+    /// A dataplane of another zone, as its zone sent it to the global.
+    /// `None` when its address is not an IP literal (the zone validated
+    /// it: only a zone of another release could send one).
+    pub fn from_remote(zone: RemoteZoneOf<'_>, dp: &crate::pb::Dataplane) -> Option<DataplaneItem> {
+        let connection = dp.connection.clone().unwrap_or_default();
+        let withdrawn = zone.withdrawn.then(|| ReasonItem {
+            code: format!("zone_{}", zone.state),
+            message: format!(
+                "zone {} is {}: its last readiness is too old to trust (global.offline_ttl), so the inbound reads not ready until the zone reconnects",
+                zone.name, zone.state
+            ),
+        });
+        let inbounds = dp
+            .inbounds
+            .iter()
+            .map(|i| {
+                let health = i.health.clone().unwrap_or_default();
+                Some(InboundItem {
+                    name: None,
+                    port: u16::try_from(i.port).ok()?,
+                    service_port: u16::try_from(i.service_port).ok()?,
+                    service_address: i.service_address.parse().ok()?,
+                    tags: i.tags.clone().into_iter().collect(),
+                    state: InboundState::Ready,
+                    health: HealthItem {
+                        ready: health.ready && withdrawn.is_none(),
+                        status: status_word(health.status),
+                        since: health.since.as_ref().and_then(time_of).unwrap_or_default(),
+                        last_report_at: health.last_report_at.as_ref().and_then(time_of),
+                        changes: Vec::new(),
+                        reason: withdrawn.clone().or_else(|| {
+                            health.reason.map(|r| ReasonItem {
+                                code: r.code,
+                                message: r.message,
+                            })
+                        }),
+                    },
+                    probe: None,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(DataplaneItem {
+            mesh: dp.mesh.clone(),
+            name: dp.name.clone(),
+            address: dp.address.parse().ok()?,
+            kind: DataplaneKind::Sidecar,
+            connection: ConnectionItem {
+                connected: connection.connected,
+                connected_at: connection.connected_at.as_ref().and_then(time_of),
+                last_report_at: connection.last_report_at.as_ref().and_then(time_of),
+                held_by: Some(connection.held_by).filter(|h| !h.is_empty()),
+                envoy_version: Some(connection.envoy_version).filter(|v| !v.is_empty()),
+                problem: connection.problem.map(|r| ReasonItem {
+                    code: r.code,
+                    message: r.message,
+                }),
+            },
+            inbounds,
+            listeners: Vec::new(),
+            zone: Some(ZoneOfItem {
+                name: zone.name.to_string(),
+                state: zone.state.to_string(),
+            }),
+        })
     }
 }
 
@@ -411,5 +523,104 @@ mod tests {
         let item = DataplaneItem::from_state(&state).unwrap();
         assert!(item.connection.connected);
         assert_eq!(item.connection.held_by, None);
+    }
+
+    fn remote(ready: bool, status: crate::pb::Status) -> crate::pb::Dataplane {
+        use crate::pb;
+        pb::Dataplane {
+            mesh: "default".into(),
+            name: "web-01".into(),
+            address: "10.0.0.7".into(),
+            connection: Some(pb::Connection {
+                connected: true,
+                held_by: "zone-b".into(),
+                ..Default::default()
+            }),
+            inbounds: vec![pb::Inbound {
+                port: 10001,
+                service_port: 8080,
+                service_address: "127.0.0.1".into(),
+                tags: [("kuma.io/service".to_string(), "web".to_string())].into(),
+                health: Some(pb::Health {
+                    ready,
+                    status: status as i32,
+                    since: Some(prost_types::Timestamp {
+                        seconds: 1_735_689_600,
+                        nanos: 0,
+                    }),
+                    ..Default::default()
+                }),
+            }],
+            revision: 7,
+            ready,
+        }
+    }
+
+    #[test]
+    fn a_remote_dataplane_keeps_its_readiness_and_names_its_zone() {
+        let zone = RemoteZoneOf {
+            name: "eu-1",
+            state: "offline",
+            withdrawn: false,
+        };
+        let item =
+            DataplaneItem::from_remote(zone, &remote(true, crate::pb::Status::Healthy)).unwrap();
+        assert_eq!(
+            item.zone,
+            Some(ZoneOfItem {
+                name: "eu-1".into(),
+                state: "offline".into()
+            })
+        );
+        assert!(item.is_ready());
+        assert_eq!(item.inbounds[0].health.status, "healthy");
+        assert_eq!(item.inbounds[0].health.since.timestamp(), 1_735_689_600);
+        assert_eq!(item.connection.held_by.as_deref(), Some("zone-b"));
+        assert_eq!(item.address.to_string(), "10.0.0.7");
+        // The zone is shown beside the dataplane in the API's JSON.
+        let json = serde_json::to_value(&item).unwrap();
+        assert_eq!(json["zone"]["state"], "offline");
+    }
+
+    #[test]
+    fn a_withdrawn_zone_reads_not_ready_with_a_reason() {
+        let zone = RemoteZoneOf {
+            name: "eu-1",
+            state: "offline",
+            withdrawn: true,
+        };
+        let item =
+            DataplaneItem::from_remote(zone, &remote(true, crate::pb::Status::Healthy)).unwrap();
+        assert!(!item.is_ready());
+        let reason = item.inbounds[0].health.reason.clone().unwrap();
+        assert_eq!(reason.code, "zone_offline");
+        assert!(
+            reason.message.contains("global.offline_ttl"),
+            "{}",
+            reason.message
+        );
+    }
+
+    #[test]
+    fn every_status_word_survives_the_trip_through_a_zone() {
+        for status in crate::readiness::Status::ALL {
+            let value = crate::pb::Status::from_str_name(&format!(
+                "STATUS_{}",
+                status.as_str().to_uppercase()
+            ))
+            .unwrap();
+            assert_eq!(status_word(value as i32), status.as_str());
+        }
+        // A value from a newer release reads unknown.
+        assert_eq!(status_word(99), "unknown");
+        // An address that is not an IP literal is left out.
+        let mut bad = remote(true, crate::pb::Status::Healthy);
+        bad.address = "web.example".into();
+        let zone = RemoteZoneOf {
+            name: "eu-1",
+            state: "online",
+            withdrawn: false,
+        };
+        assert_eq!(DataplaneItem::from_remote(zone, &bad), None);
     }
 }

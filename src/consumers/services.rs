@@ -93,6 +93,7 @@ mod tests {
             address: "127.0.0.1".parse().unwrap(),
             kind: crate::dataplane::DataplaneKind::Sidecar,
             listeners: Vec::new(),
+            zone: None,
             connection: ConnectionItem {
                 connected,
                 connected_at: None,
