@@ -6,7 +6,8 @@
 # RUST_IMAGE and RUNTIME_IMAGE pick the base images (--build-arg); the defaults
 # are the public images. Target `runtime` is the image without hdsd (for a
 # binary mounted at /usr/local/bin/hdsd): tests/compose/offline.yml builds it on
-# local stand-ins for an engine without a registry (see the README).
+# local stand-ins for an engine without a registry (see docs/operating.md,
+# "Docker Compose").
 ARG RUST_IMAGE=rust:1-bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
 

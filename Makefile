@@ -53,10 +53,10 @@ bench-instructions: setup
 bench-baseline: setup
 	CARGO="$(CARGO)" ./scripts/instructions.py update
 
-# Fuzzing (README, "Fuzzing"): every target for FUZZ_SECONDS (default 30) each,
+# Fuzzing (docs/development.md, "Fuzzing"): every target for FUZZ_SECONDS (default 30) each,
 # FUZZ_JOBS at a time, without a sanitizer unless FUZZ_SANITIZER=address.
 # Not part of `make test`: its build of every dependency for fuzzing takes
-# longer than the runs (README, "Fuzzing").
+# longer than the runs (docs/development.md, "Fuzzing").
 FUZZ_SECONDS ?= 30
 fuzz:
 	./scripts/fuzz.sh $(FUZZ_SECONDS)

@@ -8,7 +8,7 @@
 # (default none) is cargo fuzz's --sanitizer: hdsd forbids unsafe code, so
 # the address sanitizer can only find bugs in its dependencies' unsafe code;
 # without it the build takes a third less time and a target runs 6 to 14
-# times as many inputs in the same time (README, "Fuzzing"). For a long run
+# times as many inputs in the same time (docs/development.md, "Fuzzing"). For a long run
 # over the dependencies too: FUZZ_SANITIZER=address scripts/fuzz.sh 600.
 #
 # Targets (fuzz/fuzz_targets/): dataplane_file (the Dataplane YAML/JSON parser

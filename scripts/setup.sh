@@ -49,7 +49,7 @@ fi
 
 # Every supported Envoy release but the main one, each in its own directory
 # (the wheels all install the module `envoy`). The oldest and newest supported
-# releases are named in the README ("Envoy versions").
+# releases are named in docs/configuration.md ("Envoy versions").
 ENVOY_MATRIX=${ENVOY_MATRIX:-1.36.4 1.37.0 1.38.3 1.39.3}
 for v in $ENVOY_MATRIX; do
   if [ ! -x ".envoys/$v/envoy/_bin/envoy" ]; then

@@ -135,7 +135,7 @@ pub fn router(state: ApiState) -> Router {
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,
-                "no such endpoint; see the README's REST API reference",
+                "no such endpoint; see the REST API reference in docs/api.md",
             )
         })
         .with_state(state)

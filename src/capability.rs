@@ -104,7 +104,7 @@ impl EnvoyVersion {
     }
 }
 
-/// The oldest Envoy release hdsd supports (README, "Envoy versions"): an
+/// The oldest Envoy release hdsd supports (docs/configuration.md, "Envoy versions"): an
 /// Envoy that reports no version is served as if it were this one, the
 /// conservative set.
 pub const OLDEST_SUPPORTED: EnvoyVersion = EnvoyVersion::new(1, 36, 0);

@@ -301,8 +301,8 @@ pub struct HdsConfig {
     pub limits: HdsLimits,
 }
 
-/// What one client may hold of the HDS listener (see README, "Limits and
-/// hardening").
+/// What one client may hold of the HDS listener (see docs/security.md,
+/// "Limits and hardening").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HdsLimits {
@@ -412,7 +412,7 @@ pub struct CheckConfig {
     /// Used when `kind = "http"`.
     pub http: HttpCheckConfig,
     /// What an Envoy too old for a probe's kind (`hdsd`'s table of Envoy
-    /// versions, README "Envoy versions") is sent instead: nothing (the
+    /// versions, docs/configuration.md "Envoy versions") is sent instead: nothing (the
     /// default: the inbound reads `unsupported`, not ready), or a TCP
     /// connect to the same target (`"tcp"`, marked as a fallback).
     pub fallback: CheckFallback,
@@ -1056,7 +1056,7 @@ timeout = "10s"
 
 [hds.limits]
 # What one client may hold of the HDS listener; each limit counts its hits in a metric
-# (README: "Limits and hardening").
+# (docs/security.md: "Limits and hardening").
 # Connections open at once (HDS and EDS clients), and from one source IP address.
 max_connections = 10000
 max_connections_per_ip = 128

@@ -530,7 +530,7 @@ fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
 }
 
 /// A warning for each probe that an Envoy older than its kind needs but
-/// still supported (README, "Envoy versions") cannot run.
+/// still supported (docs/configuration.md, "Envoy versions") cannot run.
 fn version_warnings(loaded: &Loaded, config: &Config) -> Vec<String> {
     let fallback = match config.hds.check.fallback {
         hdsd::config::CheckFallback::Tcp => "it is checked with a TCP connect instead (hds.check.fallback)",

@@ -437,7 +437,8 @@ fn compose_up_runs_the_demo_offline() {
 
     // Stop an app: its inbound turns not ready within the detection time;
     // start it: ready again. backend-admin shares backend's network namespace,
-    // so stopping it stops only its process (see the README).
+    // so stopping it stops only its process (see docs/operating.md, "Docker
+    // Compose").
     let app = "backend-admin";
     let (dp, port) = demo
         .iter()

@@ -361,14 +361,14 @@ fn sse(hdsd: &Hdsd, last_event_id: Option<&str>, until: &str) -> Vec<(String, St
 }
 
 #[test]
-fn the_readme_shows_the_python_client_the_tests_run() {
+fn the_api_docs_show_the_python_client_the_tests_run() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let script = std::fs::read_to_string(root.join("examples/python/follow_readiness.py")).unwrap();
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let docs = std::fs::read_to_string(root.join("docs/api.md")).unwrap();
     let start = script.find("def follow(").unwrap();
     let end = script.find("\n\n\ndef main").unwrap();
     assert!(
-        readme.contains(&script[start..end]),
-        "README.md must show follow() exactly as examples/python/follow_readiness.py has it"
+        docs.contains(&script[start..end]),
+        "docs/api.md (\"A Python client\") must show follow() exactly as examples/python/follow_readiness.py has it"
     );
 }

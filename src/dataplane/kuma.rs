@@ -14,8 +14,8 @@ use super::model::{
 };
 use crate::probe::{one_kind, Check, GrpcCheck, HttpCheck, Payload, StatusRange, TcpCheck};
 
-// Followed: Kuma's `api/mesh/v1alpha1/dataplane.proto` (main branch; see the
-// README for the version). Kuma reads a resource with protojson, which also
+// Followed: Kuma's `api/mesh/v1alpha1/dataplane.proto` (main branch; see
+// docs/configuration.md, "Dataplane files", for the version). Kuma reads a resource with protojson, which also
 // takes a field's proto name: the snake_case aliases below are those names.
 
 /// The fields every resource has, read before deciding what a document is.

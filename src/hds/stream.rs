@@ -757,8 +757,8 @@ mod tests {
         );
     }
 
-    /// The arithmetic behind `max_message_bytes` (README, "Limits and
-    /// hardening"): the worst-case size of one reported endpoint.
+    /// The arithmetic behind `max_message_bytes` (docs/security.md, "Limits
+    /// and hardening"): the worst-case size of one reported endpoint.
     #[test]
     fn the_default_message_limit_holds_a_report_of_two_thousand_inbounds() {
         use envoy_types::pb::envoy::config::core::v3::Locality;

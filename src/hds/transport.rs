@@ -174,7 +174,7 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let inner = self.inner.clone();
         // A report of a dataplane with thousands of inbounds is well under
-        // the limit (README: "Limits and hardening"); a larger message is
+        // the limit (docs/security.md: "Limits and hardening"); a larger message is
         // refused before it is buffered whole.
         let max = inner.settings.limits.max_message_bytes;
         match request.uri().path() {
