@@ -71,6 +71,34 @@ fn status_word(status: i32) -> String {
         .unwrap_or_else(|| crate::readiness::Status::Unknown.as_str().to_string())
 }
 
+impl From<crate::pb::Reason> for ReasonItem {
+    fn from(r: crate::pb::Reason) -> Self {
+        ReasonItem {
+            code: r.code,
+            message: r.message,
+        }
+    }
+}
+
+/// Why a withdrawn zone's inbounds read not ready, and what to do.
+fn withdrawn_reason(zone: RemoteZoneOf<'_>) -> ReasonItem {
+    let message = if zone.state == "disabled" {
+        format!(
+            "zone {} is disabled (global.disabled): the global withdrew its data; remove it from global.disabled to accept the zone again",
+            zone.name
+        )
+    } else {
+        format!(
+            "zone {} has been {} for longer than global.offline_ttl: its last readiness is too old to trust, so the inbound reads not ready until the zone reconnects (check the zone's hdsd and its link to the global)",
+            zone.name, zone.state
+        )
+    };
+    ReasonItem {
+        code: format!("zone_{}", zone.state),
+        message,
+    }
+}
+
 fn time_of(t: &prost_types::Timestamp) -> Option<Timestamp> {
     Timestamp::from_timestamp(t.seconds, u32::try_from(t.nanos).ok()?)
 }
@@ -279,17 +307,12 @@ impl DataplaneItem {
     }
 
     /// A dataplane of another zone, as its zone sent it to the global.
-    /// `None` when its address is not an IP literal (the zone validated
-    /// it: only a zone of another release could send one).
+    /// `None` when a field is out of range (an address that is not an IP
+    /// literal, a port above 65535): the zone validated it, so only a zone
+    /// of another release could send one.
     pub fn from_remote(zone: RemoteZoneOf<'_>, dp: &crate::pb::Dataplane) -> Option<DataplaneItem> {
         let connection = dp.connection.clone().unwrap_or_default();
-        let withdrawn = zone.withdrawn.then(|| ReasonItem {
-            code: format!("zone_{}", zone.state),
-            message: format!(
-                "zone {} is {}: its last readiness is too old to trust (global.offline_ttl), so the inbound reads not ready until the zone reconnects",
-                zone.name, zone.state
-            ),
-        });
+        let withdrawn = zone.withdrawn.then(|| withdrawn_reason(zone));
         let inbounds = dp
             .inbounds
             .iter()
@@ -308,12 +331,7 @@ impl DataplaneItem {
                         since: health.since.as_ref().and_then(time_of).unwrap_or_default(),
                         last_report_at: health.last_report_at.as_ref().and_then(time_of),
                         changes: Vec::new(),
-                        reason: withdrawn.clone().or_else(|| {
-                            health.reason.map(|r| ReasonItem {
-                                code: r.code,
-                                message: r.message,
-                            })
-                        }),
+                        reason: withdrawn.clone().or(health.reason.map(Into::into)),
                     },
                     probe: None,
                 })
@@ -330,10 +348,7 @@ impl DataplaneItem {
                 last_report_at: connection.last_report_at.as_ref().and_then(time_of),
                 held_by: Some(connection.held_by).filter(|h| !h.is_empty()),
                 envoy_version: Some(connection.envoy_version).filter(|v| !v.is_empty()),
-                problem: connection.problem.map(|r| ReasonItem {
-                    code: r.code,
-                    message: r.message,
-                }),
+                problem: connection.problem.map(Into::into),
             },
             inbounds,
             listeners: Vec::new(),
@@ -596,6 +611,19 @@ mod tests {
         assert_eq!(reason.code, "zone_offline");
         assert!(
             reason.message.contains("global.offline_ttl"),
+            "{}",
+            reason.message
+        );
+        let disabled = RemoteZoneOf {
+            state: "disabled",
+            ..zone
+        };
+        let item = DataplaneItem::from_remote(disabled, &remote(true, crate::pb::Status::Healthy))
+            .unwrap();
+        let reason = item.inbounds[0].health.reason.clone().unwrap();
+        assert_eq!(reason.code, "zone_disabled");
+        assert!(
+            reason.message.contains("remove it from global.disabled"),
             "{}",
             reason.message
         );
