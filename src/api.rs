@@ -6,6 +6,7 @@
 //! file changes.
 
 pub mod definitions;
+mod zones;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -42,6 +43,16 @@ pub struct ApiState {
     pub feed: crate::feed::FeedHandle,
     /// Where definitions come from: the write calls answer 409 for files.
     pub definitions: definitions::Definitions,
+    /// What a global holds of its zones, and a zone's link to its global.
+    pub zones: Zones,
+}
+
+/// Zones as this instance sees them: as a global (every zone it holds), as
+/// a zone (its link to the global), or neither.
+#[derive(Debug, Clone, Default)]
+pub struct Zones {
+    pub hub: Option<crate::zone_sync::global::HubHandle>,
+    pub uplink: Option<crate::zone_sync::uplink::UplinkHandle>,
 }
 
 /// What the read handlers read: the registry's dataplanes and the sources.
@@ -60,6 +71,8 @@ pub struct Health {
     pub notes: Arc<Vec<String>>,
     /// Whether the shared store answers; `None` without one.
     pub store_status: Option<crate::store::StoreStatus>,
+    /// A zone's link to its global; `None` unless `[zone]` is set.
+    pub uplink: Option<crate::zone_sync::uplink::UplinkHandle>,
 }
 
 /// Bearer tokens that `/api/*` requires; empty means open (loopback only).
@@ -97,6 +110,7 @@ substate!(
     metrics: Metrics,
     feed: crate::feed::FeedHandle,
     definitions: definitions::Definitions,
+    zones: Zones,
 );
 
 impl axum::extract::FromRef<ApiState> for crate::ui::PageSettings {
@@ -117,6 +131,8 @@ pub fn router(state: ApiState) -> Router {
                 .delete(definitions::delete),
         )
         .route("/api/v1/sources", get(sources))
+        .route("/api/v1/zones", get(zones::list))
+        .route("/api/v1/zones/{zone}", get(zones::get))
         .route("/api/v1/services", get(list_services))
         .route("/api/v1/watch", get(crate::consumers::sse::handler))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -145,21 +161,41 @@ pub fn router(state: ApiState) -> Router {
 struct ListQuery {
     mesh: Option<String>,
     ready: Option<bool>,
+    /// On a global: only this zone's dataplanes (`local`: only the global's own).
+    zone: Option<String>,
 }
 
+/// This instance's dataplanes, then (on a global) every zone's, zone by zone.
 async fn list_dataplanes(
     State(s): State<Fleet>,
+    State(z): State<Zones>,
     Query(q): Query<ListQuery>,
 ) -> Json<List<DataplaneItem>> {
+    let local = q.zone.as_deref().is_none_or(|zone| zone == zones::LOCAL);
     // The catalog is a BTreeMap keyed by (mesh, name): already sorted.
-    let items = s
-        .registry
-        .catalog()
-        .iter()
-        .filter(|(id, _)| q.mesh.as_ref().is_none_or(|m| &id.mesh == m))
-        .filter_map(|(_, h)| DataplaneItem::from_state(&h.state()))
-        .filter(|item| q.ready.is_none_or(|r| item.is_ready() == r))
-        .collect();
+    let mut items: Vec<DataplaneItem> = match local {
+        true => s
+            .registry
+            .catalog()
+            .iter()
+            .filter(|(id, _)| q.mesh.as_ref().is_none_or(|m| &id.mesh == m))
+            .filter_map(|(_, h)| DataplaneItem::from_state(&h.state()))
+            .filter(|item| q.ready.is_none_or(|r| item.is_ready() == r))
+            .collect(),
+        false => Vec::new(),
+    };
+    if let Some(hub) = &z.hub {
+        let view = hub.view();
+        let wanted = |zone: &str| q.zone.as_deref().is_none_or(|w| w == zone);
+        items.extend(
+            view.zones
+                .iter()
+                .filter(|zone| wanted(&zone.summary.name))
+                .flat_map(|zone| zone.items())
+                .filter(|item| q.mesh.as_ref().is_none_or(|m| &item.mesh == m))
+                .filter(|item| q.ready.is_none_or(|r| item.is_ready() == r)),
+        );
+    }
     Json(List { items })
 }
 
@@ -285,6 +321,11 @@ async fn readyz(State(s): State<Health>) -> Response {
     // Still ready while the store is unreachable: this instance serves.
     if let Some(status) = &s.store_status {
         body.push_str(&status.readyz_line(chrono::Utc::now()));
+        body.push('\n');
+    }
+    // Still ready while the global is unreachable: the zone serves its Envoys.
+    if let Some(uplink) = &s.uplink {
+        body.push_str(&uplink.status().readyz_line());
         body.push('\n');
     }
     body.into_response()

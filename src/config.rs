@@ -83,6 +83,11 @@ pub struct GlobalConfig {
     pub disabled: Vec<String>,
     /// Accept any zone with a valid zone token (Kuma's behaviour).
     pub auto_register: bool,
+    /// TLS for the zone listener (zones then dial `https://` with `zone.ca`);
+    /// plaintext when absent. The zone token travels in every stream's
+    /// metadata: set it whenever zones reach the global over a network.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for GlobalConfig {
@@ -96,6 +101,7 @@ impl Default for GlobalConfig {
             zones: Vec::new(),
             disabled: Vec::new(),
             auto_register: false,
+            tls: None,
         }
     }
 }

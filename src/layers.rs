@@ -58,12 +58,13 @@ pub const LAYERS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "edges",
-        "I/O and wiring: the listeners, HDS, the REST API and the page, TLS, the CLI's clients, the server",
+        "I/O and wiring: the listeners, HDS, zone sync, the REST API and the page, TLS, the CLI's clients, the server",
         &[
             "net",
             "tls",
             "grpc_auth",
             "hds",
+            "zone_sync",
             "api",
             "ui",
             "client",

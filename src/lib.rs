@@ -43,4 +43,5 @@ pub mod store;
 pub mod tls;
 pub mod ui;
 pub mod view;
+pub mod zone_sync;
 pub mod zones;

@@ -50,9 +50,20 @@ pub const AUTH_RELOADS: &str = "hdsd_auth_reloads_total";
 pub const SPECIFIER_REJECTIONS: &str = "hdsd_specifier_rejections_total";
 pub const DATAPLANES_REJECTING: &str = "hdsd_dataplanes_rejecting_specifier";
 pub const UNSUPPORTED_PROBES: &str = "hdsd_unsupported_probes_total";
+pub const ZONES: &str = "hdsd_zones";
+pub const ZONE_ONLINE: &str = "hdsd_zone_online";
+pub const ZONE_LAST_SEEN: &str = "hdsd_zone_last_seen_timestamp_seconds";
+pub const ZONE_DATAPLANES: &str = "hdsd_zone_dataplanes";
+pub const ZONE_INBOUNDS: &str = "hdsd_zone_inbounds";
+pub const ZONE_STREAMS: &str = "hdsd_zone_streams_total";
+pub const ZONE_RESUMES: &str = "hdsd_zone_resumes_total";
+pub const ZONE_SNAPSHOTS: &str = "hdsd_zone_snapshots_total";
+pub const ZONE_REFUSALS: &str = "hdsd_zone_refusals_total";
+pub const UPLINK_CONNECTED: &str = "hdsd_uplink_connected";
+pub const UPLINK_DISCONNECTS: &str = "hdsd_uplink_disconnects_total";
 
 /// The listeners, the `listener` label of the connection metrics.
-pub const LISTENERS: [&str; 2] = ["hds", "api"];
+pub const LISTENERS: [&str; 3] = ["hds", "api", "zones"];
 
 /// The limits of HDS streams and reports, the `limit` label of
 /// `hdsd_limit_hits_total`.
@@ -281,6 +292,54 @@ pub fn watch_resync(reason: &'static str) {
     counter!(WATCH_RESYNCS, "reason" => reason).increment(1);
 }
 
+/// One zone as the global sees it (set by the hub each time it publishes).
+#[derive(Debug, Clone, Copy)]
+pub struct ZoneMetrics<'a> {
+    pub zone: &'a str,
+    pub online: bool,
+    /// The last sign of life, Unix seconds.
+    pub last_seen_unix: Option<f64>,
+    pub dataplanes: u64,
+    pub inbounds_ready: u64,
+    pub inbounds_total: u64,
+    pub streams: u64,
+    pub resumes: u64,
+    pub snapshots: u64,
+}
+
+pub fn zone(z: ZoneMetrics<'_>) {
+    let zone = z.zone.to_string();
+    gauge!(ZONE_ONLINE, "zone" => zone.clone()).set(if z.online { 1.0 } else { 0.0 });
+    if let Some(t) = z.last_seen_unix {
+        gauge!(ZONE_LAST_SEEN, "zone" => zone.clone()).set(t);
+    }
+    gauge!(ZONE_DATAPLANES, "zone" => zone.clone()).set(z.dataplanes as f64);
+    gauge!(ZONE_INBOUNDS, "zone" => zone.clone(), "ready" => "true").set(z.inbounds_ready as f64);
+    gauge!(ZONE_INBOUNDS, "zone" => zone.clone(), "ready" => "false")
+        .set(z.inbounds_total.saturating_sub(z.inbounds_ready) as f64);
+    counter!(ZONE_STREAMS, "zone" => zone.clone()).absolute(z.streams);
+    counter!(ZONE_RESUMES, "zone" => zone.clone()).absolute(z.resumes);
+    counter!(ZONE_SNAPSHOTS, "zone" => zone).absolute(z.snapshots);
+}
+
+pub fn zones_in_state(state: &'static str, n: u64) {
+    gauge!(ZONES, "state" => state).set(n as f64);
+}
+
+/// A zone stream refused or ended by the global, by its stable code.
+pub fn zone_refused(code: &str) {
+    counter!(ZONE_REFUSALS, "code" => code.to_string()).increment(1);
+}
+
+pub fn uplink_connected(connected: bool) {
+    gauge!(UPLINK_CONNECTED).set(if connected { 1.0 } else { 0.0 });
+}
+
+/// The zone's stream to the global ended, by its stable code.
+pub fn uplink_ended(code: &str) {
+    counter!(UPLINK_DISCONNECTS, "code" => code.to_string()).increment(1);
+}
+
 /// Makes a series of every label value known before anything happens (a
 /// counter at 0), so dashboards and alerts see them from the start. The
 /// owner of each label's values calls it where it starts: metrics knows
@@ -411,6 +470,39 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
 }
 
 fn describe() {
+    describe_gauge!(
+        ZONES,
+        "Zones a global knows, by state (never_connected, online, offline, disabled)."
+    );
+    describe_gauge!(
+        ZONE_ONLINE,
+        "1 while the zone is online at this global (a message within global.zone_timeout), else 0."
+    );
+    describe_gauge!(
+        ZONE_LAST_SEEN,
+        Unit::Seconds,
+        "When the global last heard from the zone (Unix time, the global's clock)."
+    );
+    describe_gauge!(ZONE_DATAPLANES, "Dataplanes the global holds of the zone.");
+    describe_gauge!(
+        ZONE_INBOUNDS,
+        "Inbounds the global holds of the zone, by readiness (a withdrawn zone's read not ready)."
+    );
+    describe_counter!(ZONE_STREAMS, "Streams of the zone that won its uplink.");
+    describe_counter!(
+        ZONE_RESUMES,
+        "Streams of the zone that resumed from the revision the global held, without a snapshot."
+    );
+    describe_counter!(ZONE_SNAPSHOTS, "Snapshots of the zone completed.");
+    describe_counter!(ZONE_REFUSALS, "Zone streams the global refused or ended, by code (unauthenticated, zone_unregistered, zone_timeout, ...).");
+    describe_gauge!(
+        UPLINK_CONNECTED,
+        "At a zone: 1 while the global accepts this instance's stream, else 0."
+    );
+    describe_counter!(
+        UPLINK_DISCONNECTS,
+        "At a zone: streams to the global that ended or could not open, by code."
+    );
     describe_counter!(
         SPECIFIER_REJECTIONS,
         "Times a dataplane's Envoy began ending its HDS stream after every specifier (3 streams in a row, each ended within 10 s of a push with no report): it may be rejecting or crashing on it."

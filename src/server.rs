@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -217,6 +218,7 @@ pub async fn run(
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let stores = Stores::open(&config).await?;
     let cluster = stores.cluster(&config);
+    let instance = cluster.instance().to_string();
     let sources = start_sources(&config, &stores, &settings).await?;
     let state = start_state(&config, &stores, cluster.as_ref(), &sources, clock.clone()).await?;
     let gate = Arc::new(Gate::new(&config.auth, &config.state_dir, clock.now())?);
@@ -242,12 +244,22 @@ pub async fn run(
     );
     let listeners = Listeners::bind(&config).await?;
     let (drain_tx, drain_rx) = watch::channel(false);
+    let clock_for_zones = clock.clone();
     let hds = serve_hds(
         &config,
         &state,
         &gate,
         clock,
         listeners.hds,
+        drain_rx.clone(),
+    )?;
+    let zones = start_zones(
+        &config,
+        &state,
+        &gate,
+        instance,
+        clock_for_zones.clone(),
+        listeners.zones,
         drain_rx.clone(),
     )?;
     let ready = Arc::new(AtomicBool::new(false));
@@ -260,6 +272,11 @@ pub async fn run(
             ready: ready.clone(),
             notes: Arc::new(setup_notes(&config)),
             store_status,
+            uplink: zones.uplink.clone(),
+        },
+        zones: api::Zones {
+            hub: zones.hub.clone(),
+            uplink: zones.uplink.clone(),
         },
         tokens: api::ApiTokens(Arc::new(config.api.tokens.clone())),
         bootstraps: api::Bootstraps {
@@ -273,10 +290,24 @@ pub async fn run(
     let api = serve_api(&config, api_state, listeners.api, drain_rx.clone()).await?;
 
     ready.store(true, Ordering::Release);
-    tracing::info!(hds = %listeners.hds_addr, api = %listeners.api_addr, "hdsd listening");
+    match zones.addr {
+        Some(z) => {
+            tracing::info!(hds = %listeners.hds_addr, api = %listeners.api_addr, zones = %z, "hdsd listening")
+        }
+        None => {
+            tracing::info!(hds = %listeners.hds_addr, api = %listeners.api_addr, "hdsd listening")
+        }
+    }
 
     let mut hds = tokio::spawn(hds);
     let mut api = tokio::spawn(api);
+    let zones_serving = zones.serving;
+    let mut zone_listener = tokio::spawn(async move {
+        match zones_serving {
+            Some(serving) => serving.await,
+            None => std::future::pending().await,
+        }
+    });
     let failure = tokio::select! {
         () = shutdown => None,
         _ = sources.watcher => Some(ServeError::Stopped("the dataplane definitions watcher")),
@@ -287,6 +318,10 @@ pub async fn run(
         r = &mut api => Some(match r {
             Ok(Err(e)) => ServeError::Api(e),
             _ => ServeError::Stopped("the API listener"),
+        }),
+        r = &mut zone_listener => Some(match r {
+            Ok(Err(e)) => ServeError::Hds(e),
+            _ => ServeError::Stopped("the zone listener"),
         }),
     };
     if let Some(e) = &failure {
@@ -301,6 +336,9 @@ pub async fn run(
         }
         if !api.is_finished() {
             let _ = api.await;
+        }
+        if !zone_listener.is_finished() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), zone_listener).await;
         }
         state.store.flush().await;
         joined.leave().await;
@@ -317,6 +355,104 @@ pub async fn run(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Zones: the global's hub and zone listener, the zone's uplink, each only
+/// where the configuration asks for it.
+struct Zones {
+    hub: Option<crate::zone_sync::global::HubHandle>,
+    uplink: Option<crate::zone_sync::uplink::UplinkHandle>,
+    serving: Option<Serving<tonic::transport::Error>>,
+    addr: Option<std::net::SocketAddr>,
+}
+
+fn start_zones(
+    config: &Config,
+    state: &State,
+    gate: &Arc<Gate>,
+    instance: String,
+    clock: Arc<dyn Clock>,
+    listener: Option<TcpListener>,
+    drain: watch::Receiver<bool>,
+) -> Result<Zones, ServeError> {
+    use crate::zone_sync::{global, uplink};
+    let uplink = config.zone.as_ref().map(|zone| {
+        let epoch = u64::try_from(clock.now().timestamp_micros()).unwrap_or(1);
+        uplink::spawn(
+            uplink::UplinkOptions {
+                settings: crate::zones::uplink::UplinkSettings::new(&zone.name, instance),
+                globals: zone.global.clone(),
+                token_file: zone.token_file.clone().unwrap_or_default(),
+                ca: zone.ca.clone(),
+                epoch,
+                backoff: crate::zones::backoff::Backoff::default(),
+            },
+            state.registry.clone(),
+            state.feed.clone().until(drain.clone()),
+            clock.clone(),
+            drain.clone(),
+        )
+    });
+    if !config.global.enabled {
+        return Ok(Zones {
+            hub: None,
+            uplink,
+            serving: None,
+            addr: None,
+        });
+    }
+    let g = &config.global;
+    let hub = global::spawn_hub(
+        crate::zones::hub::HubSettings {
+            zone_timeout: g.zone_timeout,
+            offline_ttl: g.offline_ttl,
+        },
+        &g.zones,
+        &g.disabled,
+        clock.clone(),
+    );
+    let mut session =
+        crate::zones::session::SessionSettings::new(g.heartbeat_interval, g.zone_timeout);
+    session.auto_register = g.auto_register;
+    let sync =
+        global::ZoneSyncServer::new(hub.clone(), gate.clone(), session, clock, drain.clone());
+    let tls = (g.tls.as_ref())
+        .map(|t| crate::tls::ServerTls::load_and_watch("global.tls", t, crate::tls::Alpn::Grpc))
+        .transpose()
+        .map_err(tls_error)?;
+    if tls.is_none() && !g.listen.ip().is_loopback() {
+        tracing::warn!(listen = %g.listen, "zone tokens travel in plaintext; set global.tls");
+    }
+    let Some(listener) = listener else {
+        return Err(ServeError::Stopped("the zone listener (not bound)"));
+    };
+    let addr = listener.local_addr().map_err(ServeError::Api)?;
+    let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(config.hds.keepalive.interval))
+        .http2_keepalive_timeout(Some(config.hds.keepalive.timeout))
+        .add_service(sync.into_server());
+    let mut drain = drain;
+    let signal = async move {
+        let _ = drain.wait_for(|d| *d).await;
+    };
+    let admission = Admission::new("zones", (&config.hds.limits).into());
+    let serving: Serving<tonic::transport::Error> = match tls {
+        Some(tls) => {
+            let incoming =
+                Incoming::new(listener, admission, TlsHandshake(tls)).map_err(ServeError::Api)?;
+            Box::pin(server.serve_with_incoming_shutdown(incoming, signal))
+        }
+        None => {
+            let incoming = Incoming::new(listener, admission, Plain).map_err(ServeError::Api)?;
+            Box::pin(server.serve_with_incoming_shutdown(incoming, signal))
+        }
+    };
+    Ok(Zones {
+        hub: Some(hub),
+        uplink,
+        serving: Some(serving),
+        addr: Some(addr),
+    })
 }
 
 /// The stores: this instance's redb file, and the PostgreSQL database when
@@ -571,6 +707,8 @@ struct Listeners {
     api: TcpListener,
     hds_addr: std::net::SocketAddr,
     api_addr: std::net::SocketAddr,
+    /// `global.listen`, on a global.
+    zones: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -596,11 +734,26 @@ impl Listeners {
                     source,
                 })?,
         };
+        // The zone listener: a third passed socket, or global.listen.
+        let zones = match config.global.enabled {
+            false => None,
+            true => Some(match passed_listener(&mut passed, 2, "global.listen")? {
+                Some(l) => l,
+                None => TcpListener::bind(config.global.listen)
+                    .await
+                    .map_err(|source| ServeError::Bind {
+                        what: "global.listen",
+                        addr: config.global.listen,
+                        source,
+                    })?,
+            }),
+        };
         Ok(Listeners {
             hds_addr: hds.local_addr().map_err(ServeError::Api)?,
             api_addr: api.local_addr().map_err(ServeError::Api)?,
             hds,
             api,
+            zones,
         })
     }
 }

@@ -26,3 +26,4 @@ mod startup;
 mod store_postgres;
 mod tls_envoy;
 mod ui_browser;
+mod zones;

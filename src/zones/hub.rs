@@ -23,6 +23,7 @@
 //! [`Action::Register`]: super::session::Action::Register
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::liveness::{Liveness, ZoneState};
@@ -30,6 +31,8 @@ use super::remote::{Applied, Claim, RemoteZone, StreamId};
 use super::session::{Action, Registration};
 use super::{plus, Meshes};
 use crate::clock::Timestamp;
+use crate::pb;
+use crate::view::{DataplaneItem, RemoteZoneOf};
 
 /// How the global judges its zones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +77,60 @@ pub struct ZoneSummary {
     pub withdrawn: bool,
     /// How its streams went.
     pub counters: Counters,
+}
+
+/// One zone in a [`ZonesView`]: its summary and the dataplanes the global
+/// holds of it, as the zone sent them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ZoneView {
+    /// The zone at the moment of the view.
+    pub summary: ZoneSummary,
+    /// Its dataplanes, sorted by mesh, then name (shared between views
+    /// until the zone changes).
+    pub dataplanes: Arc<Vec<pb::Dataplane>>,
+}
+
+impl ZoneView {
+    /// How readers show the zone's dataplanes.
+    pub fn zone_of(&self) -> RemoteZoneOf<'_> {
+        RemoteZoneOf {
+            name: &self.summary.name,
+            state: self.summary.liveness.state.as_str(),
+            withdrawn: self.summary.withdrawn,
+        }
+    }
+
+    /// The zone's dataplanes as REST items (with their zone and, when
+    /// withdrawn, not ready).
+    pub fn items(&self) -> impl Iterator<Item = DataplaneItem> + '_ {
+        let zone = self.zone_of();
+        self.dataplanes
+            .iter()
+            .filter_map(move |dp| DataplaneItem::from_remote(zone, dp))
+    }
+}
+
+/// What a global's readers see of every zone at one moment: published by
+/// the hub task on a watch channel.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ZonesView {
+    /// Every known zone, by name.
+    pub zones: Vec<ZoneView>,
+}
+
+impl ZonesView {
+    /// One zone by name.
+    pub fn get(&self, zone: &str) -> Option<&ZoneView> {
+        self.zones
+            .binary_search_by(|z| z.summary.name.as_str().cmp(zone))
+            .ok()
+            .map(|i| &self.zones[i])
+    }
+
+    /// Every zone's dataplanes as REST items, zone by zone.
+    pub fn items(&self) -> impl Iterator<Item = DataplaneItem> + '_ {
+        self.zones.iter().flat_map(ZoneView::items)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -198,6 +255,33 @@ impl Hub {
         self.zones.get(zone).map(|e| self.summary_of(e, now))
     }
 
+    /// Every zone at `now`, for readers. The dataplanes of a zone not in
+    /// `changed` are shared with `previous` (the last view published).
+    pub fn view(
+        &self,
+        now: Timestamp,
+        previous: &ZonesView,
+        changed: &std::collections::BTreeSet<String>,
+    ) -> ZonesView {
+        let zones = self
+            .zones
+            .iter()
+            .map(|(name, e)| {
+                let kept = (!changed.contains(name))
+                    .then(|| previous.get(name))
+                    .flatten()
+                    .map(|z| z.dataplanes.clone());
+                ZoneView {
+                    summary: self.summary_of(e, now),
+                    dataplanes: kept.unwrap_or_else(|| {
+                        Arc::new(e.remote.dataplanes().map(|(_, dp)| dp.clone()).collect())
+                    }),
+                }
+            })
+            .collect();
+        ZonesView { zones }
+    }
+
     fn summary_of(&self, e: &Entry, now: Timestamp) -> ZoneSummary {
         let liveness = e.remote.liveness(now, e.disabled);
         let withdrawn = match liveness.state {
@@ -266,8 +350,11 @@ mod tests {
         pb::Dataplane {
             mesh: "default".into(),
             name: name.into(),
+            address: "10.0.0.1".into(),
             inbounds: vec![pb::Inbound {
                 port: 10001,
+                service_port: 8080,
+                service_address: "127.0.0.1".into(),
                 health: Some(pb::Health {
                     ready,
                     ..Default::default()
@@ -375,6 +462,40 @@ mod tests {
         assert!(!z.withdrawn);
         let z = h.summary("eu-1", at(315)).unwrap();
         assert_eq!((z.dataplanes, z.inbounds_ready, z.withdrawn), (1, 0, true));
+    }
+
+    /// A view shares the dataplanes of every zone that did not change with
+    /// the previous view, and shows an offline zone's items with its state.
+    #[test]
+    fn a_view_shares_unchanged_zones_and_marks_each_item_with_its_zone() {
+        let mut h = hub(&["eu-1", "us-1"], &[]);
+        connect(&mut h, "eu-1", 1, 0, &[("a", true)]);
+        connect(&mut h, "us-1", 1, 0, &[("b", true), ("c", false)]);
+        let all: BTreeSet<String> = ["eu-1".into(), "us-1".into()].into();
+        let first = h.view(at(1), &ZonesView::default(), &all);
+        assert_eq!(first.zones.len(), 2);
+        let us = first.get("us-1").unwrap();
+        assert_eq!(us.dataplanes.len(), 2);
+        let eu_only: BTreeSet<String> = ["eu-1".into()].into();
+        let second = h.view(at(20), &first, &eu_only);
+        // us-1 did not change: the same vector; eu-1 was rebuilt.
+        assert!(Arc::ptr_eq(
+            &first.get("us-1").unwrap().dataplanes,
+            &second.get("us-1").unwrap().dataplanes
+        ));
+        assert!(!Arc::ptr_eq(
+            &first.get("eu-1").unwrap().dataplanes,
+            &second.get("eu-1").unwrap().dataplanes
+        ));
+        // At 20 s both zones are offline: the items carry the state.
+        let items: Vec<_> = second.items().collect();
+        assert_eq!(items.len(), 3);
+        let zone = items[0].zone.as_ref().unwrap();
+        assert_eq!(
+            (zone.name.as_str(), zone.state.as_str()),
+            ("eu-1", "offline")
+        );
+        assert!(second.get("ap-1").is_none());
     }
 
     #[test]

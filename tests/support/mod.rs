@@ -147,6 +147,8 @@ pub struct HdsdOptions {
     pub nofile: Option<u64>,
     /// Extra environment variables (`HDSD_*` settings) for hdsd.
     pub env: Vec<(String, String)>,
+    /// Pass a third listening socket for `global.listen` (a global).
+    pub zone_listener: bool,
 }
 
 impl Default for HdsdOptions {
@@ -164,6 +166,7 @@ impl Default for HdsdOptions {
             auth_extra: String::new(),
             nofile: None,
             env: Vec::new(),
+            zone_listener: false,
         }
     }
 }
@@ -173,8 +176,10 @@ pub struct Hdsd {
     pub dir: tempfile::TempDir,
     pub hds: SocketAddr,
     pub api: SocketAddr,
+    /// The zone listener (`global.listen`), on a global.
+    pub zones: Option<SocketAddr>,
     /// The listening sockets passed to every hdsd process of this test.
-    sockets: [StdListener; 2],
+    sockets: Vec<StdListener>,
     child: Option<Child>,
     options: HdsdOptions,
 }
@@ -183,10 +188,12 @@ impl Hdsd {
     pub fn start(options: HdsdOptions) -> Hdsd {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(dir.path().join("dataplanes")).unwrap();
-        let sockets = [listener(), listener()];
+        let count = if options.zone_listener { 3 } else { 2 };
+        let sockets: Vec<StdListener> = (0..count).map(|_| listener()).collect();
         let mut hdsd = Hdsd {
             hds: sockets[0].local_addr().unwrap(),
             api: sockets[1].local_addr().unwrap(),
+            zones: sockets.get(2).map(|s| s.local_addr().unwrap()),
             sockets,
             dir,
             child: None,
@@ -254,15 +261,13 @@ impl Hdsd {
             .env_remove("RUST_LOG")
             .env_remove("LISTEN_PID")
             .env_remove("LISTEN_FDNAMES")
-            .env("LISTEN_FDS", "2")
+            .env("LISTEN_FDS", self.sockets.len().to_string())
             .envs(o.env.iter().map(|(k, v)| (k, v)))
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .stdin(Stdio::null());
-        pass_fds(
-            &mut command,
-            &[self.sockets[0].as_fd(), self.sockets[1].as_fd()],
-        );
+        let fds: Vec<_> = self.sockets.iter().map(|s| s.as_fd()).collect();
+        pass_fds(&mut command, &fds);
         let child = command.spawn().expect("start hdsd");
         self.child = Some(child);
         let url = format!("http://{}/readyz", self.api);

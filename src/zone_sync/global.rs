@@ -1,0 +1,491 @@
+//! The global's side of zone sync: the `hdsd.v1.ZoneSyncService` listener,
+//! one task per zone stream, and the hub task.
+//!
+//! Who owns what:
+//! - the hub task is the only writer of the [`Hub`]: every stream's task
+//!   sends it commands (open, claim, the session's actions) and it
+//!   publishes a [`ZonesView`] on a watch channel after each batch of
+//!   commands, and whenever a zone's summary changes with time alone (a
+//!   zone goes offline when nothing arrives: the hub looks every
+//!   [`VIEW_TICK`]);
+//! - each stream's task owns its [`Session`]; the hub tells it when a newer
+//!   stream of its zone took the uplink over.
+//!
+//! A zone is known by its zone token only: the stream's `authorization`
+//! metadata is verified by the [`Gate`] like a dataplane's, and only a
+//! token with a zone opens a stream. When keys or revocations change, every
+//! stream's token is verified again, and a stream whose token no longer
+//! verifies ends with `UNAUTHENTICATED`.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::auth::Gate;
+use crate::clock::Clock;
+use crate::pb;
+use crate::zones::hub::{Hub, HubSettings, ZonesView};
+use crate::zones::remote::{Applied, Claim, StreamId};
+use crate::zones::session::{
+    Action, Event, Registration, Session, SessionSettings, ZoneCredential,
+};
+use crate::zones::{Code, Meshes};
+
+/// How often the hub looks whether a zone's summary changed with time
+/// alone (online to offline, offline to withdrawn).
+pub const VIEW_TICK: Duration = Duration::from_millis(250);
+
+/// Commands a stream's task sends the hub task at most before it waits.
+const HUB_QUEUE: usize = 1024;
+
+/// Messages to one zone buffered before its task waits for the transport.
+const STREAM_BUFFER: usize = 64;
+
+/// The largest message a zone may send (a snapshot chunk of
+/// [`CHUNK_SIZE`](crate::zones::uplink::CHUNK_SIZE) dataplanes fits many
+/// times over).
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// What a stream's task tells the hub.
+#[derive(Debug)]
+enum Command {
+    /// A stream of `zone` opened: its number and the zone's registration.
+    Open {
+        zone: String,
+        notices: mpsc::UnboundedSender<Notice>,
+        reply: oneshot::Sender<(StreamId, Registration)>,
+    },
+    /// The session asks for the uplink.
+    Claim {
+        zone: String,
+        stream: StreamId,
+        epoch: u64,
+        instance: String,
+        meshes: Meshes,
+        reply: oneshot::Sender<Claim>,
+    },
+    /// The session's actions, in order.
+    Apply {
+        zone: String,
+        stream: StreamId,
+        actions: Vec<Action>,
+    },
+    /// The stream's task ended.
+    Gone { stream: StreamId },
+}
+
+/// What the hub tells a stream's task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Notice {
+    /// A newer stream of the zone holds the uplink.
+    Superseded { epoch: u64, instance: String },
+}
+
+/// The hub task's address, and what it publishes.
+#[derive(Debug, Clone)]
+pub struct HubHandle {
+    commands: mpsc::Sender<Command>,
+    view: watch::Receiver<Arc<ZonesView>>,
+}
+
+impl HubHandle {
+    /// Every zone now.
+    pub fn view(&self) -> Arc<ZonesView> {
+        self.view.borrow().clone()
+    }
+
+    /// Follows the view as it changes.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<ZonesView>> {
+        self.view.clone()
+    }
+
+    async fn ask<T>(&self, command: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+        let (reply, answer) = oneshot::channel();
+        self.commands.send(command(reply)).await.ok()?;
+        answer.await.ok()
+    }
+}
+
+/// Starts the hub task: the zones of the configuration, judged by `settings`.
+pub fn spawn_hub(
+    settings: HubSettings,
+    registered: &[String],
+    disabled: &[String],
+    clock: Arc<dyn Clock>,
+) -> HubHandle {
+    let hub = Hub::new(settings, registered, disabled, clock.now());
+    let first = hub.view(clock.now(), &ZonesView::default(), &BTreeSet::new());
+    let (view_tx, view) = watch::channel(Arc::new(first));
+    let (commands, rx) = mpsc::channel(HUB_QUEUE);
+    tokio::spawn(run_hub(hub, rx, view_tx, clock));
+    HubHandle { commands, view }
+}
+
+async fn run_hub(
+    mut hub: Hub,
+    mut rx: mpsc::Receiver<Command>,
+    view: watch::Sender<Arc<ZonesView>>,
+    clock: Arc<dyn Clock>,
+) {
+    let mut streams: HashMap<StreamId, mpsc::UnboundedSender<Notice>> = HashMap::new();
+    let mut tick = tokio::time::interval(VIEW_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut batch = Vec::new();
+    loop {
+        let mut changed = BTreeSet::new();
+        tokio::select! {
+            n = rx.recv_many(&mut batch, HUB_QUEUE) => {
+                if n == 0 {
+                    return;
+                }
+                for command in batch.drain(..) {
+                    handle(&mut hub, &mut streams, &mut changed, command, clock.as_ref());
+                }
+            }
+            _ = tick.tick() => {}
+        }
+        let current = view.borrow().clone();
+        let next = hub.view(clock.now(), &current, &changed);
+        let summaries_moved = next.zones.len() != current.zones.len()
+            || next
+                .zones
+                .iter()
+                .zip(&current.zones)
+                .any(|(a, b)| a.summary != b.summary);
+        if !changed.is_empty() || summaries_moved {
+            publish_metrics(&next);
+            view.send_replace(Arc::new(next));
+        }
+    }
+}
+
+fn handle(
+    hub: &mut Hub,
+    streams: &mut HashMap<StreamId, mpsc::UnboundedSender<Notice>>,
+    changed: &mut BTreeSet<String>,
+    command: Command,
+    clock: &dyn Clock,
+) {
+    match command {
+        Command::Open {
+            zone,
+            notices,
+            reply,
+        } => {
+            let stream = hub.open_stream();
+            streams.insert(stream, notices);
+            let _ = reply.send((stream, hub.registration(&zone)));
+        }
+        Command::Claim {
+            zone,
+            stream,
+            epoch,
+            instance,
+            meshes,
+            reply,
+        } => {
+            let claim = hub.claim(&zone, stream, epoch, &instance, &meshes, clock.now());
+            if let Claim::Won {
+                replaced, pruned, ..
+            } = &claim
+            {
+                if let Some(old) = replaced.and_then(|old| streams.get(&old)) {
+                    let _ = old.send(Notice::Superseded {
+                        epoch,
+                        instance: instance.clone(),
+                    });
+                }
+                if !pruned.is_empty() {
+                    changed.insert(zone.clone());
+                }
+            }
+            let _ = reply.send(claim);
+        }
+        Command::Apply {
+            zone,
+            stream,
+            actions,
+        } => {
+            let mut moved = false;
+            for action in &actions {
+                let applied: Vec<Applied> = hub.apply(&zone, stream, action);
+                moved |= !applied.is_empty();
+            }
+            if moved {
+                changed.insert(zone);
+            }
+        }
+        Command::Gone { stream } => {
+            streams.remove(&stream);
+        }
+    }
+}
+
+fn publish_metrics(view: &ZonesView) {
+    let mut by_state = [0u64; crate::zones::liveness::ZoneState::ALL.len()];
+    for zone in &view.zones {
+        let s = &zone.summary;
+        if let Some(i) = crate::zones::liveness::ZoneState::ALL
+            .iter()
+            .position(|state| *state == s.liveness.state)
+        {
+            by_state[i] += 1;
+        }
+        crate::metrics::zone(crate::metrics::ZoneMetrics {
+            zone: &s.name,
+            online: s.liveness.state == crate::zones::liveness::ZoneState::Online,
+            last_seen_unix: s.liveness.last_seen.map(|t| t.timestamp() as f64),
+            dataplanes: s.dataplanes as u64,
+            inbounds_ready: s.inbounds_ready as u64,
+            inbounds_total: s.inbounds_total as u64,
+            streams: s.counters.streams,
+            resumes: s.counters.resumes,
+            snapshots: s.counters.snapshots,
+        });
+    }
+    for (state, n) in crate::zones::liveness::ZoneState::ALL.iter().zip(by_state) {
+        crate::metrics::zones_in_state(state.as_str(), n);
+    }
+}
+
+/// The `ZoneSyncService` of the global's zone listener.
+#[derive(Debug, Clone)]
+pub struct ZoneSyncServer {
+    hub: HubHandle,
+    gate: Arc<Gate>,
+    settings: Arc<SessionSettings>,
+    clock: Arc<dyn Clock>,
+    drain: watch::Receiver<bool>,
+}
+
+impl ZoneSyncServer {
+    /// Streams judged by `settings`, their tokens verified by `gate`, until `drain`.
+    pub fn new(
+        hub: HubHandle,
+        gate: Arc<Gate>,
+        settings: SessionSettings,
+        clock: Arc<dyn Clock>,
+        drain: watch::Receiver<bool>,
+    ) -> ZoneSyncServer {
+        ZoneSyncServer {
+            hub,
+            gate,
+            settings: Arc::new(settings),
+            clock,
+            drain,
+        }
+    }
+
+    /// The tonic service, with the message size limit.
+    pub fn into_server(self) -> pb::zone_sync_service_server::ZoneSyncServiceServer<Self> {
+        pb::zone_sync_service_server::ZoneSyncServiceServer::new(self)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// The zone a stream's token names, or the status that refuses it.
+    fn credential(&self, token: &str) -> Result<ZoneCredential, Status> {
+        let claims = self
+            .gate
+            .verify(token, self.clock.now())
+            .map_err(|rejection| {
+                tracing::warn!(%rejection, detail = %rejection.detail(), "zone stream refused");
+                crate::metrics::zone_refused("unauthenticated");
+                crate::grpc_auth::status(&rejection)
+            })?;
+        let Some(zone) = claims.zone else {
+            crate::metrics::zone_refused("not_a_zone_token");
+            return Err(Status::permission_denied(format!(
+                "the token is a dataplane token (for {}); a zone dials with a zone token: run `hdsd token issue --zone NAME --mesh MESH` on the global and put it in the zone's zone.token_file",
+                claims.identity()
+            )));
+        };
+        if let Err(problem) = crate::names::check_zone(&zone) {
+            return Err(Status::permission_denied(format!(
+                "the zone token names zone {zone:?}, which breaks the zone naming rule ({problem}); issue a new one"
+            )));
+        }
+        Ok(ZoneCredential {
+            zone,
+            meshes: Meshes::Only(claims.meshes.into_iter().collect()),
+        })
+    }
+}
+
+type SyncStream = Pin<Box<dyn Stream<Item = Result<pb::GlobalMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::zone_sync_service_server::ZoneSyncService for ZoneSyncServer {
+    type SyncStream = SyncStream;
+
+    async fn sync(
+        &self,
+        request: Request<Streaming<pb::ZoneMessage>>,
+    ) -> Result<Response<SyncStream>, Status> {
+        let token = crate::grpc_auth::token_from_metadata(request.metadata()).map_err(|r| {
+            crate::metrics::zone_refused("unauthenticated");
+            crate::grpc_auth::status(&r)
+        })?;
+        let credential = self.credential(&token)?;
+        let (out, rx) = mpsc::channel(STREAM_BUFFER);
+        let task = StreamTask {
+            server: self.clone(),
+            token,
+            credential,
+            inbound: request.into_inner(),
+            out,
+        };
+        tokio::spawn(task.run());
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// One zone stream: its session, the transport, the hub.
+struct StreamTask {
+    server: ZoneSyncServer,
+    token: String,
+    credential: ZoneCredential,
+    inbound: Streaming<pb::ZoneMessage>,
+    out: mpsc::Sender<Result<pb::GlobalMessage, Status>>,
+}
+
+impl StreamTask {
+    async fn run(mut self) {
+        let zone = self.credential.zone.clone();
+        let hub = self.server.hub.clone();
+        let clock = self.server.clock.clone();
+        let (notices_tx, mut notices) = mpsc::unbounded_channel();
+        let Some((stream, registration)) = hub
+            .ask(|reply| Command::Open {
+                zone: zone.clone(),
+                notices: notices_tx,
+                reply,
+            })
+            .await
+        else {
+            let _ = self
+                .out
+                .send(Err(Status::unavailable("the global is shutting down")))
+                .await;
+            return;
+        };
+        let mut session = Session::new(
+            self.server.settings.clone(),
+            self.credential.clone(),
+            registration,
+            clock.now(),
+        );
+        let mut drain = self.server.drain.clone();
+        let mut keys = self.server.gate.subscribe();
+        let mut pending: VecDeque<Event> = VecDeque::new();
+        while !session.is_ended() {
+            let event = match pending.pop_front() {
+                Some(event) => event,
+                None => {
+                    let sleep = session
+                        .deadline()
+                        .map(|d| super::until(d, clock.now()))
+                        .unwrap_or(Duration::from_secs(3600));
+                    tokio::select! {
+                        m = self.inbound.message() => match m {
+                            Ok(Some(m)) => Event::Received(vec![m]),
+                            Ok(None) => Event::Closed { error: None },
+                            Err(status) => Event::Closed { error: Some(status.message().to_string()) },
+                        },
+                        Some(Notice::Superseded { epoch, instance }) = notices.recv() => {
+                            Event::Superseded { epoch, instance }
+                        }
+                        () = tokio::time::sleep(sleep) => Event::Tick,
+                        () = super::drained(&mut drain) => Event::Drain,
+                        Ok(()) = keys.changed() => {
+                            if let Err(status) = self.server.credential(&self.token) {
+                                tracing::warn!(zone, "zone token no longer verifies; ending its stream");
+                                let _ = self.out.send(Err(status)).await;
+                                pending.push_back(Event::Closed { error: Some("token revoked".into()) });
+                            }
+                            continue;
+                        }
+                    }
+                }
+            };
+            let mut actions = Vec::new();
+            session.handle(event, clock.now(), &mut actions);
+            let mut to_hub = Vec::new();
+            for action in actions {
+                match action {
+                    Action::Send(message) => {
+                        if let Some(pb::global_message::Kind::Refused(r)) = &message.kind {
+                            crate::metrics::zone_refused(&r.code);
+                            tracing::warn!(zone, code = %r.code, "{}", r.message);
+                        }
+                        // A transport that is gone shows as Closed next.
+                        let _ = self.out.send(Ok(message)).await;
+                    }
+                    Action::Claim { epoch, instance } => {
+                        if !to_hub.is_empty() {
+                            self.apply(&hub, stream, std::mem::take(&mut to_hub)).await;
+                        }
+                        let claim = hub
+                            .ask(|reply| Command::Claim {
+                                zone: zone.clone(),
+                                stream,
+                                epoch,
+                                instance,
+                                meshes: self.credential.meshes.clone(),
+                                reply,
+                            })
+                            .await;
+                        pending.push_back(match claim {
+                            Some(Claim::Won { resume_from, .. }) => Event::Claimed { resume_from },
+                            Some(Claim::Lost { epoch, instance }) => {
+                                Event::ClaimLost { epoch, instance }
+                            }
+                            None => Event::Drain,
+                        });
+                    }
+                    Action::End { code, reason } => {
+                        log_end(&zone, code, &reason);
+                        to_hub.push(Action::End { code, reason });
+                    }
+                    Action::Connected(at) => {
+                        if let Some((epoch, instance)) = session.uplink() {
+                            tracing::info!(zone, epoch, instance, "zone connected");
+                        }
+                        to_hub.push(Action::Connected(at));
+                    }
+                    other => to_hub.push(other),
+                }
+            }
+            if !to_hub.is_empty() {
+                self.apply(&hub, stream, to_hub).await;
+            }
+        }
+        let _ = hub.commands.send(Command::Gone { stream }).await;
+    }
+
+    async fn apply(&self, hub: &HubHandle, stream: StreamId, actions: Vec<Action>) {
+        let _ = hub
+            .commands
+            .send(Command::Apply {
+                zone: self.credential.zone.clone(),
+                stream,
+                actions,
+            })
+            .await;
+    }
+}
+
+/// One line per ended stream: a warning when the zone must do something.
+fn log_end(zone: &str, code: Code, reason: &str) {
+    match code {
+        Code::StreamClosed | Code::ShuttingDown | Code::Superseded => {
+            tracing::info!(zone, code = code.as_str(), "zone stream ended: {reason}")
+        }
+        _ => tracing::warn!(zone, code = code.as_str(), "zone stream ended: {reason}"),
+    }
+}

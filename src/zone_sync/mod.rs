@@ -1,0 +1,30 @@
+//! Zones over the network: the drivers of the pure machines in
+//! [`crate::zones`].
+//!
+//! - [`global`]: the global's zone listener (`global.listen`, the gRPC
+//!   `hdsd.v1.ZoneSyncService`): one task per stream drives a
+//!   [`Session`](crate::zones::session::Session), and the hub task, the only
+//!   writer of the [`Hub`](crate::zones::hub::Hub), publishes a
+//!   [`ZonesView`](crate::zones::hub::ZonesView) that the REST API, the
+//!   metrics and the page read.
+//! - [`uplink`]: the zone's side: one task dials the global (the URLs of
+//!   `zone.global` in turn, with backoff), drives an
+//!   [`Uplink`](crate::zones::uplink::Uplink) with the change feed and
+//!   publishes how the link stands.
+
+pub mod global;
+pub mod uplink;
+
+use std::time::Duration;
+
+use crate::clock::Timestamp;
+
+/// Completes once `drain` turns true (or its sender is gone).
+async fn drained(drain: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = drain.wait_for(|d| *d).await;
+}
+
+/// How long until `deadline` (zero when it passed), for a tokio timer.
+fn until(deadline: Timestamp, now: Timestamp) -> Duration {
+    crate::zones::elapsed(now, deadline).unwrap_or(Duration::ZERO)
+}

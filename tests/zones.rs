@@ -1,0 +1,274 @@
+//! Zones end to end: a global hdsd and zone hdsds, each zone with a real
+//! Envoy probing a real application. Readiness crosses from a zone to the
+//! global; a zone that stops talking (SIGSTOP: its process freezes, its
+//! TCP connection stays open) is offline at the global within
+//! `global.zone_timeout`; when it wakes it resumes without a snapshot and
+//! the global never deletes its dataplanes; a zone the global does not know
+//! is refused with the fix in the message.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::*;
+
+/// The global's `zone_timeout` in these tests.
+const ZONE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Envoy's first connect and first report.
+const CONNECT: Duration = Duration::from_secs(20);
+
+fn global() -> Hdsd {
+    Hdsd::start(HdsdOptions {
+        auth_mode: "token",
+        zone_listener: true,
+        extra: "[global]\nenabled = true\nheartbeat_interval = \"250ms\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\", \"us-1\"]\n"
+            .to_string(),
+        ..HdsdOptions::default()
+    })
+}
+
+/// Issues a zone token at the global and writes it to a file of `dir`.
+fn zone_token(global: &Hdsd, zone: &str, dir: &tempfile::TempDir) -> PathBuf {
+    let token = global.cli(&["token", "issue", "--zone", zone, "--mesh", "default"]);
+    let path = dir.path().join(format!("{zone}.token"));
+    std::fs::write(&path, token.trim()).unwrap();
+    path
+}
+
+fn zone(global: &Hdsd, name: &str, token: &std::path::Path) -> Hdsd {
+    Hdsd::start(HdsdOptions {
+        extra: format!(
+            "[zone]\nname = \"{name}\"\nglobal = [\"http://{}\"]\ntoken_file = {:?}\n",
+            global.zones.expect("the global's zone listener"),
+            token.display().to_string()
+        ),
+        ..HdsdOptions::default()
+    })
+}
+
+fn zones(global: &Hdsd) -> Vec<Value> {
+    global.get_json("/api/v1/zones").unwrap()["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn zone_state(global: &Hdsd, name: &str) -> Result<Value, String> {
+    zones(global)
+        .into_iter()
+        .find(|z| z["name"] == name)
+        .ok_or_else(|| format!("zone {name} not listed"))
+}
+
+/// The global's items of one zone.
+fn remote_items(global: &Hdsd, zone: &str) -> Vec<Value> {
+    global
+        .get_json(&format!("/api/v1/dataplanes?zone={zone}"))
+        .unwrap()["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn wait_remote_ready(global: &Hdsd, zone: &str, name: &str, ready: bool, timeout: Duration) {
+    wait_for(
+        &format!("{zone}'s {name} to read ready={ready} at the global"),
+        timeout,
+        || {
+            let items = remote_items(global, zone);
+            let item = items
+                .iter()
+                .find(|i| i["name"] == name)
+                .ok_or_else(|| format!("not listed: {items:?}"))?;
+            let got = item["inbounds"][0]["health"]["ready"].as_bool();
+            if got == Some(ready) {
+                Ok(())
+            } else {
+                Err(format!("{item}"))
+            }
+        },
+    );
+}
+
+fn signal(pid: u32, sig: &str) {
+    let status = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+/// Two zones report to one global; readiness crosses; a frozen zone is
+/// offline within its timeout while the other stays online; it resumes
+/// when it wakes and nothing is deleted.
+#[test]
+fn two_zones_report_to_a_global_and_a_frozen_zone_is_offline_within_its_timeout() {
+    let global = global();
+    let tokens = tempfile::tempdir().unwrap();
+    let (eu_token, us_token) = (
+        zone_token(&global, "eu-1", &tokens),
+        zone_token(&global, "us-1", &tokens),
+    );
+    let eu = zone(&global, "eu-1", &eu_token);
+    let us = zone(&global, "us-1", &us_token);
+    let mut eu_app = App::start();
+    let us_app = App::start();
+    eu.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, eu_app.port)]));
+    us.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, us_app.port)]));
+    let _eu_envoy = Envoy::start(eu.hds, "default.web", None);
+    let _us_envoy = Envoy::start(us.hds, "default.web", None);
+
+    // Each zone's readiness reaches the global, marked with its zone.
+    wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
+    wait_remote_ready(&global, "us-1", "web", true, CONNECT);
+    let item = &remote_items(&global, "eu-1")[0];
+    assert_eq!(item["zone"]["name"], "eu-1", "{item}");
+    assert_eq!(item["zone"]["state"], "online", "{item}");
+    let eu_zone = zone_state(&global, "eu-1").unwrap();
+    assert_eq!(eu_zone["state"], "online", "{eu_zone}");
+    assert_eq!(eu_zone["dataplanes"], 1, "{eu_zone}");
+    assert_eq!(eu_zone["snapshots"], 1, "{eu_zone}");
+    // The zone says it is connected, in /readyz and the API.
+    let readyz = ureq::get(&eu.api_url("/readyz"))
+        .call()
+        .unwrap()
+        .into_body()
+        .read_to_string()
+        .unwrap();
+    assert!(
+        readyz.contains("zone eu-1: connected to the global"),
+        "{readyz}"
+    );
+
+    // The application dies: the global hears it from the zone.
+    eu_app.stop();
+    wait_remote_ready(&global, "eu-1", "web", false, CONNECT);
+    eu_app.resume();
+    wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
+
+    // Freeze eu-1's hdsd: its TCP connection stays open, nothing arrives.
+    signal(eu.pid(), "-STOP");
+    let frozen = Instant::now();
+    let offline = wait_for(
+        "eu-1 to be offline at the global",
+        ZONE_TIMEOUT + Duration::from_secs(5),
+        || {
+            let z = zone_state(&global, "eu-1")?;
+            if z["state"] == "offline" {
+                Ok(z)
+            } else {
+                Err(format!("{z}"))
+            }
+        },
+    );
+    let took = frozen.elapsed();
+    println!("eu-1 offline {took:?} after SIGSTOP (zone_timeout {ZONE_TIMEOUT:?})");
+    assert!(
+        took <= ZONE_TIMEOUT + Duration::from_secs(1),
+        "offline {took:?} after the zone froze: more than zone_timeout + 1 s"
+    );
+    // Its dataplane is still there, marked offline with its last readiness;
+    // us-1 is unaffected.
+    let items = remote_items(&global, "eu-1");
+    assert_eq!(
+        items.len(),
+        1,
+        "an offline zone's dataplanes stay: {items:?}"
+    );
+    assert_eq!(items[0]["zone"]["state"], "offline");
+    assert_eq!(offline["withdrawn"], false, "{offline}");
+    assert_eq!(zone_state(&global, "us-1").unwrap()["state"], "online");
+
+    // Wake it: it reconnects and resumes (no second snapshot); its
+    // dataplane is never absent meanwhile.
+    signal(eu.pid(), "-CONT");
+    let back = wait_for("eu-1 back online", Duration::from_secs(30), || {
+        let items = remote_items(&global, "eu-1");
+        assert_eq!(items.len(), 1, "a reconnect deleted something: {items:?}");
+        let z = zone_state(&global, "eu-1")?;
+        if z["state"] == "online" && z["streams"] == 2 {
+            Ok(z)
+        } else {
+            Err(format!("{z}"))
+        }
+    });
+    assert_eq!(back["resumes"], 1, "{back}");
+    assert_eq!(back["snapshots"], 1, "{back}");
+    wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
+
+    // The global's metrics say the same.
+    let metrics = ureq::get(&global.api_url("/metrics"))
+        .call()
+        .unwrap()
+        .into_body()
+        .read_to_string()
+        .unwrap();
+    for line in [
+        "hdsd_zone_online{zone=\"eu-1\"} 1",
+        "hdsd_zone_resumes_total{zone=\"eu-1\"} 1",
+        "hdsd_zones{state=\"online\"} 2",
+        "hdsd_zone_refusals_total{code=\"zone_timeout\"} 1",
+    ] {
+        assert!(metrics.contains(line), "no {line:?} in:\n{metrics}");
+    }
+}
+
+/// A zone the global does not list is refused, and both sides say how to
+/// fix it; a dataplane token cannot open a zone stream.
+#[test]
+fn an_unknown_zone_is_refused_with_the_fix() {
+    let global = global();
+    let tokens = tempfile::tempdir().unwrap();
+    let token = zone_token(&global, "ap-1", &tokens);
+    let ap = zone(&global, "ap-1", &token);
+    let status = wait_for("ap-1 to be refused", Duration::from_secs(20), || {
+        let v = ap.get_json("/api/v1/zones")?;
+        let uplink = v["uplink"].clone();
+        if uplink["code"] == "zone_unregistered" {
+            Ok(uplink)
+        } else {
+            Err(format!("{v}"))
+        }
+    });
+    let problem = status["problem"].as_str().unwrap();
+    assert!(problem.contains("global.zones"), "{problem}");
+    assert_eq!(status["connected"], false);
+    let readyz = ureq::get(&ap.api_url("/readyz"))
+        .call()
+        .unwrap()
+        .into_body()
+        .read_to_string()
+        .unwrap();
+    assert!(
+        readyz.contains("zone ap-1: not connected to the global"),
+        "{readyz}"
+    );
+    // Known at the global as seen but not registered, never online.
+    let z = zone_state(&global, "ap-1");
+    assert!(
+        z.as_ref().is_err() || z.as_ref().unwrap()["state"] == "never_connected",
+        "{z:?}"
+    );
+
+    // A dataplane token is not a zone token.
+    let dp_token = global.issue_token("default.web", "1h");
+    std::fs::write(&token, dp_token).unwrap();
+    let bad = zone(&global, "ap-1", &token);
+    let status = wait_for(
+        "a dataplane token to be refused",
+        Duration::from_secs(20),
+        || {
+            let v = bad.get_json("/api/v1/zones")?;
+            let uplink = v["uplink"].clone();
+            if uplink["code"] == "unauthenticated" {
+                Ok(uplink)
+            } else {
+                Err(format!("{v}"))
+            }
+        },
+    );
+    let problem = status["problem"].as_str().unwrap();
+    assert!(problem.contains("hdsd token issue --zone"), "{problem}");
+}
