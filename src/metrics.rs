@@ -51,7 +51,7 @@ pub const SPECIFIER_REJECTIONS: &str = "hdsd_specifier_rejections_total";
 pub const DATAPLANES_REJECTING: &str = "hdsd_dataplanes_rejecting_specifier";
 pub const UNSUPPORTED_PROBES: &str = "hdsd_unsupported_probes_total";
 pub const ZONES: &str = "hdsd_zones";
-pub const ZONE_ONLINE: &str = "hdsd_zone_online";
+pub const ZONE_STATE: &str = "hdsd_zone_state";
 pub const ZONE_LAST_SEEN: &str = "hdsd_zone_last_seen_timestamp_seconds";
 pub const ZONE_DATAPLANES: &str = "hdsd_zone_dataplanes";
 pub const ZONE_INBOUNDS: &str = "hdsd_zone_inbounds";
@@ -296,7 +296,10 @@ pub fn watch_resync(reason: &'static str) {
 #[derive(Debug, Clone, Copy)]
 pub struct ZoneMetrics<'a> {
     pub zone: &'a str,
-    pub online: bool,
+    /// The zone's state word, and every state word (one series each, 1 for
+    /// the zone's).
+    pub state: &'a str,
+    pub states: &'a [&'static str],
     /// The last sign of life, Unix seconds.
     pub last_seen_unix: Option<f64>,
     pub dataplanes: u64,
@@ -309,7 +312,13 @@ pub struct ZoneMetrics<'a> {
 
 pub fn zone(z: ZoneMetrics<'_>) {
     let zone = z.zone.to_string();
-    gauge!(ZONE_ONLINE, "zone" => zone.clone()).set(if z.online { 1.0 } else { 0.0 });
+    for &state in z.states {
+        gauge!(ZONE_STATE, "zone" => zone.clone(), "state" => state).set(if state == z.state {
+            1.0
+        } else {
+            0.0
+        });
+    }
     if let Some(t) = z.last_seen_unix {
         gauge!(ZONE_LAST_SEEN, "zone" => zone.clone()).set(t);
     }
@@ -475,8 +484,8 @@ fn describe() {
         "Zones a global knows, by state (never_connected, online, offline, disabled)."
     );
     describe_gauge!(
-        ZONE_ONLINE,
-        "1 while the zone is online at this global (a message within global.zone_timeout), else 0."
+        ZONE_STATE,
+        "1 for the zone's state at this global (online: a message within global.zone_timeout; offline; disabled; never_connected), 0 for the others."
     );
     describe_gauge!(
         ZONE_LAST_SEEN,

@@ -206,7 +206,7 @@ fn two_zones_report_to_a_global_and_a_frozen_zone_is_offline_within_its_timeout(
         .read_to_string()
         .unwrap();
     for line in [
-        "hdsd_zone_online{zone=\"eu-1\"} 1",
+        "hdsd_zone_state{zone=\"eu-1\",state=\"online\"} 1",
         "hdsd_zone_resumes_total{zone=\"eu-1\"} 1",
         "hdsd_zones{state=\"online\"} 2",
         "hdsd_zone_refusals_total{code=\"zone_timeout\"} 1",
@@ -215,25 +215,40 @@ fn two_zones_report_to_a_global_and_a_frozen_zone_is_offline_within_its_timeout(
     }
 }
 
-/// A zone the global does not list is refused, and both sides say how to
-/// fix it; a dataplane token cannot open a zone stream.
-#[test]
-fn an_unknown_zone_is_refused_with_the_fix() {
-    let global = global();
-    let tokens = tempfile::tempdir().unwrap();
-    let token = zone_token(&global, "ap-1", &tokens);
-    let ap = zone(&global, "ap-1", &token);
-    let status = wait_for("ap-1 to be refused", Duration::from_secs(20), || {
-        let v = ap.get_json("/api/v1/zones")?;
+/// The uplink status a zone shows once its code is `code`.
+fn wait_uplink_code(zone: &Hdsd, code: &str, timeout: Duration) -> Value {
+    wait_for(&format!("the zone's uplink to read {code}"), timeout, || {
+        let v = zone.get_json("/api/v1/zones")?;
         let uplink = v["uplink"].clone();
-        if uplink["code"] == "zone_unregistered" {
+        if uplink["code"] == code {
             Ok(uplink)
         } else {
             Err(format!("{v}"))
         }
+    })
+}
+
+fn problem_of(status: &Value) -> &str {
+    status["problem"].as_str().unwrap_or_default()
+}
+
+/// Every refusal says what is wrong and what to do: an unregistered zone,
+/// a disabled one, a dataplane token, a revoked zone token (whose stream
+/// ends within a second).
+#[test]
+fn each_refusal_says_what_to_do() {
+    let global = Hdsd::start(HdsdOptions {
+        auth_mode: "token",
+        zone_listener: true,
+        extra: "[global]\nenabled = true\nheartbeat_interval = \"250ms\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\"]\ndisabled = [\"off-1\"]\n"
+            .to_string(),
+        ..HdsdOptions::default()
     });
-    let problem = status["problem"].as_str().unwrap();
-    assert!(problem.contains("global.zones"), "{problem}");
+    let tokens = tempfile::tempdir().unwrap();
+
+    let ap = zone(&global, "ap-1", &zone_token(&global, "ap-1", &tokens));
+    let status = wait_uplink_code(&ap, "zone_unregistered", Duration::from_secs(20));
+    assert!(problem_of(&status).contains("add it to global.zones"), "{status}");
     assert_eq!(status["connected"], false);
     let readyz = ureq::get(&ap.api_url("/readyz"))
         .call()
@@ -241,34 +256,47 @@ fn an_unknown_zone_is_refused_with_the_fix() {
         .into_body()
         .read_to_string()
         .unwrap();
-    assert!(
-        readyz.contains("zone ap-1: not connected to the global"),
-        "{readyz}"
-    );
-    // Known at the global as seen but not registered, never online.
-    let z = zone_state(&global, "ap-1");
-    assert!(
-        z.as_ref().is_err() || z.as_ref().unwrap()["state"] == "never_connected",
-        "{z:?}"
-    );
+    assert!(readyz.contains("zone ap-1: not connected to the global"), "{readyz}");
+    drop(ap);
+
+    let off = zone(&global, "off-1", &zone_token(&global, "off-1", &tokens));
+    let status = wait_uplink_code(&off, "zone_disabled", Duration::from_secs(20));
+    assert!(problem_of(&status).contains("remove it from global.disabled"), "{status}");
+    let z = zone_state(&global, "off-1").unwrap();
+    assert_eq!(z["state"], "disabled", "{z}");
+    drop(off);
 
     // A dataplane token is not a zone token.
-    let dp_token = global.issue_token("default.web", "1h");
-    std::fs::write(&token, dp_token).unwrap();
-    let bad = zone(&global, "ap-1", &token);
-    let status = wait_for(
-        "a dataplane token to be refused",
-        Duration::from_secs(20),
-        || {
-            let v = bad.get_json("/api/v1/zones")?;
-            let uplink = v["uplink"].clone();
-            if uplink["code"] == "unauthenticated" {
-                Ok(uplink)
-            } else {
-                Err(format!("{v}"))
-            }
-        },
-    );
-    let problem = status["problem"].as_str().unwrap();
-    assert!(problem.contains("hdsd token issue --zone"), "{problem}");
+    let dp_token = tokens.path().join("dataplane.token");
+    std::fs::write(&dp_token, global.issue_token("default.web", "1h")).unwrap();
+    let wrong = zone(&global, "eu-1", &dp_token);
+    let status = wait_uplink_code(&wrong, "unauthenticated", Duration::from_secs(20));
+    assert!(problem_of(&status).contains("zone token"), "{status}");
+    assert!(problem_of(&status).contains("hdsd token issue --zone"), "{status}");
+    drop(wrong);
+
+    // A revoked zone token ends its stream within a second.
+    let token = zone_token(&global, "eu-1", &tokens);
+    let eu = zone(&global, "eu-1", &token);
+    wait_for("eu-1 connected", Duration::from_secs(20), || {
+        let v = eu.get_json("/api/v1/zones")?;
+        if v["uplink"]["connected"] == true {
+            Ok(())
+        } else {
+            Err(format!("{v}"))
+        }
+    });
+    let text = std::fs::read_to_string(&token).unwrap();
+    let inspected = global.cli(&["token", "inspect", text.trim()]);
+    let jti = inspected
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("jti:"))
+        .expect("inspect prints the jti")
+        .trim()
+        .to_string();
+    let revoked_at = Instant::now();
+    global.cli(&["token", "revoke", &jti]);
+    let status = wait_uplink_code(&eu, "unauthenticated", Duration::from_millis(1500));
+    println!("stream ended {:?} after the revocation", revoked_at.elapsed());
+    assert!(problem_of(&status).contains("revoked"), "{status}");
 }

@@ -31,6 +31,7 @@ use crate::auth::Gate;
 use crate::clock::Clock;
 use crate::pb;
 use crate::zones::hub::{Hub, HubSettings, ZonesView};
+use crate::zones::liveness::ZoneState;
 use crate::zones::remote::{Applied, Claim, StreamId};
 use crate::zones::session::{
     Action, Event, Registration, Session, SessionSettings, ZoneCredential,
@@ -227,11 +228,18 @@ fn handle(
     }
 }
 
+const STATE_WORDS: [&str; 4] = [
+    ZoneState::NeverConnected.as_str(),
+    ZoneState::Online.as_str(),
+    ZoneState::Offline.as_str(),
+    ZoneState::Disabled.as_str(),
+];
+
 fn publish_metrics(view: &ZonesView) {
-    let mut by_state = [0u64; crate::zones::liveness::ZoneState::ALL.len()];
+    let mut by_state = [0u64; ZoneState::ALL.len()];
     for zone in &view.zones {
         let s = &zone.summary;
-        if let Some(i) = crate::zones::liveness::ZoneState::ALL
+        if let Some(i) = ZoneState::ALL
             .iter()
             .position(|state| *state == s.liveness.state)
         {
@@ -239,7 +247,8 @@ fn publish_metrics(view: &ZonesView) {
         }
         crate::metrics::zone(crate::metrics::ZoneMetrics {
             zone: &s.name,
-            online: s.liveness.state == crate::zones::liveness::ZoneState::Online,
+            state: s.liveness.state.as_str(),
+            states: &STATE_WORDS,
             last_seen_unix: s.liveness.last_seen.map(|t| t.timestamp() as f64),
             dataplanes: s.dataplanes as u64,
             inbounds_ready: s.inbounds_ready as u64,
@@ -249,7 +258,7 @@ fn publish_metrics(view: &ZonesView) {
             snapshots: s.counters.snapshots,
         });
     }
-    for (state, n) in crate::zones::liveness::ZoneState::ALL.iter().zip(by_state) {
+    for (state, n) in ZoneState::ALL.iter().zip(by_state) {
         crate::metrics::zones_in_state(state.as_str(), n);
     }
 }

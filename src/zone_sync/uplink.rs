@@ -172,6 +172,8 @@ impl Driver {
     async fn run(mut self, mut drain: watch::Receiver<bool>) {
         let mut backoff = self.options.backoff.clone();
         let mut attempt = 0usize;
+        // The last failure logged, and how many streams were accepted then.
+        let mut last: Option<(String, u64)> = None;
         while !*drain.borrow() {
             let url = self.options.globals[attempt % self.options.globals.len()].clone();
             attempt += 1;
@@ -190,7 +192,13 @@ impl Driver {
             };
             let zone = &self.options.settings.zone;
             let wait = humantime::format_duration(Duration::from_millis(delay.as_millis() as u64));
-            if ended.retry {
+            // One line per change: the same failure again is debug only.
+            let accepted = self.status.borrow().accepted;
+            let again = last.as_ref() == Some(&(ended.code.clone(), accepted));
+            last = Some((ended.code.clone(), accepted));
+            if again {
+                tracing::debug!(zone, global = url, code = ended.code, "zone uplink: {}; retrying in {wait}", ended.reason);
+            } else if ended.retry {
                 tracing::warn!(
                     zone,
                     global = url,

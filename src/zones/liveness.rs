@@ -45,7 +45,7 @@ impl ZoneState {
     ];
 
     /// The API's word: "never_connected", "online", "offline", "disabled".
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             ZoneState::NeverConnected => "never_connected",
             ZoneState::Online => "online",
