@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::support::relay::Relay;
 use crate::support::*;
 
 /// The global's `zone_timeout` in these tests.
@@ -38,10 +39,18 @@ fn zone_token(global: &Hdsd, zone: &str, dir: &tempfile::TempDir) -> PathBuf {
 }
 
 fn zone(global: &Hdsd, name: &str, token: &std::path::Path) -> Hdsd {
+    zone_at(
+        global.zones.expect("the global's zone listener"),
+        name,
+        token,
+    )
+}
+
+/// A zone that dials the global at `addr` (a relay, say).
+fn zone_at(addr: std::net::SocketAddr, name: &str, token: &std::path::Path) -> Hdsd {
     Hdsd::start(HdsdOptions {
         extra: format!(
-            "[zone]\nname = \"{name}\"\nglobal = [\"http://{}\"]\ntoken_file = {:?}\n",
-            global.zones.expect("the global's zone listener"),
+            "[zone]\nname = \"{name}\"\nglobal = [\"http://{addr}\"]\ntoken_file = {:?}\n",
             token.display().to_string()
         ),
         ..HdsdOptions::default()
@@ -217,15 +226,19 @@ fn two_zones_report_to_a_global_and_a_frozen_zone_is_offline_within_its_timeout(
 
 /// The uplink status a zone shows once its code is `code`.
 fn wait_uplink_code(zone: &Hdsd, code: &str, timeout: Duration) -> Value {
-    wait_for(&format!("the zone's uplink to read {code}"), timeout, || {
-        let v = zone.get_json("/api/v1/zones")?;
-        let uplink = v["uplink"].clone();
-        if uplink["code"] == code {
-            Ok(uplink)
-        } else {
-            Err(format!("{v}"))
-        }
-    })
+    wait_for(
+        &format!("the zone's uplink to read {code}"),
+        timeout,
+        || {
+            let v = zone.get_json("/api/v1/zones")?;
+            let uplink = v["uplink"].clone();
+            if uplink["code"] == code {
+                Ok(uplink)
+            } else {
+                Err(format!("{v}"))
+            }
+        },
+    )
 }
 
 fn problem_of(status: &Value) -> &str {
@@ -248,7 +261,10 @@ fn each_refusal_says_what_to_do() {
 
     let ap = zone(&global, "ap-1", &zone_token(&global, "ap-1", &tokens));
     let status = wait_uplink_code(&ap, "zone_unregistered", Duration::from_secs(20));
-    assert!(problem_of(&status).contains("add it to global.zones"), "{status}");
+    assert!(
+        problem_of(&status).contains("add it to global.zones"),
+        "{status}"
+    );
     assert_eq!(status["connected"], false);
     let readyz = ureq::get(&ap.api_url("/readyz"))
         .call()
@@ -256,12 +272,18 @@ fn each_refusal_says_what_to_do() {
         .into_body()
         .read_to_string()
         .unwrap();
-    assert!(readyz.contains("zone ap-1: not connected to the global"), "{readyz}");
+    assert!(
+        readyz.contains("zone ap-1: not connected to the global"),
+        "{readyz}"
+    );
     drop(ap);
 
     let off = zone(&global, "off-1", &zone_token(&global, "off-1", &tokens));
     let status = wait_uplink_code(&off, "zone_disabled", Duration::from_secs(20));
-    assert!(problem_of(&status).contains("remove it from global.disabled"), "{status}");
+    assert!(
+        problem_of(&status).contains("remove it from global.disabled"),
+        "{status}"
+    );
     let z = zone_state(&global, "off-1").unwrap();
     assert_eq!(z["state"], "disabled", "{z}");
     drop(off);
@@ -272,7 +294,10 @@ fn each_refusal_says_what_to_do() {
     let wrong = zone(&global, "eu-1", &dp_token);
     let status = wait_uplink_code(&wrong, "unauthenticated", Duration::from_secs(20));
     assert!(problem_of(&status).contains("zone token"), "{status}");
-    assert!(problem_of(&status).contains("hdsd token issue --zone"), "{status}");
+    assert!(
+        problem_of(&status).contains("hdsd token issue --zone"),
+        "{status}"
+    );
     drop(wrong);
 
     // A revoked zone token ends its stream within a second.
@@ -297,6 +322,134 @@ fn each_refusal_says_what_to_do() {
     let revoked_at = Instant::now();
     global.cli(&["token", "revoke", &jti]);
     let status = wait_uplink_code(&eu, "unauthenticated", Duration::from_millis(1500));
-    println!("stream ended {:?} after the revocation", revoked_at.elapsed());
+    println!(
+        "stream ended {:?} after the revocation",
+        revoked_at.elapsed()
+    );
     assert!(problem_of(&status).contains("revoked"), "{status}");
+}
+
+fn wait_zone(
+    global: &Hdsd,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    f: impl Fn(&Value) -> bool,
+) -> Value {
+    wait_for(&format!("zone {name} {what}"), timeout, || {
+        let z = zone_state(global, name)?;
+        if f(&z) {
+            Ok(z)
+        } else {
+            Err(format!("{z}"))
+        }
+    })
+}
+
+/// A link cut while both sides keep running (the TCP connection stays
+/// open, nothing crosses): the global reads the zone offline within its
+/// timeout, the zone's own readiness never changes, and once the link heals
+/// the zone resumes without a snapshot.
+#[test]
+fn a_cut_link_takes_the_zone_offline_and_healing_it_resumes_without_a_snapshot() {
+    let global = global();
+    let tokens = tempfile::tempdir().unwrap();
+    let relay = Relay::start(global.zones.unwrap());
+    let eu = zone_at(relay.addr, "eu-1", &zone_token(&global, "eu-1", &tokens));
+    let app = App::start();
+    eu.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
+    let _envoy = Envoy::start(eu.hds, "default.web", None);
+    wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
+
+    relay.cut();
+    let cut = Instant::now();
+    wait_zone(
+        &global,
+        "eu-1",
+        "offline",
+        ZONE_TIMEOUT + Duration::from_secs(5),
+        |z| z["state"] == "offline",
+    );
+    let took = cut.elapsed();
+    println!("eu-1 offline {took:?} after the cut (zone_timeout {ZONE_TIMEOUT:?})");
+    assert!(
+        took <= ZONE_TIMEOUT + Duration::from_secs(1),
+        "offline {took:?} after the cut"
+    );
+    // The zone's own Envoy and readiness are untouched by the cut.
+    let local = eu.dataplane("default.web").unwrap();
+    assert!(local.inbounds[0].health.ready, "{local:?}");
+    assert!(local.connection.connected);
+
+    relay.heal();
+    let back = wait_zone(
+        &global,
+        "eu-1",
+        "back online on a second stream",
+        Duration::from_secs(30),
+        |z| z["state"] == "online" && z["streams"] == 2,
+    );
+    assert_eq!(
+        (back["resumes"].as_u64(), back["snapshots"].as_u64()),
+        (Some(1), Some(1)),
+        "{back}"
+    );
+    assert_eq!(remote_items(&global, "eu-1").len(), 1);
+    assert!(
+        eu.dataplane("default.web").unwrap().inbounds[0]
+            .health
+            .ready
+    );
+}
+
+/// Restarting a zone never shows its dataplanes deleted at the global; a
+/// global killed and started again gets every zone back within their
+/// backoff.
+#[test]
+fn restarts_of_either_side_delete_nothing_at_the_global() {
+    let mut global = global();
+    let tokens = tempfile::tempdir().unwrap();
+    let mut eu = zone(&global, "eu-1", &zone_token(&global, "eu-1", &tokens));
+    let app = App::start();
+    eu.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
+    let _envoy = Envoy::start(eu.hds, "default.web", None);
+    wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
+
+    // Restart the zone: a new process, a higher epoch; the global keeps the
+    // dataplane from the first stream until the new stream's snapshot.
+    eu.restart();
+    wait_for("eu-1's second stream", Duration::from_secs(30), || {
+        let items = remote_items(&global, "eu-1");
+        assert_eq!(
+            items.len(),
+            1,
+            "the dataplane left the global during a zone restart: {items:?}"
+        );
+        let z = zone_state(&global, "eu-1")?;
+        if z["state"] == "online" && z["streams"] == 2 {
+            Ok(())
+        } else {
+            Err(format!("{z}"))
+        }
+    });
+    wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
+
+    // Kill the global and start it again: the zone reconnects.
+    global.kill();
+    global.start_again();
+    let back = wait_zone(
+        &global,
+        "eu-1",
+        "online after the global restarted",
+        Duration::from_secs(30),
+        |z| z["state"] == "online" && z["dataplanes"] == 1,
+    );
+    assert_eq!(back["snapshots"], 1, "{back}");
+    wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
+    // The zone served its Envoy throughout.
+    assert!(
+        eu.dataplane("default.web").unwrap().inbounds[0]
+            .health
+            .ready
+    );
 }

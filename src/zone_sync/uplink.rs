@@ -197,7 +197,13 @@ impl Driver {
             let again = last.as_ref() == Some(&(ended.code.clone(), accepted));
             last = Some((ended.code.clone(), accepted));
             if again {
-                tracing::debug!(zone, global = url, code = ended.code, "zone uplink: {}; retrying in {wait}", ended.reason);
+                tracing::debug!(
+                    zone,
+                    global = url,
+                    code = ended.code,
+                    "zone uplink: {}; retrying in {wait}",
+                    ended.reason
+                );
             } else if ended.retry {
                 tracing::warn!(
                     zone,

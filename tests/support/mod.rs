@@ -15,6 +15,7 @@
 pub mod apps;
 pub mod grpc;
 pub mod postgres;
+pub mod relay;
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::os::fd::AsFd;
