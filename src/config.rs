@@ -202,7 +202,7 @@ impl Default for PostgresConfig {
 }
 
 /// How readiness becomes EDS endpoints.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EdsConfig {
     /// How a `stale` inbound is served: `degraded` (a fallback Envoy uses only
@@ -214,6 +214,44 @@ pub struct EdsConfig {
     /// `api.tokens`: a front proxy that holds one can take endpoints but not
     /// read the REST API.
     pub tokens: Vec<String>,
+    /// The assignments' overprovisioning factor, in percent (Envoy's
+    /// default, 140): a priority (a zone) keeps all of its load while at
+    /// least 100/factor of its endpoints are healthy and spills the rest to
+    /// the next one below that. 100 to 100000.
+    pub overprovisioning_factor: u32,
+    /// On a global, how an offline zone's endpoints are served from the
+    /// moment it goes offline: `degraded` (its healthy endpoints become
+    /// degraded: used only when no zone has healthy ones left), `unhealthy`,
+    /// `keep` (its last readiness) or `withdraw` (its locality leaves the
+    /// assignment).
+    pub offline_zone: OfflineZone,
+}
+
+impl Default for EdsConfig {
+    fn default() -> Self {
+        EdsConfig {
+            stale_as: StaleAs::default(),
+            omit_not_ready: false,
+            tokens: Vec::new(),
+            overprovisioning_factor: 140,
+            offline_zone: OfflineZone::default(),
+        }
+    }
+}
+
+/// How an offline zone's endpoints are served (`eds.offline_zone`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OfflineZone {
+    /// Healthy endpoints become degraded: a fallback while any zone has healthy ones.
+    #[default]
+    Degraded,
+    /// Every endpoint is unhealthy.
+    Unhealthy,
+    /// The last readiness, as if the zone were online.
+    Keep,
+    /// The zone's locality leaves the assignment.
+    Withdraw,
 }
 
 /// How a `stale` inbound is served (`eds.stale_as`).
@@ -754,6 +792,12 @@ impl Config {
     /// What is wrong with `[zone]` and `[global]`.
     fn zone_problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
+        if !(100..=100_000).contains(&self.eds.overprovisioning_factor) {
+            problems.push(format!(
+                "eds.overprovisioning_factor is {}: it is a percentage from 100 (spill to the next zone as soon as one endpoint is down) to 100000 (never before none is healthy); Envoy's default is 140",
+                self.eds.overprovisioning_factor
+            ));
+        }
         if let Some(zone) = &self.zone {
             if let Err(e) = crate::names::check_zone(&zone.name) {
                 problems.push(format!("zone.name: {e}"));

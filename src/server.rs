@@ -50,6 +50,8 @@ pub enum ServeError {
     Watch(#[from] notify::Error),
     #[error("HDS listener failed: {0}")]
     Hds(#[from] tonic::transport::Error),
+    #[error("zone listener (global.listen) failed: {0}")]
+    Zones(tonic::transport::Error),
     #[error("API listener failed: {0}")]
     Api(std::io::Error),
     #[error("{0} stopped unexpectedly")]
@@ -71,7 +73,10 @@ impl ServeError {
     /// 2 when it failed while running.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ServeError::Hds(_) | ServeError::Api(_) | ServeError::Stopped(_) => 2,
+            ServeError::Hds(_)
+            | ServeError::Zones(_)
+            | ServeError::Api(_)
+            | ServeError::Stopped(_) => 2,
             _ => 1,
         }
     }
@@ -220,7 +225,27 @@ pub async fn run(
     let cluster = stores.cluster(&config);
     let instance = cluster.instance().to_string();
     let sources = start_sources(&config, &stores, &settings).await?;
-    let state = start_state(&config, &stores, cluster.as_ref(), &sources, clock.clone()).await?;
+    // A global's zones: EDS follows them from the start.
+    let hub = config.global.enabled.then(|| {
+        crate::zone_sync::global::spawn_hub(
+            crate::zones::hub::HubSettings {
+                zone_timeout: config.global.zone_timeout,
+                offline_ttl: config.global.offline_ttl,
+            },
+            &config.global.zones,
+            &config.global.disabled,
+            clock.clone(),
+        )
+    });
+    let state = start_state(
+        &config,
+        &stores,
+        cluster.as_ref(),
+        &sources,
+        hub.as_ref().map(|h| h.subscribe()),
+        clock.clone(),
+    )
+    .await?;
     let gate = Arc::new(Gate::new(&config.auth, &config.state_dir, clock.now())?);
     tokio::spawn(gate.clone().watch());
     let scrape = start_metrics(&state, &sources, &gate)?;
@@ -258,6 +283,7 @@ pub async fn run(
         &state,
         &gate,
         instance,
+        hub,
         clock_for_zones.clone(),
         listeners.zones,
         drain_rx.clone(),
@@ -320,7 +346,7 @@ pub async fn run(
             _ => ServeError::Stopped("the API listener"),
         }),
         r = &mut zone_listener => Some(match r {
-            Ok(Err(e)) => ServeError::Hds(e),
+            Ok(Err(e)) => ServeError::Zones(e),
             _ => ServeError::Stopped("the zone listener"),
         }),
     };
@@ -371,6 +397,7 @@ fn start_zones(
     state: &State,
     gate: &Arc<Gate>,
     instance: String,
+    hub: Option<crate::zone_sync::global::HubHandle>,
     clock: Arc<dyn Clock>,
     listener: Option<TcpListener>,
     drain: watch::Receiver<bool>,
@@ -393,24 +420,15 @@ fn start_zones(
             drain.clone(),
         )
     });
-    if !config.global.enabled {
+    let Some(hub) = hub else {
         return Ok(Zones {
             hub: None,
             uplink,
             serving: None,
             addr: None,
         });
-    }
+    };
     let g = &config.global;
-    let hub = global::spawn_hub(
-        crate::zones::hub::HubSettings {
-            zone_timeout: g.zone_timeout,
-            offline_ttl: g.offline_ttl,
-        },
-        &g.zones,
-        &g.disabled,
-        clock.clone(),
-    );
     let mut session =
         crate::zones::session::SessionSettings::new(g.heartbeat_interval, g.zone_timeout);
     session.auto_register = g.auto_register;
@@ -620,6 +638,7 @@ async fn start_state(
     stores: &Stores,
     cluster: &dyn Cluster,
     sources: &Sources,
+    zones: Option<crate::consumers::eds::index::ZonesRx>,
     clock: Arc<dyn Clock>,
 ) -> Result<State, ServeError> {
     let readiness = stores.readiness();
@@ -659,6 +678,7 @@ async fn start_state(
         registry.clone(),
         feed.clone(),
         sources.rx.clone(),
+        zones,
         crate::consumers::eds::EdsOptions::from(&config.eds),
     );
     Ok(State {

@@ -565,6 +565,7 @@ mod tests {
                     }),
                     ..Default::default()
                 }),
+                address: String::new(),
             }],
             revision: 7,
             ready,

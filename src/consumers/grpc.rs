@@ -91,6 +91,9 @@ pub fn to_pb(item: &DataplaneItem, revision: u64) -> pb::Dataplane {
                     last_report_at: i.health.last_report_at.map(timestamp),
                     reason: i.health.reason.as_ref().map(reason),
                 }),
+                // The REST item has no inbound address: the zone's uplink
+                // sets it from the definition.
+                address: String::new(),
             })
             .collect(),
         revision,

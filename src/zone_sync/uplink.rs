@@ -445,7 +445,21 @@ impl Driver {
     fn dataplane(&self, e: &FeedEvent) -> Option<pb::Dataplane> {
         let state = self.registry.get(e.id())?.state();
         let item = DataplaneItem::from_state(&state)?;
-        Some(to_pb(&item, e.revision))
+        let mut dp = to_pb(&item, e.revision);
+        // Where other proxies reach each inbound: the global serves it over EDS.
+        if let Some(defined) = &state.defined {
+            for inbound in &mut dp.inbounds {
+                if let Some(d) = defined
+                    .dataplane
+                    .inbounds
+                    .iter()
+                    .find(|d| u32::from(d.port) == inbound.port)
+                {
+                    inbound.address = d.address.to_string();
+                }
+            }
+        }
+        Some(dp)
     }
 }
 

@@ -116,6 +116,11 @@ impl ZoneView {
 pub struct ZonesView {
     /// Every known zone, by name.
     pub zones: Vec<ZoneView>,
+    /// True once every registered zone has completed a snapshot, is
+    /// offline or disabled, or `zone_timeout` has passed since the global
+    /// started: until then an assignment may lack a zone only because the
+    /// global has not heard from it yet, and EDS holds its answers back.
+    pub synced: bool,
 }
 
 impl ZonesView {
@@ -145,6 +150,7 @@ struct Entry {
 #[derive(Debug, Clone)]
 pub struct Hub {
     settings: HubSettings,
+    started: Timestamp,
     zones: BTreeMap<String, Entry>,
     next_stream: StreamId,
 }
@@ -159,6 +165,7 @@ impl Hub {
     ) -> Hub {
         let mut hub = Hub {
             settings,
+            started: now,
             zones: BTreeMap::new(),
             next_stream: 1,
         };
@@ -278,8 +285,16 @@ impl Hub {
                     }),
                 }
             })
-            .collect();
-        ZonesView { zones }
+            .collect::<Vec<ZoneView>>();
+        let waited = plus(self.started, self.settings.zone_timeout) <= now;
+        let synced = waited
+            || zones.iter().all(|z| {
+                let s = &z.summary;
+                !s.registered
+                    || s.held.is_some()
+                    || matches!(s.liveness.state, ZoneState::Offline | ZoneState::Disabled)
+            });
+        ZonesView { zones, synced }
     }
 
     fn summary_of(&self, e: &Entry, now: Timestamp) -> ZoneSummary {
@@ -496,6 +511,27 @@ mod tests {
             ("eu-1", "offline")
         );
         assert!(second.get("ap-1").is_none());
+    }
+
+    /// A global that just started is not synced until every registered
+    /// zone completed a snapshot (or is disabled), or `zone_timeout` passed.
+    #[test]
+    fn a_view_is_synced_once_every_registered_zone_is_complete_or_the_timeout_passed() {
+        let none = BTreeSet::new();
+        let mut h = hub(&["eu-1", "us-1"], &["off-1"]);
+        assert!(!h.view(at(1), &ZonesView::default(), &none).synced);
+        connect(&mut h, "eu-1", 1, 1, &[("a", true)]);
+        assert!(
+            !h.view(at(2), &ZonesView::default(), &none).synced,
+            "us-1 not heard from"
+        );
+        connect(&mut h, "us-1", 1, 2, &[]);
+        assert!(h.view(at(3), &ZonesView::default(), &none).synced);
+        // Or: nothing from us-1, but the timeout passed since the start.
+        let mut h = hub(&["eu-1", "us-1"], &[]);
+        connect(&mut h, "eu-1", 1, 1, &[("a", true)]);
+        assert!(!h.view(at(14), &ZonesView::default(), &none).synced);
+        assert!(h.view(at(15), &ZonesView::default(), &none).synced);
     }
 
     #[test]

@@ -8,9 +8,10 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::{
-    address, socket_address, Address, HealthStatus, SocketAddress,
+    address, socket_address, Address, HealthStatus, Locality, SocketAddress,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
     cluster_load_assignment, lb_endpoint, ClusterLoadAssignment, Endpoint as PbEndpoint,
@@ -56,12 +57,30 @@ pub use crate::config::StaleAs;
 /// The type of every resource EDS serves.
 pub const TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 
+/// How an offline zone's endpoints are served (`eds.offline_zone`).
+pub use crate::config::OfflineZone;
+
 /// How readiness becomes endpoints.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EdsOptions {
     pub stale_as: StaleAs,
     /// Leave not-ready endpoints out instead of marking them (Kuma's behaviour).
     pub omit_not_ready: bool,
+    /// The assignments' `overprovisioning_factor` (percent).
+    pub overprovisioning_factor: u32,
+    /// What an offline zone's endpoints become.
+    pub offline_zone: OfflineZone,
+}
+
+impl Default for EdsOptions {
+    fn default() -> Self {
+        EdsOptions {
+            stale_as: StaleAs::default(),
+            omit_not_ready: false,
+            overprovisioning_factor: DEFAULT_OVERPROVISIONING_FACTOR,
+            offline_zone: OfflineZone::default(),
+        }
+    }
 }
 
 impl From<&crate::config::EdsConfig> for EdsOptions {
@@ -69,6 +88,8 @@ impl From<&crate::config::EdsConfig> for EdsOptions {
         EdsOptions {
             stale_as: c.stale_as,
             omit_not_ready: c.omit_not_ready,
+            overprovisioning_factor: c.overprovisioning_factor,
+            offline_zone: c.offline_zone,
         }
     }
 }
@@ -128,9 +149,12 @@ pub fn health_of(status: Status, stale_as: StaleAs) -> EdsHealth {
     }
 }
 
-/// One endpoint of a service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// One endpoint of a service. Sorted by zone first: an assignment lists
+/// its localities zone by zone.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Endpoint {
+    /// The zone it is in, on a global (`None`: this hdsd's own).
+    pub zone: Option<Arc<str>>,
     pub address: IpAddr,
     pub port: u16,
     pub health: EdsHealth,
@@ -152,6 +176,7 @@ pub fn contributions(
             Some((
                 ServiceKey::new(&dataplane.id.mesh, service),
                 Endpoint {
+                    zone: None,
                     address: inbound.address,
                     port: inbound.port,
                     health: health_of(h.status, options.stale_as),
@@ -161,53 +186,169 @@ pub fn contributions(
         .collect()
 }
 
-/// Envoy's overprovisioning factor for hdsd's assignments (percent): 100x.
-/// Envoy sends degraded endpoints the share of load that the healthy ones
-/// cannot take, `100% - healthy% x factor`; at the default (1.4x) a service
-/// with 2 of 3 endpoints healthy would send 7% of its requests to the
-/// degraded one. At 100x, degraded (stale) endpoints are a fallback only:
-/// they get traffic when less than 1% of the endpoints are healthy.
-pub const OVERPROVISIONING_FACTOR: u32 = 10_000;
+/// The state of the zone a remote dataplane is in, as EDS needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZoneLink {
+    /// The zone is online: its readiness is current.
+    Online,
+    /// The zone is offline (its last readiness is held): `eds.offline_zone` applies.
+    Offline,
+    /// The zone is disabled (or deleted): its endpoints leave every assignment.
+    Withdrawn,
+}
 
-/// A service's endpoints as Envoy's `ClusterLoadAssignment`, in one locality.
-/// No endpoint (an unknown service) is an assignment without endpoints.
-pub fn cluster_load_assignment(name: &str, endpoints: &[Endpoint]) -> ClusterLoadAssignment {
-    let lb_endpoints: Vec<LbEndpoint> = endpoints
+/// The endpoints a dataplane of another zone gives each of its services,
+/// from what its zone sent ([`crate::pb::Dataplane`]): the same tiers as a
+/// local dataplane's, then the offline policy while its zone is offline.
+pub fn remote_contributions(
+    zone: &Arc<str>,
+    link: ZoneLink,
+    dataplane: &crate::pb::Dataplane,
+    options: EdsOptions,
+) -> Vec<(ServiceKey, Endpoint)> {
+    if link == ZoneLink::Withdrawn
+        || (link == ZoneLink::Offline && options.offline_zone == OfflineZone::Withdraw)
+    {
+        return Vec::new();
+    }
+    let Ok(dataplane_address) = dataplane.address.parse::<IpAddr>() else {
+        return Vec::new();
+    };
+    dataplane
+        .inbounds
         .iter()
-        .map(|e| LbEndpoint {
-            health_status: e.health.to_envoy() as i32,
-            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(PbEndpoint {
-                address: Some(Address {
-                    address: Some(address::Address::SocketAddress(SocketAddress {
-                        protocol: socket_address::Protocol::Tcp as i32,
-                        address: e.address.to_string(),
-                        port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
-                            e.port,
-                        ))),
-                        ..Default::default()
-                    })),
-                }),
-                ..Default::default()
-            })),
-            ..Default::default()
+        .filter_map(|inbound| {
+            let service = inbound.tags.get(SERVICE_TAG)?;
+            let status = inbound
+                .health
+                .as_ref()
+                .map_or(Status::Unknown, |h| status_of(h.status));
+            if options.omit_not_ready && !status.is_ready() {
+                return None;
+            }
+            let mut health = health_of(status, options.stale_as);
+            if link == ZoneLink::Offline {
+                health = match options.offline_zone {
+                    OfflineZone::Degraded if health == EdsHealth::Healthy => EdsHealth::Degraded,
+                    OfflineZone::Unhealthy => EdsHealth::Unhealthy,
+                    _ => health,
+                };
+            }
+            let address = match inbound.address.parse::<IpAddr>() {
+                Ok(a) => a,
+                Err(_) => dataplane_address,
+            };
+            Some((
+                ServiceKey::new(&dataplane.mesh, service),
+                Endpoint {
+                    zone: Some(zone.clone()),
+                    address,
+                    port: u16::try_from(inbound.port).ok()?,
+                    health,
+                },
+            ))
         })
-        .collect();
+        .collect()
+}
+
+/// The readiness status of a protobuf status (an unknown value is `unknown`).
+fn status_of(status: i32) -> Status {
+    use crate::pb::Status as P;
+    match P::try_from(status).unwrap_or(P::Unspecified) {
+        P::Healthy => Status::Healthy,
+        P::NotProbed => Status::NotProbed,
+        P::Unhealthy => Status::Unhealthy,
+        P::Timeout => Status::Timeout,
+        P::Draining => Status::Draining,
+        P::Degraded => Status::Degraded,
+        P::Pending => Status::Pending,
+        P::Stale => Status::Stale,
+        P::Unsupported => Status::Unsupported,
+        P::Unknown | P::Unspecified => Status::Unknown,
+    }
+}
+
+/// Envoy's own default overprovisioning factor (percent), which hdsd keeps:
+/// a priority takes all of its load while at least 1/1.4 = ~71 % of its
+/// endpoints are healthy, and spills the rest to the next priority (the
+/// next zone) below that, in proportion. Degraded (stale) endpoints get
+/// the load that no priority's healthy endpoints can take.
+pub const DEFAULT_OVERPROVISIONING_FACTOR: u32 = 140;
+
+/// How one front is served: the priorities follow its zone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape<'a> {
+    /// `eds.overprovisioning_factor`.
+    pub factor: u32,
+    /// The front's `node.locality.zone` (`None`: every zone at priority 0).
+    pub front_zone: Option<&'a str>,
+}
+
+/// A service's endpoints as Envoy's `ClusterLoadAssignment`: one locality
+/// per zone (`locality.zone` the zone's name; this hdsd's own endpoints in
+/// a locality without a zone), the front's own zone at priority 0 and every
+/// other at priority 1 (0 when the front has no zone or its zone has no
+/// endpoint of the service, as priorities must start at 0). No endpoint
+/// (an unknown service) is an assignment without endpoints.
+pub fn cluster_load_assignment(
+    name: &str,
+    endpoints: &[Endpoint],
+    shape: Shape<'_>,
+) -> ClusterLoadAssignment {
+    let front_has_endpoints = shape
+        .front_zone
+        .is_some_and(|f| endpoints.iter().any(|e| e.zone.as_deref() == Some(f)));
+    let mut localities: Vec<LocalityLbEndpoints> = Vec::new();
+    let mut current: Option<&Option<Arc<str>>> = None;
+    for e in endpoints {
+        if current != Some(&e.zone) {
+            current = Some(&e.zone);
+            let priority = match shape.front_zone {
+                Some(front) if front_has_endpoints && e.zone.as_deref() != Some(front) => 1,
+                _ => 0,
+            };
+            localities.push(LocalityLbEndpoints {
+                locality: e.zone.as_ref().map(|z| Locality {
+                    zone: z.to_string(),
+                    ..Default::default()
+                }),
+                priority,
+                ..Default::default()
+            });
+        }
+        if let Some(locality) = localities.last_mut() {
+            locality.lb_endpoints.push(lb_endpoint(e));
+        }
+    }
     ClusterLoadAssignment {
         cluster_name: name.to_string(),
-        endpoints: if lb_endpoints.is_empty() {
-            Vec::new()
-        } else {
-            vec![LocalityLbEndpoints {
-                lb_endpoints,
-                ..Default::default()
-            }]
-        },
+        endpoints: localities,
         policy: Some(cluster_load_assignment::Policy {
             overprovisioning_factor: Some(envoy_types::pb::google::protobuf::UInt32Value {
-                value: OVERPROVISIONING_FACTOR,
+                value: shape.factor,
             }),
             ..Default::default()
         }),
+        ..Default::default()
+    }
+}
+
+fn lb_endpoint(e: &Endpoint) -> LbEndpoint {
+    LbEndpoint {
+        health_status: e.health.to_envoy() as i32,
+        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(PbEndpoint {
+            address: Some(Address {
+                address: Some(address::Address::SocketAddress(SocketAddress {
+                    protocol: socket_address::Protocol::Tcp as i32,
+                    address: e.address.to_string(),
+                    port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
+                        e.port,
+                    ))),
+                    ..Default::default()
+                })),
+            }),
+            ..Default::default()
+        })),
         ..Default::default()
     }
 }
@@ -218,6 +359,161 @@ mod tests {
     use crate::dataplane::parse_documents;
     use crate::readiness::InboundHealth;
     use chrono::{TimeZone, Utc};
+
+    const SHAPE: Shape<'static> = Shape {
+        factor: DEFAULT_OVERPROVISIONING_FACTOR,
+        front_zone: None,
+    };
+
+    fn remote(
+        mesh: &str,
+        name: &str,
+        inbounds: &[(u32, &str, crate::pb::Status)],
+    ) -> crate::pb::Dataplane {
+        crate::pb::Dataplane {
+            mesh: mesh.into(),
+            name: name.into(),
+            address: "10.1.0.1".into(),
+            inbounds: inbounds
+                .iter()
+                .map(|(port, service, status)| crate::pb::Inbound {
+                    port: *port,
+                    service_port: 8080,
+                    service_address: "127.0.0.1".into(),
+                    tags: [(SERVICE_TAG.to_string(), service.to_string())].into(),
+                    health: Some(crate::pb::Health {
+                        ready: *status == crate::pb::Status::Healthy,
+                        status: *status as i32,
+                        ..Default::default()
+                    }),
+                    address: String::new(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn zone_endpoint(zone: &str, last: u8, health: EdsHealth) -> Endpoint {
+        Endpoint {
+            zone: Some(Arc::from(zone)),
+            address: format!("10.0.0.{last}").parse().unwrap(),
+            port: 10001,
+            health,
+        }
+    }
+
+    /// (zone, priority, healths) of each locality.
+    fn localities(cla: &ClusterLoadAssignment) -> Vec<(String, u32, Vec<i32>)> {
+        cla.endpoints
+            .iter()
+            .map(|l| {
+                (
+                    l.locality
+                        .as_ref()
+                        .map(|l| l.zone.clone())
+                        .unwrap_or_default(),
+                    l.priority,
+                    l.lb_endpoints.iter().map(|e| e.health_status).collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// One locality per zone; the front's zone at priority 0, the others
+    /// at 1; no front zone (or a front zone without endpoints): all at 0.
+    #[test]
+    fn each_zone_is_a_locality_and_the_fronts_zone_comes_first() {
+        let endpoints = [
+            zone_endpoint("eu-1", 1, EdsHealth::Healthy),
+            zone_endpoint("eu-1", 2, EdsHealth::Unhealthy),
+            zone_endpoint("us-1", 3, EdsHealth::Healthy),
+        ];
+        let (h, u) = (HealthStatus::Healthy as i32, HealthStatus::Unhealthy as i32);
+        let front = |zone| Shape {
+            factor: 140,
+            front_zone: zone,
+        };
+        let eu = cluster_load_assignment("default/web", &endpoints, front(Some("eu-1")));
+        assert_eq!(
+            localities(&eu),
+            [("eu-1".into(), 0, vec![h, u]), ("us-1".into(), 1, vec![h])]
+        );
+        let policy = eu.policy.as_ref().unwrap();
+        assert_eq!(policy.overprovisioning_factor.as_ref().unwrap().value, 140);
+        let us = cluster_load_assignment("default/web", &endpoints, front(Some("us-1")));
+        assert_eq!(
+            localities(&us),
+            [("eu-1".into(), 1, vec![h, u]), ("us-1".into(), 0, vec![h])]
+        );
+        for zone in [None, Some("ap-1")] {
+            let all = cluster_load_assignment("default/web", &endpoints, front(zone));
+            assert!(localities(&all).iter().all(|(_, p, _)| *p == 0), "{zone:?}");
+        }
+    }
+
+    /// A zone's readiness keeps its tiers; an offline zone's endpoints
+    /// follow `eds.offline_zone`; a disabled zone gives none.
+    #[test]
+    fn an_offline_zone_follows_the_offline_policy_and_a_disabled_one_gives_nothing() {
+        use crate::pb::Status as P;
+        let zone: Arc<str> = Arc::from("eu-1");
+        let dp = remote(
+            "default",
+            "web-1",
+            &[(10001, "web", P::Healthy), (10002, "api", P::Unhealthy)],
+        );
+        let healths = |link, offline_zone| {
+            let options = EdsOptions {
+                offline_zone,
+                ..EdsOptions::default()
+            };
+            remote_contributions(&zone, link, &dp, options)
+                .into_iter()
+                .map(|(key, e)| (key.service, e.health))
+                .collect::<Vec<_>>()
+        };
+        let online = healths(ZoneLink::Online, OfflineZone::Degraded);
+        assert_eq!(
+            online,
+            [
+                ("web".into(), EdsHealth::Healthy),
+                ("api".into(), EdsHealth::Unhealthy)
+            ]
+        );
+        let c = remote_contributions(&zone, ZoneLink::Online, &dp, EdsOptions::default());
+        assert_eq!(c[0].1.zone.as_deref(), Some("eu-1"));
+        assert_eq!(
+            c[0].1.address.to_string(),
+            "10.1.0.1",
+            "the dataplane's address by default"
+        );
+        for (policy, web, api) in [
+            (
+                OfflineZone::Degraded,
+                EdsHealth::Degraded,
+                EdsHealth::Unhealthy,
+            ),
+            (
+                OfflineZone::Unhealthy,
+                EdsHealth::Unhealthy,
+                EdsHealth::Unhealthy,
+            ),
+            (OfflineZone::Keep, EdsHealth::Healthy, EdsHealth::Unhealthy),
+        ] {
+            assert_eq!(
+                healths(ZoneLink::Offline, policy),
+                [("web".into(), web), ("api".into(), api)],
+                "{policy:?}"
+            );
+        }
+        assert!(healths(ZoneLink::Offline, OfflineZone::Withdraw).is_empty());
+        assert!(healths(ZoneLink::Withdrawn, OfflineZone::Keep).is_empty());
+        // An inbound's own address wins over the dataplane's.
+        let mut own = dp.clone();
+        own.inbounds[0].address = "10.9.9.9".into();
+        let c = remote_contributions(&zone, ZoneLink::Online, &own, EdsOptions::default());
+        assert_eq!(c[0].1.address.to_string(), "10.9.9.9");
+    }
 
     fn dp() -> Dataplane {
         let text = "type: Dataplane\nmesh: prod\nname: web-1\nnetworking:\n  address: 10.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    tags: {kuma.io/service: web}\n  - port: 10002\n    address: 10.0.0.9\n    servicePort: 8081\n    tags: {kuma.io/service: admin}\n  - port: 10003\n    servicePort: 8082\n    tags: {other: x}\n";
@@ -279,6 +575,7 @@ mod tests {
                 (
                     ServiceKey::new("prod", "web"),
                     Endpoint {
+                        zone: None,
                         address: "10.0.0.1".parse().unwrap(),
                         port: 10001,
                         health: EdsHealth::Healthy
@@ -287,6 +584,7 @@ mod tests {
                 (
                     ServiceKey::new("prod", "admin"),
                     Endpoint {
+                        zone: None,
                         address: "10.0.0.9".parse().unwrap(),
                         port: 10002,
                         health: EdsHealth::Degraded
@@ -325,16 +623,18 @@ mod tests {
         for bad in ["web", "/web", "default/", ""] {
             assert_eq!(ServiceKey::parse(bad), None, "{bad}");
         }
-        let empty = cluster_load_assignment("default/nothing", &[]);
+        let empty = cluster_load_assignment("default/nothing", &[], SHAPE);
         assert_eq!(empty.cluster_name, "default/nothing");
         assert!(empty.endpoints.is_empty());
         let one = cluster_load_assignment(
             "default/web",
             &[Endpoint {
+                zone: None,
                 address: "127.0.0.1".parse().unwrap(),
                 port: 8080,
                 health: EdsHealth::Degraded,
             }],
+            SHAPE,
         );
         let lb = &one.endpoints[0].lb_endpoints[0];
         assert_eq!(lb.health_status, HealthStatus::Degraded as i32);

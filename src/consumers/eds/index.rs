@@ -17,7 +17,8 @@ use tokio::sync::{broadcast, watch};
 
 use super::assignment::TYPE_URL;
 use super::assignment::{
-    cluster_load_assignment, contributions, EdsHealth, EdsOptions, Endpoint, ServiceKey,
+    cluster_load_assignment, contributions, remote_contributions, EdsHealth, EdsOptions, Endpoint,
+    ServiceKey, Shape, ZoneLink,
 };
 use crate::dataplane::DataplaneId;
 use crate::feed::{FeedHandle, Filter};
@@ -27,7 +28,7 @@ use crate::source::Loaded;
 /// One service's assignment as served. It is encoded when a stream first
 /// serves it, once for every stream: a service nobody subscribes to costs
 /// its endpoints' list only, whatever its size and however often it changes.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Published {
     /// The revision at which it last changed.
     pub version: u64,
@@ -36,9 +37,29 @@ pub struct Published {
     pub endpoints: imbl::OrdSet<Endpoint>,
     /// The resource name, `<mesh>/<service>`.
     name: String,
+    /// `eds.overprovisioning_factor`.
+    factor: u32,
+    /// True when an endpoint is in a zone: the priorities then depend on
+    /// the front's zone.
+    zoned: bool,
     /// The encoded `ClusterLoadAssignment` and its encoding, as every push
-    /// writes it.
+    /// writes it (for a front without a zone, or any front when no endpoint
+    /// is in a zone).
     encoded: std::sync::OnceLock<(Any, Bytes)>,
+    /// The same for each front zone that asked, when `zoned`.
+    by_front: std::sync::Mutex<HashMap<Arc<str>, (Any, Bytes)>>,
+}
+
+impl Clone for Published {
+    /// The same assignment; its encodings are made again on first use.
+    fn clone(&self) -> Self {
+        Published::of(
+            self.version,
+            &self.name,
+            self.endpoints.clone(),
+            self.factor,
+        )
+    }
 }
 
 impl PartialEq for Published {
@@ -56,28 +77,44 @@ impl Published {
         name: &str,
         endpoints: impl IntoIterator<Item = Endpoint>,
     ) -> Published {
-        Published::of(version, name, endpoints.into_iter().collect())
+        Published::of(
+            version,
+            name,
+            endpoints.into_iter().collect(),
+            super::assignment::DEFAULT_OVERPROVISIONING_FACTOR,
+        )
     }
 
-    fn of(version: u64, name: &str, endpoints: imbl::OrdSet<Endpoint>) -> Published {
+    fn of(version: u64, name: &str, endpoints: imbl::OrdSet<Endpoint>, factor: u32) -> Published {
+        // Sorted by zone: the last endpoint has a zone when any has.
+        let zoned = endpoints.get_max().is_some_and(|e| e.zone.is_some());
         Published {
             version,
             endpoints,
             name: name.to_string(),
+            factor,
+            zoned,
             encoded: std::sync::OnceLock::new(),
+            by_front: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
-    fn encoded_pair(&self) -> &(Any, Bytes) {
-        self.encoded.get_or_init(|| {
-            let endpoints: Vec<Endpoint> = self.endpoints.iter().copied().collect();
-            let resource = encode(&self.name, &endpoints);
-            let bytes = resource.encode_to_vec().into();
-            (resource, bytes)
-        })
+    fn encode_for(&self, front_zone: Option<&str>) -> (Any, Bytes) {
+        let endpoints: Vec<Endpoint> = self.endpoints.iter().cloned().collect();
+        let shape = Shape {
+            factor: self.factor,
+            front_zone,
+        };
+        let resource = encode(&self.name, &endpoints, shape);
+        let bytes = resource.encode_to_vec().into();
+        (resource, bytes)
     }
 
-    /// The response resource (encoded on first use).
+    fn encoded_pair(&self) -> &(Any, Bytes) {
+        self.encoded.get_or_init(|| self.encode_for(None))
+    }
+
+    /// The response resource for a front without a zone (encoded on first use).
     pub fn resource(&self) -> &Any {
         &self.encoded_pair().0
     }
@@ -85,6 +122,33 @@ impl Published {
     /// [`Published::resource`] encoded (on first use).
     pub fn encoded(&self) -> &Bytes {
         &self.encoded_pair().1
+    }
+
+    /// The resource and its encoding for a front in `front_zone`: its zone
+    /// first (encoded once per front zone, on first use).
+    pub fn for_front(&self, front_zone: Option<&Arc<str>>) -> (Any, Bytes) {
+        match front_zone {
+            Some(zone) if self.zoned => {
+                let mut cache = self
+                    .by_front
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                cache
+                    .entry(zone.clone())
+                    .or_insert_with(|| self.encode_for(Some(zone)))
+                    .clone()
+            }
+            _ => self.encoded_pair().clone(),
+        }
+    }
+
+    /// [`Published::for_front`]'s encoding only, without copying the
+    /// resource when every front gets the same.
+    pub fn encoded_for(&self, front_zone: Option<&Arc<str>>) -> Bytes {
+        match front_zone {
+            Some(_) if self.zoned => self.for_front(front_zone).1,
+            _ => self.encoded().clone(),
+        }
     }
 }
 
@@ -134,11 +198,19 @@ impl Assignments {
 }
 
 /// Encodes an assignment as a response resource.
-pub fn encode(name: &str, endpoints: &[Endpoint]) -> Any {
+pub fn encode(name: &str, endpoints: &[Endpoint], shape: Shape<'_>) -> Any {
     Any {
         type_url: TYPE_URL.to_string(),
-        value: cluster_load_assignment(name, endpoints).encode_to_vec(),
+        value: cluster_load_assignment(name, endpoints, shape).encode_to_vec(),
     }
+}
+
+/// Where a dataplane's endpoints come from: this hdsd's registry, or a zone
+/// (on a global).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Origin {
+    Local(DataplaneId),
+    Remote(Arc<str>, DataplaneId),
 }
 
 /// The index's state. Plain data.
@@ -146,7 +218,9 @@ pub fn encode(name: &str, endpoints: &[Endpoint]) -> Any {
 pub struct Index {
     options: EdsOptions,
     revision: u64,
-    by_dataplane: HashMap<DataplaneId, Vec<(ServiceKey, Endpoint)>>,
+    by_dataplane: HashMap<Origin, Vec<(ServiceKey, Endpoint)>>,
+    /// Each zone's dataplanes as last applied, and how its link stood.
+    zones: HashMap<Arc<str>, (Arc<Vec<crate::pb::Dataplane>>, ZoneLink)>,
     by_service: HashMap<ServiceKey, Members>,
     published: imbl::OrdMap<ServiceKey, Arc<Published>>,
     /// Services whose endpoints changed since the last commit.
@@ -193,11 +267,61 @@ impl Index {
                 Some(contributions(&d.dataplane, &s.health, self.options))
             })
             .unwrap_or_default();
+        self.contribute(Origin::Local(id.clone()), new);
+    }
+
+    /// A zone's dataplanes as the global holds them now, with the zone's
+    /// link: every dataplane of the zone not in `dataplanes` leaves. A zone
+    /// whose dataplanes (the same vector) and link did not change costs
+    /// nothing.
+    pub fn set_zone(
+        &mut self,
+        zone: &Arc<str>,
+        link: ZoneLink,
+        dataplanes: &Arc<Vec<crate::pb::Dataplane>>,
+    ) {
+        if let Some((held, was)) = self.zones.get(zone) {
+            if Arc::ptr_eq(held, dataplanes) && *was == link {
+                return;
+            }
+        }
+        let mut keep = std::collections::HashSet::new();
+        for dp in dataplanes.iter() {
+            let id = DataplaneId::new(&dp.mesh, &dp.name);
+            let new = remote_contributions(zone, link, dp, self.options);
+            keep.insert(id.clone());
+            self.contribute(Origin::Remote(zone.clone(), id), new);
+        }
+        let gone: Vec<Origin> = self
+            .by_dataplane
+            .keys()
+            .filter(|o| matches!(o, Origin::Remote(z, id) if z == zone && !keep.contains(id)))
+            .cloned()
+            .collect();
+        for origin in gone {
+            self.contribute(origin, Vec::new());
+        }
+        self.zones.insert(zone.clone(), (dataplanes.clone(), link));
+    }
+
+    /// A zone the global no longer knows: its endpoints leave.
+    pub fn remove_zone(&mut self, zone: &Arc<str>) {
+        self.set_zone(zone, ZoneLink::Withdrawn, &Arc::new(Vec::new()));
+        self.zones.remove(zone);
+    }
+
+    /// The zones applied, by name.
+    pub fn zone_names(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.zones.keys()
+    }
+
+    /// What one dataplane gives now, replacing what it gave.
+    fn contribute(&mut self, origin: Origin, new: Vec<(ServiceKey, Endpoint)>) {
         let old = if new.is_empty() {
-            self.by_dataplane.remove(id).unwrap_or_default()
+            self.by_dataplane.remove(&origin).unwrap_or_default()
         } else {
             self.by_dataplane
-                .insert(id.clone(), new.clone())
+                .insert(origin, new.clone())
                 .unwrap_or_default()
         };
         if old == new {
@@ -217,15 +341,15 @@ impl Index {
                     c += 1;
                 }
                 (Some((key, endpoint)), None) => {
-                    self.withdraw(key, *endpoint);
+                    self.withdraw(key, endpoint.clone());
                     g += 1;
                 }
                 (Some(a), Some(b)) if a < b => {
-                    self.withdraw(&a.0, a.1);
+                    self.withdraw(&a.0, a.1.clone());
                     g += 1;
                 }
                 (_, Some((key, endpoint))) => {
-                    self.give(key, *endpoint);
+                    self.give(key, endpoint.clone());
                     c += 1;
                 }
             }
@@ -260,13 +384,14 @@ impl Index {
             Some(members) => members,
             None => self.by_service.entry(key.clone()).or_default(),
         };
-        let n = members.given.entry(endpoint).or_insert(0);
+        let n = members.given.entry(endpoint.clone()).or_insert(0);
         *n += 1;
         if *n > 1 {
             return;
         }
+        let health = endpoint.health;
         members.distinct.insert(endpoint);
-        self.counts[health_slot(endpoint.health)] += 1;
+        self.counts[health_slot(health)] += 1;
         self.touched.insert(key.clone());
     }
 
@@ -275,8 +400,10 @@ impl Index {
         let gone: Vec<DataplaneId> = self
             .by_dataplane
             .keys()
-            .filter(|id| !states.contains_key(*id))
-            .cloned()
+            .filter_map(|origin| match origin {
+                Origin::Local(id) if !states.contains_key(id) => Some(id.clone()),
+                _ => None,
+            })
             .collect();
         for id in gone {
             self.set(&id, None);
@@ -311,7 +438,12 @@ impl Index {
             }
             match endpoints {
                 Some(endpoints) => {
-                    let published = Published::of(self.revision, &key.to_string(), endpoints);
+                    let published = Published::of(
+                        self.revision,
+                        &key.to_string(),
+                        endpoints,
+                        self.options.overprovisioning_factor,
+                    );
                     self.published.insert(key, Arc::new(published));
                 }
                 None => {
@@ -351,6 +483,7 @@ pub fn spawn(
     registry: Registry,
     feed: FeedHandle,
     sources: watch::Receiver<Arc<Loaded>>,
+    zones: Option<ZonesRx>,
     options: EdsOptions,
 ) -> AssignmentsRx {
     // Milliseconds since the Unix epoch: a new process numbers versions anew.
@@ -361,8 +494,53 @@ pub fn spawn(
         epoch,
         ..Default::default()
     }));
-    tokio::spawn(run(registry, feed, sources, Index::new(options), epoch, tx));
+    tokio::spawn(run(
+        registry,
+        feed,
+        sources,
+        zones,
+        Index::new(options),
+        epoch,
+        tx,
+    ));
     rx
+}
+
+/// What a global publishes of its zones.
+pub type ZonesRx = watch::Receiver<Arc<crate::zones::hub::ZonesView>>;
+
+/// How EDS treats a zone in its current state.
+fn link_of(zone: &crate::zones::hub::ZoneView) -> ZoneLink {
+    use crate::zones::liveness::ZoneState;
+    match zone.summary.liveness.state {
+        ZoneState::Disabled => ZoneLink::Withdrawn,
+        ZoneState::Offline => ZoneLink::Offline,
+        ZoneState::Online | ZoneState::NeverConnected => ZoneLink::Online,
+    }
+}
+
+/// Applies a global's view of its zones; true when it is synced (every
+/// zone heard from, see [`ZonesView::synced`](crate::zones::hub::ZonesView::synced)).
+pub fn apply_zones(index: &mut Index, view: &crate::zones::hub::ZonesView) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    for zone in &view.zones {
+        let name: Arc<str> = index
+            .zone_names()
+            .find(|n| ***n == *zone.summary.name)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(zone.summary.name.as_str()));
+        index.set_zone(&name, link_of(zone), &zone.dataplanes);
+        seen.insert(name);
+    }
+    let gone: Vec<Arc<str>> = index
+        .zone_names()
+        .filter(|n| !seen.contains(*n))
+        .cloned()
+        .collect();
+    for name in gone {
+        index.remove_zone(&name);
+    }
+    view.synced
 }
 
 fn states(registry: &Registry) -> BTreeMap<DataplaneId, DataplaneState> {
@@ -377,6 +555,7 @@ async fn run(
     registry: Registry,
     feed: FeedHandle,
     mut sources: watch::Receiver<Arc<Loaded>>,
+    mut zones: Option<ZonesRx>,
     mut index: Index,
     epoch: u64,
     tx: watch::Sender<Arc<Assignments>>,
@@ -402,38 +581,72 @@ async fn run(
         }
     }
     index.replace_all(&states(&registry));
+    // A global answers no front before it has heard from its zones.
+    let mut synced = match &mut zones {
+        Some(rx) => {
+            let view = rx.borrow_and_update().clone();
+            apply_zones(&mut index, &view)
+        }
+        None => true,
+    };
     index.commit();
-    publish(&index, epoch, &tx);
+    publish(&index, epoch, synced, &tx);
     tracing::debug!(
         services = tx.borrow().services.len(),
+        synced,
         "EDS assignments ready"
     );
     loop {
-        match live.recv().await {
-            Ok(batch) => {
-                for event in batch.iter() {
-                    let id = event.id();
-                    let state = registry.get(id).map(|h| h.state());
-                    index.set(id, state.as_ref());
+        tokio::select! {
+            received = live.recv() => match received {
+                Ok(batch) => {
+                    for event in batch.iter() {
+                        let id = event.id();
+                        let state = registry.get(id).map(|h| h.state());
+                        index.set(id, state.as_ref());
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    // Fell behind the feed: start over from the catalog.
+                    index.replace_all(&states(&registry));
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            Some(view) = next_view(&mut zones) => {
+                let now_synced = apply_zones(&mut index, &view);
+                if now_synced && !synced {
+                    synced = true;
+                    // Streams waiting for the first answer wake on this.
+                    index.commit();
+                    publish(&index, epoch, synced, &tx);
+                    continue;
                 }
             }
-            Err(broadcast::error::RecvError::Lagged(_)) => {
-                // Fell behind the feed: start over from the catalog.
-                index.replace_all(&states(&registry));
-            }
-            Err(broadcast::error::RecvError::Closed) => return,
         }
         if index.commit() {
-            publish(&index, epoch, &tx);
+            publish(&index, epoch, synced, &tx);
         }
     }
 }
 
-fn publish(index: &Index, epoch: u64, tx: &watch::Sender<Arc<Assignments>>) {
+/// The next view of the zones (pending forever without a hub, or once its
+/// sender is gone).
+async fn next_view(zones: &mut Option<ZonesRx>) -> Option<Arc<crate::zones::hub::ZonesView>> {
+    let Some(rx) = zones else {
+        return std::future::pending().await;
+    };
+    if rx.changed().await.is_err() {
+        *zones = None;
+        return None;
+    }
+    Some(rx.borrow_and_update().clone())
+}
+
+fn publish(index: &Index, epoch: u64, synced: bool, tx: &watch::Sender<Arc<Assignments>>) {
     for (health, n) in index.counts() {
         crate::metrics::eds_endpoints(health.as_str(), n);
     }
-    tx.send_replace(Arc::new(index.snapshot(epoch, true)));
+    tx.send_replace(Arc::new(index.snapshot(epoch, synced)));
 }
 
 #[cfg(test)]

@@ -52,6 +52,9 @@ pub struct Push {
     pub version_info: String,
     pub nonce: String,
     pub resources: Vec<Arc<Published>>,
+    /// The front's zone (`node.locality.zone`): its own zone's endpoints
+    /// come first (priority 0).
+    pub front_zone: Option<Arc<str>>,
 }
 
 impl Push {
@@ -62,7 +65,7 @@ impl Push {
             resources: self
                 .resources
                 .iter()
-                .map(|p| p.resource().clone())
+                .map(|p| p.for_front(self.front_zone.as_ref()).0)
                 .collect(),
             type_url: TYPE_URL.to_string(),
             nonce: self.nonce.clone(),
@@ -80,9 +83,9 @@ impl Push {
         }
         for resource in &self.resources {
             encode_key(2, WireType::LengthDelimited, buf);
-            let encoded = resource.encoded();
+            let encoded = resource.encoded_for(self.front_zone.as_ref());
             encode_varint(encoded.len() as u64, buf);
-            buf.put_slice(encoded);
+            buf.put_slice(&encoded);
         }
         string::encode(4, &TYPE_URL.to_string(), buf);
         if !self.nonce.is_empty() {
@@ -132,6 +135,8 @@ pub struct EdsStream {
     started: bool,
     /// The last version the client ACKed.
     acked: Option<String>,
+    /// The front's zone, from the first request that names one.
+    front_zone: Option<Arc<str>>,
 }
 
 impl EdsStream {
@@ -173,6 +178,14 @@ impl EdsStream {
     ) -> Result<Vec<Action>, ProtocolError> {
         if !request.type_url.is_empty() && request.type_url != TYPE_URL {
             return Err(ProtocolError::TypeUrl(request.type_url.clone()));
+        }
+        if self.front_zone.is_none() {
+            self.front_zone = request
+                .node
+                .as_ref()
+                .and_then(|n| n.locality.as_ref())
+                .filter(|l| !l.zone.is_empty())
+                .map(|l| Arc::from(l.zone.as_str()));
         }
         let mut actions = Vec::new();
         if !request.response_nonce.is_empty() {
@@ -270,6 +283,7 @@ impl EdsStream {
             version_info: format!("{}.{}", current.epoch, current.revision),
             resources,
             nonce: self.nonce.to_string(),
+            front_zone: self.front_zone.clone(),
         })
     }
 }
@@ -327,6 +341,7 @@ pub(super) mod tests {
                     let key = ServiceKey::new("default", *name);
                     let endpoints: Vec<Endpoint> = (0..*n)
                         .map(|i| Endpoint {
+                            zone: None,
                             address: "127.0.0.1".parse().unwrap(),
                             port: 8000 + i,
                             health: EdsHealth::Healthy,
@@ -411,6 +426,7 @@ pub(super) mod tests {
             version_info: String::new(),
             nonce: String::new(),
             resources: Vec::new(),
+            front_zone: None,
         };
         let mut bytes = Vec::new();
         empty.encode(&mut bytes);

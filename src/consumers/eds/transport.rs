@@ -10,7 +10,8 @@
 //!   ([`EdsRequest::same_names`]) and no string is allocated for them.
 //! - Envoy sends its whole node in every request unless
 //!   `set_node_on_first_message_only` is set: its build, metadata and the
-//!   list of its extensions (over a hundred). Only the node's id is kept.
+//!   list of its extensions (over a hundred). Only the node's id and its
+//!   locality's zone are kept.
 //!
 //! - A response goes out as [`Push::encode`] writes it: the assignments'
 //!   bytes as the index encoded them once, for every subscriber.
@@ -154,6 +155,12 @@ impl Names {
                 version_info,
                 node: node.map(|n| envoy_types::pb::envoy::config::core::v3::Node {
                     id: n.id,
+                    locality: n.locality.map(|l| {
+                        envoy_types::pb::envoy::config::core::v3::Locality {
+                            zone: l.zone,
+                            ..Default::default()
+                        }
+                    }),
                     ..Default::default()
                 }),
                 resource_names: names,
@@ -282,11 +289,21 @@ mod lean {
         pub error_detail: Option<Status>,
     }
 
-    /// `envoy.config.core.v3.Node`: `id` is field 1.
+    /// `envoy.config.core.v3.Node`: `id` is field 1, `locality` field 4.
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Node {
         #[prost(string, tag = "1")]
         pub id: String,
+        #[prost(message, optional, tag = "4")]
+        pub locality: Option<Locality>,
+    }
+
+    /// `envoy.config.core.v3.Locality`: `zone` is field 2 (the front's zone
+    /// decides the priorities of its assignments).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Locality {
+        #[prost(string, tag = "2")]
+        pub zone: String,
     }
 }
 
