@@ -33,6 +33,8 @@ pub enum BootstrapError {
     Server(String),
     #[error("no server given; name hdsd's HDS address with --server HOST:PORT (repeat it for each instance)")]
     NoServer,
+    #[error("--zone: {0}")]
+    Zone(String),
 }
 
 /// Splits `HOST:PORT`, accepting `[v6]:PORT`.
@@ -149,6 +151,9 @@ pub struct FrontParams {
     /// Envoy's admin port, bound on loopback only (0: any free port).
     pub admin_port: u16,
     pub ca: Option<PathBuf>,
+    /// The front's zone (`node.locality.zone`): a global serves it its own
+    /// zone's endpoints at priority 0 and the other zones' after them.
+    pub zone: Option<String>,
 }
 
 /// An HTTP front proxy whose only route goes to the EDS cluster
@@ -161,9 +166,36 @@ pub struct FrontParams {
 ///   half the endpoints are unhealthy and spreads traffic over all of them,
 ///   dead ones included. At 0 an unhealthy endpoint never gets traffic; when
 ///   none is healthy or degraded, requests fail fast with 503.
+/// - With a zone: `node.locality.zone` names it; retries also follow a 5xx
+///   and go to another priority once the one tried failed
+///   (`previous_priorities`): `previous_hosts` alone retries inside
+///   priority 0 only, so a request that met the last local endpoint dying
+///   would fail instead of going to the next zone.
 pub fn front(p: &FrontParams) -> Result<Value, BootstrapError> {
     let hdsd = hdsd_cluster(std::slice::from_ref(&p.server), p.ca.as_ref())?;
+    if let Some(zone) = &p.zone {
+        crate::names::check_zone(zone).map_err(BootstrapError::Zone)?;
+    }
     let name = format!("{}/{}", p.mesh, p.service);
+    let mut retry = json!({
+        "retry_on": "connect-failure,reset,refused-stream",
+        "num_retries": 2,
+        "retry_host_predicate": [{
+            "name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}
+        }],
+        "host_selection_retry_max_attempts": 5
+    });
+    if p.zone.is_some() {
+        retry["retry_on"] = json!("5xx,connect-failure,reset,refused-stream");
+        retry["retry_priority"] = json!({
+            "name": "envoy.retry_priorities.previous_priorities",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
+                "update_frequency": 1
+            }
+        });
+    }
     let listener = json!({
         "name": "front",
         "address": {"socket_address": {"address": p.listen.ip().to_string(), "port_value": p.listen.port()}},
@@ -181,15 +213,7 @@ pub fn front(p: &FrontParams) -> Result<Value, BootstrapError> {
                             "match": {"prefix": "/"},
                             "route": {
                                 "cluster": name,
-                                "retry_policy": {
-                                    "retry_on": "connect-failure,reset,refused-stream",
-                                    "num_retries": 2,
-                                    "retry_host_predicate": [{
-                                        "name": "envoy.retry_host_predicates.previous_hosts",
-                                        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}
-                                    }],
-                                    "host_selection_retry_max_attempts": 5
-                                }
+                                "retry_policy": retry
                             }
                         }]
                     }]
@@ -219,8 +243,12 @@ pub fn front(p: &FrontParams) -> Result<Value, BootstrapError> {
         },
         "common_lb_config": {"healthy_panic_threshold": {"value": 0.0}}
     });
+    let mut node = json!({"id": format!("front-{}-{}", p.mesh, p.service), "cluster": "front"});
+    if let Some(zone) = &p.zone {
+        node["locality"] = json!({"zone": zone});
+    }
     Ok(json!({
-        "node": {"id": format!("front-{}-{}", p.mesh, p.service), "cluster": "front"},
+        "node": node,
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p.admin_port}}},
         "static_resources": {"listeners": [listener], "clusters": [service, hdsd]}
     }))
@@ -343,6 +371,7 @@ mod tests {
             token: Some("api-token".into()),
             admin_port: 9902,
             ca: None,
+            zone: None,
         })
         .unwrap();
         let hcm = &b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
@@ -368,6 +397,49 @@ mod tests {
         assert!(b.get("hds_config").is_none());
     }
 
+    /// A front in a zone names it in its node and retries into the next
+    /// priority (the next zone).
+    #[test]
+    fn a_front_in_a_zone_names_it_and_retries_in_the_next_zone() {
+        let b = front(&FrontParams {
+            mesh: "default".into(),
+            service: "web".into(),
+            listen: "0.0.0.0:8080".parse().unwrap(),
+            server: "127.0.0.1:5678".into(),
+            token: None,
+            admin_port: 9902,
+            ca: None,
+            zone: Some("eu-1".into()),
+        })
+        .unwrap();
+        assert_eq!(b["node"]["locality"]["zone"], "eu-1");
+        let route = &b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+            ["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0]["route"];
+        let retry = &route["retry_policy"];
+        assert_eq!(
+            retry["retry_on"],
+            "5xx,connect-failure,reset,refused-stream"
+        );
+        assert_eq!(
+            retry["retry_priority"]["name"],
+            "envoy.retry_priorities.previous_priorities"
+        );
+        let bad = FrontParams {
+            zone: Some("EU_1".into()),
+            ..FrontParams {
+                mesh: "default".into(),
+                service: "web".into(),
+                listen: "0.0.0.0:8080".parse().unwrap(),
+                server: "127.0.0.1:5678".into(),
+                token: None,
+                admin_port: 9902,
+                ca: None,
+                zone: None,
+            }
+        };
+        assert!(matches!(front(&bad), Err(BootstrapError::Zone(_))));
+    }
+
     /// Envoy fills in its own version; a bootstrap that set one would hide
     /// the real one from hdsd, which needs it to send only what that Envoy
     /// runs (`capability`).
@@ -382,6 +454,7 @@ mod tests {
             token: None,
             admin_port: 9902,
             ca: None,
+            zone: None,
         })
         .unwrap();
         for b in [sidecar, front] {

@@ -56,6 +56,10 @@ pub struct ZoneConfig {
     pub ca: Option<PathBuf>,
 }
 
+/// The shortest heartbeat interval zones follow (`global.heartbeat_interval`
+/// may not be shorter).
+pub const MIN_ZONE_HEARTBEAT: Duration = Duration::from_secs(1);
+
 /// `[global]`: the zone streams this hdsd accepts, and when a zone is offline.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -809,6 +813,9 @@ impl Config {
                 if !(url.starts_with("http://") || url.starts_with("https://")) {
                     problems.push(format!("zone.global: {url:?} is not an http:// or https:// URL of the global's zone listener (e.g. http://global.example:5682)"));
                 }
+                if url.starts_with("https://") && zone.ca.is_none() {
+                    problems.push(format!("zone.global: {url:?} is https://, but zone.ca is not set: point zone.ca at the PEM file of the CA that signed the global's certificate"));
+                }
             }
             // The global's rule, not this hdsd's `auth.mode`: a global names
             // every zone by its token, never by what the zone says.
@@ -821,11 +828,23 @@ impl Config {
             if self.auth.mode == AuthMode::None {
                 problems.push("global.enabled needs auth.mode = \"token\": a zone's name and meshes come from its zone token (`hdsd token issue --zone NAME --mesh MESH`), so without tokens any peer could speak for any zone".to_string());
             }
-            if g.heartbeat_interval < Duration::from_millis(50) {
+            if g.heartbeat_interval < MIN_ZONE_HEARTBEAT {
                 problems.push(format!(
-                    "global.heartbeat_interval is {}: it must be at least 50ms (e.g. 5s)",
-                    humantime::format_duration(g.heartbeat_interval)
+                    "global.heartbeat_interval is {}: it must be at least {} (zones send no more than one heartbeat per {}; e.g. 5s)",
+                    humantime::format_duration(g.heartbeat_interval),
+                    humantime::format_duration(MIN_ZONE_HEARTBEAT),
+                    humantime::format_duration(MIN_ZONE_HEARTBEAT),
                 ));
+            }
+            if g.offline_ttl < g.zone_timeout {
+                problems.push(format!(
+                    "global.offline_ttl is {}: it must be at least global.zone_timeout ({}); it is how long an offline zone keeps its last readiness",
+                    humantime::format_duration(g.offline_ttl),
+                    humantime::format_duration(g.zone_timeout),
+                ));
+            }
+            if g.tls.as_ref().is_some_and(|t| t.client_ca.is_some()) {
+                problems.push("global.tls.client_ca is set, but zones authenticate with zone tokens, not client certificates: remove client_ca from [global.tls]".to_string());
             }
             if g.zone_timeout < g.heartbeat_interval * 2 {
                 problems.push(format!(
@@ -1034,7 +1053,11 @@ impl Config {
     /// configuration before using it.
     pub fn file_problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
-        for (key, tls) in [("hds.tls", &self.hds.tls), ("api.tls", &self.api.tls)] {
+        for (key, tls) in [
+            ("hds.tls", &self.hds.tls),
+            ("api.tls", &self.api.tls),
+            ("global.tls", &self.global.tls),
+        ] {
             let Some(tls) = tls else { continue };
             for (field, path) in [
                 ("cert", Some(&tls.cert)),

@@ -190,6 +190,10 @@ enum BootstrapCommand {
         /// CA certificate to verify hdsd's TLS certificate (turns TLS on).
         #[arg(long)]
         ca: Option<PathBuf>,
+        /// The front's zone (node.locality.zone): a global serves its own
+        /// zone's endpoints first and fails over to the other zones.
+        #[arg(long)]
+        zone: Option<String>,
         /// Write to this file instead of stdout.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -374,6 +378,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     token,
                     admin_port,
                     ca,
+                    zone,
                     out,
                 }),
             ..
@@ -386,6 +391,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 token: read_token(token_file, token)?,
                 admin_port,
                 ca,
+                zone,
             })?;
             write_out(out, &yaml)?;
             Ok(ExitCode::SUCCESS)

@@ -500,7 +500,7 @@ fn describe() {
     describe_counter!(ZONE_STREAMS, "Streams of the zone that won its uplink.");
     describe_counter!(
         ZONE_RESUMES,
-        "Streams of the zone that resumed from the revision the global held, without a snapshot."
+        "Streams of the zone that won its uplink while the global held the zone complete, so it could resume after that revision (a zone that cannot, e.g. after a restart, sends a snapshot anyway)."
     );
     describe_counter!(ZONE_SNAPSHOTS, "Snapshots of the zone completed.");
     describe_counter!(ZONE_REFUSALS, "Zone streams the global refused or ended, by code (unauthenticated, zone_unregistered, zone_timeout, ...).");
@@ -641,7 +641,7 @@ fn describe() {
     );
     describe_gauge!(
         CONNECTIONS_OPEN,
-        "Connections open now on a listener (hds, api), counted from accept to close."
+        "Connections open now on a listener (hds, api, zones), counted from accept to close."
     );
     describe_counter!(
         CONNECTIONS_REFUSED,

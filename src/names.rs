@@ -34,10 +34,17 @@ pub fn check_mesh(mesh: &str) -> Result<(), String> {
 
 /// Checks a zone name; the error names the rule broken.
 pub fn check_zone(zone: &str) -> Result<(), String> {
+    if zone == RESERVED_ZONE {
+        return Err(format!("zone name {RESERVED_ZONE:?} is reserved: it names a global's own dataplanes (`?zone={RESERVED_ZONE}`); choose another"));
+    }
     check_label(zone, "zone").map_err(|e| {
         format!("{e}; a zone name is lowercase letters, digits and '-', starts and ends with a letter or digit, and has at most {MAX_LABEL} characters")
     })
 }
+
+/// The zone name no zone may have: the API's word for a global's own
+/// dataplanes.
+pub const RESERVED_ZONE: &str = "local";
 
 fn check_label(text: &str, what: &str) -> Result<(), String> {
     check(text, what, MAX_LABEL, |c| {

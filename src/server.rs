@@ -283,9 +283,8 @@ pub async fn run(
         &state,
         &gate,
         instance,
-        hub,
+        (hub, listeners.zones),
         clock_for_zones.clone(),
-        listeners.zones,
         drain_rx.clone(),
     )?;
     let ready = Arc::new(AtomicBool::new(false));
@@ -397,9 +396,11 @@ fn start_zones(
     state: &State,
     gate: &Arc<Gate>,
     instance: String,
-    hub: Option<crate::zone_sync::global::HubHandle>,
+    (hub, listener): (
+        Option<crate::zone_sync::global::HubHandle>,
+        Option<TcpListener>,
+    ),
     clock: Arc<dyn Clock>,
-    listener: Option<TcpListener>,
     drain: watch::Receiver<bool>,
 ) -> Result<Zones, ServeError> {
     use crate::zone_sync::{global, uplink};

@@ -3,11 +3,9 @@
 //! each with its dataplane and its own HDS Envoy. A client sends ~50
 //! requests/s through the front for the whole test: not one may fail.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::front::{Client, Front, FrontOptions};
 use crate::support::*;
 
 /// unhealthy_threshold (2) x interval (200ms) + timeout (100ms) + report
@@ -18,171 +16,6 @@ fn web_dataplane(name: &str, port: u16) -> String {
     format!(
         "type: Dataplane\nmesh: default\nname: {name}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: {port}\n    servicePort: {port}\n    serviceAddress: 127.0.0.1\n    tags: {{kuma.io/service: web}}\n"
     )
-}
-
-/// What the client saw: hits by app name, and failed requests.
-#[derive(Debug, Default)]
-struct Tally {
-    hits: BTreeMap<String, u64>,
-    failures: Vec<String>,
-}
-
-/// Sends a request every 20 ms until dropped.
-struct Client {
-    tally: Arc<Mutex<Tally>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Client {
-    fn start(url: String) -> Client {
-        let tally = Arc::new(Mutex::new(Tally::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (t, s) = (tally.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let agent: ureq::Agent = ureq::Agent::config_builder()
-                .timeout_global(Some(Duration::from_secs(3)))
-                .build()
-                .into();
-            let started = Instant::now();
-            let mut next = started;
-            while !s.load(Ordering::Relaxed) {
-                let result = agent
-                    .get(&url)
-                    .call()
-                    .map_err(|e| e.to_string())
-                    .and_then(|mut r| r.body_mut().read_to_string().map_err(|e| e.to_string()));
-                {
-                    let mut tally = t.lock().unwrap();
-                    match result {
-                        Ok(name) => *tally.hits.entry(name).or_default() += 1,
-                        Err(e) => tally
-                            .failures
-                            .push(format!("at {:?}: {e}", started.elapsed())),
-                    }
-                }
-                next += Duration::from_millis(20);
-                std::thread::sleep(next.saturating_duration_since(Instant::now()));
-            }
-        });
-        Client {
-            tally,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    fn hits(&self, app: &str) -> u64 {
-        self.tally
-            .lock()
-            .unwrap()
-            .hits
-            .get(app)
-            .copied()
-            .unwrap_or(0)
-    }
-
-    fn failures(&self) -> Vec<String> {
-        self.tally.lock().unwrap().failures.clone()
-    }
-
-    fn stop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// A front Envoy whose admin and listener ports are chosen by the kernel and
-/// read back from the admin API: no port is guessed.
-struct Front {
-    envoy: Envoy,
-    admin: String,
-    listener: u16,
-}
-
-impl Front {
-    fn start(hdsd: &Hdsd) -> Front {
-        let dir = tempfile::tempdir().unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hdsd"))
-            .args([
-                "bootstrap",
-                "front",
-                "--service",
-                "web",
-                "--listen",
-                "127.0.0.1:0",
-                "--server",
-                &hdsd.hds.to_string(),
-                "--admin-port",
-                "0",
-            ])
-            .output()
-            .expect("run hdsd bootstrap front");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let yaml = String::from_utf8(out.stdout).unwrap();
-        // The harness passes --admin-address-path; Envoy::admin reads it back.
-        let envoy = Envoy::start_with_bootstrap(dir, "front", &yaml);
-        let admin = envoy.admin().to_string();
-        let listener = wait_for("the front's listener port", Duration::from_secs(20), || {
-            let v: serde_json::Value = ureq::get(&format!("http://{admin}/listeners?format=json"))
-                .call()
-                .map_err(|e| e.to_string())?
-                .body_mut()
-                .read_json()
-                .map_err(|e| e.to_string())?;
-            v["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
-                .as_u64()
-                .filter(|p| *p != 0)
-                .map(|p| p as u16)
-                .ok_or_else(|| v.to_string())
-        });
-        Front {
-            envoy,
-            admin,
-            listener,
-        }
-    }
-
-    /// The front's view of one endpoint: its stats and health flags, from /clusters.
-    fn host(&self, port: u16) -> Result<BTreeMap<String, String>, String> {
-        let text = ureq::get(&format!("http://{}/clusters", self.admin))
-            .call()
-            .map_err(|e| e.to_string())?
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| e.to_string())?;
-        let prefix = format!("default/web::127.0.0.1:{port}::");
-        let host: BTreeMap<String, String> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix(&prefix))
-            .filter_map(|l| l.split_once("::"))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        if host.is_empty() {
-            Err(format!("no host 127.0.0.1:{port} in /clusters"))
-        } else {
-            Ok(host)
-        }
-    }
-
-    fn connections_to(&self, port: u16) -> u64 {
-        self.host(port)
-            .ok()
-            .and_then(|h| h.get("cx_total")?.parse().ok())
-            .unwrap_or(0)
-    }
 }
 
 #[test]
@@ -212,7 +45,7 @@ fn traffic_follows_readiness_without_a_failed_request() {
         );
     }
 
-    let front = Front::start(&hdsd);
+    let front = Front::start(&hdsd.hds.to_string(), FrontOptions::default());
     let url = format!("http://127.0.0.1:{}/", front.listener);
     wait_for("the front to route to web", Duration::from_secs(20), || {
         ureq::get(&url)

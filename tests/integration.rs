@@ -27,3 +27,4 @@ mod store_postgres;
 mod tls_envoy;
 mod ui_browser;
 mod zones;
+mod zones_eds;

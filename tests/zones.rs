@@ -24,7 +24,7 @@ fn global() -> Hdsd {
     Hdsd::start(HdsdOptions {
         auth_mode: "token",
         zone_listener: true,
-        extra: "[global]\nenabled = true\nheartbeat_interval = \"250ms\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\", \"us-1\"]\n"
+        extra: "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\", \"us-1\"]\n"
             .to_string(),
         ..HdsdOptions::default()
     })
@@ -253,7 +253,7 @@ fn each_refusal_says_what_to_do() {
     let global = Hdsd::start(HdsdOptions {
         auth_mode: "token",
         zone_listener: true,
-        extra: "[global]\nenabled = true\nheartbeat_interval = \"250ms\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\"]\ndisabled = [\"off-1\"]\n"
+        extra: "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\"]\ndisabled = [\"off-1\"]\n"
             .to_string(),
         ..HdsdOptions::default()
     });

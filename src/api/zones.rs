@@ -15,7 +15,7 @@ use crate::zones::hub::ZoneSummary;
 
 /// The `zone` filter of `/api/v1/dataplanes` that keeps the global's own
 /// dataplanes (those with no zone).
-pub const LOCAL: &str = "local";
+pub const LOCAL: &str = crate::names::RESERVED_ZONE;
 
 /// One zone as the API shows it.
 #[derive(Debug, Clone, Serialize)]

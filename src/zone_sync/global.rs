@@ -28,7 +28,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Gate;
-use crate::clock::Clock;
+use crate::clock::{Clock, Timestamp};
 use crate::pb;
 use crate::zones::hub::{Hub, HubSettings, ZonesView};
 use crate::zones::liveness::ZoneState;
@@ -122,6 +122,8 @@ pub fn spawn_hub(
 ) -> HubHandle {
     let hub = Hub::new(settings, registered, disabled, clock.now());
     let first = hub.view(clock.now(), &ZonesView::default(), &BTreeSet::new());
+    // Every configured zone has its series from the start (never_connected).
+    publish_metrics(&first);
     let (view_tx, view) = watch::channel(Arc::new(first));
     let (commands, rx) = mpsc::channel(HUB_QUEUE);
     tokio::spawn(run_hub(hub, rx, view_tx, clock));
@@ -298,7 +300,7 @@ impl ZoneSyncServer {
     }
 
     /// The zone a stream's token names, or the status that refuses it.
-    fn credential(&self, token: &str) -> Result<ZoneCredential, Status> {
+    fn credential(&self, token: &str) -> Result<(ZoneCredential, Option<Timestamp>), Status> {
         let claims = self
             .gate
             .verify(token, self.clock.now())
@@ -307,7 +309,9 @@ impl ZoneSyncServer {
                 crate::metrics::zone_refused("unauthenticated");
                 crate::grpc_auth::status(&rejection)
             })?;
+        let expires = claims.expires_at();
         let Some(zone) = claims.zone else {
+            tracing::warn!(token = %claims.identity(), "zone stream refused: a dataplane token, not a zone token");
             crate::metrics::zone_refused("not_a_zone_token");
             return Err(Status::permission_denied(format!(
                 "the token is a dataplane token (for {}); a zone dials with a zone token: run `hdsd token issue --zone NAME --mesh MESH` on the global and put it in the zone's zone.token_file",
@@ -315,14 +319,19 @@ impl ZoneSyncServer {
             )));
         };
         if let Err(problem) = crate::names::check_zone(&zone) {
+            tracing::warn!(zone, "zone stream refused: {problem}");
+            crate::metrics::zone_refused("invalid_zone");
             return Err(Status::permission_denied(format!(
                 "the zone token names zone {zone:?}, which breaks the zone naming rule ({problem}); issue a new one"
             )));
         }
-        Ok(ZoneCredential {
-            zone,
-            meshes: Meshes::Only(claims.meshes.into_iter().collect()),
-        })
+        Ok((
+            ZoneCredential {
+                zone,
+                meshes: Meshes::Only(claims.meshes.into_iter().collect()),
+            },
+            expires,
+        ))
     }
 }
 
@@ -340,12 +349,13 @@ impl pb::zone_sync_service_server::ZoneSyncService for ZoneSyncServer {
             crate::metrics::zone_refused("unauthenticated");
             crate::grpc_auth::status(&r)
         })?;
-        let credential = self.credential(&token)?;
+        let (credential, expires) = self.credential(&token)?;
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let task = StreamTask {
             server: self.clone(),
             token,
             credential,
+            expires,
             inbound: request.into_inner(),
             out,
         };
@@ -359,6 +369,8 @@ struct StreamTask {
     server: ZoneSyncServer,
     token: String,
     credential: ZoneCredential,
+    /// When the zone token expires: the stream ends then.
+    expires: Option<Timestamp>,
     inbound: Streaming<pb::ZoneMessage>,
     out: mpsc::Sender<Result<pb::GlobalMessage, Status>>,
 }
@@ -411,6 +423,16 @@ impl StreamTask {
                         }
                         () = tokio::time::sleep(sleep) => Event::Tick,
                         () = super::drained(&mut drain) => Event::Drain,
+                        () = tokio::time::sleep(self.expires.map_or(Duration::from_secs(86_400 * 365), |e| super::until(e, clock.now()))) => {
+                            tracing::warn!(zone, "zone token expired; ending its stream");
+                            crate::metrics::zone_refused("token_expired");
+                            let _ = self.out.send(Err(Status::unauthenticated(format!(
+                                "the zone token expired; issue a new one on the global with `hdsd token issue --zone {zone} --mesh MESH` and write it to zone.token_file (the zone reads it at every connect)"
+                            )))).await;
+                            self.expires = None;
+                            pending.push_back(Event::Closed { error: Some("token expired".into()) });
+                            continue;
+                        }
                         Ok(()) = keys.changed() => {
                             if let Err(status) = self.server.credential(&self.token) {
                                 tracing::warn!(zone, "zone token no longer verifies; ending its stream");

@@ -28,3 +28,15 @@ async fn drained(drain: &mut tokio::sync::watch::Receiver<bool>) {
 fn until(deadline: Timestamp, now: Timestamp) -> Duration {
     crate::zones::elapsed(now, deadline).unwrap_or(Duration::ZERO)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The global refuses a heartbeat interval shorter than the one zones follow.
+    #[test]
+    fn the_configured_minimum_heartbeat_is_the_one_zones_follow() {
+        assert_eq!(
+            crate::config::MIN_ZONE_HEARTBEAT,
+            crate::zones::uplink::MIN_HEARTBEAT_INTERVAL
+        );
+    }
+}

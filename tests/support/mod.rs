@@ -13,6 +13,7 @@
 #![allow(dead_code)] // each test file uses a different part of the harness
 
 pub mod apps;
+pub mod front;
 pub mod grpc;
 pub mod postgres;
 pub mod relay;

@@ -1,0 +1,246 @@
+//! Readiness moves traffic across zones: a global and two zones (eu-1,
+//! us-1), each zone one hdsd, one Envoy and two HTTP apps; a front Envoy in
+//! eu-1 takes service `web` from the global's EDS (`hdsd bootstrap front
+//! --zone eu-1`). A client sends ~50 requests/s through the front for the
+//! whole test.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::support::front::{Client, Front, FrontOptions};
+use crate::support::relay::Relay;
+use crate::support::*;
+
+/// Detection at a zone (see eds_envoy) plus the trip to the global.
+const DETECTION: Duration = Duration::from_millis(700);
+const CONNECT: Duration = Duration::from_secs(20);
+const FRONT_TOKEN: &str = "front-secret";
+
+/// A dataplane `web` with one inbound per app, all of service `web`.
+fn web(apps: &[&HttpApp]) -> String {
+    let mut text = "type: Dataplane\nmesh: default\nname: web\nnetworking:\n  address: 127.0.0.1\n  inbound:\n".to_string();
+    for app in apps {
+        text.push_str(&format!(
+            "  - port: {p}\n    servicePort: {p}\n    serviceAddress: 127.0.0.1\n    tags: {{kuma.io/service: web}}\n",
+            p = app.port
+        ));
+    }
+    text
+}
+
+fn global(factor: u32) -> Hdsd {
+    Hdsd::start(HdsdOptions {
+        auth_mode: "token",
+        zone_listener: true,
+        extra: format!(
+            "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\", \"us-1\"]\n\n[eds]\ntokens = [\"{FRONT_TOKEN}\"]\noverprovisioning_factor = {factor}\n"
+        ),
+        ..HdsdOptions::default()
+    })
+}
+
+fn zone(name: &str, global: std::net::SocketAddr, token: &std::path::Path) -> Hdsd {
+    Hdsd::start(HdsdOptions {
+        extra: format!(
+            "[zone]\nname = \"{name}\"\nglobal = [\"http://{global}\"]\ntoken_file = {:?}\n",
+            token.display().to_string()
+        ),
+        ..HdsdOptions::default()
+    })
+}
+
+fn zone_token(global: &Hdsd, zone: &str, dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let token = global.cli(&["token", "issue", "--zone", zone, "--mesh", "default"]);
+    let path = dir.path().join(format!("{zone}.token"));
+    std::fs::write(&path, token.trim()).unwrap();
+    path
+}
+
+/// Hits per zone (by the apps' name prefix) since `before`.
+fn by_zone(now: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> (u64, u64) {
+    let mut eu = 0;
+    let mut us = 0;
+    for (app, n) in now {
+        let d = n - before.get(app).copied().unwrap_or(0);
+        if app.starts_with("eu-") {
+            eu += d;
+        } else {
+            us += d;
+        }
+    }
+    (eu, us)
+}
+
+/// Waits until the client has sent at least `n` requests more than at `before`.
+fn requests_after(client: &Client, before: &BTreeMap<String, u64>, n: u64) -> (u64, u64) {
+    wait_for(
+        &format!("{n} more requests"),
+        Duration::from_secs(60),
+        || {
+            let (eu, us) = by_zone(&client.all_hits(), before);
+            if eu + us >= n {
+                Ok((eu, us))
+            } else {
+                Err(format!("eu {eu}, us {us}"))
+            }
+        },
+    )
+}
+
+/// The whole failover story on real Envoys, with Envoy's default factor (140).
+#[test]
+fn a_front_fails_over_to_the_other_zone_by_readiness_without_a_failed_request() {
+    let mut global = global(140);
+    let tokens = tempfile::tempdir().unwrap();
+    let eu = zone(
+        "eu-1",
+        global.zones.unwrap(),
+        &zone_token(&global, "eu-1", &tokens),
+    );
+    let relay = Relay::start(global.zones.unwrap());
+    let us = zone("us-1", relay.addr, &zone_token(&global, "us-1", &tokens));
+    let (mut eu_a, mut eu_b) = (HttpApp::start("eu-a"), HttpApp::start("eu-b"));
+    let (us_a, us_b) = (HttpApp::start("us-a"), HttpApp::start("us-b"));
+    eu.write_dataplane("web.yaml", &web(&[&eu_a, &eu_b]));
+    us.write_dataplane("web.yaml", &web(&[&us_a, &us_b]));
+    let _eu_envoy = Envoy::start(eu.hds, "default.web", None);
+    let _us_envoy = Envoy::start(us.hds, "default.web", None);
+    for z in [&eu, &us] {
+        wait_for("the zone's inbounds ready", CONNECT, || {
+            let dp = z.dataplane("default.web")?;
+            if dp.inbounds.iter().all(|i| i.health.ready) {
+                Ok(())
+            } else {
+                Err(format!("{dp:?}"))
+            }
+        });
+    }
+
+    let front = Front::start(
+        &global.hds.to_string(),
+        FrontOptions {
+            zone: Some("eu-1".into()),
+            token: Some(FRONT_TOKEN.into()),
+        },
+    );
+    let url = format!("http://127.0.0.1:{}/", front.listener);
+    // The front's zone first: once its endpoints are in, eu-1 takes it all.
+    wait_for("the front to see eu-1's endpoints healthy", CONNECT, || {
+        for app in [&eu_a, &eu_b, &us_a, &us_b] {
+            let host = front.host(app.port)?;
+            if host.get("health_flags").map(String::as_str) != Some("healthy") {
+                return Err(format!("{}: {host:?}", app.name));
+            }
+        }
+        Ok(())
+    });
+    let client = Client::start(url);
+    let start = client.all_hits();
+    let (eu_hits, us_hits) = requests_after(&client, &start, 100);
+    assert_eq!(
+        us_hits, 0,
+        "us-1 got traffic while eu-1 was healthy ({eu_hits} in eu-1)"
+    );
+
+    // Both of eu-1's apps stop: traffic moves to us-1, not one request fails.
+    eu_a.stop();
+    eu_b.stop();
+    let stopped = Instant::now();
+    wait_for(
+        "every request going to us-1",
+        DETECTION + Duration::from_secs(5),
+        || {
+            let before = client.all_hits();
+            std::thread::sleep(Duration::from_millis(200));
+            let (eu, us) = by_zone(&client.all_hits(), &before);
+            if eu == 0 && us > 0 {
+                Ok(())
+            } else {
+                Err(format!("eu {eu}, us {us}"))
+            }
+        },
+    );
+    let moved = stopped.elapsed();
+    println!("traffic moved to us-1 {moved:?} after eu-1's apps stopped");
+    assert!(
+        moved <= DETECTION + Duration::from_secs(1) + Duration::from_millis(200),
+        "{moved:?}"
+    );
+    assert!(client.failures().is_empty(), "{:?}", client.failures());
+
+    // Back: eu-1 takes everything again.
+    eu_a.resume();
+    eu_b.resume();
+    wait_for("traffic back in eu-1", CONNECT, || {
+        let before = client.all_hits();
+        std::thread::sleep(Duration::from_millis(200));
+        let (eu, us) = by_zone(&client.all_hits(), &before);
+        if us == 0 && eu > 0 {
+            Ok(())
+        } else {
+            Err(format!("eu {eu}, us {us}"))
+        }
+    });
+
+    // One of eu-1's two apps stops: 50 % healthy x 1.4 = 70 % stays in
+    // eu-1 and 30 % spills to us-1 (health_status is real).
+    eu_b.stop();
+    wait_for("the front to mark eu-b unhealthy", CONNECT, || {
+        let host = front.host(eu_b.port)?;
+        match host.get("health_flags") {
+            Some(f) if f.contains("failed_eds_health") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let before = client.all_hits();
+    let (eu_hits, us_hits) = requests_after(&client, &before, 300);
+    let spill = us_hits as f64 / (eu_hits + us_hits) as f64;
+    println!("one of two eu-1 apps down: {eu_hits} requests in eu-1, {us_hits} in us-1 ({:.1} % spilled)", spill * 100.0);
+    assert!(
+        (0.2..=0.4).contains(&spill),
+        "expected ~30 % in us-1, got {spill:.3}"
+    );
+    assert!(client.failures().is_empty(), "{:?}", client.failures());
+
+    // eu-1 all down again, and us-1 cut from the global: after the zone
+    // timeout its endpoints are degraded (eds.offline_zone), and the front,
+    // with nothing healthy left, keeps being served by them.
+    eu_a.stop();
+    wait_for("every request going to us-1", CONNECT, || {
+        let before = client.all_hits();
+        std::thread::sleep(Duration::from_millis(200));
+        let (eu, us) = by_zone(&client.all_hits(), &before);
+        if eu == 0 && us > 0 {
+            Ok(())
+        } else {
+            Err(format!("eu {eu}, us {us}"))
+        }
+    });
+    relay.cut();
+    wait_for(
+        "us-1's endpoints degraded at the front",
+        Duration::from_secs(10),
+        || {
+            let host = front.host(us_a.port)?;
+            match host.get("health_flags") {
+                Some(f) if f.contains("degraded_eds_health") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    );
+    let before = client.all_hits();
+    let (_, us_hits) = requests_after(&client, &before, 100);
+    assert!(us_hits >= 100, "served by us-1's degraded endpoints");
+    assert!(client.failures().is_empty(), "{:?}", client.failures());
+
+    // The global dies: the front routes on its last assignment.
+    global.kill();
+    let before = client.all_hits();
+    let (_, us_hits) = requests_after(&client, &before, 100);
+    assert!(us_hits >= 100);
+    assert!(client.failures().is_empty(), "{:?}", client.failures());
+    relay.heal();
+    global.start_again();
+    drop(front);
+    drop(client);
+}
