@@ -1272,6 +1272,11 @@ omit_not_ready = false
 # Bearer tokens accepted from EDS clients only (beside api.tokens), e.g. for front proxies
 # that should not read the REST API.
 tokens = []
+# The assignments' overprovisioning factor in percent (Envoy's default): a priority (a zone)
+# keeps all of its load while at least 100/factor of its endpoints are healthy.
+overprovisioning_factor = 140
+# On a global, an offline zone's endpoints: "degraded", "unhealthy", "keep" or "withdraw".
+offline_zone = "degraded"
 
 [log]
 # Log filter: error, warn, info, debug, trace, or a tracing directive. RUST_LOG wins when set.
