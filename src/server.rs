@@ -450,22 +450,8 @@ fn start_zones(
         .http2_keepalive_interval(Some(config.hds.keepalive.interval))
         .http2_keepalive_timeout(Some(config.hds.keepalive.timeout))
         .add_service(sync.into_server());
-    let mut drain = drain;
-    let signal = async move {
-        let _ = drain.wait_for(|d| *d).await;
-    };
     let admission = Admission::new("zones", (&config.hds.limits).into());
-    let serving: Serving<tonic::transport::Error> = match tls {
-        Some(tls) => {
-            let incoming =
-                Incoming::new(listener, admission, TlsHandshake(tls)).map_err(ServeError::Api)?;
-            Box::pin(server.serve_with_incoming_shutdown(incoming, signal))
-        }
-        None => {
-            let incoming = Incoming::new(listener, admission, Plain).map_err(ServeError::Api)?;
-            Box::pin(server.serve_with_incoming_shutdown(incoming, signal))
-        }
-    };
+    let serving = serve_grpc(server, listener, admission, tls, drain)?;
     Ok(Zones {
         hub: Some(hub),
         uplink,
@@ -844,11 +830,22 @@ fn serve_hds(
         .http2_max_header_list_size(HDS_MAX_HEADER_LIST)
         .add_service(service.into_server())
         .add_service(eds.into_server(limits.max_message_bytes));
-    let mut drain = drain;
+    let admission = Admission::new("hds", limits.into());
+    serve_grpc(server, listener, admission, tls, drain)
+}
+
+/// A tonic router on `listener` (TLS when `tls`), admitted by `admission`,
+/// until `drain`.
+fn serve_grpc(
+    server: tonic::transport::server::Router,
+    listener: TcpListener,
+    admission: Arc<Admission>,
+    tls: Option<crate::tls::ServerTls>,
+    mut drain: watch::Receiver<bool>,
+) -> Result<Serving<tonic::transport::Error>, ServeError> {
     let signal = async move {
         let _ = drain.wait_for(|d| *d).await;
     };
-    let admission = Admission::new("hds", limits.into());
     Ok(match tls {
         Some(tls) => {
             let incoming =

@@ -126,13 +126,7 @@ fn a_token_revoked_while_connected_ends_the_stream_within_a_second() {
     let hdsd = token_server();
     let (_app, envoy, token) = served(&hdsd, "web", "1h");
 
-    let inspected = hdsd.cli(&["token", "inspect", &token]);
-    let jti = inspected
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("jti:"))
-        .expect("inspect prints the jti")
-        .trim()
-        .to_string();
+    let jti = hdsd.jti_of(&token);
     let revoked_at = std::time::Instant::now();
     hdsd.cli(&["token", "revoke", &jti]);
     hdsd.wait_connected("default.web", false, Duration::from_secs(1));

@@ -312,13 +312,7 @@ fn each_refusal_says_what_to_do() {
         }
     });
     let text = std::fs::read_to_string(&token).unwrap();
-    let inspected = global.cli(&["token", "inspect", text.trim()]);
-    let jti = inspected
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("jti:"))
-        .expect("inspect prints the jti")
-        .trim()
-        .to_string();
+    let jti = global.jti_of(&text);
     let revoked_at = Instant::now();
     global.cli(&["token", "revoke", &jti]);
     let status = wait_uplink_code(&eu, "unauthenticated", Duration::from_millis(1500));

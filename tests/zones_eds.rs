@@ -87,6 +87,21 @@ fn requests_after(client: &Client, before: &BTreeMap<String, u64>, n: u64) -> (u
     )
 }
 
+/// Waits until every request of a 200 ms window goes to `zone`.
+fn all_in(client: &Client, zone: &str, timeout: Duration) {
+    wait_for(&format!("every request going to {zone}"), timeout, || {
+        let before = client.all_hits();
+        std::thread::sleep(Duration::from_millis(200));
+        let (eu, us) = by_zone(&client.all_hits(), &before);
+        let (here, elsewhere) = if zone == "eu-1" { (eu, us) } else { (us, eu) };
+        if elsewhere == 0 && here > 0 {
+            Ok(())
+        } else {
+            Err(format!("eu {eu}, us {us}"))
+        }
+    });
+}
+
 /// The whole failover story on real Envoys, with Envoy's default factor (140).
 #[test]
 fn a_front_fails_over_to_the_other_zone_by_readiness_without_a_failed_request() {
@@ -146,20 +161,7 @@ fn a_front_fails_over_to_the_other_zone_by_readiness_without_a_failed_request() 
     eu_a.stop();
     eu_b.stop();
     let stopped = Instant::now();
-    wait_for(
-        "every request going to us-1",
-        DETECTION + Duration::from_secs(5),
-        || {
-            let before = client.all_hits();
-            std::thread::sleep(Duration::from_millis(200));
-            let (eu, us) = by_zone(&client.all_hits(), &before);
-            if eu == 0 && us > 0 {
-                Ok(())
-            } else {
-                Err(format!("eu {eu}, us {us}"))
-            }
-        },
-    );
+    all_in(&client, "us-1", DETECTION + Duration::from_secs(5));
     let moved = stopped.elapsed();
     println!("traffic moved to us-1 {moved:?} after eu-1's apps stopped");
     assert!(
@@ -171,16 +173,7 @@ fn a_front_fails_over_to_the_other_zone_by_readiness_without_a_failed_request() 
     // Back: eu-1 takes everything again.
     eu_a.resume();
     eu_b.resume();
-    wait_for("traffic back in eu-1", CONNECT, || {
-        let before = client.all_hits();
-        std::thread::sleep(Duration::from_millis(200));
-        let (eu, us) = by_zone(&client.all_hits(), &before);
-        if us == 0 && eu > 0 {
-            Ok(())
-        } else {
-            Err(format!("eu {eu}, us {us}"))
-        }
-    });
+    all_in(&client, "eu-1", CONNECT);
 
     // One of eu-1's two apps stops: 50 % healthy x 1.4 = 70 % stays in
     // eu-1 and 30 % spills to us-1 (health_status is real).
@@ -206,16 +199,7 @@ fn a_front_fails_over_to_the_other_zone_by_readiness_without_a_failed_request() 
     // timeout its endpoints are degraded (eds.offline_zone), and the front,
     // with nothing healthy left, keeps being served by them.
     eu_a.stop();
-    wait_for("every request going to us-1", CONNECT, || {
-        let before = client.all_hits();
-        std::thread::sleep(Duration::from_millis(200));
-        let (eu, us) = by_zone(&client.all_hits(), &before);
-        if eu == 0 && us > 0 {
-            Ok(())
-        } else {
-            Err(format!("eu {eu}, us {us}"))
-        }
-    });
+    all_in(&client, "us-1", CONNECT);
     relay.cut();
     wait_for(
         "us-1's endpoints degraded at the front",

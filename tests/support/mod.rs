@@ -913,6 +913,16 @@ impl Hdsd {
     }
 
     /// Issues a token for `mesh.name` with this server's keys.
+    /// A token's id (`jti`), as `hdsd token inspect` prints it.
+    pub fn jti_of(&self, token: &str) -> String {
+        self.cli(&["token", "inspect", token.trim()])
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("jti:"))
+            .expect("inspect prints the jti")
+            .trim()
+            .to_string()
+    }
+
     pub fn issue_token(&self, id: &str, valid_for: &str) -> String {
         let id: DataplaneId = id.parse().unwrap();
         self.cli(&[
