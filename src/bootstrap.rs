@@ -270,6 +270,19 @@ pub fn bootstrap_yaml(p: &BootstrapParams) -> Result<String, BootstrapError> {
 mod tests {
     use super::*;
 
+    fn front_params() -> FrontParams {
+        FrontParams {
+            mesh: "default".into(),
+            service: "web".into(),
+            listen: "0.0.0.0:8080".parse().unwrap(),
+            server: "127.0.0.1:5678".into(),
+            token: None,
+            admin_port: 9902,
+            ca: None,
+            zone: None,
+        }
+    }
+
     fn params() -> BootstrapParams {
         BootstrapParams {
             id: DataplaneId::new("default", "web-01"),
@@ -402,14 +415,8 @@ mod tests {
     #[test]
     fn a_front_in_a_zone_names_it_and_retries_in_the_next_zone() {
         let b = front(&FrontParams {
-            mesh: "default".into(),
-            service: "web".into(),
-            listen: "0.0.0.0:8080".parse().unwrap(),
-            server: "127.0.0.1:5678".into(),
-            token: None,
-            admin_port: 9902,
-            ca: None,
             zone: Some("eu-1".into()),
+            ..front_params()
         })
         .unwrap();
         assert_eq!(b["node"]["locality"]["zone"], "eu-1");
@@ -426,16 +433,7 @@ mod tests {
         );
         let bad = FrontParams {
             zone: Some("EU_1".into()),
-            ..FrontParams {
-                mesh: "default".into(),
-                service: "web".into(),
-                listen: "0.0.0.0:8080".parse().unwrap(),
-                server: "127.0.0.1:5678".into(),
-                token: None,
-                admin_port: 9902,
-                ca: None,
-                zone: None,
-            }
+            ..front_params()
         };
         assert!(matches!(front(&bad), Err(BootstrapError::Zone(_))));
     }
@@ -446,17 +444,7 @@ mod tests {
     #[test]
     fn bootstraps_never_set_the_envoy_version() {
         let sidecar = bootstrap(&params()).unwrap();
-        let front = front(&FrontParams {
-            mesh: "default".into(),
-            service: "web".into(),
-            listen: "0.0.0.0:8080".parse().unwrap(),
-            server: "127.0.0.1:5678".into(),
-            token: None,
-            admin_port: 9902,
-            ca: None,
-            zone: None,
-        })
-        .unwrap();
+        let front = front(&front_params()).unwrap();
         for b in [sidecar, front] {
             let node = b["node"].as_object().expect("a node");
             for key in node.keys() {
