@@ -40,6 +40,13 @@
 //!   10,000 endpoints, nobody subscribed: the index takes the dataplane's new
 //!   state, commits and publishes its snapshot. The two counts should be
 //!   close: a flip costs the endpoint it changed, not the service's size.
+//! - `eds/zones/{50,500}`: on a global, one readiness flip in zone us-1
+//!   (among 50 or 500 dataplanes, one service each, in each of eu-1 and
+//!   us-1) reaching a front in eu-1 subscribed to every service: the index
+//!   takes the zone's new dataplanes (`Index::set_zone`), commits and
+//!   publishes, the stream finds the change and the response is encoded for
+//!   the front's zone (us-1 at priority 1). The two counts should be close:
+//!   a flip costs the dataplane that changed, not the zone's size.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -88,6 +95,8 @@ const BENCHMARKS: &[&str] = &[
     "eds/push/500",
     "eds/index/100",
     "eds/index/10000",
+    "eds/zones/50",
+    "eds/zones/500",
 ];
 
 /// Iterations of one benchmark: a churn iteration parses a file of 100
@@ -154,6 +163,7 @@ fn benchmark(name: &str) -> Option<Box<dyn FnMut()>> {
         ("churn", "file") => churn(usize::from(k)),
         ("eds", "push") => eds_push(usize::from(k)),
         ("eds", "index") => eds_index(usize::from(k)),
+        ("eds", "zones") => eds_zones(usize::from(k)),
         _ => return None,
     })
 }
@@ -435,6 +445,88 @@ fn eds_index(members: usize) -> Box<dyn FnMut()> {
         index.set(&id, Some(if flip { &unhealthy } else { &healthy }));
         assert!(index.commit(), "the flip changes web");
         black_box(index.snapshot(1, true));
+    })
+}
+
+/// A zone's dataplane `i` as the global holds it: one inbound of
+/// `svc-i` at `address:10000+i`, healthy or not.
+fn eds_remote(i: usize, address: &str, healthy: bool) -> hdsd::pb::Dataplane {
+    use hdsd::pb;
+    let status = if healthy {
+        pb::Status::Healthy
+    } else {
+        pb::Status::Unhealthy
+    };
+    pb::Dataplane {
+        mesh: "default".into(),
+        name: format!("dp-{i:06}"),
+        address: address.into(),
+        inbounds: vec![pb::Inbound {
+            port: 10000 + i as u32,
+            tags: [("kuma.io/service".to_string(), format!("svc-{i:04}"))].into(),
+            health: Some(pb::Health {
+                ready: healthy,
+                status: status as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn eds_zones(services: usize) -> Box<dyn FnMut()> {
+    use eds::assignment::ZoneLink;
+    let mut index = Index::new(EdsOptions::default());
+    let zone = |address: &str, flipped: Option<usize>| {
+        Arc::new(
+            (0..services)
+                .map(|i| eds_remote(i, address, Some(i) != flipped))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let (eu, us): (Arc<str>, Arc<str>) = (Arc::from("eu-1"), Arc::from("us-1"));
+    index.set_zone(&eu, ZoneLink::Online, &zone("10.1.0.1", None));
+    let (healthy, flipped) = (zone("10.2.0.1", None), zone("10.2.0.1", Some(7)));
+    index.set_zone(&us, ZoneLink::Online, &healthy);
+    index.commit();
+    let mut stream = EdsStream::new();
+    let request = DiscoveryRequest {
+        type_url: eds::protocol::TYPE_URL.to_string(),
+        resource_names: (0..services)
+            .map(|i| format!("default/svc-{i:04}"))
+            .collect(),
+        node: Some(Node {
+            locality: Some(envoy_types::pb::envoy::config::core::v3::Locality {
+                zone: "eu-1".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let first = stream
+        .on_request(&request, &index.snapshot(1, true))
+        .expect("a named subscription");
+    assert!(!first.is_empty(), "the subscription is answered");
+    let mut flip = false;
+    let mut buffer = Vec::with_capacity(64 * 1024);
+    Box::new(move || {
+        flip = !flip;
+        index.set_zone(
+            &us,
+            ZoneLink::Online,
+            if flip { &flipped } else { &healthy },
+        );
+        assert!(index.commit(), "the flip changes svc-0007");
+        let current = Arc::new(index.snapshot(1, true));
+        let response = stream
+            .on_change(black_box(&current))
+            .expect("a subscribed service changed");
+        assert_eq!(response.front_zone.as_deref(), Some("eu-1"));
+        buffer.clear();
+        response.encode(&mut buffer);
+        black_box(&buffer);
     })
 }
 

@@ -231,17 +231,22 @@ struct ServicesQuery {
     mesh: Option<String>,
 }
 
-/// Per-service health by Kuma's rules (online, partially_degraded, offline).
+/// Per-service health by Kuma's rules (online, partially_degraded, offline);
+/// on a global, over every zone and per zone.
 async fn list_services(
     State(s): State<Fleet>,
+    State(z): State<Zones>,
     Query(q): Query<ServicesQuery>,
 ) -> Json<List<crate::consumers::services::ServiceItem>> {
-    let items: Vec<DataplaneItem> = s
+    let mut items: Vec<DataplaneItem> = s
         .registry
         .catalog()
         .values()
         .filter_map(|h| DataplaneItem::from_state(&h.state()))
         .collect();
+    if let Some(hub) = &z.hub {
+        items.extend(hub.view().items());
+    }
     Json(List {
         items: crate::consumers::services::services(&items, q.mesh.as_deref()),
     })

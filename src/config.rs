@@ -4,6 +4,7 @@
 //! pure function over the loaded value so that `hdsd validate` and `hdsd serve`
 //! report exactly the same problems.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -229,6 +230,17 @@ pub struct EdsConfig {
     /// `keep` (its last readiness) or `withdraw` (its locality leaves the
     /// assignment).
     pub offline_zone: OfflineZone,
+    /// Sets `endpoint_stale_after` in every assignment: a front that has
+    /// received no assignment for this long drops every endpoint of it (and
+    /// answers 503), so hdsd then re-sends every assignment at least every
+    /// third of it. Off by default; at least 1 s when set.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub endpoint_stale_after: Option<Duration>,
+    /// Per front zone, the other zones in the order they take over: a front
+    /// in the key's zone gets its own zone at priority 0, the listed zones
+    /// at 1, 2, ... and every zone not listed after them. Without an entry,
+    /// every other zone is at priority 1.
+    pub zone_priorities: BTreeMap<String, Vec<String>>,
 }
 
 impl Default for EdsConfig {
@@ -239,7 +251,43 @@ impl Default for EdsConfig {
             tokens: Vec::new(),
             overprovisioning_factor: 140,
             offline_zone: OfflineZone::default(),
+            endpoint_stale_after: None,
+            zone_priorities: BTreeMap::new(),
         }
+    }
+}
+
+impl EdsConfig {
+    /// The shortest `endpoint_stale_after` (re-sent every third of it).
+    pub const MIN_ENDPOINT_STALE_AFTER: Duration = Duration::from_secs(1);
+
+    /// What is wrong with `endpoint_stale_after` and `zone_priorities`.
+    fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Some(after) = self.endpoint_stale_after {
+            if after < Self::MIN_ENDPOINT_STALE_AFTER {
+                problems.push(format!(
+                    "eds.endpoint_stale_after is {}: set it to at least 1s (hdsd re-sends every assignment every third of it), or remove it to leave it off",
+                    humantime::format_duration(after)
+                ));
+            }
+        }
+        for (front, order) in &self.zone_priorities {
+            if let Err(e) = crate::names::check_zone(front) {
+                problems.push(format!("eds.zone_priorities: key {front:?}: {e}"));
+            }
+            let mut seen = BTreeSet::new();
+            for zone in order {
+                if let Err(e) = crate::names::check_zone(zone) {
+                    problems.push(format!("eds.zone_priorities.{front}: {zone:?}: {e}"));
+                } else if zone == front {
+                    problems.push(format!("eds.zone_priorities.{front} lists {zone:?}, the front's own zone: it is always priority 0; list only the zones that take over after it"));
+                } else if !seen.insert(zone.as_str()) {
+                    problems.push(format!("eds.zone_priorities.{front} lists {zone:?} twice: list each zone once, in the order they take over"));
+                }
+            }
+        }
+        problems
     }
 }
 
@@ -802,6 +850,7 @@ impl Config {
                 self.eds.overprovisioning_factor
             ));
         }
+        problems.extend(self.eds.problems());
         if let Some(zone) = &self.zone {
             if let Err(e) = crate::names::check_zone(&zone.name) {
                 problems.push(format!("zone.name: {e}"));
@@ -1277,6 +1326,15 @@ tokens = []
 overprovisioning_factor = 140
 # On a global, an offline zone's endpoints: "degraded", "unhealthy", "keep" or "withdraw".
 offline_zone = "degraded"
+# Off unless set: endpoint_stale_after in every assignment (a front that received nothing for
+# this long drops the assignment's endpoints and answers 503); hdsd then re-sends every
+# assignment every third of it. At least 1s.
+# endpoint_stale_after = "30s"
+
+[eds.zone_priorities]
+# Per front zone, the zones that take over in order (the front's own zone is always priority 0;
+# zones not listed come after the listed ones). Without an entry, every other zone is priority 1.
+# eu-1 = ["eu-2", "us-1"]
 
 [log]
 # Log filter: error, warn, info, debug, trace, or a tracing directive. RUST_LOG wins when set.

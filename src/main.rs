@@ -592,15 +592,20 @@ fn status(
     ca: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
     let agent = hdsd::client::agent(ca)?;
+    // An hdsd without zones, or one older than them, answers 404 or an
+    // empty list: the status has no zones part then.
+    let zones = || -> hdsd::status::ZonesAnswer {
+        hdsd::client::get_json(&agent, api, "/api/v1/zones", api_token).unwrap_or_default()
+    };
     if !watch {
         let items = hdsd::client::list(&agent, api, api_token, None)?;
-        print!("{}", hdsd::status::render_now(&items));
+        print!("{}", hdsd::status::render_now(&items, &zones()));
         return Ok(ExitCode::SUCCESS);
     }
     let mut stdout = std::io::stdout();
     loop {
         let screen = match hdsd::client::list(&agent, api, api_token, None) {
-            Ok(items) => hdsd::status::render_now(&items),
+            Ok(items) => hdsd::status::render_now(&items, &zones()),
             Err(e) => format!("{e}\n"),
         };
         // Home the cursor and clear the screen, then draw: refresh in place.

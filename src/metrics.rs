@@ -41,6 +41,8 @@ pub const EDS_STREAMS_ACTIVE: &str = "hdsd_eds_streams_active";
 pub const EDS_PUSHES: &str = "hdsd_eds_pushes_total";
 pub const EDS_NACKS: &str = "hdsd_eds_nacks_total";
 pub const EDS_ENDPOINTS: &str = "hdsd_eds_endpoints";
+pub const EDS_DUPLICATE_ADDRESSES: &str = "hdsd_eds_duplicate_addresses";
+pub const EDS_REFRESHES: &str = "hdsd_eds_refreshes_total";
 pub const CONNECTIONS_OPEN: &str = "hdsd_connections_open";
 pub const CONNECTIONS_REFUSED: &str = "hdsd_connections_refused_total";
 pub const CONNECTIONS_TIMED_OUT: &str = "hdsd_connections_timed_out_total";
@@ -404,6 +406,16 @@ pub fn eds_endpoints(health: &'static str, n: u64) {
     gauge!(EDS_ENDPOINTS, "health" => health).set(n as f64);
 }
 
+/// Addresses (with their port) of a service that more than one zone announces.
+pub fn eds_duplicate_addresses(n: u64) {
+    gauge!(EDS_DUPLICATE_ADDRESSES).set(n as f64);
+}
+
+/// Every subscribed assignment re-sent on a stream (`eds.endpoint_stale_after`).
+pub fn eds_refresh() {
+    counter!(EDS_REFRESHES).increment(1);
+}
+
 /// Keeps `hdsd_eds_streams_active` right on every exit path.
 #[derive(Debug)]
 pub struct ActiveEdsStream(());
@@ -640,6 +652,14 @@ fn describe() {
         "Endpoints in the served assignments, by the health_status sent to Envoy (healthy, degraded, draining, unhealthy)."
     );
     describe_gauge!(
+        EDS_DUPLICATE_ADDRESSES,
+        "Addresses (address and port of a service) that more than one zone announces: a front gets only its own zone's endpoint at such an address, any other front none (logged with the service and the zones)."
+    );
+    describe_counter!(
+        EDS_REFRESHES,
+        "Times a stream re-sent every assignment it follows because eds.endpoint_stale_after is set (every third of it)."
+    );
+    describe_gauge!(
         CONNECTIONS_OPEN,
         "Connections open now on a listener (hds, api, zones), counted from accept to close."
     );
@@ -682,6 +702,7 @@ fn describe() {
     // belong to their owners, which zero them where they start
     // (`zero_counters`, `zero_gauges`).
     gauge!(EDS_STREAMS_ACTIVE).set(0.0);
+    gauge!(EDS_DUPLICATE_ADDRESSES).set(0.0);
     gauge!(WATCHERS_ACTIVE).set(0.0);
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     gauge!(STREAMS_ACTIVE).set(0.0);
@@ -701,6 +722,7 @@ fn describe() {
         WATCH_EVENTS_SENT,
         EDS_PUSHES,
         EDS_NACKS,
+        EDS_REFRESHES,
         SPECIFIER_REJECTIONS,
     ] {
         counter!(name).absolute(0);

@@ -667,6 +667,7 @@ async fn start_state(
         sources.rx.clone(),
         zones,
         crate::consumers::eds::EdsOptions::from(&config.eds),
+        crate::consumers::eds::Policy::from(&config.eds),
     );
     Ok(State {
         store,
@@ -817,7 +818,8 @@ fn serve_hds(
             AuthMode::None => crate::consumers::eds::server::EdsAuth::Open,
         },
         drain.clone(),
-    );
+    )
+    .refreshing(config.eds.endpoint_stale_after);
     let limits = &config.hds.limits;
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(config.hds.keepalive.interval))
@@ -875,6 +877,7 @@ async fn serve_api(
         crate::consumers::grpc::ReadinessApi {
             registry: state.fleet.registry.clone(),
             feed: state.feed.clone(),
+            zones: state.zones.hub.as_ref().map(|h| h.subscribe()),
         },
         state.tokens.0.clone(),
     )

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use chrono::Utc;
+use serde::Deserialize;
 
 use crate::dataplane::{DataplaneKind, InboundState};
 use crate::readiness::Timestamp;
@@ -36,6 +37,80 @@ pub fn fetch(base: &str, api_token: Option<&str>) -> Result<Vec<DataplaneItem>, 
     Ok(list.items)
 }
 
+/// `GET /api/v1/zones` as `hdsd status` reads it: a global's zones, a
+/// zone's uplink (both empty on a standalone hdsd, or an older one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ZonesAnswer {
+    pub items: Vec<ZoneLine>,
+    pub uplink: Option<UplinkLine>,
+}
+
+/// One zone of a global.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ZoneLine {
+    pub name: String,
+    pub state: String,
+    pub since: Option<Timestamp>,
+    pub last_seen: Option<Timestamp>,
+    pub dataplanes: usize,
+    pub inbounds: ZoneInbounds,
+    pub withdrawn: bool,
+}
+
+/// A zone's inbounds, ready and in all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct ZoneInbounds {
+    pub ready: usize,
+    pub total: usize,
+}
+
+/// A zone's link to its global.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct UplinkLine {
+    pub zone: String,
+    pub connected: bool,
+    pub global: Option<String>,
+    pub problem: Option<String>,
+}
+
+/// The zones part of `hdsd status`: one line per zone of a global, or the
+/// zone's link to its global; empty when there is neither.
+pub fn render_zones(zones: &ZonesAnswer, now: Timestamp) -> String {
+    let mut out = String::new();
+    if !zones.items.is_empty() {
+        let _ = writeln!(out, "\nZones:");
+        for z in &zones.items {
+            let _ = writeln!(
+                out,
+                "  {:<20} {:<16} last seen {:<10} {} dataplanes, {}/{} inbounds ready{}",
+                z.name,
+                z.state,
+                ago(z.last_seen, now),
+                z.dataplanes,
+                z.inbounds.ready,
+                z.inbounds.total,
+                if z.withdrawn { " (withdrawn)" } else { "" }
+            );
+        }
+    }
+    if let Some(u) = &zones.uplink {
+        let link = match (u.connected, &u.global) {
+            (true, Some(g)) => format!("connected to {g}"),
+            (true, None) => "connected".to_string(),
+            (false, _) => "not connected".to_string(),
+        };
+        let _ = writeln!(out, "\nZone {}: {link}", u.zone);
+        if let Some(p) = &u.problem {
+            let _ = writeln!(out, "  {p}");
+        }
+    }
+    out
+}
+
 /// Renders the table: one line per inbound (named `PORT (NAME)` when the
 /// inbound has a name); a dataplane without inbounds (a gateway, a zone proxy)
 /// gets one line saying there is nothing to probe.
@@ -52,7 +127,11 @@ pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
         "LAST REPORT".into(),
     ]];
     for d in items {
-        let id = format!("{}.{}", d.mesh, d.name);
+        // A zone's dataplane (on a global) is named with its zone.
+        let id = match &d.zone {
+            Some(z) => format!("{}/{}.{}", z.name, d.mesh, d.name),
+            None => format!("{}.{}", d.mesh, d.name),
+        };
         if d.inbounds.is_empty() {
             let what = match d.kind {
                 DataplaneKind::Sidecar => "-".to_string(),
@@ -203,14 +282,51 @@ fn ago(t: Option<Timestamp>, now: Timestamp) -> String {
     }
 }
 
-/// `render` at the current time.
-pub fn render_now(items: &[DataplaneItem]) -> String {
-    render(items, Utc::now())
+/// `render` and [`render_zones`] at the current time.
+pub fn render_now(items: &[DataplaneItem], zones: &ZonesAnswer) -> String {
+    let now = Utc::now();
+    render(items, now) + &render_zones(zones, now)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A global lists its zones; a zone shows its link and its problem;
+    /// a standalone hdsd (or one too old to answer) shows nothing more.
+    #[test]
+    fn zones_are_listed_on_a_global_and_the_uplink_on_a_zone() {
+        let now = chrono::Utc.timestamp_opt(1_700_000_100, 0).unwrap();
+        let answer: ZonesAnswer = serde_json::from_value(serde_json::json!({
+            "items": [
+                {"name": "eu-1", "state": "online", "lastSeen": "2023-11-14T22:14:59Z",
+                 "dataplanes": 2, "inbounds": {"ready": 1, "total": 2}, "withdrawn": false,
+                 "registered": true, "streams": 1, "resumes": 0, "snapshots": 1},
+                {"name": "us-1", "state": "offline", "lastSeen": "2023-11-14T22:12:00Z",
+                 "dataplanes": 1, "inbounds": {"ready": 0, "total": 1}, "withdrawn": true}
+            ]
+        }))
+        .unwrap();
+        let text = render_zones(&answer, now);
+        assert!(text.contains("Zones:"), "{text}");
+        let eu = text.lines().find(|l| l.contains("eu-1")).unwrap();
+        assert!(
+            eu.contains("online") && eu.contains("1/2 inbounds ready"),
+            "{eu}"
+        );
+        let us = text.lines().find(|l| l.contains("us-1")).unwrap();
+        assert!(us.contains("offline") && us.contains("(withdrawn)"), "{us}");
+        let zone: ZonesAnswer = serde_json::from_value(serde_json::json!({
+            "items": [],
+            "uplink": {"zone": "eu-1", "connected": false, "since": "2023-11-14T22:14:59Z",
+                       "problem": "cannot connect to the global at http://g:5682", "accepted": 0}
+        }))
+        .unwrap();
+        let text = render_zones(&zone, now);
+        assert!(text.contains("Zone eu-1: not connected"), "{text}");
+        assert!(text.contains("cannot connect to the global"), "{text}");
+        assert_eq!(render_zones(&ZonesAnswer::default(), now), "");
+    }
     use crate::view::{ConnectionItem, HealthItem, InboundItem};
     use chrono::TimeZone;
 

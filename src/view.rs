@@ -569,6 +569,7 @@ mod tests {
             }],
             revision: 7,
             ready,
+            zone: None,
         }
     }
 

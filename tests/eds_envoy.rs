@@ -158,3 +158,93 @@ fn traffic_follows_readiness_without_a_failed_request() {
     );
     drop(front.envoy);
 }
+
+/// `eds.endpoint_stale_after`: Envoy drops an assignment it has not
+/// received again within it (and answers 503), so hdsd re-sends every
+/// assignment every third of it. Proven on the real front: its stale timer
+/// is re-armed by the re-sends and never fires while hdsd runs; with hdsd
+/// frozen (SIGSTOP) it fires and the front answers 503; thawed, the next
+/// re-send brings the endpoints back.
+#[test]
+fn re_sends_keep_a_front_with_endpoint_stale_after_from_going_stale() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        extra: "[eds]\nendpoint_stale_after = \"1s\"\n".into(),
+        ..HdsdOptions::default()
+    });
+    let app = HttpApp::start("app-1");
+    hdsd.write_dataplane("app-1.yaml", &web_dataplane(&app.name, app.port));
+    let _envoy = Envoy::start(hdsd.hds, "default.app-1", None);
+    hdsd.wait_inbound(
+        "default.app-1",
+        app.port,
+        "healthy",
+        Duration::from_secs(20),
+    );
+    let front = Front::start(&hdsd.hds.to_string(), FrontOptions::default());
+    let url = format!("http://127.0.0.1:{}/", front.listener);
+    let answers = || -> Result<(), String> {
+        ureq::get(&url)
+            .call()
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    wait_for(
+        "the front to route to web",
+        Duration::from_secs(20),
+        answers,
+    );
+
+    // Three stale windows of re-sends (one every ~333 ms): the timer was
+    // re-armed each time and never fired.
+    let received = front.cluster_stat("assignment_timeout_received").unwrap();
+    wait_for("nine re-sent assignments", Duration::from_secs(10), || {
+        let now = front.cluster_stat("assignment_timeout_received")?;
+        if now >= received + 9 {
+            Ok(())
+        } else {
+            Err(format!("{now} received (from {received})"))
+        }
+    });
+    assert_eq!(front.cluster_stat("assignment_stale").unwrap(), 0);
+    answers().expect("the front still routes");
+    let refreshes = hdsd.metric("hdsd_eds_refreshes_total").unwrap_or(0.0);
+    assert!(refreshes >= 9.0, "hdsd_eds_refreshes_total {refreshes}");
+
+    // Frozen hdsd: nothing re-sent, the front's assignment goes stale.
+    let frozen = Instant::now();
+    signal_hdsd(&hdsd, "-STOP");
+    let went = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(
+            "the front's assignment to go stale",
+            Duration::from_secs(4),
+            || match front.cluster_stat("assignment_stale")? {
+                0 => Err("not stale yet".into()),
+                _ => Ok(()),
+            },
+        );
+        wait_for(
+            "the front to answer 503",
+            Duration::from_secs(2),
+            || match answers() {
+                Ok(()) => Err("still answered".into()),
+                Err(e) if e.contains("503") => Ok(()),
+                Err(e) => Err(e),
+            },
+        );
+    }));
+    let stale_after = frozen.elapsed();
+    signal_hdsd(&hdsd, "-CONT");
+    if let Err(e) = went {
+        std::panic::resume_unwind(e);
+    }
+    eprintln!("the front went stale {stale_after:?} after hdsd froze (endpoint_stale_after 1s)");
+    wait_for("the front to route again", Duration::from_secs(5), answers);
+}
+
+fn signal_hdsd(hdsd: &Hdsd, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &hdsd.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {sig}");
+}

@@ -24,6 +24,43 @@ use crate::view::DataplaneItem;
 pub struct ReadinessApi {
     pub registry: Registry,
     pub feed: FeedHandle,
+    /// On a global: its zones as the hub publishes them.
+    pub zones: Option<ZonesRx>,
+}
+
+/// What a global's hub publishes of its zones.
+pub type ZonesRx = tokio::sync::watch::Receiver<Arc<crate::zones::hub::ZonesView>>;
+
+/// A zone's state word (the REST API's) as the proto enum.
+fn zone_state_of(word: &str) -> pb::ZoneState {
+    use crate::zones::liveness::ZoneState as Z;
+    match Z::ALL.into_iter().find(|z| z.as_str() == word) {
+        Some(Z::Online) => pb::ZoneState::Online,
+        Some(Z::Offline) => pb::ZoneState::Offline,
+        Some(Z::Disabled) => pb::ZoneState::Disabled,
+        Some(Z::NeverConnected) => pb::ZoneState::NeverConnected,
+        None => pb::ZoneState::Unspecified,
+    }
+}
+
+/// One zone's summary as protobuf.
+fn zone_to_pb(s: &crate::zones::hub::ZoneSummary) -> pb::Zone {
+    pb::Zone {
+        name: s.name.clone(),
+        state: zone_state_of(s.liveness.state.as_str()) as i32,
+        since: s.liveness.since.map(timestamp),
+        last_seen: s.liveness.last_seen.map(timestamp),
+        registered: s.registered,
+        instance: s.instance.clone().unwrap_or_default(),
+        revision: s.held.unwrap_or(0),
+        dataplanes: u32::try_from(s.dataplanes).unwrap_or(u32::MAX),
+        inbounds_ready: u32::try_from(s.inbounds_ready).unwrap_or(u32::MAX),
+        inbounds_total: u32::try_from(s.inbounds_total).unwrap_or(u32::MAX),
+        withdrawn: s.withdrawn,
+        streams: s.counters.streams,
+        resumes: s.counters.resumes,
+        snapshots: s.counters.snapshots,
+    }
 }
 
 fn unavailable(e: crate::feed::FeedClosed) -> Status {
@@ -98,7 +135,26 @@ pub fn to_pb(item: &DataplaneItem, revision: u64) -> pb::Dataplane {
             .collect(),
         revision,
         ready: item.is_ready(),
+        zone: item.zone.as_ref().map(|z| pb::ZoneOf {
+            name: z.name.clone(),
+            state: zone_state_of(&z.state) as i32,
+        }),
     }
+}
+
+fn service_status(s: ServiceStatus) -> pb::ServiceStatus {
+    match s {
+        ServiceStatus::Online => pb::ServiceStatus::Online,
+        ServiceStatus::PartiallyDegraded => pb::ServiceStatus::PartiallyDegraded,
+        ServiceStatus::Offline => pb::ServiceStatus::Offline,
+    }
+}
+
+/// Whether a zone's dataplane has an inbound with every tag of `selector`.
+fn selects(selector: &BTreeMap<String, String>, dp: &pb::Dataplane) -> bool {
+    dp.inbounds
+        .iter()
+        .any(|i| selector.iter().all(|(k, v)| i.tags.get(k) == Some(v)))
 }
 
 fn dataplane_revision(e: &Event) -> pb::DataplaneRevision {
@@ -160,11 +216,24 @@ impl ReadinessApi {
         f: &Filter,
         ready: Option<bool>,
     ) -> Result<(u64, Vec<pb::Dataplane>), Status> {
+        self.list_in(f, ready, None).await
+    }
+
+    /// [`ReadinessApi::list`], then on a global every zone's dataplanes
+    /// (only `zone`'s with one; `local`: only this hdsd's own).
+    async fn list_in(
+        &self,
+        f: &Filter,
+        ready: Option<bool>,
+        zone: Option<&str>,
+    ) -> Result<(u64, Vec<pb::Dataplane>), Status> {
         let index = self.feed.index().await.map_err(unavailable)?;
-        let items = self
+        let local = zone.is_none_or(|z| z == super::services::LOCAL_ZONE);
+        let mut items: Vec<pb::Dataplane> = self
             .registry
             .catalog()
             .iter()
+            .filter(|_| local)
             .filter(|(id, _)| f.mesh.as_ref().is_none_or(|m| &id.mesh == m))
             .filter_map(|(id, handle)| {
                 let state = handle.state();
@@ -179,6 +248,23 @@ impl ReadinessApi {
                 Some(to_pb(&item, index.dataplanes.get(id).copied().unwrap_or(0)))
             })
             .collect();
+        if let Some(view) = self.zones.as_ref().map(|z| z.borrow().clone()) {
+            items.extend(
+                view.zones
+                    .iter()
+                    .filter(|z| zone.is_none_or(|w| w == z.summary.name))
+                    .flat_map(|z| {
+                        let zone_of = z.zone_of();
+                        z.dataplanes.iter().filter_map(move |dp| {
+                            DataplaneItem::from_remote(zone_of, dp).map(|item| (dp, item))
+                        })
+                    })
+                    .filter(|(dp, _)| f.mesh.as_ref().is_none_or(|m| &dp.mesh == m))
+                    .filter(|(dp, _)| f.selector.is_empty() || selects(&f.selector, dp))
+                    .filter(|(_, item)| ready.is_none_or(|r| item.is_ready() == r))
+                    .map(|(dp, item)| to_pb(&item, dp.revision)),
+            );
+        }
         Ok((index.revision, items))
     }
 }
@@ -193,7 +279,8 @@ impl pb::readiness_service_server::ReadinessService for ReadinessApi {
     ) -> Result<Response<pb::ListDataplanesResponse>, Status> {
         let r = request.into_inner();
         let f = filter(r.mesh, Vec::new(), r.selector.into_iter().collect());
-        let (revision, items) = self.list(&f, r.ready).await?;
+        let zone = (!r.zone.is_empty()).then_some(r.zone.as_str());
+        let (revision, items) = self.list_in(&f, r.ready, zone).await?;
         Ok(Response::new(pb::ListDataplanesResponse {
             items,
             revision,
@@ -227,12 +314,15 @@ impl pb::readiness_service_server::ReadinessService for ReadinessApi {
         request: Request<pb::ListServicesRequest>,
     ) -> Result<Response<pb::ListServicesResponse>, Status> {
         let r = request.into_inner();
-        let items: Vec<DataplaneItem> = self
+        let mut items: Vec<DataplaneItem> = self
             .registry
             .catalog()
             .values()
             .filter_map(|h| DataplaneItem::from_state(&h.state()))
             .collect();
+        if let Some(zones) = &self.zones {
+            items.extend(zones.borrow().items());
+        }
         let mesh = (!r.mesh.is_empty()).then_some(r.mesh.as_str());
         let items = services(&items, mesh)
             .into_iter()
@@ -243,14 +333,38 @@ impl pb::readiness_service_server::ReadinessService for ReadinessApi {
                 inbounds_total: s.inbounds_total,
                 dataplanes: s.dataplanes,
                 dataplanes_connected: s.dataplanes_connected,
-                status: match s.status {
-                    ServiceStatus::Online => pb::ServiceStatus::Online,
-                    ServiceStatus::PartiallyDegraded => pb::ServiceStatus::PartiallyDegraded,
-                    ServiceStatus::Offline => pb::ServiceStatus::Offline,
-                } as i32,
+                status: service_status(s.status) as i32,
+                zones: s
+                    .zones
+                    .into_iter()
+                    .map(|z| pb::ServiceZone {
+                        zone: z.zone,
+                        inbounds_ready: z.inbounds_ready,
+                        inbounds_total: z.inbounds_total,
+                        dataplanes: z.dataplanes,
+                        dataplanes_connected: z.dataplanes_connected,
+                        status: service_status(z.status) as i32,
+                    })
+                    .collect(),
             })
             .collect();
         Ok(Response::new(pb::ListServicesResponse { items }))
+    }
+
+    async fn list_zones(
+        &self,
+        _request: Request<pb::ListZonesRequest>,
+    ) -> Result<Response<pb::ListZonesResponse>, Status> {
+        let items = match &self.zones {
+            Some(zones) => zones
+                .borrow()
+                .zones
+                .iter()
+                .map(|z| zone_to_pb(&z.summary))
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(Response::new(pb::ListZonesResponse { items }))
     }
 
     type WatchStream = WatchStream;

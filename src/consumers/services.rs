@@ -22,7 +22,8 @@ pub enum ServiceStatus {
     Offline,
 }
 
-/// One `kuma.io/service` value in one mesh.
+/// One `kuma.io/service` value in one mesh: over every zone, and (when a
+/// global holds zones) zone by zone.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceItem {
@@ -33,47 +34,99 @@ pub struct ServiceItem {
     pub dataplanes: u32,
     pub dataplanes_connected: u32,
     pub status: ServiceStatus,
+    /// The same per zone (`local`: this hdsd's own dataplanes), in zone
+    /// order; empty (and left out) when no dataplane of the service is in a
+    /// zone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub zones: Vec<ServiceZoneItem>,
 }
 
-/// The services of `items` (optionally of one mesh), sorted by mesh and name.
-pub fn services(items: &[DataplaneItem], mesh: Option<&str>) -> Vec<ServiceItem> {
-    #[derive(Default)]
-    struct Acc<'a> {
-        ready: u32,
-        total: u32,
-        dataplanes: BTreeSet<&'a str>,
-        connected: BTreeSet<&'a str>,
+/// One service in one zone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceZoneItem {
+    /// The zone's name; `local` for this hdsd's own dataplanes.
+    pub zone: String,
+    pub inbounds_ready: u32,
+    pub inbounds_total: u32,
+    pub dataplanes: u32,
+    pub dataplanes_connected: u32,
+    pub status: ServiceStatus,
+}
+
+/// What is counted of a service (in one zone, or in all).
+#[derive(Default)]
+struct Acc<'a> {
+    ready: u32,
+    total: u32,
+    /// (zone, name): the same name may exist in two zones.
+    dataplanes: BTreeSet<(&'a str, &'a str)>,
+    connected: BTreeSet<(&'a str, &'a str)>,
+}
+
+impl Acc<'_> {
+    fn status(&self) -> ServiceStatus {
+        if self.ready == 0 || self.connected.is_empty() {
+            ServiceStatus::Offline
+        } else if self.ready == self.total {
+            ServiceStatus::Online
+        } else {
+            ServiceStatus::PartiallyDegraded
+        }
     }
-    let mut by_service: BTreeMap<(&str, &str), Acc<'_>> = BTreeMap::new();
+}
+
+/// The zone name of this hdsd's own dataplanes in [`ServiceZoneItem`].
+pub const LOCAL_ZONE: &str = crate::names::RESERVED_ZONE;
+
+/// The services of `items` (optionally of one mesh), sorted by mesh and
+/// name, by Kuma's rules, in total and per zone.
+pub fn services(items: &[DataplaneItem], mesh: Option<&str>) -> Vec<ServiceItem> {
+    type Zones<'a> = BTreeMap<&'a str, Acc<'a>>;
+    let mut by_service: BTreeMap<(&str, &str), (Acc<'_>, Zones<'_>, bool)> = BTreeMap::new();
     for item in items.iter().filter(|i| mesh.is_none_or(|m| i.mesh == m)) {
+        let zone = item.zone.as_ref().map(|z| z.name.as_str());
+        let key = (zone.unwrap_or(LOCAL_ZONE), item.name.as_str());
         for inbound in &item.inbounds {
             let Some(service) = inbound.tags.get(SERVICE_TAG) else {
                 continue;
             };
-            let acc = by_service.entry((&item.mesh, service)).or_default();
-            acc.total += 1;
-            acc.ready += u32::from(inbound.health.ready);
-            acc.dataplanes.insert(&item.name);
-            if item.connection.connected {
-                acc.connected.insert(&item.name);
+            let (all, zones, zoned) = by_service.entry((&item.mesh, service)).or_default();
+            *zoned |= zone.is_some();
+            for acc in [all, zones.entry(key.0).or_default()] {
+                acc.total += 1;
+                acc.ready += u32::from(inbound.health.ready);
+                acc.dataplanes.insert(key);
+                if item.connection.connected {
+                    acc.connected.insert(key);
+                }
             }
         }
     }
     by_service
         .into_iter()
-        .map(|((mesh, name), acc)| ServiceItem {
+        .map(|((mesh, name), (all, zones, zoned))| ServiceItem {
             mesh: mesh.to_string(),
             name: name.to_string(),
-            inbounds_ready: acc.ready,
-            inbounds_total: acc.total,
-            dataplanes: acc.dataplanes.len() as u32,
-            dataplanes_connected: acc.connected.len() as u32,
-            status: if acc.ready == 0 || acc.connected.is_empty() {
-                ServiceStatus::Offline
-            } else if acc.ready == acc.total {
-                ServiceStatus::Online
+            inbounds_ready: all.ready,
+            inbounds_total: all.total,
+            dataplanes: all.dataplanes.len() as u32,
+            dataplanes_connected: all.connected.len() as u32,
+            status: all.status(),
+            zones: if zoned {
+                zones
+                    .into_iter()
+                    .map(|(zone, acc)| ServiceZoneItem {
+                        zone: zone.to_string(),
+                        inbounds_ready: acc.ready,
+                        inbounds_total: acc.total,
+                        dataplanes: acc.dataplanes.len() as u32,
+                        dataplanes_connected: acc.connected.len() as u32,
+                        status: acc.status(),
+                    })
+                    .collect()
             } else {
-                ServiceStatus::PartiallyDegraded
+                Vec::new()
             },
         })
         .collect()
@@ -160,5 +213,68 @@ mod tests {
             ]
         );
         assert!(services(&items, Some("other")).is_empty());
+        assert!(
+            s.iter().all(|s| s.zones.is_empty()),
+            "no zone, no breakdown"
+        );
+    }
+
+    /// On a global: each service in total and per zone (`local` for the
+    /// global's own); the same dataplane name in two zones counts twice.
+    #[test]
+    fn a_global_counts_each_service_per_zone_and_in_total() {
+        let in_zone = |zone: &str, mut item: DataplaneItem| {
+            item.zone = Some(crate::view::ZoneOfItem {
+                name: zone.into(),
+                state: "online".into(),
+            });
+            item
+        };
+        let items = [
+            item("web-1", true, &[("web", true)]),
+            in_zone("eu-1", item("web-1", true, &[("web", true)])),
+            in_zone("eu-1", item("web-2", true, &[("web", false)])),
+            in_zone("us-1", item("web-1", true, &[("web", false)])),
+            item("db-1", true, &[("db", true)]),
+        ];
+        let all = services(&items, None);
+        assert!(all[0].zones.is_empty(), "db has no zone: {:?}", all[0]);
+        let web = &all[1];
+        assert_eq!(
+            (
+                web.inbounds_ready,
+                web.inbounds_total,
+                web.dataplanes,
+                web.status
+            ),
+            (2, 4, 4, ServiceStatus::PartiallyDegraded)
+        );
+        let zones: Vec<(&str, u32, u32, u32, ServiceStatus)> = web
+            .zones
+            .iter()
+            .map(|z| {
+                (
+                    z.zone.as_str(),
+                    z.inbounds_ready,
+                    z.inbounds_total,
+                    z.dataplanes,
+                    z.status,
+                )
+            })
+            .collect();
+        assert_eq!(
+            zones,
+            [
+                ("eu-1", 1, 2, 2, ServiceStatus::PartiallyDegraded),
+                ("local", 1, 1, 1, ServiceStatus::Online),
+                ("us-1", 0, 1, 1, ServiceStatus::Offline),
+            ]
+        );
+        let json = serde_json::to_value(web).unwrap();
+        assert_eq!(json["zones"][2]["status"], "offline");
+        assert!(serde_json::to_value(&all[0])
+            .unwrap()
+            .get("zones")
+            .is_none());
     }
 }

@@ -5,6 +5,9 @@
 // travels in the Authorization header and never in a URL. Each change event
 // names one dataplane: the page fetches that dataplane and updates its row in
 // place. Memory stays bounded: one entry per dataplane, no list of events.
+// On a global, GET /api/v1/zones every ZONES_EVERY_MS feeds the zones panel;
+// the watch carries the global's own dataplanes only, so a change in a
+// zone's summary (state, revision, inbounds ready) reloads the list.
 'use strict';
 
 (() => {
@@ -12,6 +15,13 @@
   const MAX_ROWS = 500; // rows in the DOM at once; the filter narrows larger fleets
   const BATCH_REFETCH = 25; // more changed dataplanes than this: reload the list
   const SOURCES_EVERY_MS = 2000;
+  const ZONES_EVERY_MS = 1000;
+  const ZONE_STATE = {
+    online: { text: 'Online', kind: 'ok', mark: '●' },
+    offline: { text: 'Offline', kind: 'bad', mark: '○' },
+    disabled: { text: 'Disabled', kind: 'idle', mark: '–' },
+    never_connected: { text: 'Never connected', kind: 'warn', mark: '?' },
+  };
   // Reports that change nothing send no event: the list is re-read now and
   // then so "last report" stays true (less often for large fleets).
   const refreshEveryMs = () => Math.max(5000, state.dataplanes.size * 5);
@@ -41,6 +51,9 @@
     config: { tokenRequired: false },
     dataplanes: new Map(), // "mesh/name" -> the API item
     services: [],
+    zones: [], // GET /api/v1/zones items (a global's)
+    zonesSignature: '',
+    zoneFilter: '',
     sort: { key: 'name', dir: 1 },
     filter: '',
     notReadyOnly: false,
@@ -55,7 +68,9 @@
   const rows = new Map(); // "mesh/name" -> <tr>
 
   const $ = (id) => document.getElementById(id);
-  const key = (item) => `${item.mesh}/${item.name}`;
+  // A zone's dataplane is keyed by its zone too: "default/web-1" may be in two.
+  const key = (item) => (item.zone ? `${item.zone.name}:` : '') + `${item.mesh}/${item.name}`;
+  const zoneOf = (item) => (item.zone ? item.zone.name : 'local');
 
   // ------------------------------------------------------------ DOM helpers
 
@@ -256,6 +271,27 @@
     }
   }
 
+  /** On a global: the zones panel, and the list again when a zone moved. */
+  async function pollZones(generation) {
+    while (generation === state.generation) {
+      try {
+        const answer = await json('/api/v1/zones');
+        state.zones = answer.items || [];
+        const signature = JSON.stringify(state.zones.map((z) =>
+          [z.name, z.state, z.revision, z.inbounds.ready, z.inbounds.total, z.withdrawn, z.dataplanes]));
+        if (signature !== state.zonesSignature) {
+          const first = state.zonesSignature === '';
+          state.zonesSignature = signature;
+          if (!first) { state.reloadAll = true; fetchPending().catch(handleError); }
+        }
+        renderZones();
+      } catch (e) {
+        if (e instanceof Unauthorized) { onUnauthorized(e); return; }
+      }
+      await sleep(ZONES_EVERY_MS);
+    }
+  }
+
   async function refreshTimes(generation) {
     for (;;) {
       await sleep(refreshEveryMs());
@@ -413,6 +449,40 @@
     );
   }
 
+  function renderZones() {
+    const zones = state.zones;
+    const global = zones.length > 0;
+    $('zones-section').hidden = !global;
+    document.body.classList.toggle('has-zones', global);
+    const select = $('zone-filter');
+    const options = ['', 'local', ...zones.map((z) => z.name)];
+    if (select.dataset.options !== options.join(',')) {
+      select.dataset.options = options.join(',');
+      select.replaceChildren(...options.map((v) =>
+        h('option', { value: v }, v === '' ? 'All zones' : v === 'local' ? "This hdsd's own" : v)));
+      select.value = options.includes(state.zoneFilter) ? state.zoneFilter : '';
+    }
+    const now = Date.now();
+    $('zones').replaceChildren(...zones.map((z) => {
+      const st = ZONE_STATE[z.state] || { text: z.state, kind: 'warn', mark: '?' };
+      return h('li', { class: `service zone k-${st.kind}`, 'data-zone': z.name, 'data-zone-state': z.state },
+        h('span', { class: 'service-name' }, z.name),
+        h('span', { class: 'service-ready' }, `${z.inbounds.ready}/${z.inbounds.total} ready`,
+          z.withdrawn ? h('span', { class: 'muted' }, ' (withdrawn)') : null),
+        h('span', { class: `badge k-${st.kind}` }, h('span', { 'aria-hidden': 'true' }, st.mark), ' ', st.text),
+        z.lastSeen
+          ? h('span', { class: 'muted zone-seen' }, 'last seen ', h('time', { datetime: z.lastSeen, 'data-ts': z.lastSeen, title: z.lastSeen }, relative(z.lastSeen, now)))
+          : h('span', { class: 'muted zone-seen' }, 'never seen'));
+    }));
+  }
+
+  function zoneBadge(item) {
+    if (!item.zone) return h('span', { class: 'muted' }, 'local');
+    const st = ZONE_STATE[item.zone.state] || { text: item.zone.state, kind: 'warn', mark: '?' };
+    return h('span', { class: `zone-tag k-${st.kind}`, 'data-zone': item.zone.name },
+      item.zone.name, ' ', h('span', { class: `badge k-${st.kind}` }, h('span', { 'aria-hidden': 'true' }, st.mark), ' ', st.text));
+  }
+
   function renderServices() {
     const list = $('services');
     $('services-empty').hidden = state.services.length > 0;
@@ -421,13 +491,18 @@
       return h('li', { class: `service k-${st.kind}`, 'data-service': s.name },
         h('span', { class: 'service-name' }, s.name, s.mesh !== 'default' ? h('span', { class: 'muted' }, ` (${s.mesh})`) : null),
         h('span', { class: 'service-ready' }, `${s.inboundsReady}/${s.inboundsTotal} ready`),
-        h('span', { class: `badge k-${st.kind}` }, h('span', { 'aria-hidden': 'true' }, st.mark), ' ', st.text));
+        h('span', { class: `badge k-${st.kind}` }, h('span', { 'aria-hidden': 'true' }, st.mark), ' ', st.text),
+        (s.zones || []).length === 0 ? null : h('ul', { class: 'service-zones muted' }, s.zones.map((z) => {
+          const zs = SERVICE_STATUS[z.status] || { text: z.status, kind: 'warn', mark: '?' };
+          return h('li', { 'data-service-zone': z.zone, class: `k-${zs.kind}` },
+            `${z.zone}: ${z.inboundsReady}/${z.inboundsTotal} ready, ${zs.text.toLowerCase()}`);
+        })));
     }));
   }
 
   /** What the filter box matches against. */
   function haystack(item) {
-    const parts = [`${item.mesh}.${item.name}`, item.address];
+    const parts = [`${item.mesh}.${item.name}`, item.address, zoneOf(item)];
     for (const i of item.inbounds) {
       parts.push(service(i), target(i), i.health.status, i.health.status.replace('_', ' '), String(i.port));
     }
@@ -437,6 +512,7 @@
   function sortValue(item, sortKey) {
     switch (sortKey) {
       case 'connection': return item.connection.connected ? 0 : 1;
+      case 'zone': return zoneOf(item);
       case 'service': return item.inbounds.map(service).join(',');
       case 'target': return item.inbounds.map(target).join(',');
       case 'status': return -Math.max(-1, ...item.inbounds.map((i) => STATUS[i.health.status]?.rank ?? 4));
@@ -462,6 +538,7 @@
     const all = [...state.dataplanes.values()];
     const matching = all
       .filter((item) => !state.notReadyOnly || !isReady(item))
+      .filter((item) => !state.zoneFilter || zoneOf(item) === state.zoneFilter)
       .filter((item) => { const hay = haystack(item); return words.every((w) => hay.includes(w)); })
       .sort(compare);
     const shown = matching.slice(0, MAX_ROWS);
@@ -505,6 +582,7 @@
       h('th', { scope: 'row', 'data-label': 'Dataplane' }, h('div', {},
         h('button', { type: 'button', class: 'link', 'data-open': key(item), 'aria-haspopup': 'dialog' }, `${item.mesh}.${item.name}`),
         h('span', { class: 'muted addr' }, item.address))),
+      h('td', { 'data-label': 'Zone', class: 'zone-col' }, zoneBadge(item)),
       h('td', { 'data-label': 'Connection' },
         item.connection.connected
           ? h('span', { class: 'conn k-ok' }, h('span', { 'aria-hidden': 'true' }, '● '), connectedText(item.connection))
@@ -616,6 +694,7 @@
   function wire() {
     $('filter').addEventListener('input', (e) => { state.filter = e.target.value; renderTable(); });
     $('not-ready').addEventListener('change', (e) => { state.notReadyOnly = e.target.checked; renderTable(); });
+    $('zone-filter').addEventListener('change', (e) => { state.zoneFilter = e.target.value; renderTable(); });
     for (const th of document.querySelectorAll('th[data-sort]')) {
       th.querySelector('button').addEventListener('click', () => {
         const sortKey = th.dataset.sort;
@@ -662,6 +741,7 @@
     }
     if (generation !== state.generation) return;
     pollSources(generation);
+    pollZones(generation);
     refreshTimes(generation);
     follow(generation);
   }

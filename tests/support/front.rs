@@ -185,6 +185,22 @@ impl Front {
         }
     }
 
+    /// A counter or gauge of the front's `default/web` cluster, by its
+    /// name after the cluster (e.g. `assignment_stale`), from /stats.
+    pub fn cluster_stat(&self, name: &str) -> Result<u64, String> {
+        let text = ureq::get(&format!("http://{}/stats?filter={name}", self.admin))
+            .call()
+            .map_err(|e| e.to_string())?
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| e.to_string())?;
+        let line = format!("cluster.default/web.{name}: ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| format!("no {line:?} in /stats: {text:?}"))
+    }
+
     pub fn connections_to(&self, port: u16) -> u64 {
         self.host(port)
             .ok()

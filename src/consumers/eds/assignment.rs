@@ -6,9 +6,11 @@
 //! mesh, is one endpoint: its `address` (which defaults to the dataplane's
 //! `networking.address`) and its `port`, the port other proxies reach it on.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{
     address, socket_address, Address, HealthStatus, Locality, SocketAddress,
@@ -66,8 +68,6 @@ pub struct EdsOptions {
     pub stale_as: StaleAs,
     /// Leave not-ready endpoints out instead of marking them (Kuma's behaviour).
     pub omit_not_ready: bool,
-    /// The assignments' `overprovisioning_factor` (percent).
-    pub overprovisioning_factor: u32,
     /// What an offline zone's endpoints become.
     pub offline_zone: OfflineZone,
 }
@@ -77,7 +77,6 @@ impl Default for EdsOptions {
         EdsOptions {
             stale_as: StaleAs::default(),
             omit_not_ready: false,
-            overprovisioning_factor: DEFAULT_OVERPROVISIONING_FACTOR,
             offline_zone: OfflineZone::default(),
         }
     }
@@ -88,7 +87,6 @@ impl From<&crate::config::EdsConfig> for EdsOptions {
         EdsOptions {
             stale_as: c.stale_as,
             omit_not_ready: c.omit_not_ready,
-            overprovisioning_factor: c.overprovisioning_factor,
             offline_zone: c.offline_zone,
         }
     }
@@ -275,38 +273,92 @@ fn status_of(status: i32) -> Status {
 /// the load that no priority's healthy endpoints can take.
 pub const DEFAULT_OVERPROVISIONING_FACTOR: u32 = 140;
 
-/// How one front is served: the priorities follow its zone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shape<'a> {
+/// How every assignment is shaped (`eds.*`): shared by every published
+/// service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
     /// `eds.overprovisioning_factor`.
     pub factor: u32,
+    /// `eds.endpoint_stale_after`, set in every assignment when set.
+    pub stale_after: Option<Duration>,
+    /// `eds.zone_priorities`: per front zone, the zones that take over in order.
+    pub zone_order: BTreeMap<String, Vec<String>>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            factor: DEFAULT_OVERPROVISIONING_FACTOR,
+            stale_after: None,
+            zone_order: BTreeMap::new(),
+        }
+    }
+}
+
+impl From<&crate::config::EdsConfig> for Policy {
+    fn from(c: &crate::config::EdsConfig) -> Self {
+        Policy {
+            factor: c.overprovisioning_factor,
+            stale_after: c.endpoint_stale_after,
+            zone_order: c.zone_priorities.clone(),
+        }
+    }
+}
+
+/// An address and port announced in more than one zone.
+pub type HostPort = (IpAddr, u16);
+
+/// How one front is served: the priorities follow its zone.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape<'a> {
+    pub policy: &'a Policy,
     /// The front's `node.locality.zone` (`None`: every zone at priority 0).
     pub front_zone: Option<&'a str>,
+    /// The service's addresses that more than one zone announces (see
+    /// [`keeps`]).
+    pub duplicates: &'a BTreeSet<HostPort>,
+}
+
+/// Whether a front in `front_zone` is served `e`, whose address more than
+/// one zone announces when `duplicate`. Envoy keeps only the first of
+/// equal addresses in an assignment, and overlapping private ranges are
+/// routable only inside their own zone: a front gets its own zone's copy
+/// and no other; a front whose zone has no copy (or that has no zone)
+/// gets none, as it cannot know which of the hosts it would reach.
+pub fn keeps(e: &Endpoint, front_zone: Option<&str>, duplicate: bool) -> bool {
+    !duplicate || (front_zone.is_some() && e.zone.as_deref() == front_zone)
 }
 
 /// A service's endpoints as Envoy's `ClusterLoadAssignment`: one locality
 /// per zone (`locality.zone` the zone's name; this hdsd's own endpoints in
-/// a locality without a zone), the front's own zone at priority 0 and every
-/// other at priority 1 (0 when the front has no zone or its zone has no
-/// endpoint of the service, as priorities must start at 0). No endpoint
-/// (an unknown service) is an assignment without endpoints.
+/// a locality without a zone). The front's own zone is priority 0, then
+/// the zones `eds.zone_priorities` lists for it in order, then every other
+/// zone; the numbers are dense from 0 over the zones present (Envoy wants
+/// no gap), so a front whose zone has no endpoint of the service starts
+/// with the next zone, and a front with no zone (or no order and no own
+/// endpoint) gets every zone at priority 0. An address more than one zone
+/// announces follows [`keeps`]. No endpoint (an unknown service) is an
+/// assignment without endpoints.
 pub fn cluster_load_assignment(
     name: &str,
     endpoints: &[Endpoint],
     shape: Shape<'_>,
 ) -> ClusterLoadAssignment {
-    let front_has_endpoints = shape
-        .front_zone
-        .is_some_and(|f| endpoints.iter().any(|e| e.zone.as_deref() == Some(f)));
+    let ranks = zone_ranks(endpoints, shape);
     let mut localities: Vec<LocalityLbEndpoints> = Vec::new();
     let mut current: Option<&Option<Arc<str>>> = None;
     for e in endpoints {
+        let duplicate =
+            !shape.duplicates.is_empty() && shape.duplicates.contains(&(e.address, e.port));
+        if !keeps(e, shape.front_zone, duplicate) {
+            continue;
+        }
         if current != Some(&e.zone) {
             current = Some(&e.zone);
-            let priority = match shape.front_zone {
-                Some(front) if front_has_endpoints && e.zone.as_deref() != Some(front) => 1,
-                _ => 0,
-            };
+            let priority = ranks
+                .iter()
+                .find(|(z, _)| *z == e.zone.as_deref())
+                .map_or(0, |(_, p)| *p);
             localities.push(LocalityLbEndpoints {
                 locality: e.zone.as_ref().map(|z| Locality {
                     zone: z.to_string(),
@@ -325,12 +377,50 @@ pub fn cluster_load_assignment(
         endpoints: localities,
         policy: Some(cluster_load_assignment::Policy {
             overprovisioning_factor: Some(envoy_types::pb::google::protobuf::UInt32Value {
-                value: shape.factor,
+                value: shape.policy.factor,
             }),
+            endpoint_stale_after: shape.policy.stale_after.map(crate::specifier::pb_duration),
             ..Default::default()
         }),
         ..Default::default()
     }
+}
+
+/// The priority of each zone present in `endpoints` for `shape`'s front:
+/// rank 0 its own zone, 1 + position for the zones its order lists, then
+/// every other zone; renumbered densely from 0 over the zones present.
+fn zone_ranks<'e>(endpoints: &'e [Endpoint], shape: Shape<'_>) -> Vec<(Option<&'e str>, u32)> {
+    let mut zones: Vec<Option<&str>> = endpoints.iter().map(|e| e.zone.as_deref()).collect();
+    zones.dedup();
+    let Some(front) = shape.front_zone else {
+        return zones.into_iter().map(|z| (z, 0)).collect();
+    };
+    let order = shape
+        .policy
+        .zone_order
+        .get(front)
+        .map_or(&[][..], Vec::as_slice);
+    let rank = |zone: Option<&str>| -> usize {
+        match zone {
+            Some(z) if z == front => 0,
+            Some(z) => order
+                .iter()
+                .position(|o| o == z)
+                .map_or(order.len() + 1, |i| i + 1),
+            None => order.len() + 1,
+        }
+    };
+    let mut present: Vec<usize> = zones.iter().map(|z| rank(*z)).collect();
+    present.sort_unstable();
+    present.dedup();
+    zones
+        .into_iter()
+        .map(|z| {
+            let r = rank(z);
+            let dense = present.iter().position(|p| *p == r).unwrap_or(0);
+            (z, u32::try_from(dense).unwrap_or(u32::MAX))
+        })
+        .collect()
 }
 
 fn lb_endpoint(e: &Endpoint) -> LbEndpoint {
@@ -360,10 +450,17 @@ mod tests {
     use crate::readiness::InboundHealth;
     use chrono::{TimeZone, Utc};
 
-    const SHAPE: Shape<'static> = Shape {
-        factor: DEFAULT_OVERPROVISIONING_FACTOR,
-        front_zone: None,
-    };
+    fn shape<'a>(
+        policy: &'a Policy,
+        front_zone: Option<&'a str>,
+        duplicates: &'a BTreeSet<HostPort>,
+    ) -> Shape<'a> {
+        Shape {
+            policy,
+            front_zone,
+            duplicates,
+        }
+    }
 
     fn remote(
         mesh: &str,
@@ -429,10 +526,8 @@ mod tests {
             zone_endpoint("us-1", 3, EdsHealth::Healthy),
         ];
         let (h, u) = (HealthStatus::Healthy as i32, HealthStatus::Unhealthy as i32);
-        let front = |zone| Shape {
-            factor: 140,
-            front_zone: zone,
-        };
+        let (policy, none) = (Policy::default(), BTreeSet::new());
+        let front = |zone| shape(&policy, zone, &none);
         let eu = cluster_load_assignment("default/web", &endpoints, front(Some("eu-1")));
         assert_eq!(
             localities(&eu),
@@ -449,6 +544,144 @@ mod tests {
             let all = cluster_load_assignment("default/web", &endpoints, front(zone));
             assert!(localities(&all).iter().all(|(_, p, _)| *p == 0), "{zone:?}");
         }
+    }
+
+    /// `eds.zone_priorities` orders the other zones for a front: its own
+    /// zone 0, the listed ones next, the rest last; the numbers are dense
+    /// over the zones present (a front whose zone has none starts at the
+    /// next one).
+    #[test]
+    fn the_zone_order_numbers_priorities_densely_over_the_zones_present() {
+        let h = EdsHealth::Healthy;
+        let policy = Policy {
+            zone_order: [(
+                "eu-1".to_string(),
+                vec!["eu-2".to_string(), "us-1".to_string()],
+            )]
+            .into(),
+            ..Policy::default()
+        };
+        let none = BTreeSet::new();
+        let priorities = |endpoints: &[Endpoint], front| -> Vec<(String, u32)> {
+            localities(&cluster_load_assignment(
+                "default/web",
+                endpoints,
+                shape(&policy, front, &none),
+            ))
+            .into_iter()
+            .map(|(z, p, _)| (z, p))
+            .collect()
+        };
+        let all = [
+            zone_endpoint("ap-1", 1, h),
+            zone_endpoint("eu-1", 2, h),
+            zone_endpoint("eu-2", 3, h),
+            zone_endpoint("us-1", 4, h),
+        ];
+        let p = |pairs: &[(&str, u32)]| -> Vec<(String, u32)> {
+            pairs.iter().map(|(z, n)| (z.to_string(), *n)).collect()
+        };
+        assert_eq!(
+            priorities(&all, Some("eu-1")),
+            p(&[("ap-1", 3), ("eu-1", 0), ("eu-2", 1), ("us-1", 2)])
+        );
+        // eu-2 has no endpoint of the service: no gap.
+        let no_eu2 = [all[0].clone(), all[1].clone(), all[3].clone()];
+        assert_eq!(
+            priorities(&no_eu2, Some("eu-1")),
+            p(&[("ap-1", 2), ("eu-1", 0), ("us-1", 1)])
+        );
+        // The front's own zone has none: the first listed zone leads.
+        let no_eu1 = [all[0].clone(), all[2].clone(), all[3].clone()];
+        assert_eq!(
+            priorities(&no_eu1, Some("eu-1")),
+            p(&[("ap-1", 2), ("eu-2", 0), ("us-1", 1)])
+        );
+        // A front without an order: its zone 0, every other zone 1.
+        assert_eq!(
+            priorities(&all, Some("us-1")),
+            p(&[("ap-1", 1), ("eu-1", 1), ("eu-2", 1), ("us-1", 0)])
+        );
+        // No front zone: all 0.
+        assert!(priorities(&all, None).iter().all(|(_, n)| *n == 0));
+    }
+
+    /// The same address in two zones: a front gets its own zone's copy and
+    /// no other; a front whose zone has none, or without a zone, gets none
+    /// of them; every other address is served as usual.
+    #[test]
+    fn an_address_in_two_zones_goes_only_to_a_front_of_one_of_them() {
+        let h = EdsHealth::Healthy;
+        let same: IpAddr = "10.0.0.9".parse().unwrap();
+        let at = |zone: &str, address: IpAddr| Endpoint {
+            zone: Some(Arc::from(zone)),
+            address,
+            port: 10001,
+            health: h,
+        };
+        let endpoints = [
+            at("eu-1", same),
+            at("eu-1", "10.0.0.1".parse().unwrap()),
+            at("us-1", same),
+        ];
+        let policy = Policy::default();
+        let duplicates: BTreeSet<HostPort> = [(same, 10001)].into();
+        let served = |front| -> Vec<(String, String)> {
+            cluster_load_assignment(
+                "default/web",
+                &endpoints,
+                shape(&policy, front, &duplicates),
+            )
+            .endpoints
+            .iter()
+            .flat_map(|l| {
+                let zone = l
+                    .locality
+                    .as_ref()
+                    .map(|l| l.zone.clone())
+                    .unwrap_or_default();
+                l.lb_endpoints.iter().map(move |e| {
+                    let Some(lb_endpoint::HostIdentifier::Endpoint(pe)) = &e.host_identifier else {
+                        unreachable!()
+                    };
+                    let Some(address::Address::SocketAddress(sa)) =
+                        pe.address.as_ref().and_then(|a| a.address.as_ref())
+                    else {
+                        unreachable!()
+                    };
+                    (zone.clone(), sa.address.clone())
+                })
+            })
+            .collect()
+        };
+        let pair = |z: &str, a: &str| (z.to_string(), a.to_string());
+        assert_eq!(
+            served(Some("eu-1")),
+            [pair("eu-1", "10.0.0.9"), pair("eu-1", "10.0.0.1")]
+        );
+        assert_eq!(
+            served(Some("us-1")),
+            [pair("eu-1", "10.0.0.1"), pair("us-1", "10.0.0.9")]
+        );
+        assert_eq!(served(Some("ap-1")), [pair("eu-1", "10.0.0.1")]);
+        assert_eq!(served(None), [pair("eu-1", "10.0.0.1")]);
+    }
+
+    /// `eds.endpoint_stale_after` is set in every assignment when set, and
+    /// absent otherwise.
+    #[test]
+    fn endpoint_stale_after_is_sent_only_when_set() {
+        let none = BTreeSet::new();
+        let off =
+            cluster_load_assignment("default/web", &[], shape(&Policy::default(), None, &none));
+        assert_eq!(off.policy.unwrap().endpoint_stale_after, None);
+        let policy = Policy {
+            stale_after: Some(std::time::Duration::from_millis(4500)),
+            ..Policy::default()
+        };
+        let on = cluster_load_assignment("default/web", &[], shape(&policy, None, &none));
+        let after = on.policy.unwrap().endpoint_stale_after.unwrap();
+        assert_eq!((after.seconds, after.nanos), (4, 500_000_000));
     }
 
     /// A zone's readiness keeps its tiers; an offline zone's endpoints
@@ -623,7 +856,11 @@ mod tests {
         for bad in ["web", "/web", "default/", ""] {
             assert_eq!(ServiceKey::parse(bad), None, "{bad}");
         }
-        let empty = cluster_load_assignment("default/nothing", &[], SHAPE);
+        let empty = cluster_load_assignment(
+            "default/nothing",
+            &[],
+            shape(&Policy::default(), None, &BTreeSet::new()),
+        );
         assert_eq!(empty.cluster_name, "default/nothing");
         assert!(empty.endpoints.is_empty());
         let one = cluster_load_assignment(
@@ -634,7 +871,7 @@ mod tests {
                 port: 8080,
                 health: EdsHealth::Degraded,
             }],
-            SHAPE,
+            shape(&Policy::default(), None, &BTreeSet::new()),
         );
         let lb = &one.endpoints[0].lb_endpoints[0];
         assert_eq!(lb.health_status, HealthStatus::Degraded as i32);

@@ -18,7 +18,7 @@ use tokio::sync::{broadcast, watch};
 use super::assignment::TYPE_URL;
 use super::assignment::{
     cluster_load_assignment, contributions, remote_contributions, EdsHealth, EdsOptions, Endpoint,
-    ServiceKey, Shape, ZoneLink,
+    HostPort, Policy, ServiceKey, Shape, ZoneLink,
 };
 use crate::dataplane::DataplaneId;
 use crate::feed::{FeedHandle, Filter};
@@ -37,8 +37,10 @@ pub struct Published {
     pub endpoints: imbl::OrdSet<Endpoint>,
     /// The resource name, `<mesh>/<service>`.
     name: String,
-    /// `eds.overprovisioning_factor`.
-    factor: u32,
+    /// `eds.*`: the factor, `endpoint_stale_after`, the zones' order.
+    policy: Arc<Policy>,
+    /// Its addresses that more than one zone announces.
+    duplicates: BTreeSet<HostPort>,
     /// True when an endpoint is in a zone: the priorities then depend on
     /// the front's zone.
     zoned: bool,
@@ -57,7 +59,8 @@ impl Clone for Published {
             self.version,
             &self.name,
             self.endpoints.clone(),
-            self.factor,
+            self.policy.clone(),
+            self.duplicates.clone(),
         )
     }
 }
@@ -81,18 +84,26 @@ impl Published {
             version,
             name,
             endpoints.into_iter().collect(),
-            super::assignment::DEFAULT_OVERPROVISIONING_FACTOR,
+            Arc::new(Policy::default()),
+            BTreeSet::new(),
         )
     }
 
-    fn of(version: u64, name: &str, endpoints: imbl::OrdSet<Endpoint>, factor: u32) -> Published {
+    fn of(
+        version: u64,
+        name: &str,
+        endpoints: imbl::OrdSet<Endpoint>,
+        policy: Arc<Policy>,
+        duplicates: BTreeSet<HostPort>,
+    ) -> Published {
         // Sorted by zone: the last endpoint has a zone when any has.
         let zoned = endpoints.get_max().is_some_and(|e| e.zone.is_some());
         Published {
             version,
             endpoints,
             name: name.to_string(),
-            factor,
+            policy,
+            duplicates,
             zoned,
             encoded: std::sync::OnceLock::new(),
             by_front: std::sync::Mutex::new(HashMap::new()),
@@ -102,8 +113,9 @@ impl Published {
     fn encode_for(&self, front_zone: Option<&str>) -> (Any, Bytes) {
         let endpoints: Vec<Endpoint> = self.endpoints.iter().cloned().collect();
         let shape = Shape {
-            factor: self.factor,
+            policy: &self.policy,
             front_zone,
+            duplicates: &self.duplicates,
         };
         let resource = encode(&self.name, &endpoints, shape);
         let bytes = resource.encode_to_vec().into();
@@ -217,6 +229,12 @@ pub enum Origin {
 #[derive(Debug, Default)]
 pub struct Index {
     options: EdsOptions,
+    policy: Arc<Policy>,
+    /// Whether each service's addresses are counted by zone (to find the
+    /// same address in two zones): from the first zone on.
+    track_hosts: bool,
+    /// Addresses more than one zone announces, over every service.
+    duplicate_count: u64,
     revision: u64,
     by_dataplane: HashMap<Origin, Vec<(ServiceKey, Endpoint)>>,
     /// Each zone's dataplanes as last applied, and how its link stood.
@@ -240,14 +258,78 @@ pub struct Index {
 struct Members {
     given: BTreeMap<Endpoint, u32>,
     distinct: imbl::OrdSet<Endpoint>,
+    /// With `track_hosts`: how many distinct endpoints each zone gives at
+    /// each address (`None`: this hdsd's own).
+    hosts: HashMap<HostPort, BTreeMap<Option<Arc<str>>, u32>>,
+    /// The addresses of `hosts` that more than one zone gives.
+    duplicates: BTreeSet<HostPort>,
+}
+
+impl Members {
+    /// One more (`up`) or one fewer distinct endpoint `e`: the change in
+    /// the count of duplicated addresses (-1, 0 or 1).
+    fn count_host(&mut self, e: &Endpoint, up: bool) -> i64 {
+        let host = (e.address, e.port);
+        let zones = self.hosts.entry(host).or_default();
+        if up {
+            *zones.entry(e.zone.clone()).or_insert(0) += 1;
+        } else if let Some(n) = zones.get_mut(&e.zone) {
+            *n -= 1;
+            if *n == 0 {
+                zones.remove(&e.zone);
+            }
+        }
+        let duplicate = zones.len() > 1;
+        if zones.is_empty() {
+            self.hosts.remove(&host);
+        }
+        match (duplicate, self.duplicates.contains(&host)) {
+            (true, false) => {
+                self.duplicates.insert(host);
+                1
+            }
+            (false, true) => {
+                self.duplicates.remove(&host);
+                -1
+            }
+            _ => 0,
+        }
+    }
 }
 
 impl Index {
     pub fn new(options: EdsOptions) -> Index {
+        Index::shaped(options, Policy::default())
+    }
+
+    /// An index whose assignments follow `policy`.
+    pub fn shaped(options: EdsOptions, policy: Policy) -> Index {
         Index {
             options,
+            policy: Arc::new(policy),
             ..Default::default()
         }
+    }
+
+    /// Addresses more than one zone announces, over every service.
+    pub fn duplicate_count(&self) -> u64 {
+        self.duplicate_count
+    }
+
+    /// Counts every service's addresses by zone from now on.
+    fn start_tracking_hosts(&mut self) {
+        if self.track_hosts {
+            return;
+        }
+        self.track_hosts = true;
+        let mut added = 0;
+        for members in self.by_service.values_mut() {
+            let endpoints: Vec<Endpoint> = members.given.keys().cloned().collect();
+            for e in &endpoints {
+                added += members.count_host(e, true);
+            }
+        }
+        self.duplicate_count = self.duplicate_count.saturating_add_signed(added);
     }
 
     pub fn revision(&self) -> u64 {
@@ -270,36 +352,57 @@ impl Index {
         self.contribute(Origin::Local(id.clone()), new);
     }
 
-    /// A zone's dataplanes as the global holds them now, with the zone's
-    /// link: every dataplane of the zone not in `dataplanes` leaves. A zone
-    /// whose dataplanes (the same vector) and link did not change costs
-    /// nothing.
+    /// A zone's dataplanes as the global holds them now (sorted by mesh,
+    /// then name, as the hub keeps them), with the zone's link: every
+    /// dataplane of the zone not in `dataplanes` leaves. A zone whose
+    /// dataplanes (the same vector) and link did not change costs nothing;
+    /// otherwise only the dataplanes that differ from what was applied are
+    /// worked out again (a walk of both lists, no allocation for the rest).
     pub fn set_zone(
         &mut self,
         zone: &Arc<str>,
         link: ZoneLink,
         dataplanes: &Arc<Vec<crate::pb::Dataplane>>,
     ) {
-        if let Some((held, was)) = self.zones.get(zone) {
-            if Arc::ptr_eq(held, dataplanes) && *was == link {
-                return;
+        let empty = Arc::new(Vec::new());
+        let (held, was) = match self.zones.get(zone) {
+            Some((held, was)) if Arc::ptr_eq(held, dataplanes) && *was == link => return,
+            Some((held, was)) => (held.clone(), Some(*was)),
+            None => (empty, None),
+        };
+        self.start_tracking_hosts();
+        let same_link = was == Some(link);
+        let (mut old, mut new) = (held.iter().peekable(), dataplanes.iter().peekable());
+        loop {
+            let order = match (old.peek(), new.peek()) {
+                (None, None) => break,
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some(o), Some(n)) => {
+                    (o.mesh.as_str(), o.name.as_str()).cmp(&(n.mesh.as_str(), n.name.as_str()))
+                }
+            };
+            match order {
+                // Gone from the zone.
+                std::cmp::Ordering::Less => {
+                    if let Some(o) = old.next() {
+                        let id = DataplaneId::new(&o.mesh, &o.name);
+                        self.contribute(Origin::Remote(zone.clone(), id), Vec::new());
+                    }
+                }
+                std::cmp::Ordering::Equal | std::cmp::Ordering::Greater => {
+                    // The same dataplane as applied, under the same link.
+                    let applied = (order == std::cmp::Ordering::Equal).then(|| old.next());
+                    let Some(dp) = new.next() else { break };
+                    let unchanged = same_link && applied.flatten().is_some_and(|o| o == dp);
+                    if unchanged {
+                        continue;
+                    }
+                    let contributions = remote_contributions(zone, link, dp, self.options);
+                    let id = DataplaneId::new(&dp.mesh, &dp.name);
+                    self.contribute(Origin::Remote(zone.clone(), id), contributions);
+                }
             }
-        }
-        let mut keep = std::collections::HashSet::new();
-        for dp in dataplanes.iter() {
-            let id = DataplaneId::new(&dp.mesh, &dp.name);
-            let new = remote_contributions(zone, link, dp, self.options);
-            keep.insert(id.clone());
-            self.contribute(Origin::Remote(zone.clone(), id), new);
-        }
-        let gone: Vec<Origin> = self
-            .by_dataplane
-            .keys()
-            .filter(|o| matches!(o, Origin::Remote(z, id) if z == zone && !keep.contains(id)))
-            .cloned()
-            .collect();
-        for origin in gone {
-            self.contribute(origin, Vec::new());
         }
         self.zones.insert(zone.clone(), (dataplanes.clone(), link));
     }
@@ -370,6 +473,10 @@ impl Index {
         }
         members.given.remove(&endpoint);
         members.distinct.remove(&endpoint);
+        if self.track_hosts {
+            let d = members.count_host(&endpoint, false);
+            self.duplicate_count = self.duplicate_count.saturating_add_signed(d);
+        }
         if members.given.is_empty() {
             self.by_service.remove(key);
         }
@@ -390,6 +497,10 @@ impl Index {
             return;
         }
         let health = endpoint.health;
+        if self.track_hosts {
+            let d = members.count_host(&endpoint, true);
+            self.duplicate_count = self.duplicate_count.saturating_add_signed(d);
+        }
         members.distinct.insert(endpoint);
         self.counts[health_slot(health)] += 1;
         self.touched.insert(key.clone());
@@ -421,11 +532,14 @@ impl Index {
     pub fn commit(&mut self) -> bool {
         let mut changed = false;
         for key in std::mem::take(&mut self.touched) {
-            let endpoints = self.by_service.get(&key).map(|m| m.distinct.clone());
-            let before = self.published.get(&key).map(|p| &p.endpoints);
-            if before == endpoints.as_ref() {
+            let members = self.by_service.get(&key);
+            let endpoints = members.map(|m| m.distinct.clone());
+            let before = self.published.get(&key);
+            if before.map(|p| &p.endpoints) == endpoints.as_ref() {
                 continue;
             }
+            let duplicates = members.map(|m| m.duplicates.clone()).unwrap_or_default();
+            report_duplicates(&key, before.map(|p| &p.duplicates), members);
             if !changed {
                 self.revision += 1;
                 changed = true;
@@ -442,7 +556,8 @@ impl Index {
                         self.revision,
                         &key.to_string(),
                         endpoints,
-                        self.options.overprovisioning_factor,
+                        self.policy.clone(),
+                        duplicates,
                     );
                     self.published.insert(key, Arc::new(published));
                 }
@@ -466,6 +581,35 @@ impl Index {
     }
 }
 
+/// Logs each address of `key` that more than one zone announces now and
+/// did not when it was last published: a problem of the zones' sources.
+fn report_duplicates(
+    key: &ServiceKey,
+    before: Option<&BTreeSet<HostPort>>,
+    members: Option<&Members>,
+) {
+    let Some(members) = members else { return };
+    for host in &members.duplicates {
+        if before.is_some_and(|b| b.contains(host)) {
+            continue;
+        }
+        let zones: Vec<String> = members.hosts.get(host).map_or_else(Vec::new, |z| {
+            z.keys()
+                .map(|z| z.as_deref().unwrap_or("this hdsd").to_string())
+                .collect()
+        });
+        tracing::warn!(
+            service = %key,
+            address = %host.0,
+            port = host.1,
+            "EDS: {}:{} of {key} is announced by more than one zone ({}), e.g. overlapping private address ranges: a front in one of these zones is sent its own zone's endpoint at that address, any other front none of them; give the inbounds addresses that are unique across zones (or their own inbound address)",
+            host.0,
+            host.1,
+            zones.join(", ")
+        );
+    }
+}
+
 /// Where an endpoint of `health` is counted in [`Index::counts`].
 fn health_slot(health: EdsHealth) -> usize {
     EdsHealth::ALL
@@ -485,6 +629,7 @@ pub fn spawn(
     sources: watch::Receiver<Arc<Loaded>>,
     zones: Option<ZonesRx>,
     options: EdsOptions,
+    policy: Policy,
 ) -> AssignmentsRx {
     // Milliseconds since the Unix epoch: a new process numbers versions anew.
     let epoch = std::time::SystemTime::now()
@@ -499,7 +644,7 @@ pub fn spawn(
         feed,
         sources,
         zones,
-        Index::new(options),
+        Index::shaped(options, policy),
         epoch,
         tx,
     ));
@@ -646,6 +791,7 @@ fn publish(index: &Index, epoch: u64, synced: bool, tx: &watch::Sender<Arc<Assig
     for (health, n) in index.counts() {
         crate::metrics::eds_endpoints(health.as_str(), n);
     }
+    crate::metrics::eds_duplicate_addresses(index.duplicate_count());
     tx.send_replace(Arc::new(index.snapshot(epoch, synced)));
 }
 
@@ -653,6 +799,7 @@ fn publish(index: &Index, epoch: u64, synced: bool, tx: &watch::Sender<Arc<Assig
 mod tests {
     use super::*;
     use crate::consumers::eds::protocol::Push;
+    use crate::consumers::services::SERVICE_TAG;
     use crate::dataplane::parse_documents;
     use crate::readiness::{rebase, Status};
     use crate::registry::Connection;
@@ -660,6 +807,7 @@ mod tests {
     use crate::specifier::{build, SpecifierSettings};
     use chrono::{TimeZone, Utc};
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use std::net::IpAddr;
 
     fn state(
         name: &str,
@@ -803,6 +951,104 @@ mod tests {
         assert!(web(&index).is_empty());
         assert!(index.by_service.is_empty());
         assert_eq!(index.counts().map(|(_, n)| n).sum::<u64>(), 0);
+    }
+
+    /// A zone's dataplane as the global holds it: one healthy `web` inbound
+    /// at `address:10001`.
+    fn remote_web(name: &str, address: &str) -> crate::pb::Dataplane {
+        crate::pb::Dataplane {
+            mesh: "default".into(),
+            name: name.into(),
+            address: address.into(),
+            inbounds: vec![crate::pb::Inbound {
+                port: 10001,
+                tags: [(SERVICE_TAG.to_string(), "web".to_string())].into(),
+                health: Some(crate::pb::Health {
+                    ready: true,
+                    status: crate::pb::Status::Healthy as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// The same address in two zones is found as it comes and goes, one
+    /// change at a time, and the published assignment carries it.
+    #[test]
+    fn an_address_two_zones_announce_is_counted_while_both_do() {
+        let mut index = Index::new(EdsOptions::default());
+        let (eu, us): (Arc<str>, Arc<str>) = (Arc::from("eu-1"), Arc::from("us-1"));
+        let web = ServiceKey::new("default", "web");
+        let duplicates = |index: &Index| index.published[&web].duplicates.clone();
+        index.set_zone(
+            &eu,
+            ZoneLink::Online,
+            &Arc::new(vec![remote_web("a", "10.0.0.9")]),
+        );
+        index.set_zone(
+            &us,
+            ZoneLink::Online,
+            &Arc::new(vec![remote_web("b", "10.0.0.8")]),
+        );
+        assert!(index.commit());
+        assert_eq!(index.duplicate_count(), 0);
+        assert!(duplicates(&index).is_empty());
+
+        // us-1 renumbers into eu-1's range: one address, two zones.
+        index.set_zone(
+            &us,
+            ZoneLink::Online,
+            &Arc::new(vec![remote_web("b", "10.0.0.9")]),
+        );
+        assert!(index.commit());
+        assert_eq!(index.duplicate_count(), 1);
+        let nine: IpAddr = "10.0.0.9".parse().unwrap();
+        assert_eq!(duplicates(&index), [(nine, 10001)].into());
+        // Both stay in the set: the encoding decides per front.
+        assert_eq!(index.published[&web].endpoints.len(), 2);
+
+        // Its health changes (withdrawn and given again): still one.
+        index.set_zone(
+            &us,
+            ZoneLink::Offline,
+            &Arc::new(vec![remote_web("b", "10.0.0.9")]),
+        );
+        assert!(index.commit());
+        assert_eq!(index.duplicate_count(), 1);
+
+        // The zone leaves: no duplicate.
+        index.remove_zone(&us);
+        assert!(index.commit());
+        assert_eq!(index.duplicate_count(), 0);
+        assert!(duplicates(&index).is_empty());
+    }
+
+    /// A local dataplane's address is counted from the first zone on, so a
+    /// zone announcing it is found even when the local one came first.
+    #[test]
+    fn a_local_address_a_zone_also_announces_is_found() {
+        let mut index = Index::new(EdsOptions::default());
+        let (a, sa) = state("a", &[("web", 10001)], Status::Healthy);
+        index.set(&a, Some(&sa));
+        index.commit();
+        let address = index.published[&ServiceKey::new("default", "web")]
+            .endpoints
+            .get_min()
+            .unwrap()
+            .address;
+        let eu: Arc<str> = Arc::from("eu-1");
+        index.set_zone(
+            &eu,
+            ZoneLink::Online,
+            &Arc::new(vec![remote_web("r", &address.to_string())]),
+        );
+        index.commit();
+        assert_eq!(index.duplicate_count(), 1);
+        index.set(&a, None);
+        index.commit();
+        assert_eq!(index.duplicate_count(), 0);
     }
 
     #[test]

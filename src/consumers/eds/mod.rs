@@ -17,4 +17,4 @@ pub mod protocol;
 pub mod server;
 pub mod transport;
 
-pub use assignment::{EdsOptions, StaleAs};
+pub use assignment::{EdsOptions, Policy, StaleAs};

@@ -263,6 +263,19 @@ impl EdsStream {
         self.response(current, resources)
     }
 
+    /// A response with every subscribed resource, whether or not the client
+    /// has it (`eds.endpoint_stale_after`: only a received assignment resets
+    /// a front's stale timer); `None` before the first request.
+    pub fn refresh(&mut self, current: &Assignments) -> Option<Push> {
+        if !self.started {
+            return None;
+        }
+        for subscription in self.subscribed.values_mut() {
+            subscription.sent = None;
+        }
+        self.respond(current)
+    }
+
     /// A response with every subscribed resource the client does not have
     /// at its current version; `None` when it has them all.
     fn respond(&mut self, current: &Assignments) -> Option<Push> {
@@ -400,6 +413,50 @@ pub(super) mod tests {
                 (cla.cluster_name, n)
             })
             .collect()
+    }
+
+    /// A refresh (`eds.endpoint_stale_after`) re-sends every subscribed
+    /// resource at its current version with a new nonce, and the ACK of it
+    /// is an ACK like any other; nothing before the first request.
+    #[test]
+    fn a_refresh_resends_every_subscribed_resource() {
+        let current = assignments(3, &[("web", 2, 1), ("api", 3, 2), ("db", 1, 1)]);
+        let mut s = EdsStream::new();
+        assert!(s.refresh(&current).is_none());
+        let first = s
+            .on_request(&request(&["default/web", "default/api"], "", ""), &current)
+            .unwrap();
+        let first = sent(&first)[0].clone();
+        let again = s.refresh(&current).unwrap();
+        assert_eq!(again.version_info, first.version_info);
+        assert_ne!(again.nonce, first.nonce);
+        let mut names = decoded(&again);
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                ("default/api".to_string(), 2),
+                ("default/web".to_string(), 1)
+            ]
+        );
+        let ack = s
+            .on_request(
+                &request(
+                    &["default/web", "default/api"],
+                    &again.version_info,
+                    &again.nonce,
+                ),
+                &current,
+            )
+            .unwrap();
+        assert_eq!(
+            ack,
+            [Action::Ack {
+                version: again.version_info.clone()
+            }]
+        );
+        // Up to date after the refresh: no change, nothing to push.
+        assert!(s.on_change(&current).is_none());
     }
 
     /// A push is written as the bytes prost writes for its message, and a

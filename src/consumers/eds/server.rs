@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
@@ -74,6 +75,9 @@ pub struct EdsService {
     assignments: AssignmentsRx,
     auth: EdsAuth,
     drain: watch::Receiver<bool>,
+    /// Re-send every assignment this often (a third of
+    /// `eds.endpoint_stale_after`), if set.
+    refresh: Option<Duration>,
 }
 
 impl EdsService {
@@ -82,7 +86,15 @@ impl EdsService {
             assignments,
             auth,
             drain,
+            refresh: None,
         }
+    }
+
+    /// Re-sends every assignment on every stream a third of `stale_after`
+    /// after the last time (`eds.endpoint_stale_after`).
+    pub fn refreshing(mut self, stale_after: Option<Duration>) -> Self {
+        self.refresh = stale_after.map(|d| d / 3);
+        self
     }
 
     /// The gRPC server (`StreamEndpoints` with a lean decoder, the rest
@@ -104,12 +116,13 @@ impl EdsService {
         let (tx, rx) = mpsc::channel(1);
         let assignments = self.assignments.clone();
         let mut drain = self.drain.clone();
+        let refresh = self.refresh;
         let inbound = request.into_inner();
         tokio::spawn(async move {
             let _active = m::ActiveEdsStream::new();
             let out = tx.clone();
             tokio::select! {
-                end = pump(inbound, assignments, &tx, peer) => {
+                end = pump(inbound, assignments, refresh, &tx, peer) => {
                     if let Err(status) = end {
                         let _ = out.send(Err(status)).await;
                     }
@@ -203,6 +216,7 @@ async fn drained(drain: &mut watch::Receiver<bool>) {
 async fn pump(
     mut inbound: impl tokio_stream::Stream<Item = Result<EdsRequest, Status>> + Unpin,
     mut assignments: AssignmentsRx,
+    refresh: Option<Duration>,
     out: &mpsc::Sender<Result<Push, Status>>,
     peer: Option<SocketAddr>,
 ) -> Result<(), Status> {
@@ -214,8 +228,23 @@ async fn pump(
     if !synced {
         return Err(Status::unavailable("hdsd is shutting down; reconnect"));
     }
+    // With `eds.endpoint_stale_after`: every assignment again, a third of
+    // it after the last time (only a received assignment resets a front's
+    // stale timer, and hdsd otherwise sends on change only).
+    let mut refresh = refresh.map(|every| {
+        let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        timer
+    });
     loop {
         tokio::select! {
+            _ = tick(&mut refresh) => {
+                let current = assignments.borrow().clone();
+                if let Some(response) = stream.refresh(&current) {
+                    m::eds_refresh();
+                    send(out, response).await?;
+                }
+            }
             message = inbound.next() => {
                 let EdsRequest { request, same_names } = match message {
                     Some(Ok(r)) => r,
@@ -268,6 +297,16 @@ async fn pump(
     }
 }
 
+/// The refresh timer's next tick; never without one.
+async fn tick(timer: &mut Option<tokio::time::Interval>) {
+    match timer {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
 async fn send(out: &mpsc::Sender<Result<Push, Status>>, response: Push) -> Result<(), Status> {
     // Waits while the client does not read; changes meanwhile coalesce in
     // the assignments' watch channel.
@@ -303,10 +342,9 @@ mod tests {
             let (changes, rx) = watch::channel(Arc::new(assignments(1, &[("web", 1, 1)])));
             let (requests, inbound) = mpsc::channel(4);
             let (out, mut pushed) = mpsc::channel(16);
-            let pump =
-                tokio::spawn(
-                    async move { pump(ReceiverStream::new(inbound), rx, &out, None).await },
-                );
+            let pump = tokio::spawn(async move {
+                pump(ReceiverStream::new(inbound), rx, None, &out, None).await
+            });
             requests
                 .send(Ok(request(&["default/web"], "", "").into()))
                 .await
