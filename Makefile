@@ -11,7 +11,8 @@ setup:
 build:
 	$(CARGO) build --release --bins
 
-# ARGS are passed to the demo, e.g. make demo ARGS=--once (see ./scripts/demo.py --help).
+# ARGS are passed to the demo, e.g. make demo ARGS=--once, or ARGS=--zones for the
+# multi-zone story (see ./scripts/demo.py --help).
 demo: setup build
 	ENVOY_BIN="$$(./scripts/setup.sh)" ./scripts/demo.py --hdsd "$${CARGO_TARGET_DIR:-target}/release/hdsd" $(ARGS)
 
@@ -31,12 +32,13 @@ standins-warmup: setup
 	    >"$${CARGO_TARGET_DIR:-target}/standins-warmup.log" 2>&1 </dev/null & \
 	fi
 
-# The demo story runs last, non-interactively, with the debug hdsd that
-# `cargo test` has just built (no extra release build).
+# The demo stories (single-zone, then --zones) run last, non-interactively,
+# with the debug hdsd that `cargo test` has just built (no extra release build).
 test: setup standins-warmup lint
 	ENVOY_BIN="$$(./scripts/setup.sh)" $(CARGO) test --lib --bins --tests -- --test-threads=2
 	CARGO="$(CARGO)" ./scripts/instructions.py check
 	ENVOY_BIN="$$(./scripts/setup.sh)" ./scripts/demo.py --once --hdsd "$${CARGO_TARGET_DIR:-target}/debug/hdsd"
+	ENVOY_BIN="$$(./scripts/setup.sh)" ./scripts/demo.py --once --zones --hdsd "$${CARGO_TARGET_DIR:-target}/debug/hdsd"
 
 # Load scenarios and micro-benchmarks (BENCHMARKS.md); SCENARIOS picks some, e.g.
 # make bench SCENARIOS="steady10k storm10k".

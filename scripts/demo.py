@@ -3,6 +3,7 @@
 
     make demo                      # or: ./scripts/demo.py
     ./scripts/demo.py --once       # the same story, non-interactive: PASS/FAIL per step
+    make demo ARGS=--zones         # or: ./scripts/demo.py --zones [--once]: the multi-zone story below
 
 In a fresh work directory (.demo/) it creates a signing key, issues one token
 per dataplane and writes the Envoy bootstraps (all through docker/hdsd-init.sh,
@@ -29,8 +30,34 @@ Then it tells the story, every step waiting on hdsd's REST API with a deadline:
 The first line is the fleet page's address (hdsd serves it at /ui/ on its API
 listener): open it in a browser to watch every step happen there too.
 
+--zones tells another story, across zones (docs/zones.md): a global hdsd and
+two zone hdsds, eu-1 and us-1, each zone with its own demo apps (two in eu-1,
+one in us-1), a sidecar Envoy per app and no token for its own Envoys; the
+global issues each zone its zone token (`hdsd token issue --zone`). A front
+Envoy in eu-1 (`hdsd bootstrap front --service web --zone eu-1`) takes web's
+endpoints from the global's EDS, eu-1's first, and the client sends it about
+50 requests/s for the whole story, counting which zone answers:
+
+  (a) both zones are online at the global (GET /api/v1/zones), and the
+      global's /api/v1/dataplanes lists every inbound ready with its zone;
+  (b) the front gets every endpoint, eu-1's at priority 0 and us-1's at
+      priority 1, and eu-1's apps answer every request;
+  (c) both eu-1 apps stop: their inbounds turn not ready at the global within
+      the zone's worst-case detection time, and every request goes to us-1
+      with not one failed;
+  (d) they start again: ready again, and eu-1 answers everything again;
+  (e) us-1's hdsd is frozen (SIGSTOP): the global reads us-1 offline within
+      zone_timeout + 1s, keeps its dataplane with its last readiness and
+      hands the front its endpoint as degraded; eu-1 stays online;
+  (f) it wakes (SIGCONT): us-1 is online again, its inbound ready.
+
+The global's timings are short (heartbeat_interval 1s, zone_timeout 3s); the
+ports are one block from --zones-port-base (16700). The first line is the
+global's page, which lists both zones' dataplanes.
+
 Interactive (default): prints where to look, runs the story, then shows the
-live table (`hdsd status --watch`) until Ctrl-C. --once: prints PASS/FAIL per
+live table (`hdsd status --watch`; with --zones, the zones' states as the
+global sees them) until Ctrl-C. --once: prints PASS/FAIL per
 step and exits non-zero if a step did not happen as said.
 
 Ctrl-C, SIGTERM, a failure or an exception stops every process the demo
@@ -39,6 +66,7 @@ Python 3 standard library only.
 """
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -319,6 +347,8 @@ class Supervisor:
         for p in live:
             p.expected_running = False
             p.signal_group(signal.SIGTERM)
+            # A process the story froze (SIGSTOP) must wake to act on it.
+            p.signal_group(signal.SIGCONT)
         deadline = time.monotonic() + 5
         for p in reversed(live):
             try:
@@ -465,7 +495,40 @@ def wait_until(sup, what, timeout, check):
 
 # ---------------------------------------------------------------- the demo
 
-class Demo:
+class Story:
+    """What both stories share: their steps, each recorded PASS/FAIL, run in order."""
+
+    STEPS = ""     # the step letters, in order; each has a step_<letter> method
+    NAME = "demo story"
+
+    def record(self, step, passed, seconds, note):
+        self.results.append((step, passed, seconds, note))
+        if self.once:
+            say(f"    {'PASS' if passed else 'FAIL'} {step}: {note}")
+        else:
+            say(f"    {note}")
+        if not passed:
+            raise DemoError(f"step {step} did not happen as said: {note}")
+
+    def run_steps(self):
+        for letter in self.STEPS:
+            try:
+                getattr(self, f"step_{letter}")()
+            except DemoError as e:
+                if not any(r[0] == letter for r in self.results):
+                    self.results.append((letter, False, None, str(e).splitlines()[0]))
+                    if self.once:
+                        say(f"    FAIL {letter}: {str(e).splitlines()[0]}")
+                raise
+
+    def failure_logs(self):
+        """The logs worth showing when the story fails: (what, path) pairs."""
+        return [("hdsd log", WORK / "logs/hdsd.log")]
+
+
+class Demo(Story):
+    STEPS = "abcd"
+
     def __init__(self, args):
         self.args = args
         self.once = args.once
@@ -625,15 +688,6 @@ class Demo:
                 for name in (WEB, BACKEND, WEB2) for i in dps.get(f"{MESH}.{name}", {"inbounds": []})["inbounds"]}
 
     # -- the story
-
-    def record(self, step, passed, seconds, note):
-        self.results.append((step, passed, seconds, note))
-        if self.once:
-            say(f"    {'PASS' if passed else 'FAIL'} {step}: {note}")
-        else:
-            say(f"    {note}")
-        if not passed:
-            raise DemoError(f"step {step} did not happen as said: {note}")
 
     def step_a(self):
         step_line("(a) hdsd sends each Envoy its health checks; Envoy probes the apps and reports: "
@@ -819,15 +873,7 @@ class Demo:
         for key in self.app_ports:
             self.start_app(key)
         say("    apps: " + ", ".join(f"{k} 127.0.0.1:{p}" for k, p in self.app_ports.items()))
-        for letter, step in (("a", self.step_a), ("b", self.step_b), ("c", self.step_c), ("d", self.step_d)):
-            try:
-                step()
-            except DemoError as e:
-                if not any(r[0] == letter for r in self.results):
-                    self.results.append((letter, False, None, str(e).splitlines()[0]))
-                    if self.once:
-                        say(f"    FAIL {letter}: {str(e).splitlines()[0]}")
-                raise
+        self.run_steps()
         answers, failures, _ = self.client.counts()
         self.client.stop()
         say(f"    the client stopped: {sum(answers.values()) + failures} requests through the front Envoy, "
@@ -844,6 +890,611 @@ class Demo:
         self.sup.procs.append(_Adopted("hdsd status --watch", watch))
         watch.wait()
         raise DemoError(f"`hdsd status --watch` exited ({watch.returncode})")
+
+
+# ---------------------------------------------------------------- the zones story (--zones)
+
+ZONES = ("eu-1", "us-1")
+# The front Envoy's zone: the global hands it eu-1's endpoints at priority 0,
+# us-1's at priority 1.
+FRONT_ZONE, OTHER_ZONE = "eu-1", "us-1"
+# The zone whose hdsd the story freezes.
+FROZEN_ZONE = "us-1"
+# (zone, dataplane): each one web app behind its own sidecar Envoy, all of service web.
+ZONE_BACKENDS = (("eu-1", "web-01"), ("eu-1", "web-02"), ("us-1", "web-03"))
+# The global's timings, as short as its rules allow (heartbeat_interval >= 1s,
+# zone_timeout >= 2 x heartbeat_interval, offline_ttl >= zone_timeout). A
+# frozen zone reads offline within zone_timeout + 1s (docs/zones.md).
+HEARTBEAT_INTERVAL, ZONE_TIMEOUT, OFFLINE_TTL = 1.0, 3.0, 60.0
+ZONES_PORT_BASE = 16700
+# A window in which every answer must come from one zone (25 requests at 50/s).
+ZONE_WINDOW = 0.5
+
+GLOBAL_CONFIG = """# Written by scripts/demo.py --zones: the global hdsd. It accepts the zones'
+# streams on global.listen (a zone is known by its zone token, hence token
+# auth), lists them in GET /api/v1/zones, and serves every zone's endpoints
+# over EDS on hds.listen to the front Envoy (with its eds.tokens token).
+state_dir = "{dir}/state"
+
+[hds]
+listen = "127.0.0.1:{hds}"
+
+[auth]
+mode = "token"
+
+[api]
+listen = "127.0.0.1:{api}"
+
+[dataplanes]
+dir = "{dir}/dataplanes"
+
+[global]
+enabled = true
+listen = "127.0.0.1:{zones}"
+heartbeat_interval = "{heartbeat}"
+zone_timeout = "{zone_timeout}"
+offline_ttl = "{offline_ttl}"
+zones = [{names}]
+
+[eds]
+tokens = ["{front_token}"]
+
+[log]
+level = "info"
+"""
+
+ZONE_CONFIG = """# Written by scripts/demo.py --zones: zone {zone}. It serves its own Envoys
+# (with no token: auth.mode is about them only) and reports their readiness to
+# the global with the zone token the global issued. Check timings as in
+# {example}.
+state_dir = "{dir}/state"
+
+[hds]
+listen = "127.0.0.1:{hds}"
+report_interval = "{report_interval}"
+
+[hds.check]
+interval = "{interval}"
+timeout = "{timeout}"
+healthy_threshold = {healthy}
+unhealthy_threshold = {unhealthy}
+
+[auth]
+mode = "none"
+
+[api]
+listen = "127.0.0.1:{api}"
+
+[dataplanes]
+dir = "{dir}/dataplanes"
+
+[zone]
+name = "{zone}"
+global = ["http://127.0.0.1:{global_port}"]
+token_file = "{dir}/zone.token"
+
+[log]
+level = "info"
+"""
+
+ZONE_DATAPLANE = """# Written by scripts/demo.py --zones: {name} in zone {zone}; its sidecar
+# Envoy's inbound listener {inbound} proxies to its app on {app_port}.
+type: Dataplane
+mesh: default
+name: {name}
+networking:
+  address: 127.0.0.1
+  inbound:
+    - port: {inbound}
+      servicePort: {app_port}
+      serviceAddress: 127.0.0.1
+      tags:
+        kuma.io/service: web
+        kuma.io/protocol: http
+"""
+
+
+class Backend:
+    """One web app of a zone, its dataplane and its sidecar Envoy."""
+
+    def __init__(self, zone, name, port):
+        self.zone, self.name = zone, name
+        self.app = f"{zone}/{name}"  # what the app answers: "hello from eu-1/web-01"
+        self.key = f"{zone}-{name}"  # its log files
+        self.app_port = port[f"{self.app} app"]
+        self.inbound = port[f"{self.app} inbound"]
+        self.admin = port[f"{self.app} admin"]
+
+
+def zones_ports(base):
+    """Every port of the zones story, a block from `base`: {key: (port, what uses it)}."""
+    wanted = [("global hds", "the global's HDS/EDS listener"), ("global api", "the global's REST API"),
+              ("global zones", "the global's zone listener")]
+    for zone in ZONES:
+        wanted += [(f"{zone} hds", f"{zone}'s HDS listener"), (f"{zone} api", f"{zone}'s REST API")]
+    wanted += [("front", "the front Envoy's HTTP listener"), ("front admin", "the front Envoy's admin")]
+    for zone, name in ZONE_BACKENDS:
+        wanted += [(f"{zone}/{name} app", f"{zone}/{name}'s app"),
+                   (f"{zone}/{name} inbound", f"{zone}/{name}'s inbound listener (its sidecar Envoy)"),
+                   (f"{zone}/{name} admin", f"{zone}/{name}'s Envoy admin")]
+    return {key: (base + i, what) for i, (key, what) in enumerate(wanted)}
+
+
+def plural(n, word):
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def parse_time(text):
+    """An RFC 3339 time of the API (nanoseconds, Z) as a Unix timestamp."""
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text)
+    if not m:
+        raise ValueError(f"not an RFC 3339 time: {text!r}")
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    return datetime.datetime.fromisoformat(m.group(1) + zone).timestamp() + float("0." + (m.group(2) or "0"))
+
+
+def zone_of(app):
+    """The zone of an app as it answers ("eu-1/web-01" -> "eu-1")."""
+    return app.split("/", 1)[0]
+
+
+def by_zone(answers, before=None):
+    """Answers per zone, counted since the `before` answers when given."""
+    before = before or {}
+    out = {}
+    for app, n in answers.items():
+        if n - before.get(app, 0):
+            out[zone_of(app)] = out.get(zone_of(app), 0) + n - before.get(app, 0)
+    return out
+
+
+class ZonesDemo(Story):
+    """A global hdsd, two zone hdsds with their sidecar Envoys and apps, and a
+    front Envoy in eu-1 fed by the global's EDS."""
+
+    STEPS = "abcdef"
+    NAME = "zones story"
+
+    def __init__(self, args):
+        self.args = args
+        self.once = args.once
+        self.hdsd = Path(args.hdsd)
+        # The zones check their Envoys with the example's timings, as the single-zone story does.
+        self.example = Settings(CONFIG)
+        self.ports = zones_ports(args.zones_port_base)
+        self.port = {key: p for key, (p, _) in self.ports.items()}
+        self.backends = [Backend(zone, name, self.port) for zone, name in ZONE_BACKENDS]
+        self.api = {node: f"http://127.0.0.1:{self.port[node + ' api']}" for node in ("global",) + ZONES}
+        self.global_api = self.api["global"]
+        self.front_url = f"http://127.0.0.1:{self.port['front']}/"
+        self.front_admin = f"http://127.0.0.1:{self.port['front admin']}"
+        self.front_token = "demo-front-" + secrets.token_hex(16)
+        self.results = []
+        self.sup = Supervisor({k: v for k, v in os.environ.items() if not k.startswith("HDSD_")})
+        self.hdsds = {}  # "global" or a zone -> Proc
+        self.apps = {}   # Backend.key -> Proc
+        self.envoys = {}
+        self.zone_settings = {}
+        self.client = None
+
+    def in_zone(self, zone):
+        return [b for b in self.backends if b.zone == zone]
+
+    def config(self, node):
+        return WORK / node / "hdsd.toml"
+
+    def page_url(self):
+        return self.global_api + "/ui/"
+
+    def failure_logs(self):
+        return [(f"the {node} hdsd's log", WORK / f"logs/hdsd-{node}.log") for node in ("global",) + ZONES]
+
+    # -- setup
+
+    def preflight(self):
+        if not (ROOT / self.hdsd).is_file():
+            raise DemoError(f"no hdsd binary at {self.hdsd}: build it with `cargo build --release --bins` "
+                            "(`make demo` does), or pass --hdsd PATH")
+        self.envoy = find_envoy()
+        busy = [f"  127.0.0.1:{p} for {what}" for p, what in self.ports.values() if not port_free(p)]
+        if busy:
+            first, last = min(self.port.values()), max(self.port.values())
+            raise DemoError(
+                "these ports are in use (another demo still running? see `ss -ltnp`):\n" + "\n".join(busy)
+                + f"\nstop what holds them or move the story's block of ports ({first}-{last}) with --zones-port-base")
+
+    def prepare(self):
+        work = ROOT / WORK
+        if work.exists():
+            shutil.rmtree(work)
+        (work / "logs").mkdir(parents=True)
+        for node in ("global",) + ZONES:
+            for sub in ("state", "dataplanes", "bootstrap"):
+                (work / node / sub).mkdir(parents=True)
+        (ROOT / self.config("global")).write_text(GLOBAL_CONFIG.format(
+            dir=WORK / "global", hds=self.port["global hds"], api=self.port["global api"],
+            zones=self.port["global zones"], heartbeat=fmt_s(HEARTBEAT_INTERVAL), zone_timeout=fmt_s(ZONE_TIMEOUT),
+            offline_ttl=fmt_s(OFFLINE_TTL), names=", ".join(f'"{z}"' for z in ZONES), front_token=self.front_token))
+        os.chmod(ROOT / self.config("global"), 0o600)  # it holds the front's EDS token
+        self.sup.run("hdsd token keygen (global)", [self.hdsd, "token", "keygen", "--config", self.config("global")],
+                     WORK / "logs/hdsd-keygen-global.log")
+        self.sup.run("hdsd validate (global)", [self.hdsd, "validate", "--config", self.config("global")],
+                     WORK / "logs/hdsd-validate-global.log")
+        ex = self.example
+        for zone in ZONES:
+            # The zone token, issued by the global (its signing key) for mesh default.
+            self.sup.run(f"hdsd token issue --zone {zone}",
+                         ["sh", "-c", 'umask 077 && "$0" token issue --config "$1" --zone "$2" --mesh default '
+                          '--valid-for 24h > "$3"', self.hdsd, self.config("global"), zone, WORK / zone / "zone.token"],
+                         WORK / f"logs/hdsd-token-{zone}.log")
+            (ROOT / self.config(zone)).write_text(ZONE_CONFIG.format(
+                zone=zone, example=CONFIG, dir=WORK / zone, hds=self.port[f"{zone} hds"], api=self.port[f"{zone} api"],
+                report_interval=fmt_s(ex.report_interval), interval=fmt_s(ex.interval), timeout=fmt_s(ex.timeout),
+                healthy=ex.healthy_threshold, unhealthy=ex.unhealthy_threshold, global_port=self.port["global zones"]))
+            self.sup.run(f"hdsd validate ({zone})", [self.hdsd, "validate", "--config", self.config(zone)],
+                         WORK / f"logs/hdsd-validate-{zone}.log")
+            self.zone_settings[zone] = Settings(self.config(zone))
+        for b in self.backends:
+            (work / b.zone / "dataplanes" / f"{b.name}.yaml").write_text(ZONE_DATAPLANE.format(
+                name=b.name, zone=b.zone, inbound=b.inbound, app_port=b.app_port))
+            self.sup.run(f"hdsd bootstrap ({b.app})",
+                         [self.hdsd, "bootstrap", "--mesh", MESH, "--name", b.name,
+                          "--server", f"127.0.0.1:{self.port[b.zone + ' hds']}", "--admin-port", b.admin,
+                          "--out", WORK / b.zone / f"bootstrap/{b.name}.yaml"],
+                         WORK / f"logs/hdsd-bootstrap-{b.key}.log")
+        # The front proxy in eu-1: routes to the EDS cluster default/web, fed by the global.
+        front_token = WORK / "global/front.token"
+        (ROOT / front_token).write_text(self.front_token + "\n")
+        os.chmod(ROOT / front_token, 0o600)
+        self.sup.run(f"hdsd bootstrap front --zone {FRONT_ZONE}",
+                     [self.hdsd, "bootstrap", "front", "--service", "web", "--mesh", MESH, "--zone", FRONT_ZONE,
+                      "--listen", f"127.0.0.1:{self.port['front']}", "--server", f"127.0.0.1:{self.port['global hds']}",
+                      "--token-file", front_token, "--admin-port", self.port["front admin"],
+                      "--out", WORK / "global/bootstrap/front.yaml"],
+                     WORK / "logs/hdsd-bootstrap-front.log")
+        say(f"    the global's signing key, a zone token per zone (`hdsd token issue --zone`), configs and "
+            f"bootstraps in {WORK}/global/, {WORK}/eu-1/, {WORK}/us-1/")
+
+    def start_hdsd(self, node):
+        proc = self.sup.start(f"hdsd ({node})", [self.hdsd, "serve", "--config", self.config(node)],
+                              WORK / f"logs/hdsd-{node}.log")
+        secs, _ = wait_until(self.sup, f"the {node} hdsd's /readyz", 20,
+                             lambda: (http_get(self.api[node] + "/readyz")[0] == 200, "not ready"))
+        self.hdsds[node] = proc
+        if node == "global":
+            say(f"    the global is up in {secs:.1f}s (pid {proc.pid}): zone listener 127.0.0.1:{self.port['global zones']}, "
+                f"EDS on 127.0.0.1:{self.port['global hds']}, API on {self.api[node]}")
+        else:
+            say(f"    zone {node}'s hdsd is up in {secs:.1f}s (pid {proc.pid}): HDS on 127.0.0.1:{self.port[node + ' hds']}, "
+                f"API on {self.api[node]}")
+
+    def start_app(self, b):
+        proc = self.sup.start(f"app {b.app}", [sys.executable, "scripts/demo_app.py", "--port", b.app_port, "--name", b.app],
+                              WORK / f"logs/app-{b.key}.log")
+        wait_until(self.sup, f"app {b.app} on 127.0.0.1:{b.app_port}", 10, lambda: (accepting(b.app_port), "not accepting"))
+        self.apps[b.key] = proc
+
+    def start_envoy(self, b):
+        argv = [self.envoy, "-c", WORK / b.zone / f"bootstrap/{b.name}.yaml", "--use-dynamic-base-id",
+                "--log-level", "info", "--concurrency", "1",
+                "--config-yaml", json.dumps(sidecar_inbound(b.inbound, b.app_port))]
+        self.envoys[b.key] = self.sup.start(f"envoy {b.app}", argv, WORK / f"logs/envoy-{b.key}.log")
+
+    # -- API views
+
+    def zones(self):
+        """The global's zones: {name: item of GET /api/v1/zones}."""
+        return {z["name"]: z for z in get_json(self.global_api + "/api/v1/zones")["items"]}
+
+    def zone_items(self):
+        """The global's GET /api/v1/dataplanes, by (zone, name); its own ones under zone None."""
+        items = get_json(self.global_api + "/api/v1/dataplanes")["items"]
+        return {((i.get("zone") or {}).get("name"), i["name"]): i for i in items}
+
+    @staticmethod
+    def at_global(items, b):
+        """(zone state, every inbound ready) of a backend's dataplane at the global; (None, None) if not listed."""
+        item = items.get((b.zone, b.name))
+        if item is None:
+            return None, None
+        return item["zone"].get("state"), bool(item["inbounds"]) and all(i["health"]["ready"] for i in item["inbounds"])
+
+    def front_hosts(self):
+        """{inbound port: {stat or flag: value}} of the web endpoints in the front Envoy's /clusters."""
+        _, body = http_get(self.front_admin + "/clusters")
+        hosts = {}
+        for line in body.splitlines():
+            m = re.match(r"^[^:]+/web::127\.0\.0\.1:(\d+)::(\w+)::(.*)$", line)
+            if m:
+                hosts.setdefault(int(m.group(1)), {})[m.group(2)] = m.group(3)
+        return hosts
+
+    def front_flags(self, backends, wanted):
+        """A wait_until check: every backend's health flags at the front satisfy `wanted`."""
+        def check():
+            hosts = self.front_hosts()
+            flags = {b.app: hosts.get(b.inbound, {}).get("health_flags", "not listed") for b in backends}
+            return all(wanted(f) for f in flags.values()), flags
+        return check
+
+    def only_from(self, zone, what, timeout):
+        """Waits for a ZONE_WINDOW of client answers all from `zone` (at least 5);
+        returns when that window began, in seconds from now."""
+        start = time.monotonic()
+        state = {"at": start, "answers": self.client.counts()[0], "last": "no window yet", "began": None}
+
+        def check():
+            now = time.monotonic()
+            if now - state["at"] < ZONE_WINDOW:
+                return False, state["last"]
+            answers = self.client.counts()[0]
+            window = by_zone(answers, state["answers"])
+            state.update(began=state["at"] - start, at=now, answers=answers, last=f"last {ZONE_WINDOW:g}s: {window}")
+            return window.get(zone, 0) >= 5 and sum(window.values()) == window[zone], state["last"]
+        wait_until(self.sup, what, timeout, check)
+        return state["began"]
+
+    def traffic_note(self, since):
+        """What the client saw since the `since` snapshot, and whether no request failed."""
+        answers, failures, last = self.client.counts()
+        delta = {app: n - since[0].get(app, 0) for app, n in sorted(answers.items()) if n - since[0].get(app, 0)}
+        zones = by_zone(answers, since[0])
+        total = sum(answers.values()) + failures
+        text = (f"front: {sum(delta.values())} requests since, "
+                + "; ".join(f"{z} {zones.get(z, 0)} ("
+                            + ", ".join(f"{app.split('/')[1]} {n}" for app, n in delta.items() if zone_of(app) == z)
+                            + ")" for z in ZONES if zones.get(z))
+                + f"; failed requests over the whole story: {failures} of {total}"
+                + (f" (last: {last})" if failures else ""))
+        return text, failures == 0
+
+    # -- the story
+
+    def step_a(self):
+        step_line(f"(a) each sidecar Envoy reports to its zone's hdsd, each zone reports to the global: waiting for "
+                  f"both zones online at the global (GET {self.global_api}/api/v1/zones) and all "
+                  f"{len(self.backends)} inbounds ready in its GET /api/v1/dataplanes, each marked with its zone")
+        t0 = time.monotonic()
+        for b in self.backends:
+            self.start_envoy(b)
+
+        def seen():
+            zones = self.zones()
+            items = self.zone_items()
+            states = {z: zones.get(z, {}).get("state") for z in ZONES}
+            uplinks = {z: get_json(self.api[z] + "/api/v1/zones")["uplink"]["connected"] for z in ZONES}
+            dps = {b.app: self.at_global(items, b) for b in self.backends}
+            done = (all(s == "online" for s in states.values()) and all(uplinks.values())
+                    and all(d == ("online", True) for d in dps.values()))
+            return done, {"zones": states, "uplinks connected": uplinks, "dataplanes (zone state, ready)": dps}
+        wait_until(self.sup, "both zones online at the global, every inbound ready there", 30, seen)
+        secs = time.monotonic() - t0
+        zones = self.zones()
+        for zone in ZONES:
+            _, body = http_get(self.api[zone] + "/readyz")
+            line = next((l.strip() for l in body.splitlines() if l.strip().startswith(f"zone {zone}:")), "no zone line")
+            say(f"    {zone}'s /readyz: {line}")
+        self.record("a", True, secs,
+                    f"{secs:.1f}s after starting the Envoys: "
+                    + "; ".join(f"{z} {zones[z]['state']} at the global ({plural(zones[z]['dataplanes'], 'dataplane')}, "
+                                f"{zones[z]['inbounds']['ready']}/{zones[z]['inbounds']['total']} inbounds ready)"
+                                for z in ZONES)
+                    + "; its /api/v1/dataplanes lists " + ", ".join(f"{b.name} (zone {b.zone}, online, ready)"
+                                                                    for b in self.backends))
+
+    def step_b(self):
+        step_line(f"(b) a front Envoy in {FRONT_ZONE} (`hdsd bootstrap front --service web --zone {FRONT_ZONE}`) takes "
+                  f"web's endpoints from the global's EDS (127.0.0.1:{self.port['global hds']}): {FRONT_ZONE}'s at "
+                  f"priority 0, {OTHER_ZONE}'s at priority 1; a client sends it {CLIENT_RATE} requests/s for the rest "
+                  f"of the story, and {FRONT_ZONE}'s apps answer them all")
+        t0 = time.monotonic()
+        self.envoys["front"] = self.sup.start(
+            "envoy front", [self.envoy, "-c", WORK / "global/bootstrap/front.yaml", "--use-dynamic-base-id",
+                            "--log-level", "info", "--concurrency", "1"], WORK / "logs/envoy-front.log")
+        wait_until(self.sup, "the front Envoy to get every zone's web endpoint from the global, healthy", 30,
+                   self.front_flags(self.backends, lambda f: f == "healthy"))
+        secs = time.monotonic() - t0
+        hosts = self.front_hosts()
+        placed = {b.app: (hosts[b.inbound].get("zone"), hosts[b.inbound].get("priority")) for b in self.backends}
+        wrong = [f"{app} in zone {z!r} at priority {p!r}" for app, (z, p) in placed.items()
+                 if (z, p) != (zone_of(app), "0" if zone_of(app) == FRONT_ZONE else "1")]
+        self.client = Client(self.front_url)
+        wait_until(self.sup, f"{2 * CLIENT_RATE} requests through the front Envoy", 20,
+                   lambda: (lambda c: (sum(c[0].values()) + c[1] >= 2 * CLIENT_RATE, c[:2]))(self.client.counts()))
+        answers, failures, last = self.client.counts()
+        zones = by_zone(answers)
+        local = [b.app for b in self.in_zone(FRONT_ZONE)]
+        passed = not wrong and failures == 0 and not zones.get(OTHER_ZONE) and all(answers.get(a) for a in local)
+        note = (f"the front has the {len(self.backends)} endpoints healthy {secs:.1f}s after it started: "
+                + ", ".join(f"{app} zone {z} priority {p}" for app, (z, p) in placed.items())
+                + (f" (expected otherwise: {wrong})" if wrong else "")
+                + f"; first {sum(answers.values()) + failures} requests: "
+                + ", ".join(f"{app} {n}" for app, n in sorted(answers.items()))
+                + f", {OTHER_ZONE} {zones.get(OTHER_ZONE, 0)}, failed {failures}" + (f" (last: {last})" if failures else ""))
+        self.record("b", passed, secs, note)
+
+    def step_c(self):
+        local = self.in_zone(FRONT_ZONE)
+        s = self.zone_settings[FRONT_ZONE]
+        worst = s.worst_case_detection()
+        step_line(f"(c) stopping both of {FRONT_ZONE}'s web apps: their inbounds must turn not ready at the global within "
+                  f"{fmt_s(worst)} (the zone's detection: {s.formula()}), the front Envoy marks them unhealthy (EDS), "
+                  f"every request goes to {OTHER_ZONE} and not one fails (the front retries into the next priority)")
+        since = self.client.counts()
+        for b in local:
+            self.sup.stop(self.apps[b.key])
+        t0 = time.monotonic()
+        moved = self.only_from(OTHER_ZONE, f"every answer to come from {OTHER_ZONE}", worst + 5)
+
+        def not_ready():
+            items = self.zone_items()
+            got = {b.app: self.at_global(items, b) for b in local}
+            return all(ready is False for _, ready in got.values()), got
+        wait_until(self.sup, f"{FRONT_ZONE}'s inbounds to read not ready at the global", worst + 10, not_ready)
+        at_global = time.monotonic() - t0
+        wait_until(self.sup, f"the front Envoy to mark {FRONT_ZONE}'s endpoints unhealthy", 10,
+                   self.front_flags(local, lambda f: "failed_eds_health" in f))
+        marked = time.monotonic() - t0
+        self.only_from(OTHER_ZONE, f"every answer still from {OTHER_ZONE} once {FRONT_ZONE} is marked unhealthy", 10)
+        traffic, none_failed = self.traffic_note(since)
+        within = at_global <= worst + MEASUREMENT_SLACK
+        self.record("c", within and none_failed, at_global,
+                    f"every answer from {OTHER_ZONE} from {moved:.1f}s after the apps stopped; {FRONT_ZONE}'s "
+                    f"{len(local)} inbounds not ready at the global {at_global:.1f}s after (documented worst case "
+                    f"{fmt_s(worst)}" + (" - within it" if within else f" - {at_global - worst:.1f}s OVER it")
+                    + f"); the front marked them unhealthy (EDS) {marked:.1f}s after; {traffic}")
+
+    def step_d(self):
+        local = self.in_zone(FRONT_ZONE)
+        bound = self.zone_settings[FRONT_ZONE].worst_case_recovery()
+        step_line(f"(d) starting {FRONT_ZONE}'s apps again: their inbounds are ready again at the global (expected within "
+                  f"{fmt_s(bound)}), the front marks them healthy and {FRONT_ZONE} answers everything again")
+        since = self.client.counts()
+        for b in local:
+            self.start_app(b)
+        t0 = time.monotonic()
+
+        def ready():
+            items = self.zone_items()
+            got = {b.app: self.at_global(items, b) for b in local}
+            return all(r is True for _, r in got.values()), got
+        wait_until(self.sup, f"{FRONT_ZONE}'s inbounds to read ready at the global", bound + 10, ready)
+        at_global = time.monotonic() - t0
+        wait_until(self.sup, f"the front Envoy to mark {FRONT_ZONE}'s endpoints healthy", 10,
+                   self.front_flags(local, lambda f: f == "healthy"))
+        marked = time.monotonic() - t0
+        back = marked + self.only_from(FRONT_ZONE, f"every answer to come from {FRONT_ZONE} again", 10)
+        traffic, none_failed = self.traffic_note(since)
+        self.record("d", none_failed, at_global,
+                    f"{FRONT_ZONE}'s inbounds ready at the global {at_global:.1f}s after the apps started; the front "
+                    f"marked them healthy {marked:.1f}s after, and every answer came from {FRONT_ZONE} again from "
+                    f"{back:.1f}s; {traffic}")
+
+    def step_e(self):
+        proc = self.hdsds[FROZEN_ZONE]
+        frozen = self.in_zone(FROZEN_ZONE)
+        limit = ZONE_TIMEOUT + 1
+        step_line(f"(e) freezing {FROZEN_ZONE}'s hdsd (SIGSTOP to pid {proc.pid}: its connection to the global stays "
+                  f"open, nothing crosses it): the global must read {FROZEN_ZONE} offline within zone_timeout "
+                  f"{fmt_s(ZONE_TIMEOUT)} + 1s, keep its dataplanes with their last readiness and hand the front their "
+                  f"endpoints as degraded (eds.offline_zone); {FRONT_ZONE} stays online and answers everything")
+        since = self.client.counts()
+        proc.signal_group(signal.SIGSTOP)
+        t0, stopped_at = time.monotonic(), time.time()
+        wait_until(self.sup, f"{FROZEN_ZONE} to read offline at the global", ZONE_TIMEOUT + 5,
+                   lambda: (lambda z: (z["state"] == "offline", {"state": z["state"], "lastSeen": z.get("lastSeen")}))(
+                       self.zones()[FROZEN_ZONE]))
+        secs = time.monotonic() - t0
+        zones = self.zones()
+        items = self.zone_items()
+        kept = {b.app: self.at_global(items, b) for b in frozen}
+        kept_ok = all(k == ("offline", True) for k in kept.values()) and not zones[FROZEN_ZONE]["withdrawn"]
+        others = {z: zones[z]["state"] for z in ZONES if z != FROZEN_ZONE}
+        wait_until(self.sup, f"the front Envoy to hold {FROZEN_ZONE}'s endpoints as degraded", 10,
+                   self.front_flags(frozen, lambda f: "degraded_eds_health" in f))
+        degraded = time.monotonic() - t0
+        self.only_from(FRONT_ZONE, f"every answer from {FRONT_ZONE}", 5)
+        traffic, none_failed = self.traffic_note(since)
+        within = secs <= limit
+        # The rule counts from the zone's last message, which came up to a heartbeat before the SIGSTOP.
+        silent = stopped_at - parse_time(zones[FROZEN_ZONE]["lastSeen"])
+        self.record("e", within and kept_ok and all(s == "online" for s in others.values()) and none_failed, secs,
+                    f"{FROZEN_ZONE} offline at the global {secs:.1f}s after the SIGSTOP (limit zone_timeout + 1s = "
+                    f"{fmt_s(limit)}" + (" - within it" if within else f" - {secs - limit:.1f}s OVER it") + "; "
+                    f"its last message had come {silent:.1f}s before the SIGSTOP, {silent + secs:.1f}s of silence in "
+                    f"all for zone_timeout {fmt_s(ZONE_TIMEOUT)}); its dataplanes "
+                    + ", ".join(f"{app.split('/')[1]} (zone state {z}, {'ready' if r else 'not ready'})"
+                                for app, (z, r) in kept.items())
+                    + (" still listed with their last readiness" if kept_ok else " NOT kept as they were")
+                    + "; " + ", ".join(f"{z} {s}" for z, s in others.items())
+                    + f"; the front holds {FROZEN_ZONE}'s endpoints degraded {degraded:.1f}s after; {traffic}")
+
+    def step_f(self):
+        proc = self.hdsds[FROZEN_ZONE]
+        frozen = self.in_zone(FROZEN_ZONE)
+        step_line(f"(f) waking {FROZEN_ZONE}'s hdsd (SIGCONT): it notices the silence, dials the global again, and "
+                  f"{FROZEN_ZONE} is online again with its inbounds ready; the front's {FROZEN_ZONE} endpoints turn healthy")
+        since = self.client.counts()
+        before = self.zones()[FROZEN_ZONE]
+        proc.signal_group(signal.SIGCONT)
+        t0 = time.monotonic()
+        wait_until(self.sup, f"{FROZEN_ZONE} online again at the global, on a new stream", 20,
+                   lambda: (lambda z: (z["state"] == "online" and z["streams"] > before["streams"],
+                                       {k: z[k] for k in ("state", "streams")}))(self.zones()[FROZEN_ZONE]))
+        secs = time.monotonic() - t0
+
+        def ready():
+            items = self.zone_items()
+            got = {b.app: self.at_global(items, b) for b in frozen}
+            return all(g == ("online", True) for g in got.values()), got
+        wait_until(self.sup, f"{FROZEN_ZONE}'s dataplanes online and ready at the global", 10, ready)
+        wait_until(self.sup, f"the front Envoy to hold {FROZEN_ZONE}'s endpoints healthy again", 10,
+                   self.front_flags(frozen, lambda f: f == "healthy"))
+        healthy = time.monotonic() - t0
+        after = self.zones()[FROZEN_ZONE]
+        traffic, none_failed = self.traffic_note(since)
+        resumed = after["resumes"] > before["resumes"] and after["snapshots"] == before["snapshots"]
+        self.record("f", none_failed, secs,
+                    f"{FROZEN_ZONE} online again {secs:.1f}s after the SIGCONT (stream {after['streams']}, "
+                    + ("resumed without a snapshot" if resumed else
+                       f"resumes {before['resumes']}->{after['resumes']}, snapshots {before['snapshots']}->{after['snapshots']}")
+                    + f"), its inbounds ready there; the front holds its endpoints healthy {healthy:.1f}s after; {traffic}")
+
+    # -- modes
+
+    def where_to_look(self):
+        say("Where to look (in another terminal) while the story runs:")
+        say(f"  {self.page_url()}   (the global's page: every zone's dataplanes)")
+        for zone in ZONES:
+            say(f"  {self.api[zone]}/ui/   (zone {zone}'s own page)")
+        say(f"  curl -s {self.global_api}/api/v1/zones")
+        say(f"  curl -s {self.global_api}/api/v1/dataplanes   (each zone's items carry zone: {{name, state}})")
+        say(f"  curl -s {self.front_url}   (the front Envoy in {FRONT_ZONE}: says which zone's app answered)")
+        say(f"  logs: {WORK}/logs/ (hdsd-global.log, hdsd-eu-1.log, hdsd-us-1.log, envoy-*.log, app-*.log)")
+
+    def run(self):
+        say(f"Global's page: {self.page_url()} (open it in a browser: it lists both zones' dataplanes as the story runs)")
+        say(f"hdsd zones demo: a global hdsd; zones {FRONT_ZONE} ({len(self.in_zone(FRONT_ZONE))} web apps) and "
+            f"{OTHER_ZONE} ({len(self.in_zone(OTHER_ZONE))}), each its own hdsd with a sidecar Envoy per app; a front "
+            f"Envoy in {FRONT_ZONE} on {self.front_url} fed by the global's EDS; work dir {WORK}/")
+        self.preflight()
+        if not self.once:
+            self.where_to_look()
+        step_line(f"setting up: the global's signing key, zone tokens, configs and bootstraps; the global, "
+                  f"{len(ZONES)} zone hdsds and {len(self.backends)} apps")
+        self.prepare()
+        for node in ("global",) + ZONES:
+            self.start_hdsd(node)
+        status, body = http_get(self.page_url())
+        if status != 200 or "<title>hdsd fleet</title>" not in body:
+            raise DemoError(f"GET {self.page_url()} answered {status}, not the fleet page")
+        for b in self.backends:
+            self.start_app(b)
+        say("    apps: " + ", ".join(f"{b.app} 127.0.0.1:{b.app_port} (inbound {b.inbound})" for b in self.backends))
+        self.run_steps()
+        answers, failures, _ = self.client.counts()
+        self.client.stop()
+        say(f"    the client stopped: {sum(answers.values()) + failures} requests through the front Envoy, "
+            f"{failures} failed; by zone: " + ", ".join(f"{z} {n}" for z, n in sorted(by_zone(answers).items())))
+        say(f"    the global's page: {self.page_url()} (both zones' dataplanes; zones: {self.global_api}/api/v1/zones)")
+        if self.once:
+            return
+        pid = self.hdsds[FROZEN_ZONE].pid
+        step_line(f"the story is over: the zones as the global sees them follow, a line per change, until Ctrl-C. In "
+                  f"another terminal, `kill -STOP {pid}` freezes {FROZEN_ZONE}'s hdsd (`kill -CONT {pid}` wakes it): "
+                  f"watch it turn offline here")
+        last = None
+        while True:
+            self.sup.check_running()
+            try:
+                line = "; ".join(f"{name} {z['state']} ({z['inbounds']['ready']}/{z['inbounds']['total']} inbounds ready)"
+                                 for name, z in self.zones().items())
+            except (OSError, ValueError, KeyError) as e:
+                line = f"the global does not answer: {e}"
+            if line != last:
+                say(f"    {time.strftime('%H:%M:%S')}  {line}")
+                last = line
+            time.sleep(0.5)  # a display refresh, not a wait for anything
 
 
 class _Adopted(Proc):
@@ -899,9 +1550,19 @@ def parse_args(argv):
     p.add_argument("--admin-ports", type=ports(5), default=[19901, 19902, 19903, 19904, 19905],
                    help="Envoy admin ports of web-01,backend-01,the intruder,web-02,the front "
                         "(default 19901,19902,19903,19904,19905)")
+    p.add_argument("--zones", action="store_true",
+                   help="the multi-zone story instead: a global hdsd, zones eu-1 and us-1 (each its own hdsd, "
+                        "sidecar Envoys and apps) and a front Envoy in eu-1 fed by the global's EDS")
+    p.add_argument("--zones-port-base", type=int, default=ZONES_PORT_BASE,
+                   help=f"with --zones: the first of the {len(zones_ports(0))} consecutive ports the zones story uses "
+                        f"(default {ZONES_PORT_BASE})")
     p.add_argument("--print-init-args", action="store_true",
                    help="print the docker/hdsd-init.sh command line the demo runs, as JSON, and exit (used by tests/compose.rs)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    count = len(zones_ports(0))
+    if not 0 < args.zones_port_base <= 65536 - count:
+        p.error(f"--zones-port-base {args.zones_port_base}: the story takes {count} ports from there, all in 1-65535")
+    return args
 
 
 def main(argv):
@@ -921,13 +1582,14 @@ def main(argv):
     code = 1
     started = time.monotonic()
     try:
-        demo = Demo(args)
+        demo = ZonesDemo(args) if args.zones else Demo(args)
         demo.run()
         code = 0
     except DemoError as e:
         say(f"\nFAILED: {e}")
         if demo is not None and demo.sup.procs:
-            say(f"hdsd log (last lines, {WORK}/logs/hdsd.log):\n{tail(WORK / 'logs/hdsd.log')}")
+            for what, log in demo.failure_logs():
+                say(f"{what} (last lines, {log}):\n{tail(log)}")
     except (KeyboardInterrupt, Interrupted) as e:
         say(f"\ninterrupted ({str(e) or 'SIGINT'}): stopping everything")
         code = 130
@@ -956,7 +1618,7 @@ def main(argv):
 def summarize(demo, code, total):
     say("\nstep  result  seconds  what happened")
     done = {r[0]: r for r in demo.results}
-    for step in "abcd":
+    for step in demo.STEPS:
         if step in done:
             _, passed, secs, note = done[step]
             shown = "     -" if secs is None else f"{secs:6.1f}"
@@ -964,8 +1626,9 @@ def summarize(demo, code, total):
         else:
             say(f"({step})   ----         -   not run")
     passed = sum(1 for r in demo.results if r[1])
-    verdict = "PASS" if code == 0 and passed == 4 else "FAIL"
-    say(f"demo story: {verdict}, {passed} of 4 steps as said, {total:.1f}s in all; logs in {WORK}/logs/")
+    steps = len(demo.STEPS)
+    verdict = "PASS" if code == 0 and passed == steps else "FAIL"
+    say(f"{demo.NAME}: {verdict}, {passed} of {steps} steps as said, {total:.1f}s in all; logs in {WORK}/logs/")
 
 
 if __name__ == "__main__":
