@@ -385,3 +385,61 @@ async fn grpc_connection(h: &Hdsd) -> hdsd::consumers::pb::Connection {
         .connection
         .expect("a connection")
 }
+
+/// A global's page: a zones panel, a zone column and filter, per-zone
+/// service counts; a zone frozen (SIGSTOP) reads Offline there within the
+/// zone timeout plus the page's 1 s poll, and Online again once thawed.
+#[test]
+fn a_globals_page_shows_its_zones_and_one_going_offline() {
+    use crate::zones::{global, signal, zone, zone_token};
+    let _one = one_browser();
+    let global = global();
+    let tokens = tempfile::tempdir().unwrap();
+    let eu = zone(&global, "eu-1", &zone_token(&global, "eu-1", &tokens));
+    let us = zone(&global, "us-1", &zone_token(&global, "us-1", &tokens));
+    let apps = [App::start(), App::start()];
+    let mut envoys = Vec::new();
+    for (z, app) in [&eu, &us].into_iter().zip(&apps) {
+        z.write_dataplane("web.yaml", &dataplane("web", 21001, "web", app.port));
+        envoys.push(Envoy::start(z.hds, "default.web", None));
+    }
+    crate::support::wait_for(
+        "both zones' web ready at the global",
+        Duration::from_secs(30),
+        || {
+            let list = global.get_json("/api/v1/dataplanes")?;
+            let ready = list["items"].as_array().map_or(0, |items| {
+                items
+                    .iter()
+                    .filter(|i| i["inbounds"][0]["health"]["ready"] == true)
+                    .count()
+            });
+            if ready == 2 {
+                Ok(())
+            } else {
+                Err(format!("{list}"))
+            }
+        },
+    );
+    let shot = screenshot_path().with_file_name("zones.png");
+    let args = vec![
+        "--scenario".to_string(),
+        "zones".to_string(),
+        "--url".to_string(),
+        global.api_url("/ui/"),
+        // The global's zone_timeout.
+        "--detection".to_string(),
+        "2".to_string(),
+        "--screenshot".to_string(),
+        shot.display().to_string(),
+    ];
+    let lines = run_browser(&args, |action| match action {
+        "freeze us-1" => signal(us.pid(), "-STOP"),
+        "thaw us-1" => signal(us.pid(), "-CONT"),
+        other => panic!("unknown action {other:?}"),
+    });
+    let checks = lines.iter().filter(|l| l.starts_with("CHECK")).count();
+    assert!(checks >= 7, "{lines:?}");
+    eprintln!("screenshot: {}", shot.display());
+    drop(envoys);
+}

@@ -20,7 +20,7 @@ const ZONE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Envoy's first connect and first report.
 const CONNECT: Duration = Duration::from_secs(20);
 
-fn global() -> Hdsd {
+pub(crate) fn global() -> Hdsd {
     Hdsd::start(HdsdOptions {
         auth_mode: "token",
         zone_listener: true,
@@ -31,14 +31,14 @@ fn global() -> Hdsd {
 }
 
 /// Issues a zone token at the global and writes it to a file of `dir`.
-fn zone_token(global: &Hdsd, zone: &str, dir: &tempfile::TempDir) -> PathBuf {
+pub(crate) fn zone_token(global: &Hdsd, zone: &str, dir: &tempfile::TempDir) -> PathBuf {
     let token = global.cli(&["token", "issue", "--zone", zone, "--mesh", "default"]);
     let path = dir.path().join(format!("{zone}.token"));
     std::fs::write(&path, token.trim()).unwrap();
     path
 }
 
-fn zone(global: &Hdsd, name: &str, token: &std::path::Path) -> Hdsd {
+pub(crate) fn zone(global: &Hdsd, name: &str, token: &std::path::Path) -> Hdsd {
     zone_at(
         global.zones.expect("the global's zone listener"),
         name,
@@ -101,7 +101,7 @@ fn wait_remote_ready(global: &Hdsd, zone: &str, name: &str, ready: bool, timeout
     );
 }
 
-fn signal(pid: u32, sig: &str) {
+pub(crate) fn signal(pid: u32, sig: &str) {
     let status = Command::new("kill")
         .args([sig, &pid.to_string()])
         .status()
@@ -150,6 +150,8 @@ fn two_zones_report_to_a_global_and_a_frozen_zone_is_offline_within_its_timeout(
         readyz.contains("zone eu-1: connected to the global"),
         "{readyz}"
     );
+
+    every_reader_of_the_global_sees_both_zones(&global);
 
     // The application dies: the global hears it from the zone.
     eu_app.stop();
@@ -446,4 +448,135 @@ fn restarts_of_either_side_delete_nothing_at_the_global() {
             .health
             .ready
     );
+}
+
+/// REST services, gRPC (ListZones, ListDataplanes by zone, ListServices)
+/// and `hdsd status` at a global with eu-1 and us-1, one ready `web`
+/// dataplane each (the same name in both zones).
+fn every_reader_of_the_global_sees_both_zones(global: &Hdsd) {
+    use hdsd::consumers::pb;
+    let services = global.get_json("/api/v1/services").unwrap();
+    let web = &services["items"][0];
+    assert_eq!(web["name"], "svc-10001", "{services}");
+    assert_eq!(
+        (web["inboundsReady"].as_u64(), web["dataplanes"].as_u64()),
+        (Some(2), Some(2)),
+        "{web}"
+    );
+    let zones: Vec<(String, u64, String)> = web["zones"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no zones in {web}"))
+        .iter()
+        .map(|z| {
+            (
+                z["zone"].as_str().unwrap_or_default().to_string(),
+                z["inboundsReady"].as_u64().unwrap_or(99),
+                z["status"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        zones,
+        [
+            ("eu-1".to_string(), 1, "online".to_string()),
+            ("us-1".to_string(), 1, "online".to_string())
+        ]
+    );
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut client = pb::readiness_service_client::ReadinessServiceClient::connect(format!(
+            "http://{}",
+            global.api
+        ))
+        .await
+        .expect("gRPC on the global's API port");
+        let zones = client
+            .list_zones(pb::ListZonesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .items;
+        let states: Vec<(String, i32, u32)> = zones
+            .iter()
+            .map(|z| (z.name.clone(), z.state, z.inbounds_ready))
+            .collect();
+        let online = pb::ZoneState::Online as i32;
+        assert_eq!(
+            states,
+            [("eu-1".into(), online, 1), ("us-1".into(), online, 1)]
+        );
+        let eu = client
+            .list_dataplanes(pb::ListDataplanesRequest {
+                zone: "eu-1".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .items;
+        assert_eq!(eu.len(), 1, "{eu:?}");
+        let zone = eu[0]
+            .zone
+            .as_ref()
+            .expect("a zone's dataplane names its zone");
+        assert_eq!((zone.name.as_str(), zone.state), ("eu-1", online));
+        assert!(eu[0].ready);
+        let all = client
+            .list_dataplanes(pb::ListDataplanesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .items;
+        assert_eq!(all.len(), 2, "both zones' web: {all:?}");
+        let local = client
+            .list_dataplanes(pb::ListDataplanesRequest {
+                zone: "local".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .items;
+        assert!(
+            local.is_empty(),
+            "the global has no dataplane of its own: {local:?}"
+        );
+        let services = client
+            .list_services(pb::ListServicesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .items;
+        let zones: Vec<&str> = services[0].zones.iter().map(|z| z.zone.as_str()).collect();
+        assert_eq!(zones, ["eu-1", "us-1"]);
+    });
+
+    let out = Command::new(env!("CARGO_BIN_EXE_hdsd"))
+        .args(["status", "--api", &format!("http://{}", global.api)])
+        .output()
+        .expect("hdsd status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("eu-1/default.web") && text.contains("us-1/default.web"),
+        "{text}"
+    );
+    let zones_part = text
+        .split("Zones:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no Zones: in {text}"));
+    for zone in ["eu-1", "us-1"] {
+        let line = zones_part
+            .lines()
+            .find(|l| l.contains(zone))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(
+            line.contains("online") && line.contains("1/1 inbounds ready"),
+            "{line}"
+        );
+    }
 }

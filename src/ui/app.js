@@ -582,7 +582,6 @@
       h('th', { scope: 'row', 'data-label': 'Dataplane' }, h('div', {},
         h('button', { type: 'button', class: 'link', 'data-open': key(item), 'aria-haspopup': 'dialog' }, `${item.mesh}.${item.name}`),
         h('span', { class: 'muted addr' }, item.address))),
-      h('td', { 'data-label': 'Zone', class: 'zone-col' }, zoneBadge(item)),
       h('td', { 'data-label': 'Connection' },
         item.connection.connected
           ? h('span', { class: 'conn k-ok' }, h('span', { 'aria-hidden': 'true' }, '● '), connectedText(item.connection))
@@ -600,6 +599,7 @@
             item.inbounds.length > 1 ? `Not ready (${notReadyCount}/${item.inbounds.length})` : 'Not ready')),
       h('td', { 'data-label': 'Since' }, stack(item.inbounds.map((i) => time(i.health.since)))),
       h('td', { 'data-label': 'Last report' }, time(item.connection.lastReportAt)),
+      h('td', { 'data-label': 'Zone', class: 'zone-col' }, zoneBadge(item)),
     );
   }
 

@@ -6,7 +6,7 @@ script needs the world to change it prints `ACTION <name>` and waits for
 `DONE` on its standard input. Every assertion prints `CHECK <what>`; the last
 line is `PASSED <n> checks`. Any failed check exits non-zero with the reason.
 
-    browser_test.py --url http://127.0.0.1:PORT/ui/[,URL...] --scenario live|token|soak|fleet
+    browser_test.py --url http://127.0.0.1:PORT/ui/[,URL...] --scenario live|token|soak|fleet|zones
                     [--chromium /usr/bin/chromium] [--screenshot out.png]
                     [--detection SECONDS] [--token T]
 """
@@ -103,7 +103,7 @@ def live(page, args, checks):
 
     # Accessibility basics.
     checks.that(page.locator("#counts").get_attribute("aria-live") == "polite", "the counts are an aria-live region")
-    checks.that(page.locator("#dataplanes thead th[scope=col]").count() == 8, "the table has 8 column headers")
+    checks.that(page.locator("#dataplanes thead th[scope=col]:visible").count() == 8, "the table has 8 visible column headers (the zone column only on a global)")
     checks.that(page.locator("#dataplanes tbody th[scope=row]").count() == 3, "each row has a row header")
     expect(page.get_by_label("Filter")).to_be_visible()
     checks.ok("the filter box has a label")
@@ -226,7 +226,7 @@ def live(page, args, checks):
 
     # Reports that change nothing send no event; the page re-reads the list so
     # "last report" stays true.
-    expect(row(page, "api-1").locator("td").last).to_have_text(re.compile(r"^(just now|[0-7]s ago)$"), timeout=8_000)
+    expect(row(page, "api-1").locator('td[data-label="Last report"]')).to_have_text(re.compile(r"^(just now|[0-7]s ago)$"), timeout=8_000)
     checks.ok("last report times stay current without status changes")
 
     heap_end = heap(page)
@@ -309,6 +309,60 @@ def fleet(page, args, checks):
         pages[i].screenshot(path=f"{args.screenshot}.{i}.png") if args.screenshot else None
 
 
+def zones(page, args, checks):
+    """A global's page: the zones panel (state in words and colour, last
+    seen), a zone column and filter; a zone frozen by the test turns
+    Offline in the panel and on its rows, and back Online."""
+    console = Console(page)
+    page.goto(args.url)
+    expect(page.locator("#live")).to_have_text("Live", timeout=15_000)
+    panel = page.locator("#zones-section")
+    expect(panel).to_be_visible(timeout=10_000)
+    for zone in ["eu-1", "us-1"]:
+        item = page.locator(f'#zones li[data-zone="{zone}"]')
+        expect(item).to_have_attribute("data-zone-state", "online", timeout=10_000)
+        expect(item.locator(".badge")).to_have_text(re.compile("Online"))
+        expect(item.locator(".zone-seen")).to_have_text(re.compile(r"last seen"))
+        expect(item).to_have_css("border-left-color", OK)
+    checks.ok("the zones panel lists eu-1 and us-1 Online, in the ok colour, with their last-seen age")
+    rows = page.locator("#dataplanes tbody tr")
+    eu = page.locator('#dataplanes tbody tr[data-key="eu-1:default/web"]')
+    us = page.locator('#dataplanes tbody tr[data-key="us-1:default/web"]')
+    expect(eu).to_have_attribute("data-ready", "true", timeout=10_000)
+    expect(us).to_have_attribute("data-ready", "true", timeout=10_000)
+    expect(page.locator('#dataplanes thead th[data-sort="zone"]')).to_be_visible()
+    expect(eu.locator("td.zone-col")).to_have_text(re.compile(r"eu-1.*Online"))
+    checks.ok("the same dataplane name in two zones is two rows, each with its zone in the zone column")
+    page.select_option("#zone-filter", "us-1")
+    expect(rows).to_have_count(1)
+    expect(us).to_be_visible()
+    page.select_option("#zone-filter", "")
+    expect(rows).to_have_count(2)
+    checks.ok("the zone filter shows one zone's rows, then all again")
+    expect(page.locator('#services [data-service-zone="eu-1"]')).to_have_text(re.compile("1/1 ready"))
+    checks.ok("the services panel counts each service per zone")
+
+    action("freeze us-1")
+    started = time.monotonic()
+    us_item = page.locator('#zones li[data-zone="us-1"]')
+    expect(us_item).to_have_attribute("data-zone-state", "offline", timeout=int(args.detection * 1000) + 5_000)
+    took = time.monotonic() - started
+    expect(us_item.locator(".badge")).to_have_text(re.compile("Offline"))
+    expect(us_item).to_have_css("border-left-color", BAD)
+    expect(us.locator("td.zone-col")).to_have_text(re.compile(r"us-1.*Offline"), timeout=5_000)
+    expect(page.locator('#zones li[data-zone="eu-1"]')).to_have_attribute("data-zone-state", "online")
+    print(f"MEASURE zone_offline_on_page_seconds {took:.2f}", flush=True)
+    checks.ok(f"us-1 frozen: Offline in the panel ({took:.1f} s) and on its row, in the bad colour; eu-1 stays Online")
+    if args.screenshot:
+        page.screenshot(path=args.screenshot, full_page=True)
+    action("thaw us-1")
+    expect(us_item).to_have_attribute("data-zone-state", "online", timeout=30_000)
+    expect(us.locator("td.zone-col")).to_have_text(re.compile(r"us-1.*Online"), timeout=5_000)
+    checks.ok("us-1 thawed: Online again in the panel and on its row")
+    unexpected = console.unexpected({})
+    checks.that(not unexpected, f"no console error or failed API call: {unexpected}")
+
+
 def soak(page, args, checks):
     """The page open while an app flaps (hdsd's side flaps it, this side only
     looks between blocks): the heap levels off, no list grows with events."""
@@ -328,7 +382,7 @@ def soak(page, args, checks):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
-    parser.add_argument("--scenario", choices=["live", "token", "soak", "fleet"], required=True)
+    parser.add_argument("--scenario", choices=["live", "token", "soak", "fleet", "zones"], required=True)
     parser.add_argument("--flaps", type=int, default=60)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--screenshot")
@@ -342,7 +396,7 @@ def main():
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.set_default_timeout(10_000)
-            {"live": live, "token": token, "soak": soak, "fleet": fleet}[args.scenario](page, args, checks)
+            {"live": live, "token": token, "soak": soak, "fleet": fleet, "zones": zones}[args.scenario](page, args, checks)
         finally:
             browser.close()
     print(f"PASSED {checks.count} checks", flush=True)
