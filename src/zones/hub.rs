@@ -405,7 +405,7 @@ mod tests {
                 stream,
                 &Action::Upsert {
                     id: id(name),
-                    dataplane: dp(name, *ready),
+                    dataplane: Box::new(dp(name, *ready)),
                     revision: i as u64 + 1,
                 },
             );

@@ -239,7 +239,7 @@ impl RemoteZone {
                 revision,
             } => {
                 self.advance(*revision);
-                let mut dataplane = dataplane.clone();
+                let mut dataplane = pb::Dataplane::clone(dataplane);
                 dataplane.revision = *revision;
                 if self.dataplanes.get(id) != Some(&dataplane) {
                     self.dataplanes.insert(id.clone(), dataplane);
@@ -336,7 +336,7 @@ mod tests {
     fn upsert(name: &str, revision: u64) -> Action {
         Action::Upsert {
             id: id(name),
-            dataplane: dp(name, revision),
+            dataplane: Box::new(dp(name, revision)),
             revision,
         }
     }
@@ -529,11 +529,11 @@ mod tests {
             1,
             &Action::Upsert {
                 id: DataplaneId::new("payments", "api"),
-                dataplane: pb::Dataplane {
+                dataplane: Box::new(pb::Dataplane {
                     mesh: "payments".into(),
                     name: "api".into(),
                     ..Default::default()
-                },
+                }),
                 revision: 11,
             },
         );

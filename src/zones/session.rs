@@ -177,8 +177,9 @@ pub enum Action {
     Upsert {
         /// Its validated identity.
         id: DataplaneId,
-        /// The dataplane as the zone sent it (`revision` set to `revision`).
-        dataplane: pb::Dataplane,
+        /// The dataplane as the zone sent it (`revision` set to `revision`),
+        /// boxed: the other actions are small.
+        dataplane: Box<pb::Dataplane>,
         /// The zone revision of this state.
         revision: u64,
     },
@@ -545,7 +546,7 @@ impl Session {
                     }
                     actions.push(Action::Upsert {
                         id,
-                        dataplane,
+                        dataplane: Box::new(dataplane),
                         revision,
                     });
                 }
@@ -610,7 +611,7 @@ impl Session {
                 dataplane.revision = revision;
                 actions.push(Action::Upsert {
                     id,
-                    dataplane,
+                    dataplane: Box::new(dataplane),
                     revision,
                 });
             }

@@ -63,23 +63,13 @@ pub const TYPE_URL: &str = "type.googleapis.com/envoy.config.endpoint.v3.Cluster
 pub use crate::config::OfflineZone;
 
 /// How readiness becomes endpoints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EdsOptions {
     pub stale_as: StaleAs,
     /// Leave not-ready endpoints out instead of marking them (Kuma's behaviour).
     pub omit_not_ready: bool,
     /// What an offline zone's endpoints become.
     pub offline_zone: OfflineZone,
-}
-
-impl Default for EdsOptions {
-    fn default() -> Self {
-        EdsOptions {
-            stale_as: StaleAs::default(),
-            omit_not_ready: false,
-            offline_zone: OfflineZone::default(),
-        }
-    }
 }
 
 impl From<&crate::config::EdsConfig> for EdsOptions {
