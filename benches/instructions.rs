@@ -478,16 +478,18 @@ fn eds_remote(i: usize, address: &str, healthy: bool) -> hdsd::pb::Dataplane {
 fn eds_zones(services: usize) -> Box<dyn FnMut()> {
     use eds::assignment::ZoneLink;
     let mut index = Index::new(EdsOptions::default());
-    let zone = |address: &str, flipped: Option<usize>| {
-        Arc::new(
-            (0..services)
-                .map(|i| eds_remote(i, address, Some(i) != flipped))
-                .collect::<Vec<_>>(),
-        )
+    let entry = |dp: hdsd::pb::Dataplane| (DataplaneId::new(&dp.mesh, &dp.name), Arc::new(dp));
+    let zone = |address: &str| -> hdsd::zones::remote::Dataplanes {
+        (0..services)
+            .map(|i| entry(eds_remote(i, address, true)))
+            .collect()
     };
     let (eu, us): (Arc<str>, Arc<str>) = (Arc::from("eu-1"), Arc::from("us-1"));
-    index.set_zone(&eu, ZoneLink::Online, &zone("10.1.0.1", None));
-    let (healthy, flipped) = (zone("10.2.0.1", None), zone("10.2.0.1", Some(7)));
+    index.set_zone(&eu, ZoneLink::Online, &zone("10.1.0.1"));
+    // As the hub holds them: the flipped map shares all but one entry.
+    let healthy = zone("10.2.0.1");
+    let (id, dp) = entry(eds_remote(7, "10.2.0.1", false));
+    let flipped = healthy.update(id, dp);
     index.set_zone(&us, ZoneLink::Online, &healthy);
     index.commit();
     let mut stream = EdsStream::new();

@@ -255,7 +255,7 @@ impl ReadinessApi {
                     .filter(|z| zone.is_none_or(|w| w == z.summary.name))
                     .flat_map(|z| {
                         let zone_of = z.zone_of();
-                        z.dataplanes.iter().filter_map(move |dp| {
+                        z.dataplanes.values().filter_map(move |dp| {
                             DataplaneItem::from_remote(zone_of, dp).map(|item| (dp, item))
                         })
                     })

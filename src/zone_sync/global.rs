@@ -121,7 +121,7 @@ pub fn spawn_hub(
     clock: Arc<dyn Clock>,
 ) -> HubHandle {
     let hub = Hub::new(settings, registered, disabled, clock.now());
-    let first = hub.view(clock.now(), &ZonesView::default(), &BTreeSet::new());
+    let first = hub.view(clock.now());
     // Every configured zone has its series from the start (never_connected).
     publish_metrics(&first);
     let (view_tx, view) = watch::channel(Arc::new(first));
@@ -154,7 +154,7 @@ async fn run_hub(
             _ = tick.tick() => {}
         }
         let current = view.borrow().clone();
-        let next = hub.view(clock.now(), &current, &changed);
+        let next = hub.view(clock.now());
         let summaries_moved = next.zones.len() != current.zones.len()
             || next
                 .zones

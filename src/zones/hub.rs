@@ -23,15 +23,13 @@
 //! [`Action::Register`]: super::session::Action::Register
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::liveness::{Liveness, ZoneState};
-use super::remote::{Applied, Claim, RemoteZone, StreamId};
+use super::remote::{Applied, Claim, Dataplanes, RemoteZone, StreamId};
 use super::session::{Action, Registration};
 use super::{plus, Meshes};
 use crate::clock::Timestamp;
-use crate::pb;
 use crate::view::{DataplaneItem, RemoteZoneOf};
 
 /// How the global judges its zones.
@@ -85,9 +83,10 @@ pub struct ZoneSummary {
 pub struct ZoneView {
     /// The zone at the moment of the view.
     pub summary: ZoneSummary,
-    /// Its dataplanes, sorted by mesh, then name (shared between views
-    /// until the zone changes).
-    pub dataplanes: Arc<Vec<pb::Dataplane>>,
+    /// Its dataplanes, sorted by mesh, then name: the hub's persistent map
+    /// (shared between views; a reader diffs two views at the cost of what
+    /// changed).
+    pub dataplanes: Dataplanes,
 }
 
 impl ZoneView {
@@ -105,7 +104,7 @@ impl ZoneView {
     pub fn items(&self) -> impl Iterator<Item = DataplaneItem> + '_ {
         let zone = self.zone_of();
         self.dataplanes
-            .iter()
+            .values()
             .filter_map(move |dp| DataplaneItem::from_remote(zone, dp))
     }
 }
@@ -262,28 +261,15 @@ impl Hub {
         self.zones.get(zone).map(|e| self.summary_of(e, now))
     }
 
-    /// Every zone at `now`, for readers. The dataplanes of a zone not in
-    /// `changed` are shared with `previous` (the last view published).
-    pub fn view(
-        &self,
-        now: Timestamp,
-        previous: &ZonesView,
-        changed: &std::collections::BTreeSet<String>,
-    ) -> ZonesView {
+    /// Every zone at `now`, for readers. Each zone's dataplanes are shared
+    /// with the hub (no copy, whatever the zone's size).
+    pub fn view(&self, now: Timestamp) -> ZonesView {
         let zones = self
             .zones
-            .iter()
-            .map(|(name, e)| {
-                let kept = (!changed.contains(name))
-                    .then(|| previous.get(name))
-                    .flatten()
-                    .map(|z| z.dataplanes.clone());
-                ZoneView {
-                    summary: self.summary_of(e, now),
-                    dataplanes: kept.unwrap_or_else(|| {
-                        Arc::new(e.remote.dataplanes().map(|(_, dp)| dp.clone()).collect())
-                    }),
-                }
+            .values()
+            .map(|e| ZoneView {
+                summary: self.summary_of(e, now),
+                dataplanes: e.remote.shared(),
             })
             .collect::<Vec<ZoneView>>();
         let waited = plus(self.started, self.settings.zone_timeout) <= now;
@@ -306,15 +292,8 @@ impl Hub {
                 .is_some_and(|since| plus(since, self.settings.offline_ttl) <= now),
             ZoneState::Online | ZoneState::NeverConnected => false,
         };
-        let (mut ready, mut total) = (0, 0);
-        for (_, dp) in e.remote.dataplanes() {
-            for inbound in &dp.inbounds {
-                total += 1;
-                if !withdrawn && inbound.health.as_ref().is_some_and(|h| h.ready) {
-                    ready += 1;
-                }
-            }
-        }
+        let (ready, total) = e.remote.inbounds();
+        let ready = if withdrawn { 0 } else { ready };
         ZoneSummary {
             name: e.remote.zone().to_string(),
             liveness,
@@ -479,29 +458,43 @@ mod tests {
         assert_eq!((z.dataplanes, z.inbounds_ready, z.withdrawn), (1, 0, true));
     }
 
-    /// A view shares the dataplanes of every zone that did not change with
-    /// the previous view, and shows an offline zone's items with its state.
+    /// A view shares every zone's dataplanes with the hub: a zone that did
+    /// not change is the same map in the next view, one that did is not;
+    /// an offline zone's items show its state.
     #[test]
     fn a_view_shares_unchanged_zones_and_marks_each_item_with_its_zone() {
         let mut h = hub(&["eu-1", "us-1"], &[]);
-        connect(&mut h, "eu-1", 1, 0, &[("a", true)]);
+        let eu = connect(&mut h, "eu-1", 1, 0, &[("a", true)]);
         connect(&mut h, "us-1", 1, 0, &[("b", true), ("c", false)]);
-        let all: BTreeSet<String> = ["eu-1".into(), "us-1".into()].into();
-        let first = h.view(at(1), &ZonesView::default(), &all);
+        let first = h.view(at(1));
         assert_eq!(first.zones.len(), 2);
         let us = first.get("us-1").unwrap();
         assert_eq!(us.dataplanes.len(), 2);
-        let eu_only: BTreeSet<String> = ["eu-1".into()].into();
-        let second = h.view(at(20), &first, &eu_only);
-        // us-1 did not change: the same vector; eu-1 was rebuilt.
-        assert!(Arc::ptr_eq(
-            &first.get("us-1").unwrap().dataplanes,
-            &second.get("us-1").unwrap().dataplanes
-        ));
-        assert!(!Arc::ptr_eq(
-            &first.get("eu-1").unwrap().dataplanes,
-            &second.get("eu-1").unwrap().dataplanes
-        ));
+        assert_eq!(
+            (us.summary.inbounds_ready, us.summary.inbounds_total),
+            (1, 2)
+        );
+        h.apply(
+            "eu-1",
+            eu,
+            &Action::Upsert {
+                id: id("a"),
+                dataplane: Box::new(dp("a", false)),
+                revision: 2,
+            },
+        );
+        let second = h.view(at(20));
+        assert!(first
+            .get("us-1")
+            .unwrap()
+            .dataplanes
+            .ptr_eq(&second.get("us-1").unwrap().dataplanes));
+        assert!(!first
+            .get("eu-1")
+            .unwrap()
+            .dataplanes
+            .ptr_eq(&second.get("eu-1").unwrap().dataplanes));
+        assert_eq!(second.get("eu-1").unwrap().summary.inbounds_ready, 0);
         // At 20 s both zones are offline: the items carry the state.
         let items: Vec<_> = second.items().collect();
         assert_eq!(items.len(), 3);
@@ -517,21 +510,17 @@ mod tests {
     /// zone completed a snapshot (or is disabled), or `zone_timeout` passed.
     #[test]
     fn a_view_is_synced_once_every_registered_zone_is_complete_or_the_timeout_passed() {
-        let none = BTreeSet::new();
         let mut h = hub(&["eu-1", "us-1"], &["off-1"]);
-        assert!(!h.view(at(1), &ZonesView::default(), &none).synced);
+        assert!(!h.view(at(1)).synced);
         connect(&mut h, "eu-1", 1, 1, &[("a", true)]);
-        assert!(
-            !h.view(at(2), &ZonesView::default(), &none).synced,
-            "us-1 not heard from"
-        );
+        assert!(!h.view(at(2)).synced, "us-1 not heard from");
         connect(&mut h, "us-1", 1, 2, &[]);
-        assert!(h.view(at(3), &ZonesView::default(), &none).synced);
+        assert!(h.view(at(3)).synced);
         // Or: nothing from us-1, but the timeout passed since the start.
         let mut h = hub(&["eu-1", "us-1"], &[]);
         connect(&mut h, "eu-1", 1, 1, &[("a", true)]);
-        assert!(!h.view(at(14), &ZonesView::default(), &none).synced);
-        assert!(h.view(at(15), &ZonesView::default(), &none).synced);
+        assert!(!h.view(at(14)).synced);
+        assert!(h.view(at(15)).synced);
     }
 
     #[test]

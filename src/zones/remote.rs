@@ -24,7 +24,7 @@
 //!
 //! [`session::Action`]: super::session::Action
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::liveness::{self, Liveness, LivenessInputs, ZoneState};
@@ -79,12 +79,20 @@ struct Holder {
     instance: String,
 }
 
+/// A zone's dataplanes as the global holds them: a persistent map, so a
+/// view takes it without a copy and a reader finds what changed between two
+/// views without visiting what they share ([`imbl::OrdMap::diff`]).
+pub type Dataplanes = imbl::OrdMap<DataplaneId, Arc<pb::Dataplane>>;
+
 /// What the global holds of one zone.
 #[derive(Debug, Clone)]
 pub struct RemoteZone {
     zone: String,
     zone_timeout: Duration,
-    dataplanes: BTreeMap<DataplaneId, pb::Dataplane>,
+    dataplanes: Dataplanes,
+    /// Inbounds of `dataplanes` that report ready, and in all (kept as they
+    /// change, so a summary costs no walk of the zone).
+    inbounds: (usize, usize),
     /// Complete as of this zone revision.
     held: Option<u64>,
     snapshot: bool,
@@ -100,7 +108,8 @@ impl RemoteZone {
         RemoteZone {
             zone: zone.into(),
             zone_timeout,
-            dataplanes: BTreeMap::new(),
+            dataplanes: Dataplanes::new(),
+            inbounds: (0, 0),
             held: None,
             snapshot: false,
             holder: None,
@@ -138,12 +147,47 @@ impl RemoteZone {
 
     /// One dataplane of the zone.
     pub fn get(&self, id: &DataplaneId) -> Option<&pb::Dataplane> {
-        self.dataplanes.get(id)
+        self.dataplanes.get(id).map(Arc::as_ref)
     }
 
     /// Every dataplane of the zone, sorted by mesh, then name.
     pub fn dataplanes(&self) -> impl Iterator<Item = (&DataplaneId, &pb::Dataplane)> {
-        self.dataplanes.iter()
+        self.dataplanes.iter().map(|(id, dp)| (id, dp.as_ref()))
+    }
+
+    /// The zone's dataplanes, shared (no copy).
+    pub fn shared(&self) -> Dataplanes {
+        self.dataplanes.clone()
+    }
+
+    /// Inbounds that report ready, and in all.
+    pub fn inbounds(&self) -> (usize, usize) {
+        self.inbounds
+    }
+
+    fn put(&mut self, id: DataplaneId, dataplane: pb::Dataplane) {
+        let (ready, total) = inbound_counts(&dataplane);
+        self.inbounds.0 += ready;
+        self.inbounds.1 += total;
+        if let Some(old) = self.dataplanes.insert(id, Arc::new(dataplane)) {
+            self.uncount(&old);
+        }
+    }
+
+    fn take(&mut self, id: &DataplaneId) -> bool {
+        match self.dataplanes.remove(id) {
+            Some(old) => {
+                self.uncount(&old);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn uncount(&mut self, dataplane: &pb::Dataplane) {
+        let (ready, total) = inbound_counts(dataplane);
+        self.inbounds.0 = self.inbounds.0.saturating_sub(ready);
+        self.inbounds.1 = self.inbounds.1.saturating_sub(total);
     }
 
     /// How many dataplanes the global holds of the zone.
@@ -212,7 +256,7 @@ impl RemoteZone {
         let pruned = gone
             .into_iter()
             .map(|id| {
-                self.dataplanes.remove(&id);
+                self.take(&id);
                 Applied::Deleted(id)
             })
             .collect();
@@ -241,14 +285,14 @@ impl RemoteZone {
                 self.advance(*revision);
                 let mut dataplane = pb::Dataplane::clone(dataplane);
                 dataplane.revision = *revision;
-                if self.dataplanes.get(id) != Some(&dataplane) {
-                    self.dataplanes.insert(id.clone(), dataplane);
+                if self.get(id) != Some(&dataplane) {
+                    self.put(id.clone(), dataplane);
                     return vec![Applied::Changed(id.clone())];
                 }
             }
             Action::Delete { id, revision } => {
                 self.advance(*revision);
-                if self.dataplanes.remove(id).is_some() {
+                if self.take(id) {
                     return vec![Applied::Deleted(id.clone())];
                 }
             }
@@ -268,7 +312,7 @@ impl RemoteZone {
                 return gone
                     .into_iter()
                     .map(|id| {
-                        self.dataplanes.remove(&id);
+                        self.take(&id);
                         Applied::Deleted(id)
                     })
                     .collect();
@@ -298,6 +342,16 @@ impl RemoteZone {
             self.held = None;
         }
     }
+}
+
+/// A dataplane's inbounds that report ready, and in all.
+fn inbound_counts(dataplane: &pb::Dataplane) -> (usize, usize) {
+    let ready = dataplane
+        .inbounds
+        .iter()
+        .filter(|i| i.health.as_ref().is_some_and(|h| h.ready))
+        .count();
+    (ready, dataplane.inbounds.len())
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ use crate::dataplane::DataplaneId;
 use crate::feed::{FeedHandle, Filter};
 use crate::registry::{DataplaneState, Registry};
 use crate::source::Loaded;
+use crate::zones::remote::Dataplanes;
 
 /// One service's assignment as served. It is encoded when a stream first
 /// serves it, once for every stream: a service nobody subscribes to costs
@@ -238,7 +239,7 @@ pub struct Index {
     revision: u64,
     by_dataplane: HashMap<Origin, Vec<(ServiceKey, Endpoint)>>,
     /// Each zone's dataplanes as last applied, and how its link stood.
-    zones: HashMap<Arc<str>, (Arc<Vec<crate::pb::Dataplane>>, ZoneLink)>,
+    zones: HashMap<Arc<str>, (Dataplanes, ZoneLink)>,
     by_service: HashMap<ServiceKey, Members>,
     published: imbl::OrdMap<ServiceKey, Arc<Published>>,
     /// Services whose endpoints changed since the last commit.
@@ -352,56 +353,40 @@ impl Index {
         self.contribute(Origin::Local(id.clone()), new);
     }
 
-    /// A zone's dataplanes as the global holds them now (sorted by mesh,
-    /// then name, as the hub keeps them), with the zone's link: every
-    /// dataplane of the zone not in `dataplanes` leaves. A zone whose
-    /// dataplanes (the same vector) and link did not change costs nothing;
-    /// otherwise only the dataplanes that differ from what was applied are
-    /// worked out again (a walk of both lists, no allocation for the rest).
-    pub fn set_zone(
-        &mut self,
-        zone: &Arc<str>,
-        link: ZoneLink,
-        dataplanes: &Arc<Vec<crate::pb::Dataplane>>,
-    ) {
-        let empty = Arc::new(Vec::new());
+    /// A zone's dataplanes as the global holds them now, with the zone's
+    /// link: every dataplane of the zone not in `dataplanes` leaves. Costs
+    /// what changed since the zone was last applied: the two maps are
+    /// diffed without visiting what they share (nothing, when they are the
+    /// same map under the same link). A new link works out every dataplane
+    /// of the zone again.
+    pub fn set_zone(&mut self, zone: &Arc<str>, link: ZoneLink, dataplanes: &Dataplanes) {
         let (held, was) = match self.zones.get(zone) {
-            Some((held, was)) if Arc::ptr_eq(held, dataplanes) && *was == link => return,
+            Some((held, was)) if held.ptr_eq(dataplanes) && *was == link => return,
             Some((held, was)) => (held.clone(), Some(*was)),
-            None => (empty, None),
+            None => (Dataplanes::new(), None),
         };
         self.start_tracking_hosts();
-        let same_link = was == Some(link);
-        let (mut old, mut new) = (held.iter().peekable(), dataplanes.iter().peekable());
-        loop {
-            let order = match (old.peek(), new.peek()) {
-                (None, None) => break,
-                (Some(_), None) => std::cmp::Ordering::Less,
-                (None, Some(_)) => std::cmp::Ordering::Greater,
-                (Some(o), Some(n)) => {
-                    (o.mesh.as_str(), o.name.as_str()).cmp(&(n.mesh.as_str(), n.name.as_str()))
-                }
-            };
-            match order {
-                // Gone from the zone.
-                std::cmp::Ordering::Less => {
-                    if let Some(o) = old.next() {
-                        let id = DataplaneId::new(&o.mesh, &o.name);
-                        self.contribute(Origin::Remote(zone.clone(), id), Vec::new());
+        let origin = |id: &DataplaneId| Origin::Remote(zone.clone(), id.clone());
+        if was == Some(link) {
+            for change in held.diff(dataplanes) {
+                match change {
+                    imbl::ordmap::DiffItem::Add(id, dp)
+                    | imbl::ordmap::DiffItem::Update { new: (id, dp), .. } => {
+                        let contributions = remote_contributions(zone, link, dp, self.options);
+                        self.contribute(origin(id), contributions);
+                    }
+                    imbl::ordmap::DiffItem::Remove(id, _) => {
+                        self.contribute(origin(id), Vec::new());
                     }
                 }
-                std::cmp::Ordering::Equal | std::cmp::Ordering::Greater => {
-                    // The same dataplane as applied, under the same link.
-                    let applied = (order == std::cmp::Ordering::Equal).then(|| old.next());
-                    let Some(dp) = new.next() else { break };
-                    let unchanged = same_link && applied.flatten().is_some_and(|o| o == dp);
-                    if unchanged {
-                        continue;
-                    }
-                    let contributions = remote_contributions(zone, link, dp, self.options);
-                    let id = DataplaneId::new(&dp.mesh, &dp.name);
-                    self.contribute(Origin::Remote(zone.clone(), id), contributions);
-                }
+            }
+        } else {
+            for id in held.keys().filter(|id| !dataplanes.contains_key(*id)) {
+                self.contribute(origin(id), Vec::new());
+            }
+            for (id, dp) in dataplanes {
+                let contributions = remote_contributions(zone, link, dp, self.options);
+                self.contribute(origin(id), contributions);
             }
         }
         self.zones.insert(zone.clone(), (dataplanes.clone(), link));
@@ -409,7 +394,7 @@ impl Index {
 
     /// A zone the global no longer knows: its endpoints leave.
     pub fn remove_zone(&mut self, zone: &Arc<str>) {
-        self.set_zone(zone, ZoneLink::Withdrawn, &Arc::new(Vec::new()));
+        self.set_zone(zone, ZoneLink::Withdrawn, &Dataplanes::new());
         self.zones.remove(zone);
     }
 
@@ -974,6 +959,14 @@ mod tests {
         }
     }
 
+    /// A zone's dataplanes as the hub holds them.
+    fn zone_of<const N: usize>(dataplanes: [crate::pb::Dataplane; N]) -> Dataplanes {
+        dataplanes
+            .into_iter()
+            .map(|dp| (DataplaneId::new(&dp.mesh, &dp.name), Arc::new(dp)))
+            .collect()
+    }
+
     /// The same address in two zones is found as it comes and goes, one
     /// change at a time, and the published assignment carries it.
     #[test]
@@ -985,12 +978,12 @@ mod tests {
         index.set_zone(
             &eu,
             ZoneLink::Online,
-            &Arc::new(vec![remote_web("a", "10.0.0.9")]),
+            &zone_of([remote_web("a", "10.0.0.9")]),
         );
         index.set_zone(
             &us,
             ZoneLink::Online,
-            &Arc::new(vec![remote_web("b", "10.0.0.8")]),
+            &zone_of([remote_web("b", "10.0.0.8")]),
         );
         assert!(index.commit());
         assert_eq!(index.duplicate_count(), 0);
@@ -1000,7 +993,7 @@ mod tests {
         index.set_zone(
             &us,
             ZoneLink::Online,
-            &Arc::new(vec![remote_web("b", "10.0.0.9")]),
+            &zone_of([remote_web("b", "10.0.0.9")]),
         );
         assert!(index.commit());
         assert_eq!(index.duplicate_count(), 1);
@@ -1013,7 +1006,7 @@ mod tests {
         index.set_zone(
             &us,
             ZoneLink::Offline,
-            &Arc::new(vec![remote_web("b", "10.0.0.9")]),
+            &zone_of([remote_web("b", "10.0.0.9")]),
         );
         assert!(index.commit());
         assert_eq!(index.duplicate_count(), 1);
@@ -1042,7 +1035,7 @@ mod tests {
         index.set_zone(
             &eu,
             ZoneLink::Online,
-            &Arc::new(vec![remote_web("r", &address.to_string())]),
+            &zone_of([remote_web("r", &address.to_string())]),
         );
         index.commit();
         assert_eq!(index.duplicate_count(), 1);
