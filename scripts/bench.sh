@@ -7,8 +7,10 @@
 #   scripts/bench.sh steady10k storm10k   # some of them
 #
 # Scenarios: steady10k steady50k saturation storm10k churn watchers10k eds10k detection
-# micro, and (only when named) soak10k: 10k dataplanes for DURATION_SOAK (default 2h),
-# hdsd's RSS sampled every 10 s, growth over the last hour in soak10k.json (rss_soak);
+# micro, and (only when named) detection_zones: a global and two zones, app stops in
+# us-1 timed at a front Envoy in eu-1 (scripts/detection_zones.py, about 10 minutes);
+# soak10k: 10k dataplanes for DURATION_SOAK (default 2h), hdsd's RSS sampled every 10 s,
+# growth over the last hour in soak10k.json (rss_soak);
 # cluster10k: three instances on a throwaway PostgreSQL, a third of 10k dataplanes
 # each, then one instance killed (scripts/bench_cluster.py; DURATION_CLUSTER, default 60,
 # in seconds; CLUSTER_DATAPLANES, default 10000).
@@ -18,9 +20,9 @@
 #        SATURATION_DATAPLANES (1000), STREAMS_PER_CONNECTION_50K (4: see BENCHMARKS.md),
 #        DURATION_CONSUMERS (60s: the window without, then with the consumers),
 #        WATCHERS (100), EDS_SUBSCRIBERS (50), FLIP_FRACTION (0.025: 50 flips/s at 10k, 5 s),
-#        DETECTION_CYCLES (100), SPREAD_REPORTS (eds10k: set to spread the simulated
-#        Envoys' report timers over one interval instead of the bursts of Envoys
-#        that all connected at once), BENCH_SERVER_ENV (VAR=value words put in
+#        DETECTION_CYCLES (100, detection and detection_zones), SPREAD_REPORTS (eds10k:
+#        set to spread the simulated Envoys' report timers over one interval instead of
+#        the bursts of Envoys that all connected at once), BENCH_SERVER_ENV (VAR=value words put in
 #        hdsd's environment, e.g. LD_PRELOAD=<an allocator's .so> to compare
 #        allocators; not HDSD_*, which the config reads).
 set -euo pipefail
@@ -223,11 +225,16 @@ EOF
     ENVOY_BIN=${ENVOY_BIN:-$(./scripts/setup.sh)} python3 scripts/detection.py --hdsd "$BIN/hdsd" \
       --cycles "${DETECTION_CYCLES:-100}" --json "$OUT/detection.json" >/dev/null
     ;;
+  detection_zones)
+    # A global, zones us-1 and eu-1: app stops in us-1 -> push at a front in eu-1, against us-1's detection.
+    ENVOY_BIN=${ENVOY_BIN:-$(./scripts/setup.sh)} python3 scripts/detection_zones.py --hdsd "$BIN/hdsd" \
+      --cycles "${DETECTION_CYCLES:-100}" --json "$OUT/detection_zones.json" >/dev/null
+    ;;
   micro)
     cargo bench --bench specifier --bench readiness 2>&1 | tee "$OUT/micro.txt" >&2
     ;;
   *)
-    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn watchers10k eds10k soak10k cluster10k detection micro)" >&2
+    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn watchers10k eds10k soak10k cluster10k detection detection_zones micro)" >&2
     exit 2
     ;;
   esac

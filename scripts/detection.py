@@ -89,9 +89,10 @@ class App:
 
 class Watch:
     """Follows /api/v1/watch; records (monotonic time, ready) whenever the
-    inbound's readiness changes."""
+    readiness of dataplane `name` (one inbound) changes."""
 
-    def __init__(self, api_port):
+    def __init__(self, api_port, name="detect"):
+        self.name = name
         self.changes = []
         self.cond = threading.Condition()
         self.ready = None
@@ -118,7 +119,7 @@ class Watch:
     def _item(self, body):
         items = body.get("snapshot") or [body.get("dataplane") or {}]
         for item in items:
-            if item.get("name") != "detect":
+            if item.get("name") != self.name:
                 continue
             ready = item["ready"]  # one inbound: the dataplane is ready when it is
             with self.cond:
@@ -141,11 +142,84 @@ class Watch:
                 self.cond.wait(left)
 
 
+def dataplane_yaml(name, service, app_port):
+    """One dataplane of one inbound (port INBOUND_PORT), its app at app_port."""
+    return ("type: Dataplane\nmesh: default\nname: " + name + "\nnetworking:\n  address: 127.0.0.1\n  inbound:\n"
+            f"    - port: {INBOUND_PORT}\n      servicePort: {app_port}\n      serviceAddress: 127.0.0.1\n"
+            f"      tags:\n        kuma.io/service: {service}\n")
+
+
+def hdsd_toml(work, hds_port, api_port, auth="none", extra=""):
+    """An hdsd configuration with the probe settings above, its state and
+    dataplanes under `work`, and `extra` TOML appended."""
+    return (f'state_dir = "{work}/state"\n[hds]\nlisten = "127.0.0.1:{hds_port}"\nreport_interval = "{REPORT:g}s"\n'
+            f'[hds.check]\ninterval = "{INTERVAL:g}s"\ntimeout = "{int(TIMEOUT * 1000)}ms"\n'
+            f"healthy_threshold = {HEALTHY}\nunhealthy_threshold = {UNHEALTHY}\n"
+            f'[api]\nlisten = "127.0.0.1:{api_port}"\n[auth]\nmode = "{auth}"\n'
+            f'[dataplanes]\ndir = "{work}/dataplanes"\n[log]\nlevel = "warn"\n{extra}')
+
+
+def get(port, path, timeout=5):
+    """(status, body) of GET http://127.0.0.1:port/path."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+def wait_until(what, timeout, check, every=0.05):
+    """Calls check() until it returns something other than None, at most
+    `timeout` seconds; exits naming `what` and the last observation."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        try:
+            value = check()
+            if value is not None:
+                return value
+        except OSError as e:
+            last = e
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {timeout}s waiting for {what}; last error: {last}")
+        time.sleep(every)
+
+
+def start_hdsd(hdsd, config, log, api_port, procs):
+    """Starts `hdsd serve` (added to procs) and waits for its /readyz."""
+    proc = subprocess.Popen([hdsd, "serve", "--config", config], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    procs.append(proc)
+
+    def ready():
+        if proc.poll() is not None:
+            raise SystemExit(f"hdsd exited with {proc.returncode}; see {log}")
+        return True if get(api_port, "/readyz", timeout=1)[0] == 200 else None
+    wait_until(f"hdsd /readyz (see {log})", 30, ready)
+    return proc
+
+
+def stop_all(procs):
+    """Stops the processes started here, newest first."""
+    for proc in reversed(procs):
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def phase(i, golden=0.618):
+    """A pause of 0.1-0.9 probe intervals, a different phase each cycle, so
+    that stops and starts fall anywhere in the probe and report timers."""
+    return INTERVAL * (0.1 + 0.8 * ((i * golden) % 1))
+
+
 def processing_histogram(api_port):
     """{le: count} and the count of hdsd_report_processing_seconds."""
-    conn = http.client.HTTPConnection("127.0.0.1", api_port, timeout=5)
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
+    text = get(api_port, "/metrics")[1]
     buckets = {}
     for line in text.splitlines():
         if line.startswith("hdsd_report_processing_seconds_bucket"):
@@ -167,61 +241,68 @@ def quantile_bound(before, after, q):
     return float("inf"), int(total)
 
 
-def summary(values):
-    values = sorted(values)
+def summary(values, unit="s", scale=1.0, digits=3):
+    """n, min, p25, p50, mean, p75, p99, max and stdev of `values` (seconds),
+    shown in `unit` (`scale` per second)."""
+    values = sorted(v * scale for v in values)
     pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
-    return {"n": len(values), "min_s": round(values[0], 3), "p50_s": round(pick(0.5), 3),
-            "mean_s": round(statistics.mean(values), 3), "p99_s": round(pick(0.99), 3),
-            "max_s": round(values[-1], 3)}
+    r = lambda v: round(v, digits)  # noqa: E731
+    return {"n": len(values), f"min_{unit}": r(values[0]), f"p25_{unit}": r(pick(0.25)),
+            f"p50_{unit}": r(pick(0.5)), f"mean_{unit}": r(statistics.mean(values)),
+            f"p75_{unit}": r(pick(0.75)), f"p99_{unit}": r(pick(0.99)), f"max_{unit}": r(values[-1]),
+            f"stdev_{unit}": r(statistics.pstdev(values))}
+
+
+def envoy_bin(args):
+    """The Envoy binary of --envoy or $ENVOY_BIN."""
+    if not args.envoy:
+        raise SystemExit("set ENVOY_BIN (ENVOY_BIN=$(./scripts/setup.sh)) or pass --envoy")
+    return args.envoy
+
+
+def hdsd_bin(args):
+    """--hdsd as an absolute path (relative ones from the repository)."""
+    return str((ROOT / args.hdsd).resolve()) if not os.path.isabs(args.hdsd) else args.hdsd
+
+
+def common_args(p):
+    """The options every detection benchmark takes."""
+    p.add_argument("--hdsd", default=str(Path(os.environ.get("CARGO_TARGET_DIR") or "target") / "release/hdsd"))
+    p.add_argument("--envoy", default=os.environ.get("ENVOY_BIN"), help="Envoy binary (default $ENVOY_BIN)")
+    p.add_argument("--json", help="write the results here as JSON")
+
+
+def write_result(result, path):
+    """Prints the result as JSON, and writes it to `path` when given."""
+    out = json.dumps(result, indent=2)
+    print(out)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(out + "\n")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cycles", type=int, default=100)
-    p.add_argument("--hdsd", default=str(Path(os.environ.get("CARGO_TARGET_DIR") or "target") / "release/hdsd"))
-    p.add_argument("--envoy", default=os.environ.get("ENVOY_BIN"), help="Envoy binary (default $ENVOY_BIN)")
-    p.add_argument("--json", help="write the results here as JSON")
+    common_args(p)
     args = p.parse_args()
-    if not args.envoy:
-        raise SystemExit("set ENVOY_BIN (ENVOY_BIN=$(./scripts/setup.sh)) or pass --envoy")
-    hdsd = str((ROOT / args.hdsd).resolve()) if not os.path.isabs(args.hdsd) else args.hdsd
+    envoy, hdsd = envoy_bin(args), hdsd_bin(args)
 
     work = Path(tempfile.mkdtemp(prefix="hdsd-detection-"))
     hds_port, api_port, app_port, admin_port = free_port(), free_port(), free_port(), free_port()
     (work / "dataplanes").mkdir()
-    (work / "dataplanes/detect.yaml").write_text(
-        "type: Dataplane\nmesh: default\nname: detect\nnetworking:\n  address: 127.0.0.1\n  inbound:\n"
-        f"    - port: {INBOUND_PORT}\n      servicePort: {app_port}\n      serviceAddress: 127.0.0.1\n"
-        "      tags:\n        kuma.io/service: detect\n")
-    (work / "hdsd.toml").write_text(
-        f'state_dir = "{work}/state"\n[hds]\nlisten = "127.0.0.1:{hds_port}"\nreport_interval = "{REPORT:g}s"\n'
-        f'[hds.check]\ninterval = "{INTERVAL:g}s"\ntimeout = "{int(TIMEOUT * 1000)}ms"\n'
-        f"healthy_threshold = {HEALTHY}\nunhealthy_threshold = {UNHEALTHY}\n"
-        f'[api]\nlisten = "127.0.0.1:{api_port}"\n[auth]\nmode = "none"\n'
-        f'[dataplanes]\ndir = "{work}/dataplanes"\n[log]\nlevel = "warn"\n')
+    (work / "dataplanes/detect.yaml").write_text(dataplane_yaml("detect", "detect", app_port))
+    (work / "hdsd.toml").write_text(hdsd_toml(work, hds_port, api_port))
     procs = []
     try:
-        procs.append(subprocess.Popen([hdsd, "serve", "--config", work / "hdsd.toml"],
-                                      stdout=open(work / "hdsd.log", "w"), stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", api_port, timeout=1)
-                c.request("GET", "/readyz")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or procs[0].poll() is not None:
-                raise SystemExit(f"hdsd did not become ready; see {work}/hdsd.log")
-            time.sleep(0.05)
+        start_hdsd(hdsd, work / "hdsd.toml", work / "hdsd.log", api_port, procs)
         subprocess.run([hdsd, "bootstrap", "--mesh", "default", "--name", "detect", "--server",
                         f"127.0.0.1:{hds_port}", "--admin-port", str(admin_port), "--out", work / "envoy.yaml"],
                        check=True)
         app = App(app_port)
         app.start()
         watch = Watch(api_port)
-        procs.append(subprocess.Popen([args.envoy, "-c", work / "envoy.yaml", "--use-dynamic-base-id",
+        procs.append(subprocess.Popen([envoy, "-c", work / "envoy.yaml", "--use-dynamic-base-id",
                                        "--log-level", "warn"],
                                       stdout=open(work / "envoy.log", "w"), stderr=subprocess.STDOUT))
         watch.wait_for(True, 0.0, 30)
@@ -229,11 +310,11 @@ def main():
         down, up = [], []
         for i in range(args.cycles):
             # Start each stop at a random phase of the probe and report timers.
-            time.sleep(INTERVAL * (0.1 + 0.8 * ((i * 0.618) % 1)))
+            time.sleep(phase(i))
             t = time.monotonic()
             app.stop()
             down.append(watch.wait_for(False, t, WORST_DOWN + 10) - t)
-            time.sleep(INTERVAL * (0.1 + 0.8 * ((i * 0.382) % 1)))
+            time.sleep(phase(i, 0.382))
             t = time.monotonic()
             app.start()
             up.append(watch.wait_for(True, t, WORST_UP + 10) - t)
@@ -242,7 +323,7 @@ def main():
         after = processing_histogram(api_port)
         p99, reports = quantile_bound(before, after, 0.99)
         p50, _ = quantile_bound(before, after, 0.50)
-        result = {
+        write_result({
             "settings": {"interval_s": INTERVAL, "timeout_s": TIMEOUT, "unhealthy_threshold": UNHEALTHY,
                          "healthy_threshold": HEALTHY, "report_interval_s": REPORT},
             "stop_to_not_ready": dict(summary(down), floor_s=FLOOR_DOWN, worst_case_s=WORST_DOWN,
@@ -252,19 +333,9 @@ def main():
             "hdsd_share": {"reports": reports, "p50_le_s": p50, "p99_le_s": p99,
                            "what": "hdsd_report_processing_seconds: report arrival -> visible (bucket bounds)"},
             "loadavg": open("/proc/loadavg").read().split()[:3],
-        }
-        out = json.dumps(result, indent=2)
-        print(out)
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(out + "\n")
+        }, args.json)
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
 
 
 if __name__ == "__main__":
