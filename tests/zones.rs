@@ -302,6 +302,19 @@ fn each_refusal_says_what_to_do() {
     );
     drop(wrong);
 
+    // A token for eu-1 in a zone named xx-1: the global knows it as eu-1
+    // (the token says so); the zone stops and names both fixes.
+    let misnamed = zone(&global, "xx-1", &zone_token(&global, "eu-1", &tokens));
+    let status = wait_uplink_code(&misnamed, "zone_name_mismatch", Duration::from_secs(20));
+    for part in [
+        "\"eu-1\"",
+        "zone.name is \"xx-1\"",
+        "hdsd token issue --zone xx-1",
+    ] {
+        assert!(problem_of(&status).contains(part), "{part}: {status}");
+    }
+    drop(misnamed);
+
     // A revoked zone token ends its stream within a second.
     let token = zone_token(&global, "eu-1", &tokens);
     let eu = zone(&global, "eu-1", &token);

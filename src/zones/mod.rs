@@ -84,11 +84,15 @@ pub enum Code {
     /// One dataplane whose mesh or name breaks the naming rules; the stream
     /// goes on (`Rejected`).
     InvalidDataplane,
+    /// At the zone: the global knows it (by its credential) under another
+    /// name than its `zone.name`. Permanent: the token or the setting must
+    /// change.
+    ZoneNameMismatch,
 }
 
 impl Code {
     /// Every code.
-    pub const ALL: [Code; 12] = [
+    pub const ALL: [Code; 13] = [
         Code::ZoneUnregistered,
         Code::ZoneDisabled,
         Code::VersionIncompatible,
@@ -101,6 +105,7 @@ impl Code {
         Code::StreamClosed,
         Code::MeshNotAllowed,
         Code::InvalidDataplane,
+        Code::ZoneNameMismatch,
     ];
 
     /// The stable word of the code (`zone_unregistered`, ...).
@@ -118,6 +123,7 @@ impl Code {
             Code::StreamClosed => "stream_closed",
             Code::MeshNotAllowed => "mesh_not_allowed",
             Code::InvalidDataplane => "invalid_dataplane",
+            Code::ZoneNameMismatch => "zone_name_mismatch",
         }
     }
 
@@ -138,6 +144,7 @@ impl Code {
                 | Code::VersionIncompatible
                 | Code::StaleEpoch
                 | Code::Superseded
+                | Code::ZoneNameMismatch
         )
     }
 }
@@ -427,7 +434,8 @@ mod tests {
                 "zone_disabled",
                 "version_incompatible",
                 "stale_epoch",
-                "superseded"
+                "superseded",
+                "zone_name_mismatch"
             ]
         );
     }

@@ -511,6 +511,7 @@ impl Session {
                 heartbeat_interval: Some(to_proto_duration(s.heartbeat_interval)),
                 zone_timeout: Some(to_proto_duration(s.zone_timeout)),
                 resume_from: held,
+                zone: self.credential.zone.clone(),
             },
         ))));
         actions.push(Action::Connected(now));

@@ -419,6 +419,17 @@ impl Uplink {
                 actions,
             );
         }
+        if !a.zone.is_empty() && a.zone != self.settings.zone {
+            return self.close(
+                Code::ZoneNameMismatch.as_str(),
+                format!(
+                    "the global knows this zone as {:?}, the zone its token names, but zone.name is {:?}: issue a token for {:?} on the global (`hdsd token issue --zone {} --mesh MESH`) and put it in zone.token_file, or set zone.name = {:?}",
+                    a.zone, self.settings.zone, self.settings.zone, self.settings.zone, a.zone
+                ),
+                false,
+                actions,
+            );
+        }
         let Some(interval) = a
             .heartbeat_interval
             .as_ref()
@@ -593,6 +604,7 @@ mod tests {
                 heartbeat_interval: Some(to_proto_duration(Duration::from_secs(interval))),
                 zone_timeout: Some(to_proto_duration(Duration::from_secs(timeout))),
                 resume_from,
+                zone: "eu-1".into(),
             })),
         }
     }
@@ -682,6 +694,38 @@ mod tests {
         assert_eq!(h.uplink.deadline(), Some(plus(t0(), HELLO_TIMEOUT)));
         // A second Opened says nothing more.
         assert!(h.on(Event::Opened).is_empty());
+    }
+
+    /// A global that knows the zone (by its token) under another name:
+    /// the zone closes for good and says which token or setting to fix; an
+    /// older global that names no zone is taken at its word.
+    #[test]
+    fn a_global_that_names_the_zone_otherwise_is_left_with_the_fix() {
+        let mut h = Harness::new();
+        h.on(Event::Opened);
+        let mut other = accepted(None, 5, 15);
+        if let Some(global_message::Kind::Accepted(a)) = &mut other.kind {
+            a.zone = "us-1".into();
+        }
+        let a = h.on(Event::Received(other));
+        let (code, reason, retry) = closed(&a);
+        assert_eq!((code, retry), ("zone_name_mismatch", false));
+        for part in [
+            "\"us-1\"",
+            "zone.name is \"eu-1\"",
+            "hdsd token issue --zone eu-1",
+            "zone.name = \"us-1\"",
+        ] {
+            assert!(reason.contains(part), "{part}: {reason}");
+        }
+        let mut h = Harness::new();
+        h.on(Event::Opened);
+        let mut older = accepted(None, 5, 15);
+        if let Some(global_message::Kind::Accepted(a)) = &mut older.kind {
+            a.zone.clear();
+        }
+        let a = h.on(Event::Received(older));
+        assert_eq!(a, [Action::Connected, Action::Subscribe { since: None }]);
     }
 
     #[test]
