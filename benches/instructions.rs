@@ -448,6 +448,24 @@ fn eds_index(members: usize) -> Box<dyn FnMut()> {
     })
 }
 
+/// A front's first request for every `svc-NNNN`, from `zone` if given.
+fn subscribe_all(services: usize, zone: Option<&str>) -> DiscoveryRequest {
+    DiscoveryRequest {
+        type_url: eds::protocol::TYPE_URL.to_string(),
+        resource_names: (0..services)
+            .map(|i| format!("default/svc-{i:04}"))
+            .collect(),
+        node: zone.map(|zone| Node {
+            locality: Some(envoy_types::pb::envoy::config::core::v3::Locality {
+                zone: zone.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// A zone's dataplane `i` as the global holds it: one inbound of
 /// `svc-i` at `address:10000+i`, healthy or not.
 fn eds_remote(i: usize, address: &str, healthy: bool) -> hdsd::pb::Dataplane {
@@ -493,20 +511,7 @@ fn eds_zones(services: usize) -> Box<dyn FnMut()> {
     index.set_zone(&us, ZoneLink::Online, &healthy);
     index.commit();
     let mut stream = EdsStream::new();
-    let request = DiscoveryRequest {
-        type_url: eds::protocol::TYPE_URL.to_string(),
-        resource_names: (0..services)
-            .map(|i| format!("default/svc-{i:04}"))
-            .collect(),
-        node: Some(Node {
-            locality: Some(envoy_types::pb::envoy::config::core::v3::Locality {
-                zone: "eu-1".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let request = subscribe_all(services, Some("eu-1"));
     let first = stream
         .on_request(&request, &index.snapshot(1, true))
         .expect("a named subscription");
@@ -541,13 +546,7 @@ fn eds_push(services: usize) -> Box<dyn FnMut()> {
     }
     index.commit();
     let mut stream = EdsStream::new();
-    let request = DiscoveryRequest {
-        type_url: eds::protocol::TYPE_URL.to_string(),
-        resource_names: (0..services)
-            .map(|i| format!("default/svc-{i:04}"))
-            .collect(),
-        ..Default::default()
-    };
+    let request = subscribe_all(services, None);
     let first = stream
         .on_request(&request, &index.snapshot(1, true))
         .expect("a named subscription");

@@ -99,11 +99,10 @@ WEB, BACKEND = "web-01", "backend-01"
 # requests while web-01's app is stopped.
 WEB2 = "web-02"
 WEB2_INBOUND = 10084
-WEB2_FILE = """# Written by scripts/demo.py: a second web dataplane, so that traffic has
-# somewhere to go while web-01's app is stopped.
-type: Dataplane
+# A dataplane of service web: one inbound proxying to its app.
+WEB_DATAPLANE = """type: Dataplane
 mesh: default
-name: web-02
+name: {name}
 networking:
   address: 127.0.0.1
   inbound:
@@ -114,6 +113,9 @@ networking:
         kuma.io/service: web
         kuma.io/protocol: http
 """
+WEB2_FILE = """# Written by scripts/demo.py: a second web dataplane, so that traffic has
+# somewhere to go while web-01's app is stopped.
+""" + WEB_DATAPLANE.replace("{name}", "web-02")
 # Requests per second the demo's client sends through the front Envoy.
 CLIENT_RATE = 50
 # The servicePort values in examples/dataplanes/, in --app-ports order.
@@ -979,19 +981,7 @@ level = "info"
 
 ZONE_DATAPLANE = """# Written by scripts/demo.py --zones: {name} in zone {zone}; its sidecar
 # Envoy's inbound listener {inbound} proxies to its app on {app_port}.
-type: Dataplane
-mesh: default
-name: {name}
-networking:
-  address: 127.0.0.1
-  inbound:
-    - port: {inbound}
-      servicePort: {app_port}
-      serviceAddress: 127.0.0.1
-      tags:
-        kuma.io/service: web
-        kuma.io/protocol: http
-"""
+""" + WEB_DATAPLANE
 
 
 class Backend:

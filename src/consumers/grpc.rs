@@ -142,6 +142,18 @@ pub fn to_pb(item: &DataplaneItem, revision: u64) -> pb::Dataplane {
     }
 }
 
+fn service_zone(z: super::services::ServiceZoneItem) -> pb::ServiceZone {
+    let h = &z.health;
+    pb::ServiceZone {
+        zone: z.zone,
+        inbounds_ready: h.inbounds_ready,
+        inbounds_total: h.inbounds_total,
+        dataplanes: h.dataplanes,
+        dataplanes_connected: h.dataplanes_connected,
+        status: service_status(h.status) as i32,
+    }
+}
+
 fn service_status(s: ServiceStatus) -> pb::ServiceStatus {
     match s {
         ServiceStatus::Online => pb::ServiceStatus::Online,
@@ -326,26 +338,18 @@ impl pb::readiness_service_server::ReadinessService for ReadinessApi {
         let mesh = (!r.mesh.is_empty()).then_some(r.mesh.as_str());
         let items = services(&items, mesh)
             .into_iter()
-            .map(|s| pb::Service {
-                mesh: s.mesh,
-                name: s.name,
-                inbounds_ready: s.inbounds_ready,
-                inbounds_total: s.inbounds_total,
-                dataplanes: s.dataplanes,
-                dataplanes_connected: s.dataplanes_connected,
-                status: service_status(s.status) as i32,
-                zones: s
-                    .zones
-                    .into_iter()
-                    .map(|z| pb::ServiceZone {
-                        zone: z.zone,
-                        inbounds_ready: z.inbounds_ready,
-                        inbounds_total: z.inbounds_total,
-                        dataplanes: z.dataplanes,
-                        dataplanes_connected: z.dataplanes_connected,
-                        status: service_status(z.status) as i32,
-                    })
-                    .collect(),
+            .map(|s| {
+                let h = &s.health;
+                pb::Service {
+                    mesh: s.mesh,
+                    name: s.name,
+                    inbounds_ready: h.inbounds_ready,
+                    inbounds_total: h.inbounds_total,
+                    dataplanes: h.dataplanes,
+                    dataplanes_connected: h.dataplanes_connected,
+                    status: service_status(h.status) as i32,
+                    zones: s.zones.into_iter().map(service_zone).collect(),
+                }
             })
             .collect();
         Ok(Response::new(pb::ListServicesResponse { items }))

@@ -29,11 +29,8 @@ pub enum ServiceStatus {
 pub struct ServiceItem {
     pub mesh: String,
     pub name: String,
-    pub inbounds_ready: u32,
-    pub inbounds_total: u32,
-    pub dataplanes: u32,
-    pub dataplanes_connected: u32,
-    pub status: ServiceStatus,
+    #[serde(flatten)]
+    pub health: ServiceHealth,
     /// The same per zone (`local`: this hdsd's own dataplanes), in zone
     /// order; empty (and left out) when no dataplane of the service is in a
     /// zone.
@@ -47,6 +44,15 @@ pub struct ServiceItem {
 pub struct ServiceZoneItem {
     /// The zone's name; `local` for this hdsd's own dataplanes.
     pub zone: String,
+    #[serde(flatten)]
+    pub health: ServiceHealth,
+}
+
+/// A service's inbounds and dataplanes (in all, or in one zone) and its
+/// status by Kuma's rules.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceHealth {
     pub inbounds_ready: u32,
     pub inbounds_total: u32,
     pub dataplanes: u32,
@@ -65,13 +71,19 @@ struct Acc<'a> {
 }
 
 impl Acc<'_> {
-    fn status(&self) -> ServiceStatus {
-        if self.ready == 0 || self.connected.is_empty() {
-            ServiceStatus::Offline
-        } else if self.ready == self.total {
-            ServiceStatus::Online
-        } else {
-            ServiceStatus::PartiallyDegraded
+    fn health(&self) -> ServiceHealth {
+        ServiceHealth {
+            inbounds_ready: self.ready,
+            inbounds_total: self.total,
+            dataplanes: self.dataplanes.len() as u32,
+            dataplanes_connected: self.connected.len() as u32,
+            status: if self.ready == 0 || self.connected.is_empty() {
+                ServiceStatus::Offline
+            } else if self.ready == self.total {
+                ServiceStatus::Online
+            } else {
+                ServiceStatus::PartiallyDegraded
+            },
         }
     }
 }
@@ -108,21 +120,13 @@ pub fn services(items: &[DataplaneItem], mesh: Option<&str>) -> Vec<ServiceItem>
         .map(|((mesh, name), (all, zones, zoned))| ServiceItem {
             mesh: mesh.to_string(),
             name: name.to_string(),
-            inbounds_ready: all.ready,
-            inbounds_total: all.total,
-            dataplanes: all.dataplanes.len() as u32,
-            dataplanes_connected: all.connected.len() as u32,
-            status: all.status(),
+            health: all.health(),
             zones: if zoned {
                 zones
                     .into_iter()
                     .map(|(zone, acc)| ServiceZoneItem {
                         zone: zone.to_string(),
-                        inbounds_ready: acc.ready,
-                        inbounds_total: acc.total,
-                        dataplanes: acc.dataplanes.len() as u32,
-                        dataplanes_connected: acc.connected.len() as u32,
-                        status: acc.status(),
+                        health: acc.health(),
                     })
                     .collect()
             } else {
@@ -194,10 +198,10 @@ mod tests {
             .map(|s| {
                 (
                     s.name.as_str(),
-                    s.status,
-                    s.inbounds_ready,
-                    s.inbounds_total,
-                    s.dataplanes,
+                    s.health.status,
+                    s.health.inbounds_ready,
+                    s.health.inbounds_total,
+                    s.health.dataplanes,
                 )
             })
             .collect();
@@ -242,10 +246,10 @@ mod tests {
         let web = &all[1];
         assert_eq!(
             (
-                web.inbounds_ready,
-                web.inbounds_total,
-                web.dataplanes,
-                web.status
+                web.health.inbounds_ready,
+                web.health.inbounds_total,
+                web.health.dataplanes,
+                web.health.status
             ),
             (2, 4, 4, ServiceStatus::PartiallyDegraded)
         );
@@ -255,10 +259,10 @@ mod tests {
             .map(|z| {
                 (
                     z.zone.as_str(),
-                    z.inbounds_ready,
-                    z.inbounds_total,
-                    z.dataplanes,
-                    z.status,
+                    z.health.inbounds_ready,
+                    z.health.inbounds_total,
+                    z.health.dataplanes,
+                    z.health.status,
                 )
             })
             .collect();
