@@ -225,6 +225,38 @@ fn a_front_fails_over_to_the_other_zone_by_readiness_without_a_failed_request() 
     assert!(client.failures().is_empty(), "{:?}", client.failures());
     relay.heal();
     global.start_again();
+
+    // The global back, holding nothing of its zones: it answers the front
+    // only once both zones' snapshots are in, so no assignment it sends
+    // lacks us-1 (its endpoints never leave the front) and pushes resume
+    // (eu-1's apps back: the front routes to eu-1 again).
+    let restarted = Instant::now();
+    eu_a.resume();
+    eu_b.resume();
+    wait_for(
+        "the front to route to eu-1 again after the global's restart",
+        CONNECT,
+        || {
+            for app in [&us_a, &us_b] {
+                if let Err(e) = front.host(app.port) {
+                    panic!("an assignment lacked us-1 after the global's restart: {e}");
+                }
+            }
+            for app in [&eu_a, &eu_b] {
+                let host = front.host(app.port)?;
+                if host.get("health_flags").map(String::as_str) != Some("healthy") {
+                    return Err(format!("{}: {host:?}", app.name));
+                }
+            }
+            Ok(())
+        },
+    );
+    all_in(&client, "eu-1", CONNECT);
+    println!(
+        "after the global's restart, the front routed to eu-1 again {:?} after its apps came back",
+        restarted.elapsed()
+    );
+    assert!(client.failures().is_empty(), "{:?}", client.failures());
     drop(front);
     drop(client);
 }
