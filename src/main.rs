@@ -79,6 +79,18 @@ enum Command {
         /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
         #[arg(long)]
         ca: Option<PathBuf>,
+        /// Only dataplanes of this mesh.
+        #[arg(long)]
+        mesh: Option<String>,
+        /// On a global: only this zone's dataplanes (`local`: the global's own).
+        #[arg(long)]
+        zone: Option<String>,
+        /// Only dataplanes with an inbound that is not ready.
+        #[arg(long)]
+        not_ready: bool,
+        /// Print the dataplanes (and the zones) as JSON instead of a table.
+        #[arg(long, conflicts_with = "watch")]
+        json: bool,
     },
     /// Follow readiness changes from a running hdsd: one line per change.
     Watch {
@@ -297,7 +309,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             watch,
             api_token,
             ca,
-        } => status(&api, watch, api_token.as_deref(), ca.as_deref()),
+            mesh,
+            zone,
+            not_ready,
+            json,
+        } => status(
+            &api,
+            watch,
+            api_token.as_deref(),
+            ca.as_deref(),
+            &hdsd::status::Filter {
+                mesh,
+                zone,
+                not_ready,
+            },
+            json,
+        ),
         Command::Watch {
             api,
             api_token,
@@ -590,6 +617,8 @@ fn status(
     watch: bool,
     api_token: Option<&str>,
     ca: Option<&Path>,
+    filter: &hdsd::status::Filter,
+    json: bool,
 ) -> anyhow::Result<ExitCode> {
     let agent = hdsd::client::agent(ca)?;
     // An hdsd without zones, or one older than them, answers 404 or an
@@ -597,14 +626,23 @@ fn status(
     let zones = || -> hdsd::status::ZonesAnswer {
         hdsd::client::get_json(&agent, api, "/api/v1/zones", api_token).unwrap_or_default()
     };
+    let list = || -> Result<Vec<hdsd::view::DataplaneItem>, hdsd::client::ClientError> {
+        let list: hdsd::view::List<hdsd::view::DataplaneItem> =
+            hdsd::client::get_json(&agent, api, &filter.path(), api_token)?;
+        Ok(list.items)
+    };
+    if json {
+        let out = serde_json::json!({ "items": list()?, "zones": zones() });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     if !watch {
-        let items = hdsd::client::list(&agent, api, api_token, None)?;
-        print!("{}", hdsd::status::render_now(&items, &zones()));
+        print!("{}", hdsd::status::render_now(&list()?, &zones()));
         return Ok(ExitCode::SUCCESS);
     }
     let mut stdout = std::io::stdout();
     loop {
-        let screen = match hdsd::client::list(&agent, api, api_token, None) {
+        let screen = match list() {
             Ok(items) => hdsd::status::render_now(&items, &zones()),
             Err(e) => format!("{e}\n"),
         };

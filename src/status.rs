@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use chrono::Utc;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::dataplane::{DataplaneKind, InboundState};
 use crate::readiness::Timestamp;
@@ -37,9 +37,50 @@ pub fn fetch(base: &str, api_token: Option<&str>) -> Result<Vec<DataplaneItem>, 
     Ok(list.items)
 }
 
+/// Which dataplanes `hdsd status` shows (`--mesh`, `--zone`, `--not-ready`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    pub mesh: Option<String>,
+    pub zone: Option<String>,
+    pub not_ready: bool,
+}
+
+impl Filter {
+    /// The API request that lists them.
+    pub fn path(&self) -> String {
+        let mut query = Vec::new();
+        if let Some(mesh) = &self.mesh {
+            query.push(format!("mesh={}", encode(mesh)));
+        }
+        if let Some(zone) = &self.zone {
+            query.push(format!("zone={}", encode(zone)));
+        }
+        if self.not_ready {
+            query.push("ready=false".to_string());
+        }
+        match query.is_empty() {
+            true => "/api/v1/dataplanes".to_string(),
+            false => format!("/api/v1/dataplanes?{}", query.join("&")),
+        }
+    }
+}
+
+/// A query value, percent-encoded but for unreserved characters.
+fn encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// `GET /api/v1/zones` as `hdsd status` reads it: a global's zones, a
 /// zone's uplink (both empty on a standalone hdsd, or an older one).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ZonesAnswer {
     pub items: Vec<ZoneLine>,
@@ -47,7 +88,7 @@ pub struct ZonesAnswer {
 }
 
 /// One zone of a global.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ZoneLine {
     pub name: String,
@@ -60,7 +101,7 @@ pub struct ZoneLine {
 }
 
 /// A zone's inbounds, ready and in all.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ZoneInbounds {
     pub ready: usize,
@@ -68,7 +109,7 @@ pub struct ZoneInbounds {
 }
 
 /// A zone's link to its global.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct UplinkLine {
     pub zone: String,
@@ -291,6 +332,25 @@ pub fn render_now(items: &[DataplaneItem], zones: &ZonesAnswer) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_filters_are_the_lists_query() {
+        assert_eq!(Filter::default().path(), "/api/v1/dataplanes");
+        let f = Filter {
+            mesh: Some("shop".into()),
+            zone: Some("eu-1".into()),
+            not_ready: true,
+        };
+        assert_eq!(
+            f.path(),
+            "/api/v1/dataplanes?mesh=shop&zone=eu-1&ready=false"
+        );
+        let odd = Filter {
+            mesh: Some("a b&c".into()),
+            ..Filter::default()
+        };
+        assert_eq!(odd.path(), "/api/v1/dataplanes?mesh=a%20b%26c");
+    }
 
     /// A global lists its zones; a zone shows its link and its problem;
     /// a standalone hdsd (or one too old to answer) shows nothing more.

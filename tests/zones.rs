@@ -592,4 +592,32 @@ fn every_reader_of_the_global_sees_both_zones(global: &Hdsd) {
             "{line}"
         );
     }
+    // The filters and --json.
+    let status = |args: &[&str]| -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_hdsd"))
+            .args(["status", "--api", &format!("http://{}", global.api)])
+            .args(args)
+            .output()
+            .expect("hdsd status");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let json: Value = serde_json::from_str(&status(&["--zone", "us-1", "--json"])).unwrap();
+    let items = json["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{json}");
+    assert_eq!(items[0]["zone"]["name"], "us-1", "{json}");
+    assert_eq!(
+        json["zones"]["items"].as_array().map(Vec::len),
+        Some(2),
+        "{json}"
+    );
+    let text = status(&["--not-ready"]);
+    assert!(
+        text.contains("0 dataplanes"),
+        "every dataplane is ready: {text}"
+    );
 }
