@@ -1331,11 +1331,7 @@ class ZonesDemo(Story):
         t0 = time.monotonic()
         moved = self.only_from(OTHER_ZONE, f"every answer to come from {OTHER_ZONE}", worst + 5)
 
-        def not_ready():
-            items = self.zone_items()
-            got = {b.app: self.at_global(items, b) for b in local}
-            return all(ready is False for _, ready in got.values()), got
-        wait_until(self.sup, f"{FRONT_ZONE}'s inbounds to read not ready at the global", worst + 10, not_ready)
+        self.wait_at_global(local, False, worst + 10)
         at_global = time.monotonic() - t0
         wait_until(self.sup, f"the front Envoy to mark {FRONT_ZONE}'s endpoints unhealthy", 10,
                    self.front_flags(local, lambda f: "failed_eds_health" in f))
@@ -1349,6 +1345,15 @@ class ZonesDemo(Story):
                     f"{fmt_s(worst)}" + (" - within it" if within else f" - {at_global - worst:.1f}s OVER it")
                     + f"); the front marked them unhealthy (EDS) {marked:.1f}s after; {traffic}")
 
+    def wait_at_global(self, backends, ready, timeout):
+        """Waits until every one of `backends` reads `ready` at the global."""
+        def check():
+            items = self.zone_items()
+            got = {b.app: self.at_global(items, b) for b in backends}
+            return all(r is ready for _, r in got.values()), got
+        word = "ready" if ready else "not ready"
+        wait_until(self.sup, f"{FRONT_ZONE}'s inbounds to read {word} at the global", timeout, check)
+
     def step_d(self):
         local = self.in_zone(FRONT_ZONE)
         bound = self.zone_settings[FRONT_ZONE].worst_case_recovery()
@@ -1359,11 +1364,7 @@ class ZonesDemo(Story):
             self.start_app(b)
         t0 = time.monotonic()
 
-        def ready():
-            items = self.zone_items()
-            got = {b.app: self.at_global(items, b) for b in local}
-            return all(r is True for _, r in got.values()), got
-        wait_until(self.sup, f"{FRONT_ZONE}'s inbounds to read ready at the global", bound + 10, ready)
+        self.wait_at_global(local, True, bound + 10)
         at_global = time.monotonic() - t0
         wait_until(self.sup, f"the front Envoy to mark {FRONT_ZONE}'s endpoints healthy", 10,
                    self.front_flags(local, lambda f: f == "healthy"))

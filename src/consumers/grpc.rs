@@ -223,17 +223,9 @@ fn filter(mesh: String, names: Vec<String>, selector: BTreeMap<String, String>) 
 impl ReadinessApi {
     /// Every dataplane `f` matches, with the revision the list was taken at.
     /// The revision is read first: every change up to it is in the items.
+    /// This hdsd's dataplanes, then on a global every zone's (only
+    /// `zone`'s with one; `local`: only this hdsd's own).
     pub async fn list(
-        &self,
-        f: &Filter,
-        ready: Option<bool>,
-    ) -> Result<(u64, Vec<pb::Dataplane>), Status> {
-        self.list_in(f, ready, None).await
-    }
-
-    /// [`ReadinessApi::list`], then on a global every zone's dataplanes
-    /// (only `zone`'s with one; `local`: only this hdsd's own).
-    async fn list_in(
         &self,
         f: &Filter,
         ready: Option<bool>,
@@ -292,7 +284,7 @@ impl pb::readiness_service_server::ReadinessService for ReadinessApi {
         let r = request.into_inner();
         let f = filter(r.mesh, Vec::new(), r.selector.into_iter().collect());
         let zone = (!r.zone.is_empty()).then_some(r.zone.as_str());
-        let (revision, items) = self.list_in(&f, r.ready, zone).await?;
+        let (revision, items) = self.list(&f, r.ready, zone).await?;
         Ok(Response::new(pb::ListDataplanesResponse {
             items,
             revision,

@@ -163,14 +163,19 @@ impl Front {
         }
     }
 
-    /// The front's view of one endpoint: its stats and health flags, from /clusters.
-    pub fn host(&self, port: u16) -> Result<BTreeMap<String, String>, String> {
-        let text = ureq::get(&format!("http://{}/clusters", self.admin))
+    /// A text page of the front's admin API.
+    fn admin_text(&self, path: &str) -> Result<String, String> {
+        ureq::get(&format!("http://{}{path}", self.admin))
             .call()
             .map_err(|e| e.to_string())?
             .body_mut()
             .read_to_string()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.to_string())
+    }
+
+    /// The front's view of one endpoint: its stats and health flags, from /clusters.
+    pub fn host(&self, port: u16) -> Result<BTreeMap<String, String>, String> {
+        let text = self.admin_text("/clusters")?;
         let prefix = format!("default/web::127.0.0.1:{port}::");
         let host: BTreeMap<String, String> = text
             .lines()
@@ -188,12 +193,7 @@ impl Front {
     /// A counter or gauge of the front's `default/web` cluster, by its
     /// name after the cluster (e.g. `assignment_stale`), from /stats.
     pub fn cluster_stat(&self, name: &str) -> Result<u64, String> {
-        let text = ureq::get(&format!("http://{}/stats?filter={name}", self.admin))
-            .call()
-            .map_err(|e| e.to_string())?
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| e.to_string())?;
+        let text = self.admin_text(&format!("/stats?filter={name}"))?;
         let line = format!("cluster.default/web.{name}: ");
         text.lines()
             .find_map(|l| l.strip_prefix(&line))
