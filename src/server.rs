@@ -234,6 +234,7 @@ pub async fn run(
             },
             &config.global.zones,
             &config.global.disabled,
+            Some(cluster.clone()),
             clock.clone(),
         )
     });

@@ -621,3 +621,187 @@ fn every_reader_of_the_global_sees_both_zones(global: &Hdsd) {
         "every dataplane is ready: {text}"
     );
 }
+
+/// The `[global]` table of the two-instance test.
+const GLOBAL_EU: &str = "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\"]\n";
+
+/// A global of two instances on PostgreSQL, with the zone's stream on the
+/// first: the second answers for the zone too (its dataplanes, ready, and
+/// which instance holds the stream). Cut the zone off both: offline on both
+/// within `zone_timeout` + 1 s. Heal: online again, resumed. Kill the
+/// instance holding the stream: the zone moves to the other one and
+/// resumes there without a snapshot, and no dataplane left the survivor's
+/// view meanwhile. A zone token revoked through the store ends the stream
+/// wherever it is held.
+#[test]
+fn two_global_instances_on_postgres_answer_for_every_zone() {
+    use crate::support::postgres::Postgres;
+    let Some(pg) = Postgres::start("two_global_instances_on_postgres_answer_for_every_zone") else {
+        return;
+    };
+    let extra = format!(
+        "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n{GLOBAL_EU}",
+        pg.url()
+    );
+    let options = || HdsdOptions {
+        auth_mode: "token",
+        zone_listener: true,
+        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
+        extra: extra.clone(),
+        ..HdsdOptions::default()
+    };
+    let mut g1 = Hdsd::start(options());
+    let g2 = Hdsd::start(options());
+    let tokens = tempfile::tempdir().unwrap();
+    let token = zone_token(&g1, "eu-1", &tokens);
+    let (r1, r2) = (
+        Relay::start(g1.zones.unwrap()),
+        Relay::start(g2.zones.unwrap()),
+    );
+    let eu = Hdsd::start(HdsdOptions {
+        extra: format!(
+            "[zone]\nname = \"eu-1\"\nglobal = [\"http://{}\", \"http://{}\"]\ntoken_file = {:?}\n",
+            r1.addr,
+            r2.addr,
+            token.display().to_string()
+        ),
+        ..HdsdOptions::default()
+    });
+    let app = App::start();
+    eu.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
+    let _envoy = Envoy::start(eu.hds, "default.web", None);
+    wait_remote_ready(&g1, "eu-1", "web", true, CONNECT);
+    let seen = Instant::now();
+    wait_remote_ready(&g2, "eu-1", "web", true, Duration::from_secs(5));
+    println!(
+        "web ready at the second instance {:?} after the first",
+        seen.elapsed()
+    );
+    let on_g2 = zone_state(&g2, "eu-1").unwrap();
+    assert_eq!(on_g2["state"], "online", "{on_g2}");
+    assert!(
+        on_g2["heldBy"]
+            .as_str()
+            .is_some_and(|h| h.ends_with(&format!("/{}", g1.pid()))),
+        "the second instance names the first as the holder: {on_g2}"
+    );
+    let on_g1 = zone_state(&g1, "eu-1").unwrap();
+    assert!(on_g1.get("heldBy").is_none(), "held here: {on_g1}");
+
+    // Cut the zone off both instances: the TCP connections stay open.
+    r1.cut();
+    r2.cut();
+    let cut = Instant::now();
+    let mut offline = Vec::new();
+    for g in [&g1, &g2] {
+        wait_zone(
+            g,
+            "eu-1",
+            "offline",
+            ZONE_TIMEOUT + Duration::from_secs(5),
+            |z| z["state"] == "offline",
+        );
+        offline.push(cut.elapsed());
+    }
+    println!(
+        "eu-1 offline at the instances {offline:?} after the cut (zone_timeout {ZONE_TIMEOUT:?})"
+    );
+    for took in &offline {
+        assert!(
+            *took <= ZONE_TIMEOUT + Duration::from_secs(1),
+            "offline {took:?} after the cut"
+        );
+    }
+    assert!(
+        eu.dataplane("default.web").unwrap().inbounds[0]
+            .health
+            .ready
+    );
+
+    // Heal: online on both again, and the stream resumed (no snapshot).
+    r1.heal();
+    r2.heal();
+    for g in [&g1, &g2] {
+        wait_zone(g, "eu-1", "online again", Duration::from_secs(30), |z| {
+            z["state"] == "online"
+        });
+    }
+    let resumes = |g: &Hdsd| {
+        zone_state(g, "eu-1").unwrap()["resumes"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let snapshots = |g: &Hdsd| {
+        zone_state(g, "eu-1").unwrap()["snapshots"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    wait_for(
+        "a resume on either instance",
+        Duration::from_secs(10),
+        || {
+            if resumes(&g1) + resumes(&g2) >= 1 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{:?} {:?}",
+                    zone_state(&g1, "eu-1"),
+                    zone_state(&g2, "eu-1")
+                ))
+            }
+        },
+    );
+    assert_eq!(snapshots(&g1) + snapshots(&g2), 1, "one snapshot in all");
+
+    // Kill the instance holding the stream: the zone moves to the
+    // survivor and resumes there from what the shared store holds.
+    let mut g2 = g2;
+    let (holder, survivor) = if zone_state(&g1, "eu-1").unwrap().get("heldBy").is_none() {
+        (&mut g1, &g2)
+    } else {
+        (&mut g2, &g1)
+    };
+    let before = zone_state(survivor, "eu-1").unwrap();
+    holder.kill();
+    let killed = Instant::now();
+    let moved = wait_for("eu-1 held by the survivor", Duration::from_secs(40), || {
+        let items = remote_items(survivor, "eu-1");
+        assert_eq!(
+            items.len(),
+            1,
+            "a dataplane left the survivor's view: {items:?}"
+        );
+        let z = zone_state(survivor, "eu-1")?;
+        if z["state"] == "online" && z.get("heldBy").is_none() && z["streams"] != before["streams"]
+        {
+            Ok(z)
+        } else {
+            Err(format!("{z}"))
+        }
+    });
+    println!(
+        "eu-1 held by the survivor {:?} after the kill: {moved}",
+        killed.elapsed()
+    );
+    assert_eq!(
+        moved["resumes"].as_u64(),
+        before["resumes"].as_u64().map(|r| r + 1),
+        "resumed from the shared store: {moved}"
+    );
+    assert_eq!(
+        moved["snapshots"], before["snapshots"],
+        "no snapshot on the survivor: {moved}"
+    );
+    wait_remote_ready(survivor, "eu-1", "web", true, Duration::from_secs(5));
+
+    // A zone token revoked through the shared store ends the stream.
+    let jti = survivor.jti_of(&std::fs::read_to_string(&token).unwrap());
+    let revoked_at = Instant::now();
+    survivor.cli(&["token", "revoke", &jti]);
+    let status = wait_uplink_code(&eu, "unauthenticated", Duration::from_secs(3));
+    println!(
+        "stream ended {:?} after the revocation",
+        revoked_at.elapsed()
+    );
+    assert!(problem_of(&status).contains("revoked"), "{status}");
+}

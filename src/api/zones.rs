@@ -35,6 +35,11 @@ pub struct ZoneItem {
     /// The zone instance holding the uplink, while one does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
+    /// The instance of the global holding the zone's stream, when it is
+    /// another one (several global instances on PostgreSQL; absent when it
+    /// is this one, or nobody holds it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
     /// The zone revision the global holds complete (absent while syncing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revision: Option<u64>,
@@ -65,6 +70,7 @@ impl From<&ZoneSummary> for ZoneItem {
             last_seen: s.liveness.last_seen,
             registered: s.registered,
             instance: s.instance.clone(),
+            held_by: s.held_by.clone(),
             revision: s.held,
             dataplanes: s.dataplanes,
             inbounds: InboundCounts {

@@ -30,7 +30,10 @@ pub mod conformance;
 mod postgres;
 mod solo;
 
-pub use crate::store::postgres::{KeyPublication, StreamNote, Swept};
+pub use crate::store::postgres::{
+    KeyPublication, LinkChange, LinkRow, LinkState, StreamNote, Swept, Written, ZoneDataplaneRow,
+    ZoneWrite, ZonesRead,
+};
 pub use postgres::PgCluster;
 pub use solo::Solo;
 
@@ -58,6 +61,8 @@ pub enum Topic {
     Revocations,
     /// Shared public signing keys.
     Keys,
+    /// A global's zones.
+    Zones,
 }
 
 /// What several instances share. Every method is about this instance's
@@ -99,6 +104,18 @@ pub trait Cluster: Send + Sync + Debug + 'static {
     ) -> ClusterFuture<'a, KeyPublication>;
     /// Every shared public key.
     fn shared_keys(&self) -> ClusterFuture<'_, Vec<SharedKey>>;
+    /// Writes the zones whose streams this instance holds (a global with
+    /// several instances): one [`Written`] per write, in order.
+    /// `zone_timeout`: how long a zone may be silent before any lease epoch
+    /// may claim it; `prune`: also drop old tombstones.
+    fn write_zones<'a>(
+        &'a self,
+        writes: &'a [ZoneWrite],
+        zone_timeout: Duration,
+        prune: bool,
+    ) -> ClusterFuture<'a, Vec<Written>>;
+    /// The zones' rows written after `seq` (0: all of them).
+    fn zones_since(&self, seq: i64) -> ClusterFuture<'_, ZonesRead>;
     /// Poked when something of `topic` may have changed.
     fn signal(&self, topic: Topic) -> watch::Receiver<()>;
     /// How often followers read everything anyway (heals a missed poke).

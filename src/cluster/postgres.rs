@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
 
-use super::{Cluster, ClusterFuture, Holders, KeyPublication, Observe, StreamNote, Swept, Topic};
+use super::{
+    Cluster, ClusterFuture, Holders, KeyPublication, Observe, StreamNote, Swept, Topic, Written,
+    ZoneWrite, ZonesRead,
+};
 use crate::auth::SharedKey;
 use crate::feed::{Feed, HistoryLimits};
 use crate::readiness::Timestamp;
@@ -93,11 +96,25 @@ impl Cluster for PgCluster {
         Box::pin(self.store.shared_keys())
     }
 
+    fn write_zones<'a>(
+        &'a self,
+        writes: &'a [ZoneWrite],
+        zone_timeout: Duration,
+        prune: bool,
+    ) -> ClusterFuture<'a, Vec<Written>> {
+        Box::pin(self.store.write_zones(writes, zone_timeout, prune))
+    }
+
+    fn zones_since(&self, seq: i64) -> ClusterFuture<'_, ZonesRead> {
+        Box::pin(self.store.zones_since(seq))
+    }
+
     fn signal(&self, topic: Topic) -> watch::Receiver<()> {
         match topic {
             Topic::Holders => self.store.holders_signal(),
             Topic::Revocations => self.store.revocations_signal(),
             Topic::Keys => self.store.keys_signal(),
+            Topic::Zones => self.store.zones_signal(),
         }
     }
 

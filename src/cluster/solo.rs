@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
 
-use super::{Cluster, ClusterFuture, Holders, KeyPublication, Observe, StreamNote, Swept, Topic};
+use super::{
+    Cluster, ClusterFuture, Holders, KeyPublication, Observe, StreamNote, Swept, Topic, Written,
+    ZoneWrite, ZonesRead,
+};
 use crate::auth::SharedKey;
 use crate::feed::{Feed, HistoryLimits};
 use crate::readiness::Timestamp;
@@ -27,7 +30,7 @@ pub struct Solo {
     instance: String,
     state: Arc<Mutex<SoloState>>,
     notes: broadcast::Sender<StreamNote>,
-    signals: [watch::Sender<()>; 3],
+    signals: [watch::Sender<()>; 4],
 }
 
 #[derive(Debug, Default)]
@@ -174,6 +177,21 @@ impl Cluster for Solo {
                 })
                 .collect(),
         )
+    }
+
+    /// Alone, no other instance reads the zones: every write holds.
+    fn write_zones<'a>(
+        &'a self,
+        writes: &'a [ZoneWrite],
+        _zone_timeout: Duration,
+        _prune: bool,
+    ) -> ClusterFuture<'a, Vec<Written>> {
+        ready(writes.iter().map(|_| Written::Kept { seq: 0 }).collect())
+    }
+
+    /// Alone, no other instance writes zones.
+    fn zones_since(&self, _seq: i64) -> ClusterFuture<'_, ZonesRead> {
+        ready(ZonesRead::default())
     }
 
     fn signal(&self, topic: Topic) -> watch::Receiver<()> {

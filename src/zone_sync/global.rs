@@ -17,7 +17,7 @@
 //! stream's token is verified again, and a stream whose token no longer
 //! verifies ends with `UNAUTHENTICATED`.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,12 +27,15 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::shared::{self, Outgoing, Report};
 use crate::auth::Gate;
 use crate::clock::{Clock, Timestamp};
+use crate::cluster::Cluster;
+use crate::dataplane::DataplaneId;
 use crate::pb;
 use crate::zones::hub::{Hub, HubSettings, ZonesView};
 use crate::zones::liveness::ZoneState;
-use crate::zones::remote::{Applied, Claim, StreamId};
+use crate::zones::remote::{Applied, Claim, OwnLink, StreamId};
 use crate::zones::session::{
     Action, Event, Registration, Session, SessionSettings, ZoneCredential,
 };
@@ -114,10 +117,13 @@ impl HubHandle {
 }
 
 /// Starts the hub task: the zones of the configuration, judged by `settings`.
+/// With a `cluster` shared by several instances, the zones are shared
+/// through it too ([`super::shared`]).
 pub fn spawn_hub(
     settings: HubSettings,
     registered: &[String],
     disabled: &[String],
+    cluster: Option<Arc<dyn Cluster>>,
     clock: Arc<dyn Clock>,
 ) -> HubHandle {
     let hub = Hub::new(settings, registered, disabled, clock.now());
@@ -126,13 +132,41 @@ pub fn spawn_hub(
     publish_metrics(&first);
     let (view_tx, view) = watch::channel(Arc::new(first));
     let (commands, rx) = mpsc::channel(HUB_QUEUE);
-    tokio::spawn(run_hub(hub, rx, view_tx, clock));
+    let (reports_tx, reports) = mpsc::unbounded_channel();
+    let ledger = cluster.filter(|c| c.shared()).map(|cluster| {
+        let (tx, outgoing) = mpsc::unbounded_channel();
+        shared::spawn(
+            cluster,
+            settings.zone_timeout,
+            clock.clone(),
+            outgoing,
+            reports_tx,
+        );
+        tx
+    });
+    tokio::spawn(run_hub(hub, rx, reports, ledger, view_tx, clock));
     HubHandle { commands, view }
+}
+
+/// What a batch of commands did to one zone that the other instances of
+/// the global must hear.
+#[derive(Debug, Default)]
+struct Pending {
+    /// The stream that won the zone in this batch.
+    claimed: Option<StreamId>,
+    /// Dataplanes that changed.
+    changed: BTreeSet<DataplaneId>,
+    /// The holder's link just before its stream ended, and that stream.
+    ended: Option<OwnLink>,
+    /// The holder's news (heartbeats) moved the link.
+    touched: bool,
 }
 
 async fn run_hub(
     mut hub: Hub,
     mut rx: mpsc::Receiver<Command>,
+    mut reports: mpsc::UnboundedReceiver<Report>,
+    ledger: Option<mpsc::UnboundedSender<Vec<Outgoing>>>,
     view: watch::Sender<Arc<ZonesView>>,
     clock: Arc<dyn Clock>,
 ) {
@@ -142,16 +176,26 @@ async fn run_hub(
     let mut batch = Vec::new();
     loop {
         let mut changed = BTreeSet::new();
+        let mut pending: BTreeMap<String, Pending> = BTreeMap::new();
         tokio::select! {
             n = rx.recv_many(&mut batch, HUB_QUEUE) => {
                 if n == 0 {
                     return;
                 }
                 for command in batch.drain(..) {
-                    handle(&mut hub, &mut streams, &mut changed, command, clock.as_ref());
+                    handle(&mut hub, &mut streams, &mut changed, &mut pending, command, clock.as_ref());
                 }
             }
+            Some(report) = reports.recv() => {
+                observe(&mut hub, &streams, &mut changed, report);
+            }
             _ = tick.tick() => {}
+        }
+        if let Some(ledger) = &ledger {
+            let outgoing = outgoing(&hub, pending, clock.now());
+            if !outgoing.is_empty() {
+                let _ = ledger.send(outgoing);
+            }
         }
         let current = view.borrow().clone();
         let next = hub.view(clock.now());
@@ -168,10 +212,99 @@ async fn run_hub(
     }
 }
 
+/// What the other instances must hear of `pending`, from the hub as it
+/// stands after the batch.
+fn outgoing(hub: &Hub, pending: BTreeMap<String, Pending>, at: Timestamp) -> Vec<Outgoing> {
+    let mut out = Vec::new();
+    for (zone, p) in pending {
+        let Some(remote) = hub.remote(&zone) else {
+            continue;
+        };
+        let shared = remote.shared();
+        let dataplanes = |ids: &BTreeSet<DataplaneId>| {
+            ids.iter()
+                .map(|id| (id.clone(), shared.get(id).cloned()))
+                .collect::<Vec<_>>()
+        };
+        if let Some(last) = p.ended {
+            let stream = last.stream;
+            out.push(Outgoing {
+                zone: zone.clone(),
+                stream,
+                change: if p.claimed == Some(stream) {
+                    shared::Change::Claim(last)
+                } else {
+                    shared::Change::Update(last)
+                },
+                dataplanes: dataplanes(&p.changed),
+                at,
+            });
+            out.push(Outgoing {
+                zone: zone.clone(),
+                stream,
+                change: shared::Change::Release,
+                dataplanes: Vec::new(),
+                at,
+            });
+        }
+        if let Some(link) = remote.own_link() {
+            if p.touched || p.claimed.is_some() || !p.changed.is_empty() {
+                let stream = link.stream;
+                out.push(Outgoing {
+                    zone,
+                    stream,
+                    change: if p.claimed == Some(stream) {
+                        shared::Change::Claim(link)
+                    } else {
+                        shared::Change::Update(link)
+                    },
+                    dataplanes: dataplanes(&p.changed),
+                    at,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Applies what the ledger read or found.
+fn observe(
+    hub: &mut Hub,
+    streams: &HashMap<StreamId, mpsc::UnboundedSender<Notice>>,
+    changed: &mut BTreeSet<String>,
+    report: Report,
+) {
+    match report {
+        Report::Observed { zones, all } => {
+            for z in zones {
+                let (_, moved) = hub.observe(&z.zone, z.link, z.dataplanes, all);
+                if moved {
+                    changed.insert(z.zone);
+                }
+            }
+        }
+        Report::Lost {
+            zone,
+            stream,
+            holder,
+        } => {
+            if hub.lost(&zone, stream) {
+                changed.insert(zone.clone());
+                if let Some(notices) = streams.get(&stream) {
+                    let (epoch, instance) =
+                        holder.unwrap_or((0, "another instance of the global".to_string()));
+                    let _ = notices.send(Notice::Superseded { epoch, instance });
+                }
+            }
+        }
+    }
+}
+
 fn handle(
     hub: &mut Hub,
     streams: &mut HashMap<StreamId, mpsc::UnboundedSender<Notice>>,
     changed: &mut BTreeSet<String>,
+    pending: &mut BTreeMap<String, Pending>,
     command: Command,
     clock: &dyn Clock,
 ) {
@@ -198,6 +331,9 @@ fn handle(
                 replaced, pruned, ..
             } = &claim
             {
+                let p = pending.entry(zone.clone()).or_default();
+                p.claimed = Some(stream);
+                p.changed.extend(pruned.iter().map(applied_id));
                 if let Some(old) = replaced.and_then(|old| streams.get(&old)) {
                     let _ = old.send(Notice::Superseded {
                         epoch,
@@ -216,9 +352,19 @@ fn handle(
             actions,
         } => {
             let mut moved = false;
+            let p = pending.entry(zone.clone()).or_default();
             for action in &actions {
+                let holder = hub.remote(&zone).and_then(|r| r.own_link());
+                if matches!(action, Action::End { .. }) {
+                    if let Some(link) = holder.filter(|l| l.stream == stream) {
+                        p.ended = Some(link);
+                    }
+                } else if holder.is_some_and(|l| l.stream == stream) {
+                    p.touched = true;
+                }
                 let applied: Vec<Applied> = hub.apply(&zone, stream, action);
                 moved |= !applied.is_empty();
+                p.changed.extend(applied.iter().map(applied_id));
             }
             if moved {
                 changed.insert(zone);
@@ -227,6 +373,12 @@ fn handle(
         Command::Gone { stream } => {
             streams.remove(&stream);
         }
+    }
+}
+
+fn applied_id(a: &Applied) -> DataplaneId {
+    match a {
+        Applied::Changed(id) | Applied::Deleted(id) => id.clone(),
     }
 }
 

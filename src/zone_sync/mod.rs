@@ -7,12 +7,16 @@
 //!   writer of the [`Hub`](crate::zones::hub::Hub), publishes a
 //!   [`ZonesView`](crate::zones::hub::ZonesView) that the REST API, the
 //!   metrics and the page read.
+//! - [`shared`]: with several instances of the global on PostgreSQL, the
+//!   ledger task writes the zones whose streams this instance holds and
+//!   hands the hub what the other instances wrote of theirs.
 //! - [`uplink`]: the zone's side: one task dials the global (the URLs of
 //!   `zone.global` in turn, with backoff), drives an
 //!   [`Uplink`](crate::zones::uplink::Uplink) with the change feed and
 //!   publishes how the link stands.
 
 pub mod global;
+pub mod shared;
 pub mod uplink;
 
 use std::time::Duration;

@@ -15,6 +15,11 @@
 //!   `offline_ttl`; before that an offline zone keeps its last readiness and
 //!   readers show the zone's state beside it. Nothing is deleted because a
 //!   zone went away.
+//! - With several instances of the global (PostgreSQL), a zone whose
+//!   stream another instance holds is fed from the shared store
+//!   ([`Hub::observe`]): its link and dataplanes as that instance wrote
+//!   them; a zone whose stream is held here ignores the store (its own
+//!   news are newer).
 //! - Streams get growing ids; a resume is counted when a stream wins the
 //!   uplink with a revision to resume from, a snapshot when the holder's
 //!   snapshot completes.
@@ -26,10 +31,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::liveness::{Liveness, ZoneState};
-use super::remote::{Applied, Claim, Dataplanes, RemoteZone, StreamId};
+use super::remote::{Applied, Claim, Dataplanes, ObservedLink, RemoteZone, StreamId};
 use super::session::{Action, Registration};
 use super::{plus, Meshes};
 use crate::clock::Timestamp;
+use crate::dataplane::DataplaneId;
+use crate::pb;
 use crate::view::{DataplaneItem, RemoteZoneOf};
 
 /// How the global judges its zones.
@@ -63,6 +70,9 @@ pub struct ZoneSummary {
     pub registered: bool,
     /// The zone instance holding the uplink, while one does.
     pub instance: Option<String>,
+    /// The instance of the global holding the zone's stream, when it is
+    /// another one (several global instances on PostgreSQL).
+    pub held_by: Option<String>,
     /// The zone revision the global holds complete (`None`: syncing).
     pub held: Option<u64>,
     /// The zone's dataplanes the global holds.
@@ -243,6 +253,60 @@ impl Hub {
         }
     }
 
+    /// What another instance of the global wrote of `zone` (several
+    /// instances on PostgreSQL): its link, if it was read, and dataplanes
+    /// (`None`: deleted); with `all`, `dataplanes` is the whole zone and
+    /// what it lacks is deleted. Ignored while a stream here holds the
+    /// zone. Returns the dataplanes readers must look at again, and whether
+    /// anything moved.
+    pub fn observe(
+        &mut self,
+        zone: &str,
+        link: Option<ObservedLink>,
+        dataplanes: Vec<(DataplaneId, Option<pb::Dataplane>)>,
+        all: bool,
+    ) -> (Vec<Applied>, bool) {
+        let entry = self.entry(zone);
+        // Another instance accepted it: registered there, so here too.
+        entry.registered = true;
+        let moved = link.is_some_and(|l| entry.remote.observe_link(l));
+        let applied = if all {
+            entry.remote.observe_all(
+                dataplanes
+                    .into_iter()
+                    .filter_map(|(id, dp)| Some((id, dp?)))
+                    .collect(),
+            )
+        } else {
+            dataplanes
+                .into_iter()
+                .filter_map(|(id, dp)| entry.remote.observe_dataplane(id, dp))
+                .collect()
+        };
+        let moved = moved || !applied.is_empty();
+        (applied, moved)
+    }
+
+    /// The shared store says `stream` no longer holds `zone` (another
+    /// instance of the global took it): the stream's news stop counting
+    /// here, as when it ends. True when it held it.
+    pub fn lost(&mut self, zone: &str, stream: StreamId) -> bool {
+        let Some(entry) = self.zones.get_mut(zone) else {
+            return false;
+        };
+        if entry.remote.holder() != Some(stream) {
+            return false;
+        }
+        entry.remote.apply(
+            stream,
+            &Action::End {
+                code: super::Code::Superseded,
+                reason: "another instance of the global holds the zone's stream".into(),
+            },
+        );
+        true
+    }
+
     /// What the global holds of `zone`.
     pub fn remote(&self, zone: &str) -> Option<&RemoteZone> {
         self.zones.get(zone).map(|e| &e.remote)
@@ -299,6 +363,7 @@ impl Hub {
             liveness,
             registered: e.registered,
             instance: e.remote.uplink_instance().map(str::to_string),
+            held_by: e.remote.elsewhere().map(str::to_string),
             held: e.remote.resume_from(),
             dataplanes: e.remote.len(),
             inbounds_ready: ready,

@@ -100,6 +100,37 @@ pub struct RemoteZone {
     /// The highest epoch accepted, and from which instance.
     epoch: Option<(u64, String)>,
     liveness: LivenessInputs,
+    /// While another instance of the global holds the zone's stream: that
+    /// instance (from the shared store; see [`RemoteZone::observe_link`]).
+    elsewhere: Option<String>,
+}
+
+/// A zone's link as another instance of the global wrote it, its times
+/// put on this instance's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedLink {
+    /// The lease epoch held, and the zone instance holding it.
+    pub epoch: u64,
+    pub zone_instance: String,
+    /// The revision held complete, and whether a snapshot is in progress.
+    pub held: Option<u64>,
+    pub snapshot: bool,
+    /// The liveness times (the `disabled` flag is this instance's own).
+    pub liveness: LivenessInputs,
+    /// The instance of the global holding the stream; `None`: nobody.
+    pub holder: Option<String>,
+}
+
+/// The link as a stream of this instance holds it, for the other instances.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnLink {
+    /// The holding stream.
+    pub stream: StreamId,
+    pub epoch: u64,
+    pub zone_instance: String,
+    pub held: Option<u64>,
+    pub snapshot: bool,
+    pub liveness: LivenessInputs,
 }
 
 impl RemoteZone {
@@ -115,6 +146,7 @@ impl RemoteZone {
             holder: None,
             epoch: None,
             liveness: LivenessInputs::default(),
+            elsewhere: None,
         }
     }
 
@@ -140,9 +172,95 @@ impl RemoteZone {
         self.holder.as_ref().map(|h| h.stream)
     }
 
-    /// The zone instance whose stream holds the uplink, if any.
+    /// The zone instance whose stream holds the uplink, if any (here or
+    /// on another instance of the global).
     pub fn uplink_instance(&self) -> Option<&str> {
-        self.holder.as_ref().map(|h| h.instance.as_str())
+        match (&self.holder, &self.elsewhere, &self.epoch) {
+            (Some(h), _, _) => Some(h.instance.as_str()),
+            (None, Some(_), Some((_, instance))) => Some(instance.as_str()),
+            _ => None,
+        }
+    }
+
+    /// The instance of the global holding the zone's stream, when it is
+    /// another one.
+    pub fn elsewhere(&self) -> Option<&str> {
+        self.elsewhere.as_deref()
+    }
+
+    /// The link a stream of this instance holds, for the other instances.
+    pub fn own_link(&self) -> Option<OwnLink> {
+        let h = self.holder.as_ref()?;
+        Some(OwnLink {
+            stream: h.stream,
+            epoch: h.epoch,
+            zone_instance: h.instance.clone(),
+            held: self.held,
+            snapshot: self.snapshot,
+            liveness: self.liveness.clone(),
+        })
+    }
+
+    /// What another instance of the global wrote of the link. Ignored
+    /// while a stream here holds it (its own news are newer); false then.
+    pub fn observe_link(&mut self, link: ObservedLink) -> bool {
+        if self.holder.is_some() {
+            return false;
+        }
+        self.held = link.held;
+        self.snapshot = link.snapshot;
+        self.epoch = Some((link.epoch, link.zone_instance));
+        self.liveness = LivenessInputs {
+            disabled: None,
+            ..link.liveness
+        };
+        self.elsewhere = link.holder;
+        true
+    }
+
+    /// A dataplane another instance of the global wrote (`None`: deleted);
+    /// ignored while a stream here holds the zone.
+    pub fn observe_dataplane(
+        &mut self,
+        id: DataplaneId,
+        dataplane: Option<pb::Dataplane>,
+    ) -> Option<Applied> {
+        if self.holder.is_some() {
+            return None;
+        }
+        match dataplane {
+            Some(dp) if self.get(&id) != Some(&dp) => {
+                self.put(id.clone(), dp);
+                Some(Applied::Changed(id))
+            }
+            Some(_) => None,
+            None => self.take(&id).then_some(Applied::Deleted(id)),
+        }
+    }
+
+    /// Every dataplane of the zone as the shared store has it (a full
+    /// read): what is not in `all` is deleted. Ignored while a stream here
+    /// holds the zone.
+    pub fn observe_all(&mut self, all: Vec<(DataplaneId, pb::Dataplane)>) -> Vec<Applied> {
+        if self.holder.is_some() {
+            return Vec::new();
+        }
+        let keep: std::collections::BTreeSet<DataplaneId> =
+            all.iter().map(|(id, _)| id.clone()).collect();
+        let gone: Vec<DataplaneId> = self
+            .dataplanes
+            .keys()
+            .filter(|id| !keep.contains(*id))
+            .cloned()
+            .collect();
+        let mut applied: Vec<Applied> = gone
+            .into_iter()
+            .filter_map(|id| self.take(&id).then_some(Applied::Deleted(id)))
+            .collect();
+        for (id, dp) in all {
+            applied.extend(self.observe_dataplane(id, Some(dp)));
+        }
+        applied
     }
 
     /// One dataplane of the zone.
@@ -246,6 +364,7 @@ impl RemoteZone {
             epoch,
             instance: instance.to_string(),
         });
+        self.elsewhere = None;
         self.epoch = Some((epoch, instance.to_string()));
         let gone: Vec<DataplaneId> = self
             .dataplanes

@@ -281,7 +281,12 @@ impl Hdsd {
             {
                 panic!("hdsd exited with {status}:\n{}", self.log());
             }
+            // A bounded call: the listening sockets are the test's own, so
+            // a dead hdsd's port still accepts and would never answer.
             ureq::get(&url)
+                .config()
+                .timeout_global(Some(Duration::from_secs(2)))
+                .build()
                 .call()
                 .map(|_| ())
                 .map_err(|e| e.to_string())

@@ -18,6 +18,7 @@ pub(super) struct Announcements {
     pub(super) readiness: watch::Sender<()>,
     pub(super) revocations: watch::Sender<()>,
     pub(super) keys: watch::Sender<()>,
+    pub(super) zones: watch::Sender<()>,
     pub(super) streams: watch::Sender<()>,
     pub(super) replaced: broadcast::Sender<StreamNote>,
     /// Whether the listener's `LISTEN` is in force.
@@ -63,7 +64,7 @@ pub(super) async fn listen(
             });
             client
                 .batch_execute(&format!(
-                    "LISTEN {CHANNEL}; LISTEN {READINESS_CHANNEL}; LISTEN {STREAMS_CHANNEL}; LISTEN {REVOCATIONS_CHANNEL}; LISTEN {KEYS_CHANNEL}"
+                    "LISTEN {CHANNEL}; LISTEN {READINESS_CHANNEL}; LISTEN {STREAMS_CHANNEL}; LISTEN {REVOCATIONS_CHANNEL}; LISTEN {KEYS_CHANNEL}; LISTEN {ZONES_CHANNEL}"
                 ))
                 .await?;
             Ok::<_, tokio_postgres::Error>((client, notes))
@@ -87,6 +88,7 @@ pub(super) async fn listen(
                 heard.readiness.send_replace(());
                 heard.revocations.send_replace(());
                 heard.keys.send_replace(());
+                heard.zones.send_replace(());
                 heard.streams.send_replace(());
                 let mut reconcile_tick =
                     tokio::time::interval_at(tokio::time::Instant::now() + reconcile, reconcile);
@@ -101,6 +103,9 @@ pub(super) async fn listen(
                             }
                             Some(Ok((channel, _))) if channel == KEYS_CHANNEL => {
                                 heard.keys.send_replace(());
+                            }
+                            Some(Ok((channel, _))) if channel == ZONES_CHANNEL => {
+                                heard.zones.send_replace(());
                             }
                             Some(Ok((channel, payload))) if channel == STREAMS_CHANNEL => {
                                 if let Some(note) = parse_stream_note(&payload).filter(|n| n.instance() != heard.instance) {

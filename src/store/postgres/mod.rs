@@ -23,7 +23,8 @@
 //! One file per job: [`schema`] (tables, channels, locks, migrations),
 //! `listener` (the `LISTEN` connection), `definitions`, `readiness`,
 //! `streams` (who holds which stream), `members` (heartbeats, the sweep),
-//! `keys` (shared public keys and revocations).
+//! `keys` (shared public keys and revocations), `zones` (a global's zones,
+//! written by the instance holding each zone's stream).
 
 use std::time::Duration;
 
@@ -44,11 +45,15 @@ mod members;
 mod readiness;
 pub mod schema;
 mod streams;
+mod zones;
 
 pub use keys::KeyPublication;
 pub use members::{dead_instances, Swept};
 pub use schema::*;
 pub use streams::{Claim, StreamNote, MAX_INSTANCE, MAX_STREAM_PAYLOAD};
+pub use zones::{
+    LinkChange, LinkRow, LinkState, Written, ZoneDataplaneRow, ZoneWrite, ZonesRead, TOMBSTONE_TTL,
+};
 
 use listener::{listen, Announcements};
 use schema::migrate;
@@ -68,6 +73,8 @@ pub struct PgStore {
     revocations_signal: watch::Sender<()>,
     /// Poked on each change of the shared keys and on every (re)connect.
     keys_signal: watch::Sender<()>,
+    /// Poked on each zone write and on every (re)connect.
+    zones_signal: watch::Sender<()>,
     reconcile: Duration,
     /// The runtime the blocking [`ReadinessStore`] calls run their queries on.
     runtime: tokio::runtime::Handle,
@@ -158,6 +165,7 @@ impl PgStore {
         let (readiness_signal, _) = watch::channel(());
         let (revocations_signal, _) = watch::channel(());
         let (keys_signal, _) = watch::channel(());
+        let (zones_signal, _) = watch::channel(());
         let (streams_signal, _) = watch::channel(());
         let (listening_flag, _) = watch::channel(false);
         let (replaced, _) = broadcast::channel(CHANGES_BUFFER);
@@ -170,6 +178,7 @@ impl PgStore {
                 readiness: readiness_signal.clone(),
                 revocations: revocations_signal.clone(),
                 keys: keys_signal.clone(),
+                zones: zones_signal.clone(),
                 streams: streams_signal.clone(),
                 replaced: replaced.clone(),
                 listening: listening_flag.clone(),
@@ -192,6 +201,7 @@ impl PgStore {
             readiness_signal,
             revocations_signal,
             keys_signal,
+            zones_signal,
             reconcile: settings.reconcile_interval,
             runtime: tokio::runtime::Handle::current(),
             instance,

@@ -73,6 +73,34 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
              PRIMARY KEY (kid, publisher)
          );",
     ),
+    (
+        6,
+        "CREATE SEQUENCE hdsd_zone_seq;
+         CREATE TABLE hdsd_zone_links (
+             zone text PRIMARY KEY,
+             claim text,
+             instance text,
+             epoch bigint NOT NULL,
+             zone_instance text NOT NULL,
+             held bigint,
+             snapshot boolean NOT NULL,
+             opened_at timestamptz,
+             heartbeat_at timestamptz,
+             online_since timestamptz,
+             seq bigint NOT NULL
+         );
+         CREATE INDEX hdsd_zone_links_by_seq ON hdsd_zone_links (seq);
+         CREATE TABLE hdsd_zone_dataplanes (
+             zone text NOT NULL,
+             mesh text NOT NULL,
+             name text NOT NULL,
+             body bytea,
+             seq bigint NOT NULL,
+             updated_at timestamptz NOT NULL DEFAULT now(),
+             PRIMARY KEY (zone, mesh, name)
+         );
+         CREATE INDEX hdsd_zone_dataplanes_by_seq ON hdsd_zone_dataplanes (seq);",
+    ),
 ];
 
 /// The advisory lock key the sweep of dead instances takes, per transaction
@@ -110,6 +138,16 @@ pub const KEYS_CHANNEL: &str = "hdsd_signing_keys";
 /// ([`crate::names`], [`MAX_INSTANCE`]) every payload fits PostgreSQL's
 /// 8,000 bytes by construction ([`MAX_STREAM_PAYLOAD`]).
 pub const STREAMS_CHANNEL: &str = "hdsd_streams";
+
+/// The advisory lock key every zone write transaction takes
+/// (`pg_advisory_xact_lock`) before it draws numbers from `hdsd_zone_seq`:
+/// zone rows commit in sequence order, as readiness rows do under
+/// [`READINESS_LOCK`].
+pub const ZONES_LOCK: i64 = 0x6864_7364_0000_0004;
+
+/// The channel zone writes are announced on (no payload: readers read the
+/// rows whose `seq` is above the last they saw).
+pub const ZONES_CHANNEL: &str = "hdsd_zones";
 
 /// The channel readiness writes are announced on (no payload: readers
 /// read the rows whose `seq` is above the last they saw).
