@@ -10,25 +10,29 @@
 //!
 //! * `model`: the dataplane as hdsd holds it ([`Dataplane`], [`DataplaneId`],
 //!   [`Inbound`], [`ProbeOverrides`]...).
-//! * `limits`: what one file may hold ([`FileLimits`], [`Limit`]) and the
-//!   streaming YAML scanner that checks them ([`check_yaml`]).
+//! * `error`: why a file is refused ([`ParseError`]) and the [`Limit`] it
+//!   went past.
+//! * `limits`: what one file may hold ([`FileLimits`]) and the streaming
+//!   YAML scanner that checks them ([`check_yaml`]).
 //! * `parse`: one file's documents, sorted by their `type` ([`parse_file`]).
 //! * `kuma`: Kuma's `Dataplane` resource as serde reads it.
 //! * `documents`: a new version of a file parsed at the cost of its changed
 //!   documents ([`reparse_file`]).
 
 mod documents;
+mod error;
 mod kuma;
 mod limits;
 mod model;
 mod parse;
 
 pub use documents::{reparse_file, Documents, Reparsed};
-pub use limits::{check_yaml, FileLimits, Limit};
+pub use error::{Limit, ParseError};
+pub use limits::{check_yaml, FileLimits};
 pub use model::{
     BadIdentity, BadNodeId, Dataplane, DataplaneId, DataplaneKind, GatewayType, Inbound,
     InboundState, Listener, ProbeOverrides,
 };
 pub use parse::{
-    parse_documents, parse_file, parse_file_with, Format, IgnoredDocument, ParseError, ParsedFile,
+    parse_documents, parse_file, parse_file_with, Format, IgnoredDocument, ParsedFile,
 };

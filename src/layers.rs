@@ -230,6 +230,29 @@ mod tests {
         );
     }
 
+    /// `registry` -> `store` runs one way (ARCHITECTURE.md, "Circles
+    /// left"): no store file names the registry outside its tests.
+    #[test]
+    fn the_store_does_not_name_the_registry() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = vec![src.join("store.rs")];
+        sources(&src.join("store"), &mut files);
+        let mut found = Vec::new();
+        for path in files {
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                if line.trim_start().starts_with("#[cfg(test)]") {
+                    break;
+                }
+                let code = line.split("//").next().unwrap_or("");
+                if code.contains("crate::registry") {
+                    found.push(format!("{}:{}", path.display(), i + 1));
+                }
+            }
+        }
+        assert!(found.is_empty(), "the store names the registry: {found:?}");
+    }
+
     #[test]
     fn every_module_is_in_one_layer() {
         let mut seen = std::collections::BTreeSet::new();

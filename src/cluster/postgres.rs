@@ -15,6 +15,7 @@ use super::{
     ZoneWrite, ZonesRead,
 };
 use crate::auth::SharedKey;
+use crate::dataplane::DataplaneId;
 use crate::feed::{Feed, HistoryLimits};
 use crate::readiness::Timestamp;
 use crate::registry::Claims;
@@ -52,7 +53,10 @@ impl Cluster for PgCluster {
     }
 
     fn claims(&self) -> Claims {
-        self.store.claims()
+        let claims = self.store.claim_sender();
+        Claims(Arc::new(move |id: &DataplaneId, at| {
+            let _ = claims.send((id.clone(), at));
+        }))
     }
 
     fn stream_notes(&self) -> broadcast::Receiver<StreamNote> {

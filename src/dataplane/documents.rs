@@ -22,12 +22,11 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use super::error::ParseError;
 use super::kuma::{DataplaneDoc, Header};
 use super::limits::{check_sizes, scan_yaml, FileLimits, YamlSize};
 use super::model::Dataplane;
-use super::parse::{
-    classify, find_template, parse_file_with, Format, IgnoredDocument, ParseError, ParsedFile,
-};
+use super::parse::{classify, find_template, parse_file_with, Format, IgnoredDocument, ParsedFile};
 
 /// A file's documents as of its last good parse, for the next version of the
 /// file to reuse. It holds the file's text once; its dataplanes are shared

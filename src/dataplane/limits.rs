@@ -2,52 +2,8 @@
 //! deserialized: its size, its YAML's nesting, aliases and their expansion
 //! (by a streaming parser), its inbounds and tags.
 
+use super::error::{Limit, ParseError};
 use super::model::Dataplane;
-use super::parse::ParseError;
-
-/// A limit a dataplane file can go past: the `limit` label of
-/// `hdsd_dataplane_file_limit_hits_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Limit {
-    /// Not a regular file (a FIFO, a device, a socket, or a symlink to one).
-    NotRegularFile,
-    /// Larger than `dataplanes.max_file_size`.
-    FileSize,
-    /// YAML nested deeper than `dataplanes.max_nesting`.
-    Nesting,
-    /// More YAML aliases than `dataplanes.max_aliases`.
-    Aliases,
-    /// YAML aliases that expand the file past `dataplanes.max_file_size`.
-    Expansion,
-    /// A dataplane with more inbounds than `dataplanes.max_inbounds`.
-    Inbounds,
-    /// An inbound with more tags than `dataplanes.max_tags`.
-    Tags,
-}
-
-impl Limit {
-    pub const ALL: [Limit; 7] = [
-        Limit::NotRegularFile,
-        Limit::FileSize,
-        Limit::Nesting,
-        Limit::Aliases,
-        Limit::Expansion,
-        Limit::Inbounds,
-        Limit::Tags,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Limit::NotRegularFile => "not_regular_file",
-            Limit::FileSize => "file_size",
-            Limit::Nesting => "nesting",
-            Limit::Aliases => "aliases",
-            Limit::Expansion => "alias_expansion",
-            Limit::Inbounds => "inbounds",
-            Limit::Tags => "tags",
-        }
-    }
-}
 
 /// What one dataplane file may hold (the `dataplanes.max_*` settings). A
 /// file past a limit is rejected like any broken file: its last good
@@ -74,17 +30,6 @@ impl Default for FileLimits {
             max_aliases: 64,
             max_inbounds: 4096,
             max_tags: 64,
-        }
-    }
-}
-
-impl ParseError {
-    /// The error of a file past `limit`.
-    pub(super) fn limit(limit: Limit, line: Option<usize>, message: String) -> ParseError {
-        ParseError {
-            line,
-            message,
-            limit: Some(limit),
         }
     }
 }

@@ -2,32 +2,12 @@
 //! sorted by its `type` into a dataplane or an ignored document, within the
 //! file's limits.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 
+use super::error::ParseError;
 use super::kuma::{DataplaneDoc, Header};
-use super::limits::{check_file_size, check_sizes, check_yaml, FileLimits, Limit};
+use super::limits::{check_file_size, check_sizes, check_yaml, FileLimits};
 use super::model::Dataplane;
-
-/// Why a document could not be turned into a dataplane.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParseError {
-    /// 1-based line, when the parser knows it.
-    pub line: Option<usize>,
-    pub message: String,
-    /// The limit the file went past, when that is the problem.
-    pub limit: Option<Limit>,
-}
-
-impl fmt::Display for ParseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(line) => write!(f, "line {line}: {}", self.message),
-            None => f.write_str(&self.message),
-        }
-    }
-}
 
 /// The two forms Kuma reads a resource in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

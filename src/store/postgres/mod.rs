@@ -50,7 +50,7 @@ mod zones;
 pub use keys::KeyPublication;
 pub use members::{dead_instances, Swept};
 pub use schema::*;
-pub use streams::{Claim, StreamNote, MAX_INSTANCE, MAX_STREAM_PAYLOAD};
+pub use streams::{Claim, ClaimSender, StreamNote, MAX_INSTANCE, MAX_STREAM_PAYLOAD};
 pub use zones::{
     LinkChange, LinkRow, LinkState, Written, ZoneDataplaneRow, ZoneWrite, ZonesRead, TOMBSTONE_TTL,
 };
@@ -84,7 +84,7 @@ pub struct PgStore {
     replaced: broadcast::Sender<StreamNote>,
     /// Dataplanes whose stream attached here (`Some(when)`) or ended here
     /// (`None`), to announce.
-    claims: tokio::sync::mpsc::UnboundedSender<(DataplaneId, Option<Timestamp>)>,
+    claims: streams::ClaimSender,
     /// Poked on every (re)connect of the listener: the stream holders are
     /// read whole.
     streams_signal: watch::Sender<()>,

@@ -17,6 +17,9 @@ use crate::store::StoreError;
 /// A stream that attached on another instance: dataplane, instance, when.
 pub type Claim = (DataplaneId, String, Timestamp);
 
+/// This instance's claims on their way to [`announce_claims`].
+pub type ClaimSender = tokio::sync::mpsc::UnboundedSender<(DataplaneId, Option<Timestamp>)>;
+
 /// One announcement of `hdsd_streams` (see [`STREAMS_CHANNEL`]).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct StreamPayload<'a> {
@@ -215,12 +218,10 @@ async fn record_streams(
 }
 
 impl PgStore {
-    /// How this instance announces the streams that attach here.
-    pub fn claims(&self) -> crate::registry::Claims {
-        let claims = self.claims.clone();
-        crate::registry::Claims(std::sync::Arc::new(move |id: &DataplaneId, at| {
-            let _ = claims.send((id.clone(), at));
-        }))
+    /// Where this instance's stream claims go to be announced: a dataplane
+    /// and when its stream attached here, or `None` when it ended here.
+    pub fn claim_sender(&self) -> ClaimSender {
+        self.claims.clone()
     }
 
     /// Streams that attached on, or were released by, other instances.
