@@ -133,6 +133,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/sources", get(sources))
         .route("/api/v1/zones", get(zones::list))
         .route("/api/v1/zones/{zone}", get(zones::get))
+        .route(
+            "/api/v1/zones/{zone}/dataplanes/{mesh}/{name}",
+            get(zones::get_dataplane),
+        )
         .route("/api/v1/services", get(list_services))
         .route("/api/v1/watch", get(crate::consumers::sse::handler))
         .route_layer(axum::middleware::from_fn_with_state(

@@ -276,7 +276,7 @@ impl WatchOptions {
 pub struct Follower {
     /// The last revision seen: where a reconnect resumes.
     pub revision: Option<u64>,
-    known: BTreeMap<(String, String), DataplaneItem>,
+    known: BTreeMap<Key, DataplaneItem>,
 }
 
 impl Follower {
@@ -329,43 +329,38 @@ impl Follower {
         match event.event.as_str() {
             "snapshot" => {
                 let items = list(agent, &options.api, token, options.mesh.as_deref())?;
-                let wanted: std::collections::BTreeSet<(String, String)> = data["snapshot"]
+                let wanted: std::collections::BTreeSet<Key> = data["snapshot"]
                     .as_array()
                     .into_iter()
                     .flatten()
-                    .map(|d| {
-                        (
-                            d["mesh"].as_str().unwrap_or_default().to_string(),
-                            d["name"].as_str().unwrap_or_default().to_string(),
-                        )
-                    })
+                    .map(Key::of_event)
                     .collect();
                 let old = std::mem::take(&mut self.known);
                 for item in items {
-                    let key = (item.mesh.clone(), item.name.clone());
+                    let key = Key::of_item(&item);
                     if !wanted.contains(&key) {
                         continue;
                     }
                     let what = describe(old.get(&key), Some(&item));
                     if old.get(&key) != Some(&item) {
-                        lines.push((format!("{}.{}", key.0, key.1), what));
+                        lines.push((key.to_string(), what));
                     }
                     self.known.insert(key, item);
                 }
                 for (key, item) in &old {
                     if !self.known.contains_key(key) {
-                        lines.push((format!("{}.{}", key.0, key.1), describe(Some(item), None)));
+                        lines.push((key.to_string(), describe(Some(item), None)));
                     }
                 }
+                for z in data["zones"].as_array().into_iter().flatten() {
+                    lines.push(zone_line(z));
+                }
             }
+            "zone_changed" | "zone_deleted" => lines.push(zone_line(&data["zone"])),
             "changed" | "deleted" => {
-                let d = &data["dataplane"];
-                let key = (
-                    d["mesh"].as_str().unwrap_or_default().to_string(),
-                    d["name"].as_str().unwrap_or_default().to_string(),
-                );
+                let key = Key::of_event(&data["dataplane"]);
                 let after = if event.event == "changed" {
-                    let path = format!("/api/v1/dataplanes/{}/{}", key.0, key.1);
+                    let path = key.path();
                     match get_json::<DataplaneItem>(agent, &options.api, &path, token) {
                         Ok(item) => Some(item),
                         // Deleted since: a DELETED event follows.
@@ -377,10 +372,7 @@ impl Follower {
                 };
                 let before = self.known.get(&key);
                 if before != after.as_ref() {
-                    lines.push((
-                        format!("{}.{}", key.0, key.1),
-                        describe(before, after.as_ref()),
-                    ));
+                    lines.push((key.to_string(), describe(before, after.as_ref())));
                 }
                 match after {
                     Some(item) => self.known.insert(key, item),
@@ -421,6 +413,66 @@ impl Follower {
         }
         out.flush().map_err(io)
     }
+}
+
+/// A dataplane a watch follows: its zone (empty for the server's own),
+/// mesh and name. Shown as `mesh.name`, or `zone/mesh.name`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    zone: String,
+    mesh: String,
+    name: String,
+}
+
+impl Key {
+    /// The dataplane of a watch event (`mesh`, `name`, `zone`).
+    fn of_event(d: &serde_json::Value) -> Key {
+        let field = |f: &str| d[f].as_str().unwrap_or_default().to_string();
+        Key {
+            zone: field("zone"),
+            mesh: field("mesh"),
+            name: field("name"),
+        }
+    }
+
+    fn of_item(item: &DataplaneItem) -> Key {
+        Key {
+            zone: item
+                .zone
+                .as_ref()
+                .map(|z| z.name.clone())
+                .unwrap_or_default(),
+            mesh: item.mesh.clone(),
+            name: item.name.clone(),
+        }
+    }
+
+    /// Where the API serves it.
+    fn path(&self) -> String {
+        match self.zone.as_str() {
+            "" => format!("/api/v1/dataplanes/{}/{}", self.mesh, self.name),
+            zone => format!(
+                "/api/v1/zones/{zone}/dataplanes/{}/{}",
+                self.mesh, self.name
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.zone.is_empty() {
+            write!(f, "{}/", self.zone)?;
+        }
+        write!(f, "{}.{}", self.mesh, self.name)
+    }
+}
+
+/// A zone event's line: `zone eu-1`, and its state (or `deleted`).
+fn zone_line(z: &serde_json::Value) -> (String, Vec<String>) {
+    let name = z["name"].as_str().unwrap_or_default();
+    let what = z["state"].as_str().unwrap_or("deleted").replace('_', " ");
+    (format!("zone {name}"), vec![what])
 }
 
 /// `hdsd watch`: follows until a fatal error (a refused token), reconnecting

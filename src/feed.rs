@@ -36,6 +36,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::dataplane::{Dataplane, DataplaneId};
+use crate::pb;
 
 /// A position in the feed; 0 is "nothing yet". Embedded: counts from 1 in
 /// each process. Clustered: cluster time in microseconds since the UNIX
@@ -53,13 +54,69 @@ pub enum ChangeKind {
     Deleted,
 }
 
-/// What a dataplane task tells the feed.
+/// What an event is about.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Subject {
+    /// One of this hdsd's own dataplanes, with its (last) definition: watch
+    /// filters read its tags.
+    Local(Arc<Dataplane>),
+    /// On a global: a dataplane of a zone, as the zone last sent it.
+    Remote {
+        zone: Arc<str>,
+        dataplane: Arc<pb::Dataplane>,
+    },
+    /// On a global: a zone itself; its state (`online`, `offline`,
+    /// `disabled`, `never_connected`) changed, or it was deleted (which
+    /// takes its dataplanes with it: one event, not one per dataplane).
+    Zone { zone: Arc<str>, state: &'static str },
+}
+
+/// Identifies what an event is about, across kinds: a zone's dataplane
+/// `default/web` and the global's own `default/web` are two keys.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Key {
+    Local(DataplaneId),
+    Remote(Arc<str>, DataplaneId),
+    Zone(Arc<str>),
+}
+
+impl Subject {
+    pub fn key(&self) -> Key {
+        match self {
+            Subject::Local(d) => Key::Local(d.id.clone()),
+            Subject::Remote { zone, dataplane } => Key::Remote(
+                zone.clone(),
+                DataplaneId::new(dataplane.mesh.clone(), dataplane.name.clone()),
+            ),
+            Subject::Zone { zone, .. } => Key::Zone(zone.clone()),
+        }
+    }
+
+    /// The zone it belongs to (none for this hdsd's own dataplanes).
+    pub fn zone(&self) -> Option<&Arc<str>> {
+        match self {
+            Subject::Local(_) => None,
+            Subject::Remote { zone, .. } | Subject::Zone { zone, .. } => Some(zone),
+        }
+    }
+
+    /// The dataplane's mesh and name (none for a zone).
+    pub fn mesh_name(&self) -> Option<(&str, &str)> {
+        match self {
+            Subject::Local(d) => Some((&d.id.mesh, &d.id.name)),
+            Subject::Remote { dataplane, .. } => Some((&dataplane.mesh, &dataplane.name)),
+            Subject::Zone { .. } => None,
+        }
+    }
+}
+
+/// What a dataplane task (or, on a global, the zones' follower) tells the feed.
 #[derive(Debug, Clone)]
 pub struct Change {
-    /// The dataplane's (last) definition: watch filters read its tags.
-    pub dataplane: Arc<Dataplane>,
+    pub subject: Subject,
     /// Which task of this dataplane sent it: a dataplane removed and added
     /// again gets a new task, whose changes win over the old task's late ones.
+    /// 0 for a zone's dataplane or a zone (one writer, in order).
     pub incarnation: u64,
     pub kind: ChangeKind,
     /// Every inbound is ready (false once deleted).
@@ -78,12 +135,20 @@ pub struct Event {
     pub revision: Revision,
     pub kind: ChangeKind,
     pub ready: bool,
-    pub dataplane: Arc<Dataplane>,
+    pub subject: Subject,
 }
 
 impl Event {
-    pub fn id(&self) -> &DataplaneId {
-        &self.dataplane.id
+    pub fn key(&self) -> Key {
+        self.subject.key()
+    }
+
+    /// This hdsd's own dataplane the event is about, if it is one.
+    pub fn local(&self) -> Option<&Arc<Dataplane>> {
+        match &self.subject {
+            Subject::Local(d) => Some(d),
+            _ => None,
+        }
     }
 }
 
@@ -149,14 +214,82 @@ pub struct Filter {
     pub names: BTreeSet<String>,
     /// Every key=value must be on one inbound.
     pub selector: BTreeMap<String, String>,
+    /// Whose dataplanes: this hdsd's own (the default), or on a global
+    /// also every zone's, or one zone's.
+    pub zones: Zones,
 }
 
+/// Which zones a [`Filter`] takes in.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Zones {
+    /// This hdsd's own dataplanes only (what the EDS index and the uplink
+    /// follow; a watch asks for it with `zone=local`).
+    #[default]
+    Local,
+    /// This hdsd's own dataplanes, every zone's dataplanes and the zones'
+    /// states (a watch's default).
+    All,
+    /// One zone's dataplanes and its state.
+    Only(String),
+}
+
+impl Zones {
+    /// The API's `zone` parameter: empty or absent means every zone,
+    /// `local` this hdsd's own, anything else one zone.
+    pub fn from_param(zone: Option<&str>) -> Zones {
+        match zone.map(str::trim) {
+            None | Some("") => Zones::All,
+            Some(LOCAL_ZONE) => Zones::Local,
+            Some(z) => Zones::Only(z.to_string()),
+        }
+    }
+
+    fn takes(&self, zone: Option<&Arc<str>>) -> bool {
+        match (self, zone) {
+            (Zones::All, _) | (Zones::Local, None) => true,
+            (Zones::Only(w), Some(z)) => w.as_str() == &**z,
+            _ => false,
+        }
+    }
+}
+
+/// The API's name for this hdsd's own dataplanes in a zone filter.
+pub const LOCAL_ZONE: &str = crate::names::RESERVED_ZONE;
+
 impl Filter {
+    /// Whether this hdsd's own dataplane `dp` matches (mesh, names, selector).
     pub fn matches(&self, dp: &Dataplane) -> bool {
         self.mesh.as_ref().is_none_or(|m| &dp.id.mesh == m)
             && (self.names.is_empty() || self.names.contains(&dp.id.name))
             && selects(&self.selector, dp)
     }
+
+    /// Whether an event's subject matches. A zone's state matches when the
+    /// filter takes in that zone, whatever the dataplane parts say.
+    pub fn matches_subject(&self, subject: &Subject) -> bool {
+        if !self.zones.takes(subject.zone()) {
+            return false;
+        }
+        match subject {
+            Subject::Local(d) => self.matches(d),
+            Subject::Remote { dataplane, .. } => {
+                self.mesh.as_ref().is_none_or(|m| &dataplane.mesh == m)
+                    && (self.names.is_empty() || self.names.contains(&dataplane.name))
+                    && selects_remote(&self.selector, dataplane)
+            }
+            Subject::Zone { .. } => true,
+        }
+    }
+}
+
+/// True when one inbound of a zone's dataplane carries every tag of
+/// `selector` (or it is empty).
+pub fn selects_remote(selector: &BTreeMap<String, String>, dp: &pb::Dataplane) -> bool {
+    selector.is_empty()
+        || dp
+            .inbounds
+            .iter()
+            .any(|i| selector.iter().all(|(k, v)| i.tags.get(k) == Some(v)))
 }
 
 /// True when one inbound of `dp` carries every tag of `selector` (or it is empty).
@@ -202,7 +335,7 @@ struct Cluster {
     /// (none yet, or none for half the slack: the store could not be read).
     /// Their revisions may lie below the commit times of what they show, so
     /// the next watermark publishes them again ([`Feed::watermark`]).
-    blind: HashMap<DataplaneId, Arc<Event>>,
+    blind: HashMap<Key, Arc<Event>>,
 }
 
 impl Cluster {
@@ -223,10 +356,10 @@ pub struct Feed {
     /// Every change after this revision is in `history`.
     floor: Revision,
     history: VecDeque<(Instant, Arc<Event>)>,
-    /// The last event of every dataplane that exists.
-    index: HashMap<DataplaneId, Entry>,
+    /// The last event of every dataplane (and zone) that exists.
+    index: HashMap<Key, Entry>,
     /// Incarnations of deleted dataplanes, so a late change of an old task is ignored.
-    deleted: HashMap<DataplaneId, u64>,
+    deleted: HashMap<Key, u64>,
     limits: HistoryLimits,
     /// Clustered (PostgreSQL): revisions are cluster time.
     cluster: Option<Cluster>,
@@ -280,72 +413,101 @@ impl Feed {
         self.floor
     }
 
-    /// The last event of a dataplane that exists.
-    pub fn get(&self, id: &DataplaneId) -> Option<&Arc<Event>> {
-        self.index.get(id).map(|e| &e.event)
+    /// The last event of what `key` names, if it exists.
+    pub fn get(&self, key: &Key) -> Option<&Arc<Event>> {
+        self.index.get(key).map(|e| &e.event)
     }
 
     /// Applies a batch of changes: a burst of changes to one dataplane becomes
     /// one event (its last state), each with the next revision. Returns the
     /// new events, in revision order.
     pub fn apply(&mut self, changes: Vec<Change>, now: Instant) -> Vec<Arc<Event>> {
-        let mut order: Vec<DataplaneId> = Vec::new();
-        let mut last: HashMap<DataplaneId, Change> = HashMap::new();
+        let mut events = Vec::with_capacity(changes.len());
+        let mut segment = Vec::with_capacity(changes.len());
         for change in changes {
-            let id = &change.dataplane.id;
+            // A zone's deletion ends a segment: what its dataplanes did
+            // before it is not coalesced with what a new zone of the same
+            // name does after it.
+            let barrier = change.kind == ChangeKind::Deleted
+                && matches!(change.subject, Subject::Zone { .. });
+            segment.push(change);
+            if barrier {
+                self.apply_segment(std::mem::take(&mut segment), now, &mut events);
+            }
+        }
+        self.apply_segment(segment, now, &mut events);
+        self.evict(now);
+        events
+    }
+
+    fn apply_segment(&mut self, changes: Vec<Change>, now: Instant, events: &mut Vec<Arc<Event>>) {
+        let mut order: Vec<Key> = Vec::new();
+        let mut last: HashMap<Key, Change> = HashMap::new();
+        for change in changes {
+            let key = change.subject.key();
             let current = last
-                .get(id)
+                .get(&key)
                 .map(|c| c.incarnation)
-                .or_else(|| self.index.get(id).map(|e| e.incarnation))
-                .or_else(|| self.deleted.get(id).copied());
+                .or_else(|| self.index.get(&key).map(|e| e.incarnation))
+                .or_else(|| self.deleted.get(&key).copied());
             if current.is_some_and(|inc| change.incarnation < inc) {
                 continue; // a late change from a task that was replaced
             }
-            if !last.contains_key(id) {
-                order.push(id.clone());
+            if !last.contains_key(&key) {
+                order.push(key.clone());
             }
-            last.insert(id.clone(), change);
+            last.insert(key, change);
         }
-        let mut events = Vec::with_capacity(order.len());
-        for id in order {
-            let Some(change) = last.remove(&id) else {
-                continue;
-            };
-            self.revision = self.next_revision(change.at_least);
-            let event = Arc::new(Event {
-                revision: self.revision,
-                kind: change.kind,
-                ready: change.ready && change.kind == ChangeKind::Changed,
-                dataplane: change.dataplane,
-            });
-            if let Some(cluster) = &mut self.cluster {
-                if change.at_least == 0 && !cluster.fresh(now) {
-                    cluster.blind.insert(id.clone(), event.clone());
-                } else {
-                    cluster.blind.remove(&id);
-                }
+        for key in order {
+            if let Some(change) = last.remove(&key) {
+                self.commit(key, change, now, events);
             }
-            match change.kind {
-                ChangeKind::Changed => {
-                    self.deleted.remove(&id);
-                    self.index.insert(
-                        id,
-                        Entry {
-                            incarnation: change.incarnation,
-                            event: event.clone(),
-                        },
-                    );
-                }
-                ChangeKind::Deleted => {
-                    self.index.remove(&id);
-                    self.deleted.insert(id, change.incarnation);
-                }
-            }
-            self.history.push_back((now, event.clone()));
-            events.push(event);
         }
-        self.evict(now);
-        events
+    }
+
+    /// Numbers one change, records it and pushes its event.
+    fn commit(&mut self, key: Key, change: Change, now: Instant, events: &mut Vec<Arc<Event>>) {
+        self.revision = self.next_revision(change.at_least);
+        let event = Arc::new(Event {
+            revision: self.revision,
+            kind: change.kind,
+            ready: change.ready && change.kind == ChangeKind::Changed,
+            subject: change.subject,
+        });
+        if let Some(cluster) = &mut self.cluster {
+            if change.at_least == 0 && !cluster.fresh(now) {
+                cluster.blind.insert(key.clone(), event.clone());
+            } else {
+                cluster.blind.remove(&key);
+            }
+        }
+        match change.kind {
+            ChangeKind::Changed => {
+                self.deleted.remove(&key);
+                self.index.insert(
+                    key,
+                    Entry {
+                        incarnation: change.incarnation,
+                        event: event.clone(),
+                    },
+                );
+            }
+            ChangeKind::Deleted => {
+                if let Key::Zone(zone) = &key {
+                    // The zone's dataplanes go with it, in this one event.
+                    let gone = |k: &Key| matches!(k, Key::Remote(z, _) if z == zone);
+                    self.index.retain(|k, _| !gone(k));
+                    self.deleted.retain(|k, _| !gone(k));
+                    if let Some(cluster) = &mut self.cluster {
+                        cluster.blind.retain(|k, _| !gone(k));
+                    }
+                }
+                self.index.remove(&key);
+                self.deleted.insert(key, change.incarnation);
+            }
+        }
+        self.history.push_back((now, event.clone()));
+        events.push(event);
     }
 
     /// The revision of the next event: the next number, and (clustered) no
@@ -380,16 +542,16 @@ impl Feed {
             self.revision = self.revision.max(watermark);
             return Vec::new();
         }
-        let mut blind: Vec<Arc<Event>> = cluster.blind.drain().map(|(_, e)| e).collect();
-        blind.sort_by(|a, b| a.id().cmp(b.id()));
+        let mut blind: Vec<(Key, Arc<Event>)> = cluster.blind.drain().collect();
+        blind.sort_by(|a, b| a.0.cmp(&b.0));
         let mut events = Vec::with_capacity(blind.len());
-        for old in blind {
+        for (key, old) in blind {
             self.revision = self.next_revision(0);
             let event = Arc::new(Event {
                 revision: self.revision,
                 ..(*old).clone()
             });
-            if let Some(entry) = self.index.get_mut(old.id()) {
+            if let Some(entry) = self.index.get_mut(&key) {
                 entry.event = event.clone();
             }
             self.history.push_back((now, event.clone()));
@@ -418,16 +580,17 @@ impl Feed {
         }
     }
 
-    /// Every matching dataplane that exists, sorted by mesh and name.
+    /// Every matching dataplane (and zone) that exists: this hdsd's own
+    /// sorted by mesh and name, then each zone's, then the zones.
     pub fn snapshot(&self, filter: &Filter) -> Vec<Arc<Event>> {
-        let mut items: Vec<Arc<Event>> = self
+        let mut items: Vec<(&Key, Arc<Event>)> = self
             .index
-            .values()
-            .filter(|e| filter.matches(&e.event.dataplane))
-            .map(|e| e.event.clone())
+            .iter()
+            .filter(|(_, e)| filter.matches_subject(&e.event.subject))
+            .map(|(k, e)| (k, e.event.clone()))
             .collect();
-        items.sort_by(|a, b| a.id().cmp(b.id()));
-        items
+        items.sort_by(|a, b| a.0.cmp(b.0));
+        items.into_iter().map(|(_, e)| e).collect()
     }
 
     /// What changed after `since - slack` for the dataplanes `filter`
@@ -451,13 +614,26 @@ impl Feed {
             return Err(ResyncReason::TooOld);
         }
         let start = self.history.partition_point(|(_, e)| e.revision <= since);
-        let mut latest: HashMap<&DataplaneId, &Arc<Event>> = HashMap::new();
+        let mut latest: HashMap<Key, &Arc<Event>> = HashMap::new();
+        let mut zones_deleted: Vec<&Arc<Event>> = Vec::new();
         for (_, e) in self.history.range(start..) {
-            if filter.matches(&e.dataplane) {
-                latest.insert(e.id(), e);
+            if !filter.matches_subject(&e.subject) {
+                continue;
             }
+            if let (ChangeKind::Deleted, Subject::Zone { zone, .. }) = (e.kind, &e.subject) {
+                // Never coalesced away: it is the only word of its
+                // dataplanes' deletion. What the zone did before it is moot.
+                latest.retain(|k, _| match k {
+                    Key::Remote(z, _) | Key::Zone(z) => z != zone,
+                    Key::Local(_) => true,
+                });
+                zones_deleted.push(e);
+                continue;
+            }
+            latest.insert(e.key(), e);
         }
-        let mut events: Vec<Arc<Event>> = latest.into_values().cloned().collect();
+        let mut events: Vec<Arc<Event>> =
+            latest.into_values().chain(zones_deleted).cloned().collect();
         events.sort_by_key(|e| e.revision);
         Ok(events)
     }
@@ -509,11 +685,13 @@ enum Input {
     },
 }
 
-/// The feed's revision and every dataplane's last revision and readiness.
+/// The feed's revision and every dataplane's last revision: this hdsd's
+/// own, and on a global each zone's.
 #[derive(Debug, Clone, Default)]
 pub struct Index {
     pub revision: Revision,
     pub dataplanes: HashMap<DataplaneId, Revision>,
+    pub remote: HashMap<(Arc<str>, DataplaneId), Revision>,
 }
 
 /// Sends changes to the feed. Cheap to clone; sending never waits.
@@ -676,14 +854,24 @@ fn answer(feed: &Feed, input: Input, events: &broadcast::Sender<Batch>) {
             let _ = reply.send((feed.subscribe(since, &filter), events.subscribe()));
         }
         Input::Index { reply } => {
-            let _ = reply.send(Index {
+            let mut index = Index {
                 revision: feed.revision,
-                dataplanes: feed
-                    .index
-                    .iter()
-                    .map(|(id, e)| (id.clone(), e.event.revision))
-                    .collect(),
-            });
+                ..Index::default()
+            };
+            for (key, e) in &feed.index {
+                match key {
+                    Key::Local(id) => {
+                        index.dataplanes.insert(id.clone(), e.event.revision);
+                    }
+                    Key::Remote(zone, id) => {
+                        index
+                            .remote
+                            .insert((zone.clone(), id.clone()), e.event.revision);
+                    }
+                    Key::Zone(_) => {}
+                }
+            }
+            let _ = reply.send(index);
         }
     }
 }
@@ -700,7 +888,7 @@ mod tests {
 
     fn changed(d: &Arc<Dataplane>, ready: bool) -> Change {
         Change {
-            dataplane: d.clone(),
+            subject: Subject::Local(d.clone()),
             incarnation: 1,
             kind: ChangeKind::Changed,
             ready,
@@ -711,7 +899,7 @@ mod tests {
     fn names(events: &[Arc<Event>]) -> Vec<(String, Revision)> {
         events
             .iter()
-            .map(|e| (e.dataplane.id.name.clone(), e.revision))
+            .map(|e| (e.subject.mesh_name().unwrap().1.to_string(), e.revision))
             .collect()
     }
 
@@ -751,8 +939,8 @@ mod tests {
         assert_eq!(
             m,
             vec![
-                Message::Event(feed.get(&c.id).unwrap().clone()),
-                Message::Event(feed.get(&a.id).unwrap().clone()),
+                Message::Event(feed.get(&Key::Local(c.id.clone())).unwrap().clone()),
+                Message::Event(feed.get(&Key::Local(a.id.clone())).unwrap().clone()),
                 Message::Synced { revision: 4 },
             ]
         );
@@ -769,7 +957,7 @@ mod tests {
         assert_eq!(
             feed.subscribe(Some(1), &web),
             vec![
-                Message::Event(feed.get(&b.id).unwrap().clone()),
+                Message::Event(feed.get(&Key::Local(b.id.clone())).unwrap().clone()),
                 Message::Synced { revision: 4 }
             ]
         );
@@ -951,7 +1139,10 @@ mod tests {
         let e = feed.apply(vec![changed(&a, true)], t);
         assert_eq!(names(&e), [("a".into(), 104 * S + 1)]);
         // The index agrees with the events.
-        assert_eq!(feed.get(&a.id).unwrap().revision, 104 * S + 1);
+        assert_eq!(
+            feed.get(&Key::Local(a.id.clone())).unwrap().revision,
+            104 * S + 1
+        );
     }
 
     #[test]
@@ -989,7 +1180,7 @@ mod tests {
         assert_eq!(
             m,
             vec![
-                Message::Event(feed.get(&c.id).unwrap().clone()),
+                Message::Event(feed.get(&Key::Local(c.id.clone())).unwrap().clone()),
                 Message::Synced { revision: 112 * S },
             ]
         );
@@ -1066,8 +1257,11 @@ mod tests {
         );
         assert_eq!(again[0].kind, ChangeKind::Deleted);
         assert!(!again[1].ready);
-        assert_eq!(feed.get(&b.id).unwrap().revision, 200 * S + 1);
-        assert!(feed.get(&a.id).is_none());
+        assert_eq!(
+            feed.get(&Key::Local(b.id.clone())).unwrap().revision,
+            200 * S + 1
+        );
+        assert!(feed.get(&Key::Local(a.id.clone())).is_none());
         // A consumer of another instance at 195 s gets both; c is older.
         assert_eq!(
             names(&feed.since(195 * S, &Filter::default()).unwrap()),
@@ -1086,6 +1280,7 @@ mod tests {
             mesh: Some("default".into()),
             names: ["a".to_string()].into(),
             selector: [("kuma.io/service".into(), "web".into())].into(),
+            zones: Zones::Local,
         };
         assert!(f.matches(&a));
         f.selector.insert("version".into(), "v2".into());
@@ -1115,5 +1310,151 @@ mod tests {
         feed.watermark(5_020_000_000, Instant::now());
         let replay = feed.since(5_020_000_000, &Filter::default());
         assert_eq!(replay.map(|e| e.len()), Ok(0));
+    }
+
+    fn remote(zone: &str, name: &str, kind: ChangeKind) -> Change {
+        Change {
+            subject: Subject::Remote {
+                zone: Arc::from(zone),
+                dataplane: Arc::new(pb::Dataplane {
+                    mesh: "default".into(),
+                    name: name.into(),
+                    ..Default::default()
+                }),
+            },
+            incarnation: 0,
+            kind,
+            ready: true,
+            at_least: 0,
+        }
+    }
+
+    fn zone(zone: &str, kind: ChangeKind) -> Change {
+        Change {
+            subject: Subject::Zone {
+                zone: Arc::from(zone),
+                state: "online",
+            },
+            incarnation: 0,
+            kind,
+            ready: false,
+            at_least: 0,
+        }
+    }
+
+    /// What a snapshot holds: (zone or "", name or "") per item.
+    fn held(feed: &Feed, filter: &Filter) -> Vec<(String, String)> {
+        feed.snapshot(filter)
+            .iter()
+            .map(|e| {
+                (
+                    e.subject.zone().map(|z| z.to_string()).unwrap_or_default(),
+                    e.subject
+                        .mesh_name()
+                        .map(|(_, n)| n.to_string())
+                        .unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    fn zones(z: Zones) -> Filter {
+        Filter {
+            zones: z,
+            ..Filter::default()
+        }
+    }
+
+    fn pair(zone: &str, name: &str) -> (String, String) {
+        (zone.into(), name.into())
+    }
+
+    /// On a global: the same name in the global and in a zone is two
+    /// dataplanes; filters take this hdsd's own by default, every zone's
+    /// with `All`, one zone's with `Only`.
+    #[test]
+    fn zones_dataplanes_are_their_own_keys_and_filters_choose_whose() {
+        let mut feed = Feed::new(HistoryLimits::default());
+        let t = Instant::now();
+        let web = dp("web", "web");
+        feed.apply(
+            vec![
+                changed(&web, true),
+                zone("eu-1", ChangeKind::Changed),
+                remote("eu-1", "web", ChangeKind::Changed),
+                remote("us-1", "api", ChangeKind::Changed),
+            ],
+            t,
+        );
+        assert_eq!(held(&feed, &Filter::default()), [pair("", "web")]);
+        assert_eq!(
+            held(&feed, &zones(Zones::All)),
+            [
+                pair("", "web"),
+                pair("eu-1", "web"),
+                pair("us-1", "api"),
+                pair("eu-1", "")
+            ]
+        );
+        assert_eq!(
+            held(&feed, &zones(Zones::Only("eu-1".into()))),
+            [pair("eu-1", "web"), pair("eu-1", "")]
+        );
+        let mesh = Filter {
+            names: ["api".to_string()].into(),
+            ..zones(Zones::All)
+        };
+        assert_eq!(
+            held(&feed, &mesh),
+            [pair("us-1", "api"), pair("eu-1", "")],
+            "a zone's state is not narrowed by names"
+        );
+    }
+
+    /// A deleted zone is one event; its dataplanes leave the snapshot with
+    /// it, and a zone of the same name after it starts empty.
+    #[test]
+    fn a_deleted_zone_takes_its_dataplanes_in_one_event() {
+        let mut feed = Feed::new(HistoryLimits::default());
+        let t = Instant::now();
+        feed.apply(
+            vec![
+                zone("eu-1", ChangeKind::Changed),
+                remote("eu-1", "a", ChangeKind::Changed),
+                remote("eu-1", "b", ChangeKind::Changed),
+            ],
+            t,
+        );
+        let before = feed.revision();
+        let events = feed.apply(
+            vec![
+                remote("eu-1", "a", ChangeKind::Changed),
+                zone("eu-1", ChangeKind::Deleted),
+                zone("eu-1", ChangeKind::Changed),
+                remote("eu-1", "c", ChangeKind::Changed),
+            ],
+            t,
+        );
+        assert_eq!(events.len(), 4, "{events:?}");
+        assert_eq!(
+            held(&feed, &zones(Zones::All)),
+            [pair("eu-1", "c"), pair("eu-1", "")]
+        );
+        // A resume from before: the deletion is replayed (the consumer
+        // drops a and b), then the zone and c as they are now.
+        let replay = feed.since(before, &zones(Zones::All)).unwrap();
+        let kinds: Vec<_> = replay.iter().map(|e| (e.kind, e.key())).collect();
+        let eu: Arc<str> = Arc::from("eu-1");
+        assert_eq!(
+            kinds,
+            [
+                (ChangeKind::Deleted, Key::Zone(eu.clone())),
+                (ChangeKind::Changed, Key::Zone(eu.clone())),
+                (
+                    ChangeKind::Changed,
+                    Key::Remote(eu, DataplaneId::new("default", "c"))
+                ),
+            ]
+        );
     }
 }

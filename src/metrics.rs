@@ -63,6 +63,7 @@ pub const ZONE_SNAPSHOTS: &str = "hdsd_zone_snapshots_total";
 pub const ZONE_REFUSALS: &str = "hdsd_zone_refusals_total";
 pub const UPLINK_CONNECTED: &str = "hdsd_uplink_connected";
 pub const UPLINK_DISCONNECTS: &str = "hdsd_uplink_disconnects_total";
+pub const UPLINK_SYNC_LAG: &str = "hdsd_uplink_sync_lag_seconds";
 
 /// The listeners, the `listener` label of the connection metrics.
 pub const LISTENERS: [&str; 3] = ["hds", "api", "zones"];
@@ -346,6 +347,15 @@ pub fn uplink_connected(connected: bool) {
     gauge!(UPLINK_CONNECTED).set(if connected { 1.0 } else { 0.0 });
 }
 
+/// At a zone: changes the global acknowledged, each one's time from being
+/// sent to its acknowledgement.
+pub fn uplink_sync_lags(lags: &[std::time::Duration]) {
+    let h = metrics::histogram!(UPLINK_SYNC_LAG);
+    for lag in lags {
+        h.record(lag.as_secs_f64());
+    }
+}
+
 /// The zone's stream to the global ended, by its stable code.
 pub fn uplink_ended(code: &str) {
     counter!(UPLINK_DISCONNECTS, "code" => code.to_string()).increment(1);
@@ -444,6 +454,11 @@ const REPORT_BUCKETS: &[f64] = &[
     1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
     5e-2, 0.1,
 ];
+/// A zone's change to the global's acknowledgement: a millisecond on one
+/// machine, tens to hundreds across regions, seconds when a link is bad.
+const SYNC_LAG_BUCKETS: &[f64] = &[
+    5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
 /// Specifier generation: microseconds for a small dataplane, milliseconds for a huge one.
 const GENERATION_BUCKETS: &[f64] = &[
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 2.5e-2, 0.1, 1.0,
@@ -468,6 +483,9 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
                 Matcher::Full(SPECIFIER_GENERATION.into()),
                 GENERATION_BUCKETS,
             )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full(UPLINK_SYNC_LAG.into()), SYNC_LAG_BUCKETS)
         })
         .map_err(|e| MetricsError(e.to_string()))?
         .install_recorder()
@@ -523,6 +541,11 @@ fn describe() {
     describe_counter!(
         UPLINK_DISCONNECTS,
         "At a zone: streams to the global that ended or could not open, by code."
+    );
+    describe_histogram!(
+        UPLINK_SYNC_LAG,
+        Unit::Seconds,
+        "At a zone: the sync lag, from a dataplane change sent to the global to the global's acknowledgement (it acknowledges once its hub holds the change), on the zone's clock."
     );
     describe_counter!(
         SPECIFIER_REJECTIONS,

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::capability::{EnvoyVersion, Reason, Support};
 use crate::clock::Clock;
 use crate::dataplane::{Dataplane, DataplaneId};
-use crate::feed::{Change, ChangeKind, FeedSender};
+use crate::feed::{Change, ChangeKind, FeedSender, Subject};
 use crate::readiness::{
     apply_support, expire, fold_report, next_expiry, rebase, FoldOutcome, Health, Timestamp,
 };
@@ -698,7 +698,7 @@ impl DataplaneTask {
             return;
         };
         feed.publish(Change {
-            dataplane,
+            subject: Subject::Local(dataplane),
             incarnation: self.incarnation,
             kind: match state.defined {
                 Some(_) => ChangeKind::Changed,

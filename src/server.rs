@@ -247,6 +247,10 @@ pub async fn run(
         clock.clone(),
     )
     .await?;
+    if let Some(hub) = &hub {
+        // The global's watchers hear every zone's changes too.
+        crate::zone_sync::global::feed_zones(hub, state.feed.sender());
+    }
     let gate = Arc::new(Gate::new(&config.auth, &config.state_dir, clock.now())?);
     tokio::spawn(gate.clone().watch());
     let scrape = start_metrics(&state, &sources, &gate)?;

@@ -109,6 +109,87 @@ pub(crate) fn signal(pid: u32, sig: &str) {
     assert!(status.success(), "kill {sig} {pid}");
 }
 
+/// The global's SSE watch (every zone), read on a thread: each event as
+/// (event, data) until the stream ends (the global stops) or 120 s pass.
+struct Follower {
+    events: std::sync::Arc<std::sync::Mutex<Vec<(String, Value)>>>,
+}
+
+impl Follower {
+    fn start(global: &Hdsd) -> Follower {
+        use std::io::{BufRead as _, BufReader};
+        let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let url = global.api_url("/api/v1/watch");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = events.clone();
+        std::thread::spawn(move || {
+            let response = ureq::get(&url)
+                .config()
+                .timeout_global(Some(Duration::from_secs(120)))
+                .build()
+                .call()
+                .expect("GET /api/v1/watch at the global");
+            let _ = tx.send(());
+            let reader = BufReader::new(response.into_body().into_reader());
+            let mut event = String::new();
+            for line in reader.lines().map_while(Result::ok) {
+                if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim().to_string();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    let data = serde_json::from_str(v.trim()).unwrap_or(Value::Null);
+                    sink.lock()
+                        .unwrap()
+                        .push((std::mem::take(&mut event), data));
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the global's watch answers");
+        let follower = Follower { events };
+        follower.wait("the watch's synced", |e, _| e == "synced");
+        follower
+    }
+
+    fn events(&self) -> Vec<(String, Value)> {
+        self.events.lock().unwrap().clone()
+    }
+
+    /// Waits (30 s at most) for an event `matches` accepts.
+    fn wait(&self, what: &str, matches: impl Fn(&str, &Value) -> bool) -> Value {
+        wait_for(what, Duration::from_secs(30), || {
+            let events = self.events();
+            events
+                .iter()
+                .find(|(e, d)| matches(e, d))
+                .map(|(_, d)| d.clone())
+                .ok_or_else(|| format!("{} events so far: {events:?}", events.len()))
+        })
+    }
+
+    /// Waits for a zone_changed event of `zone` to `state`.
+    fn wait_zone(&self, zone: &str, state: &str) -> Value {
+        self.wait(&format!("a zone_changed event: {zone} {state}"), |e, d| {
+            e == "zone_changed" && d["zone"]["name"] == zone && d["zone"]["state"] == state
+        })
+    }
+
+    /// Fails if the watch ever said that a dataplane of `zone` was deleted.
+    fn assert_nothing_deleted(&self, zone: &str) {
+        let deleted: Vec<_> = self
+            .events()
+            .into_iter()
+            .filter(|(e, d)| {
+                (e == "deleted" && d["dataplane"]["zone"] == zone)
+                    || (e == "zone_deleted" && d["zone"]["name"] == zone)
+            })
+            .collect();
+        assert!(
+            deleted.is_empty(),
+            "the global's watch deleted a dataplane of {zone} that still exists: {deleted:?}"
+        );
+    }
+}
+
 /// Two zones report to one global; readiness crosses; a frozen zone is
 /// offline within its timeout while the other stays online; it resumes
 /// when it wakes and nothing is deleted.
@@ -152,10 +233,16 @@ fn two_zones_report_to_a_global_and_a_frozen_zone_is_offline_within_its_timeout(
     );
 
     every_reader_of_the_global_sees_both_zones(&global);
+    // The global's watch carries both zones' dataplanes and zone states.
+    let watch = Follower::start(&global);
 
     // The application dies: the global hears it from the zone.
     eu_app.stop();
     wait_remote_ready(&global, "eu-1", "web", false, CONNECT);
+    let changed = watch.wait("eu-1's web not ready in the watch", |e, d| {
+        e == "changed" && d["dataplane"]["zone"] == "eu-1" && d["dataplane"]["ready"] == false
+    });
+    assert_eq!(changed["dataplane"]["name"], "web", "{changed}");
     eu_app.resume();
     wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
 
@@ -191,6 +278,7 @@ fn two_zones_report_to_a_global_and_a_frozen_zone_is_offline_within_its_timeout(
     assert_eq!(items[0]["zone"]["state"], "offline");
     assert_eq!(offline["withdrawn"], false, "{offline}");
     assert_eq!(zone_state(&global, "us-1").unwrap()["state"], "online");
+    watch.wait_zone("eu-1", "offline");
 
     // Wake it: it reconnects and resumes (no second snapshot); its
     // dataplane is never absent meanwhile.
@@ -208,6 +296,9 @@ fn two_zones_report_to_a_global_and_a_frozen_zone_is_offline_within_its_timeout(
     assert_eq!(back["resumes"], 1, "{back}");
     assert_eq!(back["snapshots"], 1, "{back}");
     wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
+    watch.wait_zone("eu-1", "online");
+    watch.assert_nothing_deleted("eu-1");
+    watch.assert_nothing_deleted("us-1");
 
     // The global's metrics say the same.
     let metrics = ureq::get(&global.api_url("/metrics"))
@@ -423,6 +514,7 @@ fn restarts_of_either_side_delete_nothing_at_the_global() {
     eu.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
     let _envoy = Envoy::start(eu.hds, "default.web", None);
     wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
+    let watch = Follower::start(&global);
 
     // Restart the zone: a new process, a higher epoch; the global keeps the
     // dataplane from the first stream until the new stream's snapshot.
@@ -442,6 +534,8 @@ fn restarts_of_either_side_delete_nothing_at_the_global() {
         }
     });
     wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
+    // A watcher on the global never heard of a deletion.
+    watch.assert_nothing_deleted("eu-1");
 
     // Kill the global and start it again: the zone reconnects.
     global.kill();

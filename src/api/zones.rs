@@ -10,6 +10,8 @@ use serde::Serialize;
 
 use super::{error, Zones};
 use crate::clock::Timestamp;
+use crate::dataplane::DataplaneId;
+use crate::view::DataplaneItem;
 use crate::zone_sync::uplink::UplinkStatus;
 use crate::zones::hub::ZoneSummary;
 
@@ -108,18 +110,50 @@ pub async fn list(State(z): State<Zones>) -> Json<ZoneList> {
     })
 }
 
+const NOT_A_GLOBAL: &str = "this hdsd is not a global ([global] enabled = true): it knows no zones; a zone's link to its global is in GET /api/v1/zones (uplink) and /readyz";
+
+fn unknown_zone(zone: &str) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        &format!("zone {zone:?} is not known here: it is not in global.zones and never connected; GET /api/v1/zones lists the known ones"),
+    )
+}
+
 pub async fn get(State(z): State<Zones>, Path(zone): Path<String>) -> Response {
     let Some(hub) = &z.hub else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "this hdsd is not a global ([global] enabled = true): it knows no zones; a zone's link to its global is in GET /api/v1/zones (uplink) and /readyz",
-        );
+        return error(StatusCode::NOT_FOUND, NOT_A_GLOBAL);
     };
     match hub.view().get(&zone) {
         Some(view) => Json(ZoneItem::from(&view.summary)).into_response(),
+        None => unknown_zone(&zone),
+    }
+}
+
+/// `GET /api/v1/zones/{zone}/dataplanes/{mesh}/{name}`: one dataplane of a
+/// zone, as `GET /api/v1/dataplanes/{mesh}/{name}` shows the global's own.
+pub async fn get_dataplane(
+    State(z): State<Zones>,
+    Path((zone, mesh, name)): Path<(String, String, String)>,
+) -> Response {
+    let Some(hub) = &z.hub else {
+        return error(StatusCode::NOT_FOUND, NOT_A_GLOBAL);
+    };
+    let view = hub.view();
+    let Some(zone_view) = view.get(&zone) else {
+        return unknown_zone(&zone);
+    };
+    let id = DataplaneId::new(mesh, name);
+    match zone_view
+        .dataplanes
+        .get(&id)
+        .and_then(|dp| DataplaneItem::from_remote(zone_view.zone_of(), dp))
+    {
+        Some(item) => Json(item).into_response(),
         None => error(
             StatusCode::NOT_FOUND,
-            &format!("zone {zone:?} is not known here: it is not in global.zones and never connected; GET /api/v1/zones lists the known ones"),
+            &format!(
+                "dataplane {id} is not in zone {zone:?} as the global holds it; GET /api/v1/dataplanes?zone={zone} lists them"
+            ),
         ),
     }
 }

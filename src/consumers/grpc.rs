@@ -14,7 +14,9 @@ use super::pb;
 use super::services::{services, ServiceStatus};
 use super::watch::{watch, CONSUMER_BUFFER};
 use crate::dataplane::DataplaneId;
-use crate::feed::{ChangeKind, Event, FeedHandle, Filter, Message, ResyncReason};
+use crate::feed::{
+    selects_remote, ChangeKind, Event, FeedHandle, Filter, Message, ResyncReason, Subject, Zones,
+};
 use crate::readiness::Timestamp;
 use crate::registry::Registry;
 use crate::view::DataplaneItem;
@@ -162,20 +164,29 @@ fn service_status(s: ServiceStatus) -> pb::ServiceStatus {
     }
 }
 
-/// Whether a zone's dataplane has an inbound with every tag of `selector`.
-fn selects(selector: &BTreeMap<String, String>, dp: &pb::Dataplane) -> bool {
-    dp.inbounds
-        .iter()
-        .any(|i| selector.iter().all(|(k, v)| i.tags.get(k) == Some(v)))
-}
-
-fn dataplane_revision(e: &Event) -> pb::DataplaneRevision {
-    pb::DataplaneRevision {
-        mesh: e.dataplane.id.mesh.clone(),
-        name: e.dataplane.id.name.clone(),
+fn dataplane_revision(e: &Event) -> Option<pb::DataplaneRevision> {
+    let (mesh, name) = e.subject.mesh_name()?;
+    Some(pb::DataplaneRevision {
+        mesh: mesh.to_string(),
+        name: name.to_string(),
         revision: e.revision,
         ready: e.ready,
-    }
+        zone: e.subject.zone().map(|z| z.to_string()).unwrap_or_default(),
+    })
+}
+
+fn zone_revision(e: &Event) -> Option<pb::ZoneRevision> {
+    let Subject::Zone { zone, state } = &e.subject else {
+        return None;
+    };
+    Some(pb::ZoneRevision {
+        name: zone.to_string(),
+        state: match e.kind {
+            ChangeKind::Changed => zone_state_of(state) as i32,
+            ChangeKind::Deleted => pb::ZoneState::Unspecified as i32,
+        },
+        revision: e.revision,
+    })
 }
 
 /// One feed message as a `WatchEvent`.
@@ -186,19 +197,24 @@ pub fn to_event(message: &Message) -> pb::WatchEvent {
         Message::Snapshot { revision, items } => {
             event.set_type(Type::Snapshot);
             event.revision = *revision;
-            event.snapshot = items.iter().map(|e| dataplane_revision(e)).collect();
+            event.snapshot = items.iter().filter_map(|e| dataplane_revision(e)).collect();
+            event.zones = items.iter().filter_map(|e| zone_revision(e)).collect();
         }
         Message::Synced { revision } => {
             event.set_type(Type::Synced);
             event.revision = *revision;
         }
         Message::Event(e) => {
-            event.set_type(match e.kind {
-                ChangeKind::Changed => Type::Changed,
-                ChangeKind::Deleted => Type::Deleted,
+            let zone = matches!(e.subject, Subject::Zone { .. });
+            event.set_type(match (e.kind, zone) {
+                (ChangeKind::Changed, false) => Type::Changed,
+                (ChangeKind::Deleted, false) => Type::Deleted,
+                (ChangeKind::Changed, true) => Type::ZoneChanged,
+                (ChangeKind::Deleted, true) => Type::ZoneDeleted,
             });
             event.revision = e.revision;
-            event.dataplane = Some(dataplane_revision(e));
+            event.dataplane = dataplane_revision(e);
+            event.zone = zone_revision(e);
         }
         Message::Resync(reason) => {
             event.set_type(Type::Resync);
@@ -217,6 +233,7 @@ fn filter(mesh: String, names: Vec<String>, selector: BTreeMap<String, String>) 
         mesh: (!mesh.is_empty()).then_some(mesh),
         names: names.into_iter().collect(),
         selector,
+        ..Filter::default()
     }
 }
 
@@ -259,14 +276,19 @@ impl ReadinessApi {
                     .filter(|z| zone.is_none_or(|w| w == z.summary.name))
                     .flat_map(|z| {
                         let zone_of = z.zone_of();
-                        z.dataplanes.values().filter_map(move |dp| {
-                            DataplaneItem::from_remote(zone_of, dp).map(|item| (dp, item))
+                        let name: Arc<str> = Arc::from(z.summary.name.as_str());
+                        z.dataplanes.iter().filter_map(move |(id, dp)| {
+                            DataplaneItem::from_remote(zone_of, dp)
+                                .map(|item| ((name.clone(), id.clone()), dp, item))
                         })
                     })
-                    .filter(|(dp, _)| f.mesh.as_ref().is_none_or(|m| &dp.mesh == m))
-                    .filter(|(dp, _)| f.selector.is_empty() || selects(&f.selector, dp))
-                    .filter(|(_, item)| ready.is_none_or(|r| item.is_ready() == r))
-                    .map(|(dp, item)| to_pb(&item, dp.revision)),
+                    .filter(|(_, dp, _)| f.mesh.as_ref().is_none_or(|m| &dp.mesh == m))
+                    .filter(|(_, dp, _)| selects_remote(&f.selector, dp))
+                    .filter(|(_, _, item)| ready.is_none_or(|r| item.is_ready() == r))
+                    // The revision of its last event in this global's watch.
+                    .map(|(key, _, item)| {
+                        to_pb(&item, index.remote.get(&key).copied().unwrap_or(0))
+                    }),
             );
         }
         Ok((index.revision, items))
@@ -370,7 +392,10 @@ impl pb::readiness_service_server::ReadinessService for ReadinessApi {
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let r = request.into_inner();
-        let f = filter(r.mesh, r.names, r.selector.into_iter().collect());
+        let f = Filter {
+            zones: Zones::from_param(Some(&r.zone)),
+            ..filter(r.mesh, r.names, r.selector.into_iter().collect())
+        };
         let rx = watch(self.feed.clone(), f, r.since_revision, CONSUMER_BUFFER);
         let stream = ReceiverStream::new(rx).map(|m| Ok(to_event(&m)));
         Ok(Response::new(Box::pin(stream)))

@@ -14,7 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt as _;
 
 use super::watch::{watch as start_watch, CONSUMER_BUFFER};
-use crate::feed::{ChangeKind, Event, FeedHandle, Filter, Message, Revision};
+use crate::feed::{ChangeKind, Event, FeedHandle, Filter, Message, Revision, Subject, Zones};
 
 /// The query of `GET /api/v1/watch`.
 #[derive(Debug, Deserialize)]
@@ -27,6 +27,9 @@ pub struct WatchQuery {
     pub selector: Option<String>,
     /// Resume after this revision (as `Last-Event-ID` does).
     pub since: Option<Revision>,
+    /// On a global: absent or empty for every zone, `local` for its own
+    /// dataplanes, a zone's name for that zone.
+    pub zone: Option<String>,
 }
 
 /// Parses `k=v,k2=v2`.
@@ -44,13 +47,29 @@ pub fn parse_selector(s: &str) -> Result<BTreeMap<String, String>, String> {
         .collect()
 }
 
-fn dataplane_json(e: &Event) -> serde_json::Value {
-    serde_json::json!({
-        "mesh": e.dataplane.id.mesh,
-        "name": e.dataplane.id.name,
+fn dataplane_json(e: &Event) -> Option<serde_json::Value> {
+    let (mesh, name) = e.subject.mesh_name()?;
+    let mut json = serde_json::json!({
+        "mesh": mesh,
+        "name": name,
         "revision": e.revision,
         "ready": e.ready,
-    })
+    });
+    if let Some(zone) = e.subject.zone() {
+        json["zone"] = serde_json::Value::from(&**zone);
+    }
+    Some(json)
+}
+
+fn zone_json(e: &Event) -> Option<serde_json::Value> {
+    let Subject::Zone { zone, state } = &e.subject else {
+        return None;
+    };
+    let mut json = serde_json::json!({ "name": &**zone, "revision": e.revision });
+    if e.kind == ChangeKind::Changed {
+        json["state"] = serde_json::Value::from(*state);
+    }
+    Some(json)
 }
 
 /// One feed message as an SSE event: `event` is the type in lowercase, `data`
@@ -62,23 +81,32 @@ pub fn to_sse(message: &Message) -> SseEvent {
             serde_json::json!({
                 "type": "SNAPSHOT",
                 "revision": revision,
-                "snapshot": items.iter().map(|e| dataplane_json(e)).collect::<Vec<_>>(),
+                "snapshot": items.iter().filter_map(|e| dataplane_json(e)).collect::<Vec<_>>(),
+                "zones": items.iter().filter_map(|e| zone_json(e)).collect::<Vec<_>>(),
             }),
         ),
         Message::Synced { revision } => (
             "synced",
             serde_json::json!({ "type": "SYNCED", "revision": revision }),
         ),
-        Message::Event(e) => {
-            let (kind, word) = match e.kind {
-                ChangeKind::Changed => ("changed", "CHANGED"),
-                ChangeKind::Deleted => ("deleted", "DELETED"),
-            };
-            (
-                kind,
-                serde_json::json!({ "type": word, "revision": e.revision, "dataplane": dataplane_json(e) }),
-            )
-        }
+        Message::Event(e) => match (e.kind, zone_json(e)) {
+            (ChangeKind::Changed, None) => (
+                "changed",
+                serde_json::json!({ "type": "CHANGED", "revision": e.revision, "dataplane": dataplane_json(e) }),
+            ),
+            (ChangeKind::Deleted, None) => (
+                "deleted",
+                serde_json::json!({ "type": "DELETED", "revision": e.revision, "dataplane": dataplane_json(e) }),
+            ),
+            (ChangeKind::Changed, Some(zone)) => (
+                "zone_changed",
+                serde_json::json!({ "type": "ZONE_CHANGED", "revision": e.revision, "zone": zone }),
+            ),
+            (ChangeKind::Deleted, Some(zone)) => (
+                "zone_deleted",
+                serde_json::json!({ "type": "ZONE_DELETED", "revision": e.revision, "zone": zone }),
+            ),
+        },
         Message::Resync(reason) => (
             "resync",
             serde_json::json!({ "type": "RESYNC", "resyncReason": reason.as_str() }),
@@ -122,6 +150,7 @@ pub async fn handler(
             .map(str::to_string)
             .collect(),
         selector,
+        zones: Zones::from_param(q.zone.as_deref()),
     };
     let rx = start_watch(feed.clone(), filter, since, CONSUMER_BUFFER);
     let stream = ReceiverStream::new(rx).map(|m| Ok::<_, Infallible>(to_sse(&m)));

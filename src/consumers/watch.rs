@@ -60,7 +60,7 @@ async fn pump_until_closed(
             };
             match received {
                 Ok(batch) => {
-                    for event in batch.iter().filter(|e| filter.matches(&e.dataplane)) {
+                    for event in batch.iter().filter(|e| filter.matches_subject(&e.subject)) {
                         if !send(tx, Message::Event(event.clone())).await {
                             return;
                         }
@@ -105,7 +105,7 @@ mod tests {
 
     fn change(d: &Arc<Dataplane>) -> Change {
         Change {
-            dataplane: d.clone(),
+            subject: feed::Subject::Local(d.clone()),
             incarnation: 1,
             kind: ChangeKind::Changed,
             ready: true,
@@ -164,7 +164,7 @@ mod tests {
         assert_eq!(index.revision, 2);
         let mut w = watch(feed.clone(), Filter::default(), Some(1), 16);
         let first = w.recv().await.unwrap();
-        assert!(matches!(&first, Message::Event(e) if e.dataplane.id.name == "b"));
+        assert!(matches!(&first, Message::Event(e) if e.local().unwrap().id.name == "b"));
         assert_eq!(w.recv().await, Some(Message::Synced { revision: 2 }));
         sender.publish(change(&a));
         assert_eq!(revisions(&[w.recv().await.unwrap()]), [Some(3)]);

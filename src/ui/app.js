@@ -5,9 +5,11 @@
 // travels in the Authorization header and never in a URL. Each change event
 // names one dataplane: the page fetches that dataplane and updates its row in
 // place. Memory stays bounded: one entry per dataplane, no list of events.
-// On a global, GET /api/v1/zones every ZONES_EVERY_MS feeds the zones panel;
-// the watch carries the global's own dataplanes only, so a change in a
-// zone's summary (state, revision, inbounds ready) reloads the list.
+// On a global, GET /api/v1/zones every ZONES_EVERY_MS feeds the zones panel
+// (its last-seen ages move with time); the watch carries every zone's
+// dataplanes too (fetched from /api/v1/zones/{zone}/dataplanes/...), and a
+// zone's state change (zone_changed, zone_deleted) reloads the list, whose
+// rows show each dataplane's zone state.
 'use strict';
 
 (() => {
@@ -52,7 +54,6 @@
     dataplanes: new Map(), // "mesh/name" -> the API item
     services: [],
     zones: [], // GET /api/v1/zones items (a global's)
-    zonesSignature: '',
     zoneFilter: '',
     sort: { key: 'name', dir: 1 },
     filter: '',
@@ -70,6 +71,18 @@
   const $ = (id) => document.getElementById(id);
   // A zone's dataplane is keyed by its zone too: "default/web-1" may be in two.
   const key = (item) => (item.zone ? `${item.zone.name}:` : '') + `${item.mesh}/${item.name}`;
+  // A watch event names its dataplane's zone by name only.
+  const eventKey = (d) => (d.zone ? `${d.zone}:` : '') + `${d.mesh}/${d.name}`;
+  /** The API path of the dataplane a key names (zone names hold no ':' or '/'). */
+  function pathOf(k) {
+    const colon = k.indexOf(':');
+    const slash = k.indexOf('/');
+    const zone = colon >= 0 && colon < slash ? k.slice(0, colon) : null;
+    const rest = zone === null ? k : k.slice(colon + 1);
+    const [mesh, ...name] = rest.split('/');
+    const tail = `dataplanes/${encodeURIComponent(mesh)}/${encodeURIComponent(name.join('/'))}`;
+    return zone === null ? `/api/v1/${tail}` : `/api/v1/zones/${encodeURIComponent(zone)}/${tail}`;
+  }
   const zoneOf = (item) => (item.zone ? item.zone.name : 'local');
 
   // ------------------------------------------------------------ DOM helpers
@@ -236,10 +249,8 @@
           const keys = [...state.pending];
           state.pending.clear();
           await Promise.all(keys.map(async (k) => {
-            const [mesh, ...rest] = k.split('/');
-            const path = `/api/v1/dataplanes/${encodeURIComponent(mesh)}/${encodeURIComponent(rest.join('/'))}`;
             try {
-              state.dataplanes.set(k, await json(path));
+              state.dataplanes.set(k, await json(pathOf(k)));
             } catch (e) {
               if (e.status === 404) state.dataplanes.delete(k);
               else throw e;
@@ -277,13 +288,6 @@
       try {
         const answer = await json('/api/v1/zones');
         state.zones = answer.items || [];
-        const signature = JSON.stringify(state.zones.map((z) =>
-          [z.name, z.state, z.revision, z.inbounds.ready, z.inbounds.total, z.withdrawn, z.dataplanes]));
-        if (signature !== state.zonesSignature) {
-          const first = state.zonesSignature === '';
-          state.zonesSignature = signature;
-          if (!first) { state.reloadAll = true; fetchPending().catch(handleError); }
-        }
         renderZones();
       } catch (e) {
         if (e instanceof Unauthorized) { onUnauthorized(e); return; }
@@ -378,14 +382,20 @@
         fetchPending().catch(handleError);
         break;
       case 'changed':
-        state.pending.add(key(data.dataplane));
+        state.pending.add(eventKey(data.dataplane));
         fetchPending().catch(handleError);
         break;
       case 'deleted':
-        state.pending.delete(key(data.dataplane));
-        state.dataplanes.delete(key(data.dataplane));
+        state.pending.delete(eventKey(data.dataplane));
+        state.dataplanes.delete(eventKey(data.dataplane));
         renderAll();
         scheduleServices();
+        break;
+      case 'zone_changed':
+      case 'zone_deleted':
+        // Every row of the zone shows its state: reload the list once.
+        state.reloadAll = true;
+        fetchPending().catch(handleError);
         break;
       case 'synced':
         setLive('live', 'Live');

@@ -32,6 +32,7 @@ use crate::auth::Gate;
 use crate::clock::{Clock, Timestamp};
 use crate::cluster::Cluster;
 use crate::dataplane::DataplaneId;
+use crate::feed::FeedSender;
 use crate::pb;
 use crate::zones::hub::{Hub, HubSettings, ZonesView};
 use crate::zones::liveness::ZoneState;
@@ -146,6 +147,26 @@ pub fn spawn_hub(
     });
     tokio::spawn(run_hub(hub, rx, reports, ledger, view_tx, clock));
     HubHandle { commands, view }
+}
+
+/// Follows the hub's views into the change feed, so the global's watches
+/// (gRPC `Watch`, SSE) carry every zone's dataplanes and the zones' states
+/// ([`crate::zones::changes`]).
+pub fn feed_zones(hub: &HubHandle, feed: FeedSender) {
+    let mut views = hub.subscribe();
+    tokio::spawn(async move {
+        let mut prev = Arc::new(ZonesView::default());
+        loop {
+            let next = views.borrow_and_update().clone();
+            for change in crate::zones::changes::changes(&prev, &next) {
+                feed.publish(change);
+            }
+            prev = next;
+            if views.changed().await.is_err() {
+                return;
+            }
+        }
+    });
 }
 
 /// What a batch of commands did to one zone that the other instances of

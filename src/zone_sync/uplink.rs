@@ -395,6 +395,7 @@ impl Driver {
                         FEED_BUFFER,
                     ));
                 }
+                Action::Acknowledged { lags } => crate::metrics::uplink_sync_lags(&lags),
                 Action::Problem { code, message } => {
                     tracing::warn!(
                         zone = self.options.settings.zone,
@@ -428,11 +429,15 @@ impl Driver {
             Message::Synced { revision } => Event::FeedSynced { revision },
             Message::Event(e) => match e.kind {
                 ChangeKind::Changed => Event::FeedChange(self.dataplane(&e)?),
-                ChangeKind::Deleted => Event::FeedDeleted {
-                    mesh: e.id().mesh.clone(),
-                    name: e.id().name.clone(),
-                    revision: e.revision,
-                },
+                ChangeKind::Deleted => {
+                    // Its watch takes this hdsd's own dataplanes only.
+                    let id = &e.local()?.id;
+                    Event::FeedDeleted {
+                        mesh: id.mesh.clone(),
+                        name: id.name.clone(),
+                        revision: e.revision,
+                    }
+                }
             },
             Message::Resync(reason) => Event::FeedResync {
                 reason: reason.as_str().to_string(),
@@ -443,7 +448,7 @@ impl Driver {
     /// The dataplane of a feed event as the zone sends it, read from the
     /// registry now (`None` when it is gone: its deletion follows).
     fn dataplane(&self, e: &FeedEvent) -> Option<pb::Dataplane> {
-        let state = self.registry.get(e.id())?.state();
+        let state = self.registry.get(&e.local()?.id)?.state();
         let item = DataplaneItem::from_state(&state)?;
         let mut dp = to_pb(&item, e.revision);
         // Where other proxies reach each inbound: the global serves it over EDS.

@@ -630,6 +630,110 @@ mod tests {
         assert!(h.remote("eu-1").unwrap().get(&id("a")).is_some());
     }
 
+    fn observed(held: Option<u64>, last: u64, holder: Option<&str>) -> ObservedLink {
+        ObservedLink {
+            epoch: 3,
+            zone_instance: "zone-1".into(),
+            held,
+            snapshot: false,
+            liveness: crate::zones::liveness::LivenessInputs {
+                last_heartbeat: Some(at(last)),
+                stream_opened: Some(at(0)),
+                online_since: Some(at(0)),
+                disabled: None,
+            },
+            holder: holder.map(str::to_string),
+        }
+    }
+
+    /// A zone whose stream another instance of the global holds: its link
+    /// and dataplanes come from the shared store, its liveness from the
+    /// times written there; a full read deletes what it lacks.
+    #[test]
+    fn a_zone_held_by_another_instance_is_read_from_the_store() {
+        let mut h = hub(&["eu-1"], &[]);
+        let (applied, moved) = h.observe(
+            "eu-1",
+            Some(observed(Some(7), 10, Some("g2/1"))),
+            vec![
+                (id("a"), Some(dp("a", true))),
+                (id("b"), Some(dp("b", false))),
+            ],
+            false,
+        );
+        assert!(moved);
+        assert_eq!(
+            applied,
+            vec![Applied::Changed(id("a")), Applied::Changed(id("b"))]
+        );
+        let z = h.summary("eu-1", at(11)).unwrap();
+        assert_eq!(z.liveness.state, ZoneState::Online);
+        assert_eq!(z.held_by.as_deref(), Some("g2/1"));
+        assert_eq!(z.instance.as_deref(), Some("zone-1"));
+        assert_eq!(
+            (z.held, z.inbounds_ready, z.inbounds_total),
+            (Some(7), 1, 2)
+        );
+        // Heartbeats stop being written: offline here on time, too.
+        let late = h
+            .summary("eu-1", at(10) + TIMEOUT + Duration::from_secs(1))
+            .unwrap();
+        assert_eq!(late.liveness.state, ZoneState::Offline);
+        // A full read without b deletes it; a tombstone of a deletes it.
+        let (applied, _) = h.observe("eu-1", None, vec![(id("a"), Some(dp("a", true)))], true);
+        assert_eq!(applied, vec![Applied::Deleted(id("b"))]);
+        let (applied, _) = h.observe("eu-1", None, vec![(id("a"), None)], false);
+        assert_eq!(applied, vec![Applied::Deleted(id("a"))]);
+    }
+
+    /// A stream here that claims a zone read from the store resumes from
+    /// the revision written there; from then on the store's rows of the
+    /// zone are ignored here, until the store says another claim took it.
+    #[test]
+    fn a_claim_here_resumes_from_the_store_and_then_ignores_it_until_lost() {
+        let mut h = hub(&["eu-1"], &[]);
+        h.observe(
+            "eu-1",
+            Some(observed(Some(7), 10, None)),
+            vec![(id("a"), Some(dp("a", true)))],
+            false,
+        );
+        let stream = h.open_stream();
+        let claim = h.claim("eu-1", stream, 3, "zone-1", &Meshes::All, at(11));
+        assert!(
+            matches!(
+                claim,
+                Claim::Won {
+                    resume_from: Some(7),
+                    ..
+                }
+            ),
+            "{claim:?}"
+        );
+        let (_, moved) = h.observe(
+            "eu-1",
+            Some(observed(Some(9), 12, Some("g2/1"))),
+            vec![(id("a"), None)],
+            false,
+        );
+        assert!(!moved, "a zone held here ignores the store");
+        assert!(h.remote("eu-1").unwrap().get(&id("a")).is_some());
+        assert!(h.summary("eu-1", at(12)).unwrap().held_by.is_none());
+        assert!(h.lost("eu-1", stream));
+        assert!(!h.lost("eu-1", stream), "lost once");
+        let (_, moved) = h.observe(
+            "eu-1",
+            Some(observed(Some(9), 12, Some("g2/1"))),
+            vec![],
+            false,
+        );
+        assert!(moved);
+        assert_eq!(
+            h.summary("eu-1", at(12)).unwrap().held_by.as_deref(),
+            Some("g2/1")
+        );
+    }
+
     #[test]
     fn a_stream_that_lost_the_uplink_counts_no_snapshot() {
         let mut h = hub(&["eu-1"], &[]);

@@ -785,7 +785,9 @@ mod tests {
                     uplink::Action::Send(m) => batch.push(m),
                     uplink::Action::Subscribe { since } => self.subscriptions.push(since),
                     uplink::Action::Close { code, retry, .. } => self.closed = Some((code, retry)),
-                    uplink::Action::Connected | uplink::Action::Problem { .. } => {}
+                    uplink::Action::Connected
+                    | uplink::Action::Problem { .. }
+                    | uplink::Action::Acknowledged { .. } => {}
                 }
             }
             if !batch.is_empty() {

@@ -24,6 +24,7 @@
 //!
 //! [`Backoff`]: super::backoff::Backoff
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::{check_versions, elapsed, from_proto_duration, human, plus, Code, PeerVersion};
@@ -151,6 +152,13 @@ pub enum Action {
         /// The global's message: what is wrong and what to do.
         message: String,
     },
+    /// The global acknowledged changes: each one's time from being sent
+    /// to its acknowledgement, on this zone's clock (the sync lag; the
+    /// global acknowledges a batch once its hub has it).
+    Acknowledged {
+        /// One per change acknowledged, oldest first.
+        lags: Vec<Duration>,
+    },
     /// Close the stream. `retry`: reconnect after the backoff's next delay;
     /// otherwise the refusal is permanent and the driver waits the backoff's
     /// longest delay ([`Backoff::cap`](super::backoff::Backoff::cap)) before
@@ -176,6 +184,10 @@ pub enum FeedPhase {
     Live,
 }
 
+/// Sent changes whose acknowledgement is awaited for the sync lag; past
+/// it the oldest go unmeasured.
+const MAX_IN_FLIGHT: usize = 4096;
+
 #[derive(Debug, Clone)]
 struct Live {
     global: PeerVersion,
@@ -187,6 +199,9 @@ struct Live {
     sent: u64,
     /// The highest revision the global acknowledged.
     acked: u64,
+    /// Changes sent and not yet acknowledged, with when they were sent
+    /// (the sync lag; at most [`MAX_IN_FLIGHT`]).
+    in_flight: VecDeque<(u64, Timestamp)>,
     /// When the last heartbeat was sent (or the stream accepted).
     last_heartbeat: Timestamp,
     /// When the last message from the global arrived.
@@ -319,7 +334,7 @@ impl Uplink {
             Event::FeedSnapshot { revision, items } => self.snapshot(revision, items, actions),
             Event::FeedChange(dataplane) => {
                 let revision = dataplane.revision;
-                self.change(revision, change::Kind::Upsert(dataplane), actions)
+                self.change(revision, change::Kind::Upsert(dataplane), now, actions)
             }
             Event::FeedDeleted {
                 mesh,
@@ -328,6 +343,7 @@ impl Uplink {
             } => self.change(
                 revision,
                 change::Kind::Deleted(change::Deleted { mesh, name }),
+                now,
                 actions,
             ),
             Event::FeedSynced { revision } => {
@@ -391,7 +407,20 @@ impl Uplink {
             Phase::Accepted(l) => {
                 l.last_received = now;
                 match kind {
-                    Kind::Ack(ack) => l.acked = l.acked.max(ack.revision),
+                    Kind::Ack(ack) => {
+                        l.acked = l.acked.max(ack.revision);
+                        let mut lags = Vec::new();
+                        while let Some(&(revision, sent)) = l.in_flight.front() {
+                            if revision > l.acked {
+                                break;
+                            }
+                            l.in_flight.pop_front();
+                            lags.push(elapsed(sent, now).unwrap_or_default());
+                        }
+                        if !lags.is_empty() {
+                            actions.push(Action::Acknowledged { lags });
+                        }
+                    }
                     Kind::Rejected(r) => actions.push(Action::Problem {
                         code: r.code,
                         message: r.message,
@@ -462,6 +491,7 @@ impl Uplink {
             feed,
             sent,
             acked: 0,
+            in_flight: VecDeque::new(),
             last_heartbeat: now,
             last_received: now,
         }));
@@ -490,7 +520,13 @@ impl Uplink {
         l.feed = FeedPhase::Live;
     }
 
-    fn change(&mut self, revision: u64, kind: change::Kind, actions: &mut Vec<Action>) {
+    fn change(
+        &mut self,
+        revision: u64,
+        kind: change::Kind,
+        now: Timestamp,
+        actions: &mut Vec<Action>,
+    ) {
         let Phase::Accepted(l) = &mut self.phase else {
             return;
         };
@@ -505,6 +541,10 @@ impl Uplink {
             },
         ))));
         l.sent = l.sent.max(revision);
+        if l.in_flight.len() == MAX_IN_FLIGHT {
+            l.in_flight.pop_front(); // unmeasured, never unsent
+        }
+        l.in_flight.push_back((revision, now));
     }
 
     fn tick(&mut self, now: Timestamp, actions: &mut Vec<Action>) {
@@ -988,12 +1028,20 @@ mod tests {
             ),
             "{a:?}"
         );
-        h.on(Event::Received(global(global_message::Kind::Ack(
+        let acked = h.on(Event::Received(global(global_message::Kind::Ack(
             global_message::Ack { revision: 12 },
         ))));
-        h.on(Event::Received(global(global_message::Kind::Ack(
+        assert_eq!(
+            acked,
+            [Action::Acknowledged {
+                lags: vec![Duration::from_secs(5)]
+            }],
+            "the change sent at 0 s, acknowledged at 5 s"
+        );
+        let again = h.on(Event::Received(global(global_message::Kind::Ack(
             global_message::Ack { revision: 9 },
         ))));
+        assert!(again.is_empty(), "{again:?}");
         assert_eq!(h.uplink.acked(), 12, "an older ack never moves it back");
     }
 

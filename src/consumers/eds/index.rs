@@ -730,8 +730,9 @@ async fn run(
         tokio::select! {
             received = live.recv() => match received {
                 Ok(batch) => {
-                    for event in batch.iter() {
-                        let id = event.id();
+                    // This hdsd's own dataplanes: zones come with the view.
+                    for d in batch.iter().filter_map(|e| e.local()) {
+                        let id = &d.id;
                         let state = registry.get(id).map(|h| h.state());
                         index.set(id, state.as_ref());
                     }
