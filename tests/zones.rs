@@ -660,6 +660,30 @@ fn every_reader_of_the_global_sees_both_zones(global: &Hdsd) {
             .items;
         let zones: Vec<&str> = services[0].zones.iter().map(|z| z.zone.as_str()).collect();
         assert_eq!(zones, ["eu-1", "us-1"]);
+
+        // The gRPC watch of one zone: its dataplane and its state.
+        let mut watch = client
+            .watch(pb::WatchRequest {
+                zone: "us-1".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let first = watch.message().await.unwrap().expect("a snapshot");
+        assert_eq!(first.r#type, pb::watch_event::Type::Snapshot as i32);
+        let dataplanes: Vec<(&str, &str, bool)> = first
+            .snapshot
+            .iter()
+            .map(|d| (d.zone.as_str(), d.name.as_str(), d.ready))
+            .collect();
+        assert_eq!(dataplanes, [("us-1", "web", true)], "{first:?}");
+        let zones: Vec<(&str, i32)> = first
+            .zones
+            .iter()
+            .map(|z| (z.name.as_str(), z.state))
+            .collect();
+        assert_eq!(zones, [("us-1", online)], "{first:?}");
     });
 
     let out = Command::new(env!("CARGO_BIN_EXE_hdsd"))
