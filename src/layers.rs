@@ -2,8 +2,8 @@
 //! them. A module may name (`crate::...`) a module of its own layer or of a
 //! layer below, never one above. ARCHITECTURE.md ("Layers") explains them.
 //!
-//! Inside a layer, imports may go both ways; the circles that remain are
-//! listed in ARCHITECTURE.md with the reason each is one idea.
+//! Inside a layer, imports may go both ways as far as this test is
+//! concerned; today no import circle is left (ARCHITECTURE.md, "Layers").
 
 /// Each layer: its name, the sentence that says what may live there, and
 /// its top-level modules (`src/<module>.rs` or `src/<module>/`).
@@ -230,8 +230,8 @@ mod tests {
         );
     }
 
-    /// `registry` -> `store` runs one way (ARCHITECTURE.md, "Circles
-    /// left"): no store file names the registry outside its tests.
+    /// `registry` -> `store` runs one way (ARCHITECTURE.md, "Layers"): no
+    /// store file names the registry outside its tests.
     #[test]
     fn the_store_does_not_name_the_registry() {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");

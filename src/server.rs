@@ -836,7 +836,10 @@ fn serve_hds(
         .http2_max_local_error_reset_streams(Some(crate::net::H2_MAX_LOCAL_RESETS))
         .http2_max_header_list_size(HDS_MAX_HEADER_LIST)
         .add_service(service.into_server())
-        .add_service(eds.into_server(limits.max_message_bytes));
+        .add_service(crate::consumers::eds::transport::EdsServer::new(
+            eds,
+            limits.max_message_bytes,
+        ));
     let admission = Admission::new("hds", limits.into());
     serve_grpc(server, listener, admission, tls, drain)
 }

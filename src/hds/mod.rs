@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::health::v3::HealthCheckRequest;
 use prost::bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -36,20 +35,8 @@ use crate::metrics::{self as m, ActiveStream, CloseReason};
 use crate::net::{SharedLogLimiter, REFUSAL_LOG};
 use crate::registry::{Command, DataplaneHandle, DataplaneState, Registry, StreamId};
 
-use stream::{Action, Awaiting, End, Event, Stream};
-
-/// What the service needs to know besides the registry.
-#[derive(Debug, Clone)]
-pub struct HdsSettings {
-    pub unknown_dataplane_grace: Duration,
-    pub report_interval: Duration,
-    /// A stream with no report for this long is ended (`hds.stale_after`).
-    pub stale_after: Duration,
-    /// `hds.limits`.
-    pub limits: crate::config::HdsLimits,
-    /// Definitions come from the store (`dataplanes.source = "api"`), not files.
-    pub definitions_from_api: bool,
-}
+pub use stream::{node_id, HdsSettings};
+use stream::{not_found, Action, Awaiting, End, Event, Stream};
 
 #[derive(Debug)]
 pub struct HdsService {
@@ -841,37 +828,6 @@ fn close_reason(code: tonic::Code) -> CloseReason {
         Code::Aborted => CloseReason::Replaced,
         _ => CloseReason::Error,
     }
-}
-
-/// The dataplane id in a `HealthCheckRequest`, or INVALID_ARGUMENT saying what is missing.
-pub fn node_id(request: &HealthCheckRequest) -> Result<DataplaneId, Status> {
-    let id = request.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
-    if id.is_empty() {
-        return Err(Status::invalid_argument(
-            "HealthCheckRequest has no node.id; set node.id to <mesh>.<name> (e.g. default.web-01) in the Envoy bootstrap",
-        ));
-    }
-    id.parse()
-        .map_err(|e: crate::dataplane::BadNodeId| Status::invalid_argument(e.to_string()))
-}
-
-/// The dataplane is not defined. The message says how to define it, never
-/// where the server keeps its files (a client learns nothing of the host).
-pub(crate) fn not_found(id: &DataplaneId, settings: &HdsSettings) -> Status {
-    if settings.definitions_from_api {
-        return Status::not_found(format!(
-            "dataplane {mesh}.{name} is not registered; define it with `hdsd apply -f <file>` or PUT /api/v1/dataplanes/{mesh}/{name} (a Kuma Dataplane document); hdsd picks it up without a restart",
-            mesh = id.mesh,
-            name = id.name.escape_debug(),
-        ));
-    }
-    Status::not_found(format!(
-        "dataplane {mesh}.{name} is not registered; add {name}.yaml to the dataplanes directory of hdsd (dataplanes.dir) containing\n\
-         type: Dataplane\nmesh: {mesh}\nname: {name}\nnetworking:\n  address: <this machine's IP>\n  inbound:\n  - port: <Envoy's port for the app>\n    servicePort: <the app's port>\n    serviceAddress: 127.0.0.1\n\
-         (hdsd picks it up without a restart)",
-        mesh = id.mesh,
-        name = id.name.escape_debug(),
-    ))
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 //! in, and carries out the [`Action`]s. Unit-tested without a network below.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::health::v3::HealthCheckRequest;
 use tokio::time::Instant;
@@ -22,7 +23,49 @@ use crate::registry::{DataplaneState, StreamId, REJECTION_WINDOW};
 use crate::report::Report;
 use crate::specifier::Specifier;
 
-use super::{node_id, not_found, HdsSettings};
+/// What the service needs to know besides the registry.
+#[derive(Debug, Clone)]
+pub struct HdsSettings {
+    pub unknown_dataplane_grace: Duration,
+    pub report_interval: Duration,
+    /// A stream with no report for this long is ended (`hds.stale_after`).
+    pub stale_after: Duration,
+    /// `hds.limits`.
+    pub limits: crate::config::HdsLimits,
+    /// Definitions come from the store (`dataplanes.source = "api"`), not files.
+    pub definitions_from_api: bool,
+}
+
+/// The dataplane id in a `HealthCheckRequest`, or INVALID_ARGUMENT saying what is missing.
+pub fn node_id(request: &HealthCheckRequest) -> Result<DataplaneId, Status> {
+    let id = request.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
+    if id.is_empty() {
+        return Err(Status::invalid_argument(
+            "HealthCheckRequest has no node.id; set node.id to <mesh>.<name> (e.g. default.web-01) in the Envoy bootstrap",
+        ));
+    }
+    id.parse()
+        .map_err(|e: crate::dataplane::BadNodeId| Status::invalid_argument(e.to_string()))
+}
+
+/// The dataplane is not defined. The message says how to define it, never
+/// where the server keeps its files (a client learns nothing of the host).
+pub(crate) fn not_found(id: &DataplaneId, settings: &HdsSettings) -> Status {
+    if settings.definitions_from_api {
+        return Status::not_found(format!(
+            "dataplane {mesh}.{name} is not registered; define it with `hdsd apply -f <file>` or PUT /api/v1/dataplanes/{mesh}/{name} (a Kuma Dataplane document); hdsd picks it up without a restart",
+            mesh = id.mesh,
+            name = id.name.escape_debug(),
+        ));
+    }
+    Status::not_found(format!(
+        "dataplane {mesh}.{name} is not registered; add {name}.yaml to the dataplanes directory of hdsd (dataplanes.dir) containing\n\
+         type: Dataplane\nmesh: {mesh}\nname: {name}\nnetworking:\n  address: <this machine's IP>\n  inbound:\n  - port: <Envoy's port for the app>\n    servicePort: <the app's port>\n    serviceAddress: 127.0.0.1\n\
+         (hdsd picks it up without a restart)",
+        mesh = id.mesh,
+        name = id.name.escape_debug(),
+    ))
+}
 
 /// Something that happened to the stream.
 #[derive(Debug)]

@@ -33,6 +33,25 @@ use prost::bytes::BufMut;
 use super::assignment::ServiceKey;
 use super::index::{Assignments, Published};
 
+/// One `DiscoveryRequest` of a `StreamEndpoints` stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EdsRequest {
+    /// The request; `resource_names` is left empty when `same_names`.
+    pub request: DiscoveryRequest,
+    /// The request named exactly the resources of the stream's previous
+    /// request, in the same order.
+    pub same_names: bool,
+}
+
+impl From<DiscoveryRequest> for EdsRequest {
+    fn from(request: DiscoveryRequest) -> Self {
+        EdsRequest {
+            request,
+            same_names: false,
+        }
+    }
+}
+
 pub use super::assignment::TYPE_URL;
 
 /// A request hdsd does not serve: the stream ends with INVALID_ARGUMENT.

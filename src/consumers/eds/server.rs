@@ -18,8 +18,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::index::AssignmentsRx;
-use super::protocol::{Action, EdsStream, Push};
-use super::transport::{EdsRequest, EdsServer};
+use super::protocol::{Action, EdsRequest, EdsStream, Push};
 use crate::metrics as m;
 
 /// Who may subscribe.
@@ -97,12 +96,6 @@ impl EdsService {
         self
     }
 
-    /// The gRPC server (`StreamEndpoints` with a lean decoder, the rest
-    /// generated), refusing messages over `max_message_bytes`.
-    pub fn into_server(self, max_message_bytes: usize) -> EdsServer {
-        EdsServer::new(self, max_message_bytes)
-    }
-
     /// A `StreamEndpoints` stream: authenticate, then pump requests and
     /// changes in a task of its own.
     pub(super) fn stream<S>(&self, request: Request<S>) -> Result<Response<ResponseStream>, Status>
@@ -145,7 +138,7 @@ pub type ResponseStream = Out<Push>;
 impl EndpointDiscoveryService for EdsService {
     type StreamEndpointsStream = Out<DiscoveryResponse>;
 
-    /// Served by [`EdsServer`]'s lean decoder; here for the generated
+    /// Served by [`super::transport::EdsServer`]'s lean decoder; here for the generated
     /// server's trait (and the same behaviour).
     async fn stream_endpoints(
         &self,

@@ -34,27 +34,8 @@ use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::protocol::Push;
+use super::protocol::{EdsRequest, Push};
 use super::server::{EdsService, ResponseStream};
-
-/// One `DiscoveryRequest` of a `StreamEndpoints` stream.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EdsRequest {
-    /// The request; `resource_names` is left empty when `same_names`.
-    pub request: DiscoveryRequest,
-    /// The request named exactly the resources of the stream's previous
-    /// request, in the same order.
-    pub same_names: bool,
-}
-
-impl From<DiscoveryRequest> for EdsRequest {
-    fn from(request: DiscoveryRequest) -> Self {
-        EdsRequest {
-            request,
-            same_names: false,
-        }
-    }
-}
 
 /// The codec of one `StreamEndpoints` stream.
 #[derive(Debug, Default)]
