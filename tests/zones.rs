@@ -912,6 +912,24 @@ fn two_global_instances_on_postgres_answer_for_every_zone() {
     );
     wait_remote_ready(survivor, "eu-1", "web", true, Duration::from_secs(5));
 
+    // The killed instance comes back: it reads the zone back from the
+    // store (its state, its holder, its dataplane) though the zone's stream
+    // stays on the survivor.
+    holder.start_again();
+    let restarted = Instant::now();
+    let back = wait_zone(
+        holder,
+        "eu-1",
+        "read back from the store",
+        Duration::from_secs(10),
+        |z| z["state"] == "online" && z["dataplanes"] == 1 && z.get("heldBy").is_some(),
+    );
+    println!(
+        "the restarted instance answers for eu-1 {:?} after its start: {back}",
+        restarted.elapsed()
+    );
+    wait_remote_ready(holder, "eu-1", "web", true, Duration::from_secs(5));
+
     // A zone token revoked through the shared store ends the stream.
     let jti = survivor.jti_of(&std::fs::read_to_string(&token).unwrap());
     let revoked_at = Instant::now();
