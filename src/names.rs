@@ -42,6 +42,22 @@ pub fn check_zone(zone: &str) -> Result<(), String> {
     })
 }
 
+/// The most characters of a client's text that hdsd writes into a log
+/// line or a status message ([`shown`]).
+pub const SHOWN_MAX: usize = 96;
+
+/// A text a client sent, as hdsd shows it in a log line or a status
+/// message: quoted and escaped (control characters and NULs as escapes),
+/// cut to its first [`SHOWN_MAX`] characters with how much was left out,
+/// so no client can make one line longer than a few hundred bytes.
+pub fn shown(text: &str) -> String {
+    let mut chars = text.char_indices();
+    match chars.nth(SHOWN_MAX) {
+        None => format!("{text:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes in all)", &text[..cut], text.len()),
+    }
+}
+
 /// The zone name no zone may have: the API's word for a global's own
 /// dataplanes.
 pub const RESERVED_ZONE: &str = "local";
@@ -108,6 +124,22 @@ mod tests {
             assert!(e.contains(why), "{bad:?}: {e}");
             assert!(e.contains("a dataplane name is"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_clients_text_is_shown_escaped_and_cut() {
+        assert_eq!(shown("default.web"), "\"default.web\"");
+        assert_eq!(shown("a\tb\0"), "\"a\\tb\\0\"");
+        let long = format!("default.{}", "\u{1}".repeat(450_000));
+        let s = shown(&long);
+        assert!(s.len() < 8 * SHOWN_MAX, "{} bytes", s.len());
+        assert!(s.ends_with("... (450008 bytes in all)"), "{s}");
+        // A cut never splits a character.
+        let s = shown(&"é".repeat(SHOWN_MAX + 1));
+        assert!(
+            s.starts_with(&format!("{:?}", "é".repeat(SHOWN_MAX))),
+            "{s}"
+        );
     }
 
     #[test]

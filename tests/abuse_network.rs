@@ -563,6 +563,39 @@ fn a_newline_in_a_node_id_is_escaped_in_the_log() {
     );
 }
 
+/// A node id of 450 KB of control bytes (under the message limit) is shown
+/// cut and escaped in the status and the log: 30 of them write a few KB
+/// of log, not the 112 MB they wrote when the id was logged whole.
+#[test]
+fn a_long_node_id_is_cut_in_the_status_and_the_log() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        grace: "1s",
+        extra: "[hds.limits]\nmax_message_bytes = 1048576\n".into(),
+        ..Default::default()
+    });
+    let before = hdsd.log().len();
+    let client = GrpcClient::connect(hdsd.hds);
+    let id = format!("default.{}", "\u{1}".repeat(450_000));
+    for _ in 0..30 {
+        let status = client
+            .open_as(&id)
+            .expect_status(Code::InvalidArgument, SOON);
+        assert!(
+            status.message().len() < 1024,
+            "a status message of {} bytes",
+            status.message().len()
+        );
+        assert!(
+            status.message().contains("(450008 bytes in all)"),
+            "{status:?}"
+        );
+    }
+    let log = hdsd.log();
+    let grown = log.len() - before;
+    assert!(grown < 64 * 1024, "30 refusals wrote {grown} bytes of log");
+    assert!(log.lines().all(|l| l.len() < 4096), "a line over 4 KB");
+}
+
 /// Finding 7: Fetch checks the token's identity before looking anything up,
 /// and NOT_FOUND names no server path.
 #[test]

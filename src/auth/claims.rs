@@ -19,6 +19,10 @@ pub struct Claims {
     pub iat: i64,
     /// Expires at, Unix seconds.
     pub exp: i64,
+    /// Not before, Unix seconds: hdsd issues none, and refuses a token
+    /// before its `nbf` (another issuer's, say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<i64>,
     /// Random unique token id (128 bits, hex): what the revocation list holds.
     pub jti: String,
     /// Tags the dataplane must carry on at least one inbound each.

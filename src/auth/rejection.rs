@@ -55,6 +55,13 @@ pub enum Rejection {
         /// The token's `iat`.
         issued_at: DateTime<Utc>,
     },
+    /// `nbf` (not before) is later than now: the token is valid only from
+    /// then on (RFC 7519, 4.1.5).
+    #[error("token not valid before {}; use it from then on, or issue one valid now with `hdsd token issue`", rfc3339(.at))]
+    NotBefore {
+        /// The token's `nbf`.
+        at: DateTime<Utc>,
+    },
     /// `exp - iat` is longer than `auth.max_token_validity` (a token of
     /// another issuer, or one issued before the maximum was lowered).
     #[error("token validity is longer than this server's maximum (auth.max_token_validity); issue a shorter-lived token")]
@@ -109,7 +116,7 @@ impl Rejection {
             Rejection::UnknownKey { .. } => "unknown_key",
             Rejection::BadSignature { .. } => "bad_signature",
             Rejection::Expired { .. } => "expired",
-            Rejection::NotYetValid { .. } => "not_yet_valid",
+            Rejection::NotYetValid { .. } | Rejection::NotBefore { .. } => "not_yet_valid",
             Rejection::Revoked { .. } => "revoked",
             Rejection::ValidityTooLong { .. } => "validity_too_long",
             Rejection::WrongIdentity { .. } => "wrong_identity",
@@ -144,7 +151,7 @@ impl Rejection {
             Rejection::BadSignature { kid } => {
                 format!("token signature does not verify with the public key of kid {kid:?}")
             }
-            Rejection::Expired { .. } => self.to_string(),
+            Rejection::Expired { .. } | Rejection::NotBefore { .. } => self.to_string(),
             Rejection::NotYetValid { issued_at } => format!(
                 "token iat {} is in the future beyond the allowed clock skew",
                 rfc3339(issued_at)

@@ -263,6 +263,40 @@ fn signed_token_with_wrong_claims_shape_is_malformed() {
     assert_eq!(err.reason(), "malformed", "{err:?}");
 }
 
+/// A token valid only from tomorrow (another issuer's `nbf`) is refused
+/// today with the time it becomes valid, and accepted from then on.
+#[test]
+fn a_token_is_refused_before_its_nbf() {
+    let (_dir, ring, key) = setup();
+    let pem = fs::read(&key.private_path).unwrap();
+    let mut header = Header::new(Algorithm::EdDSA);
+    header.kid = Some(key.kid.clone());
+    let tomorrow = t0() + chrono::Duration::days(1);
+    let claims = serde_json::json!({
+        "mesh": "default", "name": "web-01", "jti": "nbf-1",
+        "iat": t0().timestamp(), "exp": tomorrow.timestamp() + 3600,
+        "nbf": tomorrow.timestamp(),
+    });
+    let token =
+        jsonwebtoken::encode(&header, &claims, &EncodingKey::from_ed_pem(&pem).unwrap()).unwrap();
+    let err = ring.verify(&token, &none(), t0()).unwrap_err();
+    assert_eq!(err, Rejection::NotBefore { at: tomorrow });
+    assert_eq!(err.reason(), "not_yet_valid");
+    assert_eq!(
+        err.to_string(),
+        "token not valid before 2026-01-02T00:00:00Z; use it from then on, or issue one valid now with `hdsd token issue`"
+    );
+    let err = ring
+        .verify(&token, &none(), tomorrow - chrono::Duration::seconds(1))
+        .unwrap_err();
+    assert_eq!(err.reason(), "not_yet_valid");
+    let claims = ring.verify(&token, &none(), tomorrow).unwrap();
+    assert_eq!(claims.nbf, Some(tomorrow.timestamp()));
+    // hdsd's own tokens carry no nbf.
+    let own = ring.verify(&issue(&ring, HOUR), &none(), t0()).unwrap();
+    assert_eq!(own.nbf, None);
+}
+
 #[test]
 fn expiry_uses_the_given_time_without_leeway() {
     let (_dir, ring, _) = setup();

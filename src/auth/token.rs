@@ -20,7 +20,7 @@
 //!
 //! shape and header -> `alg` -> `kid` present (a token without `kid` is
 //! [`Rejection::Malformed`]: hdsd always sets one) -> key known -> signature
-//! -> claims shape -> revocation -> `exp` -> `iat`.
+//! -> claims shape -> revocation -> `exp` -> `iat` -> `nbf`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -279,6 +279,16 @@ impl KeyRing {
         }
         if claims.iat > now.timestamp().saturating_add(ISSUED_AT_LEEWAY_SECS) {
             return Err(Rejection::NotYetValid { issued_at });
+        }
+        if let Some(nbf) = claims.nbf {
+            if nbf > now.timestamp() {
+                let Some(at) = DateTime::from_timestamp(nbf, 0) else {
+                    return Err(Rejection::Malformed {
+                        detail: format!("nbf {nbf} is out of range"),
+                    });
+                };
+                return Err(Rejection::NotBefore { at });
+            }
         }
         Ok(claims)
     }

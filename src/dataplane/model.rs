@@ -59,9 +59,10 @@ impl fmt::Display for DataplaneId {
 /// A node id that is not `<mesh>.<name>` with a valid mesh and name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BadNodeId {
-    #[error("node id {0:?} is not of the form <mesh>.<name> (e.g. default.web-01); set node.id in the Envoy bootstrap")]
+    /// The id as [`crate::names::shown`] shows it (escaped, cut).
+    #[error("node id {0} is not of the form <mesh>.<name> (e.g. default.web-01); set node.id in the Envoy bootstrap")]
     Form(String),
-    #[error("node id {id:?}: {why}; set node.id in the Envoy bootstrap")]
+    #[error("node id {id}: {why}; set node.id in the Envoy bootstrap")]
     Name { id: String, why: String },
 }
 
@@ -72,9 +73,9 @@ impl FromStr for DataplaneId {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (mesh, name) = s
             .split_once('.')
-            .ok_or_else(|| BadNodeId::Form(s.to_string()))?;
+            .ok_or_else(|| BadNodeId::Form(crate::names::shown(s)))?;
         DataplaneId::try_new(mesh, name).map_err(|e| BadNodeId::Name {
-            id: s.to_string(),
+            id: crate::names::shown(s),
             why: e.0,
         })
     }
