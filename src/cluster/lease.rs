@@ -91,6 +91,9 @@ pub struct Keeper {
     next: Instant,
     /// When the call in flight was sent.
     asked: Option<Instant>,
+    /// When the keeper started: an instance that has not registered yet
+    /// is only starting for the first `timeout`.
+    started: Instant,
 }
 
 impl Keeper {
@@ -111,6 +114,7 @@ impl Keeper {
             held_until: None,
             next: now,
             asked: None,
+            started: now,
         }
     }
 
@@ -174,6 +178,10 @@ impl Keeper {
             Ok(Lease { holder: None, .. }) => {
                 self.held_until = None;
                 self.next = now + self.interval.min(NOT_A_MEMBER_RETRY);
+                if self.status == LeaseStatus::Unknown && now < self.started + self.timeout {
+                    // Starting: its first heartbeat is on its way.
+                    return;
+                }
                 self.status = LeaseStatus::Unconfirmed {
                     problem: format!(
                         "this instance cannot take the lease {:?} yet: it has no live heartbeat in the store (it registers with its first heartbeat, at start, and again after another instance took it for dead)",
@@ -472,15 +480,21 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_instance_without_a_heartbeat_asks_again_soon() {
         let mut k = Keeper::new(UPLINK, "a/1", T * 40, Instant::now());
-        k.asking(Instant::now());
-        k.answered(
+        let not_a_member = || {
             Ok(Lease {
                 holder: None,
                 epoch: 0,
                 holder_silent: None,
-            }),
-            Instant::now(),
-        );
+            })
+        };
+        k.asking(Instant::now());
+        k.answered(not_a_member(), Instant::now());
+        assert_eq!(k.status(), &LeaseStatus::Unknown, "starting: not a problem yet");
+        assert_eq!(k.deadline(), Instant::now() + NOT_A_MEMBER_RETRY);
+        // Still no heartbeat a whole timeout after the start: say so.
+        tokio::time::advance(T * 40).await;
+        k.asking(Instant::now());
+        k.answered(not_a_member(), Instant::now());
         assert!(
             matches!(k.status(), LeaseStatus::Unconfirmed { problem } if problem.contains("no live heartbeat")),
             "{:?}",
