@@ -404,7 +404,9 @@ mod tests {
         .unwrap();
         let text = render_zones(&standby, now);
         assert!(
-            text.contains("Zone eu-1: standby (instance zone-a/4242 holds the uplink to the global)"),
+            text.contains(
+                "Zone eu-1: standby (instance zone-a/4242 holds the uplink to the global)"
+            ),
             "{text}"
         );
     }

@@ -954,7 +954,8 @@ fn readyz(hdsd: &Hdsd) -> (u16, String) {
 #[test]
 fn two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over() {
     use crate::support::postgres::Postgres;
-    let Some(pg) = Postgres::start("two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over")
+    let Some(pg) =
+        Postgres::start("two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over")
     else {
         return;
     };
@@ -969,7 +970,8 @@ fn two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over() {
     });
     let tokens = tempfile::tempdir().unwrap();
     let token = zone_token(&global, "eu-1", &tokens);
-    let options = || HdsdOptions {
+    let options = || {
+        HdsdOptions {
         env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
         extra: format!(
             "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n\
@@ -981,12 +983,16 @@ fn two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over() {
             token.display().to_string()
         ),
         ..HdsdOptions::default()
+    }
     };
 
     // A starts alone and takes the uplink; B starts and stands by.
     let mut a = Hdsd::start(options());
     let on_a = wait_uplink_state(&a, "connected", None, Duration::from_secs(20));
-    let a_name = on_a["holder"].as_str().expect("the holder's name").to_string();
+    let a_name = on_a["holder"]
+        .as_str()
+        .expect("the holder's name")
+        .to_string();
     assert!(a_name.ends_with(&format!("/{}", a.pid())), "{on_a}");
     let b = Hdsd::start(options());
     let on_b = wait_uplink_state(&b, "standby", Some(&a_name), Duration::from_secs(10));
@@ -996,13 +1002,21 @@ fn two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over() {
     assert_eq!(status, 200, "a standby instance is ready: {body}");
     assert!(
         body.contains("zone eu-1: standby since")
-            && body.contains(&format!("instance {a_name} holds the zone's uplink to the global")),
+            && body.contains(&format!(
+                "instance {a_name} holds the zone's uplink to the global"
+            )),
         "{body}"
     );
     assert_eq!(b.metric("hdsd_uplink_state{state=\"standby\"}"), Some(1.0));
-    assert_eq!(b.metric("hdsd_uplink_state{state=\"disconnected\"}"), Some(0.0));
+    assert_eq!(
+        b.metric("hdsd_uplink_state{state=\"disconnected\"}"),
+        Some(0.0)
+    );
     assert_eq!(b.metric("hdsd_uplink_connected"), Some(0.0));
-    assert_eq!(a.metric("hdsd_uplink_state{state=\"connected\"}"), Some(1.0));
+    assert_eq!(
+        a.metric("hdsd_uplink_state{state=\"connected\"}"),
+        Some(1.0)
+    );
 
     // web is defined through A's API and its Envoy attaches to B: A sends
     // what B's Envoy reports (each instance's view is the whole zone's).
@@ -1057,19 +1071,18 @@ fn two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over() {
     let killed = Instant::now();
     let taken = wait_uplink_state(&b, "connected", None, Duration::from_secs(20));
     let took = killed.elapsed();
-    let b_name = taken["holder"].as_str().expect("the holder's name").to_string();
+    let b_name = taken["holder"]
+        .as_str()
+        .expect("the holder's name")
+        .to_string();
     assert!(b_name.ends_with(&format!("/{}", b.pid())), "{taken}");
     assert!(
         taken["epoch"].as_u64() > on_a["epoch"].as_u64(),
         "a higher epoch: {taken} after {on_a}"
     );
-    let moved = wait_zone(
-        &global,
-        "eu-1",
-        "held by B",
-        Duration::from_secs(5),
-        |z| z["state"] == "online" && z["instance"] == b_name.as_str(),
-    );
+    let moved = wait_zone(&global, "eu-1", "held by B", Duration::from_secs(5), |z| {
+        z["state"] == "online" && z["instance"] == b_name.as_str()
+    });
     println!(
         "B took the uplink over {took:?} after the SIGKILL of A (instance_timeout {ZONE_INSTANCE_TIMEOUT:?}): {moved}"
     );
@@ -1091,7 +1104,9 @@ fn two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over() {
     let offline: Vec<_> = watch
         .events()
         .into_iter()
-        .filter(|(e, d)| e == "zone_changed" && d["zone"]["name"] == "eu-1" && d["zone"]["state"] != "online")
+        .filter(|(e, d)| {
+            e == "zone_changed" && d["zone"]["name"] == "eu-1" && d["zone"]["state"] != "online"
+        })
         .collect();
     println!("eu-1's state changes at the global during the takeover: {offline:?}");
     assert!(

@@ -282,7 +282,10 @@ pub async fn one_lease(cluster: &dyn Cluster) {
     let timeout = Duration::from_secs(10);
     cluster.heartbeat().await.expect("heartbeat");
     let me = cluster.instance().to_string();
-    let first = cluster.acquire_lease(LEASE, timeout).await.expect("acquire");
+    let first = cluster
+        .acquire_lease(LEASE, timeout)
+        .await
+        .expect("acquire");
     assert_eq!(first.holder.as_deref(), Some(me.as_str()), "{first:?}");
     assert!(first.epoch > 0, "{first:?}");
     let kept = cluster.acquire_lease(LEASE, timeout).await.expect("keep");

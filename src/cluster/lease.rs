@@ -383,7 +383,11 @@ mod tests {
         tokio::time::advance(ms(10)).await;
         k.answered(mine(7), Instant::now());
         assert_eq!(k.status().held(), Some(7));
-        assert_eq!(k.deadline(), Instant::now() + ms(250), "a quarter of the timeout");
+        assert_eq!(
+            k.deadline(),
+            Instant::now() + ms(250),
+            "a quarter of the timeout"
+        );
 
         // The store stops answering: still held until the timeout from the
         // last confirmation's send (at `start`), then given up.
@@ -392,7 +396,11 @@ mod tests {
         k.asking(Instant::now());
         tokio::time::advance(ms(500)).await;
         k.answered(Err("no answer within 500ms".into()), Instant::now());
-        assert_eq!(k.status().held(), Some(7), "760 ms after the last confirmation");
+        assert_eq!(
+            k.status().held(),
+            Some(7),
+            "760 ms after the last confirmation"
+        );
         assert_eq!(k.deadline(), start + T, "the end of the lease comes first");
         tokio::time::advance(ms(239)).await;
         k.tick(Instant::now());
@@ -489,7 +497,11 @@ mod tests {
         };
         k.asking(Instant::now());
         k.answered(not_a_member(), Instant::now());
-        assert_eq!(k.status(), &LeaseStatus::Unknown, "starting: not a problem yet");
+        assert_eq!(
+            k.status(),
+            &LeaseStatus::Unknown,
+            "starting: not a problem yet"
+        );
         assert_eq!(k.deadline(), Instant::now() + NOT_A_MEMBER_RETRY);
         // Still no heartbeat a whole timeout after the start: say so.
         tokio::time::advance(T * 40).await;
@@ -524,11 +536,10 @@ mod tests {
             !solo.release_lease(UPLINK).await.unwrap(),
             "released already"
         );
-        let again = solo
-            .acquire_lease(UPLINK, T)
-            .await
-            .expect("acquire")
-            .epoch;
-        assert!(again > held, "a new holding, a higher epoch: {again} > {held}");
+        let again = solo.acquire_lease(UPLINK, T).await.expect("acquire").epoch;
+        assert!(
+            again > held,
+            "a new holding, a higher epoch: {again} > {held}"
+        );
     }
 }

@@ -128,8 +128,7 @@ pub trait Cluster: Send + Sync + Debug + 'static {
     /// holder gets a higher epoch, across restarts. An instance without a
     /// live heartbeat takes nothing (and gives its own lease up). Alone
     /// ([`Solo`]), this instance always holds it.
-    fn acquire_lease<'a>(&'a self, name: &'a str, timeout: Duration)
-        -> ClusterFuture<'a, Lease>;
+    fn acquire_lease<'a>(&'a self, name: &'a str, timeout: Duration) -> ClusterFuture<'a, Lease>;
     /// Gives the lease `name` up if this instance holds it (false when it
     /// did not); the others hear of it on [`Topic::Leases`] and may take it
     /// at once. [`Cluster::leave`] gives up every lease too.

@@ -12,8 +12,8 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
 use super::{
-    Cluster, ClusterFuture, Holders, KeyPublication, Lease, Observe, StreamNote, Swept, Topic, Written,
-    ZoneWrite, ZonesRead,
+    Cluster, ClusterFuture, Holders, KeyPublication, Lease, Observe, StreamNote, Swept, Topic,
+    Written, ZoneWrite, ZonesRead,
 };
 use crate::auth::SharedKey;
 use crate::dataplane::DataplaneId;
@@ -114,11 +114,7 @@ impl Cluster for PgCluster {
         Box::pin(self.store.zones_since(seq))
     }
 
-    fn acquire_lease<'a>(
-        &'a self,
-        name: &'a str,
-        timeout: Duration,
-    ) -> ClusterFuture<'a, Lease> {
+    fn acquire_lease<'a>(&'a self, name: &'a str, timeout: Duration) -> ClusterFuture<'a, Lease> {
         Box::pin(self.store.acquire_lease(name, timeout))
     }
 

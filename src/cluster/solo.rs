@@ -12,8 +12,8 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
 use super::{
-    Cluster, ClusterFuture, Holders, KeyPublication, Lease, Observe, StreamNote, Swept, Topic, Written,
-    ZoneWrite, ZonesRead,
+    Cluster, ClusterFuture, Holders, KeyPublication, Lease, Observe, StreamNote, Swept, Topic,
+    Written, ZoneWrite, ZonesRead,
 };
 use crate::auth::SharedKey;
 use crate::feed::{Feed, HistoryLimits};
@@ -204,11 +204,7 @@ impl Cluster for Solo {
     /// epoch from the time it took it (in microseconds), above the one
     /// before it and, with a clock that does not go back, above those of
     /// earlier runs.
-    fn acquire_lease<'a>(
-        &'a self,
-        name: &'a str,
-        _timeout: Duration,
-    ) -> ClusterFuture<'a, Lease> {
+    fn acquire_lease<'a>(&'a self, name: &'a str, _timeout: Duration) -> ClusterFuture<'a, Lease> {
         let now = u64::try_from(chrono::Utc::now().timestamp_micros()).unwrap_or(0);
         let mut state = self.state();
         let (held, epoch) = state.leases.entry(name.to_string()).or_insert((false, 0));
