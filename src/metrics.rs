@@ -63,6 +63,7 @@ pub const ZONE_SNAPSHOTS: &str = "hdsd_zone_snapshots_total";
 pub const ZONE_REFUSALS: &str = "hdsd_zone_refusals_total";
 pub const UPLINK_CONNECTED: &str = "hdsd_uplink_connected";
 pub const UPLINK_DISCONNECTS: &str = "hdsd_uplink_disconnects_total";
+pub const UPLINK_STATE: &str = "hdsd_uplink_state";
 pub const UPLINK_SYNC_LAG: &str = "hdsd_uplink_sync_lag_seconds";
 
 /// The listeners, the `listener` label of the connection metrics.
@@ -347,6 +348,11 @@ pub fn uplink_connected(connected: bool) {
     gauge!(UPLINK_CONNECTED).set(if connected { 1.0 } else { 0.0 });
 }
 
+/// At a zone: 1 for the uplink's `state` now, 0 for the others.
+pub fn uplink_state(state: &'static str, current: bool) {
+    gauge!(UPLINK_STATE, "state" => state).set(if current { 1.0 } else { 0.0 });
+}
+
 /// At a zone: changes the global acknowledged, each one's time from being
 /// sent to its acknowledgement.
 pub fn uplink_sync_lags(lags: &[std::time::Duration]) {
@@ -536,7 +542,11 @@ fn describe() {
     describe_counter!(ZONE_REFUSALS, "Zone streams the global refused or ended, by code (unauthenticated, zone_unregistered, zone_timeout, ...).");
     describe_gauge!(
         UPLINK_CONNECTED,
-        "At a zone: 1 while the global accepts this instance's stream, else 0."
+        "At a zone: 1 while the global accepts this instance's stream, else 0 (0 on a standby instance too: summed over a zone's instances it is 1 while the zone is connected)."
+    );
+    describe_gauge!(
+        UPLINK_STATE,
+        "At a zone: 1 for this instance's uplink state (connecting, connected, disconnected, standby: another instance of the zone holds the uplink lease), 0 for the others."
     );
     describe_counter!(
         UPLINK_DISCONNECTS,

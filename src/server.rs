@@ -224,6 +224,14 @@ pub async fn run(
     let stores = Stores::open(&config).await?;
     let cluster = stores.cluster(&config);
     let instance = cluster.instance().to_string();
+    // A zone's instances take turns at the uplink: one lease for all of them.
+    let uplink_lease = config.zone.is_some().then(|| {
+        crate::cluster::lease::keep(
+            cluster.clone(),
+            crate::cluster::lease::UPLINK,
+            config.cluster.instance_timeout,
+        )
+    });
     let sources = start_sources(&config, &stores, &settings).await?;
     // A global's zones: EDS follows them from the start.
     let hub = config.global.enabled.then(|| {
@@ -287,7 +295,7 @@ pub async fn run(
         &config,
         &state,
         &gate,
-        instance,
+        (instance, uplink_lease),
         (hub, listeners.zones),
         clock_for_zones.clone(),
         drain_rx.clone(),
@@ -400,7 +408,7 @@ fn start_zones(
     config: &Config,
     state: &State,
     gate: &Arc<Gate>,
-    instance: String,
+    (instance, lease): (String, Option<crate::cluster::lease::LeaseHandle>),
     (hub, listener): (
         Option<crate::zone_sync::global::HubHandle>,
         Option<TcpListener>,
@@ -409,17 +417,16 @@ fn start_zones(
     drain: watch::Receiver<bool>,
 ) -> Result<Zones, ServeError> {
     use crate::zone_sync::{global, uplink};
-    let uplink = config.zone.as_ref().map(|zone| {
-        let epoch = u64::try_from(clock.now().timestamp_micros()).unwrap_or(1);
+    let uplink = config.zone.as_ref().zip(lease).map(|(zone, lease)| {
         uplink::spawn(
             uplink::UplinkOptions {
                 settings: crate::zones::uplink::UplinkSettings::new(&zone.name, instance),
                 globals: zone.global.clone(),
                 token_file: zone.token_file.clone().unwrap_or_default(),
                 ca: zone.ca.clone(),
-                epoch,
                 backoff: crate::zones::backoff::Backoff::default(),
             },
+            lease,
             state.registry.clone(),
             state.feed.clone().until(drain.clone()),
             clock.clone(),

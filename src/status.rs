@@ -113,7 +113,12 @@ pub struct ZoneInbounds {
 #[serde(rename_all = "camelCase", default)]
 pub struct UplinkLine {
     pub zone: String,
+    /// `connecting`, `connected`, `disconnected`, `standby` (absent from
+    /// an older hdsd).
+    pub state: Option<String>,
     pub connected: bool,
+    /// The instance holding the zone's uplink lease.
+    pub holder: Option<String>,
     pub global: Option<String>,
     pub problem: Option<String>,
 }
@@ -139,10 +144,13 @@ pub fn render_zones(zones: &ZonesAnswer, now: Timestamp) -> String {
         }
     }
     if let Some(u) = &zones.uplink {
-        let link = match (u.connected, &u.global) {
-            (true, Some(g)) => format!("connected to {g}"),
-            (true, None) => "connected".to_string(),
-            (false, _) => "not connected".to_string(),
+        let link = match (u.connected, &u.global, u.state.as_deref(), &u.holder) {
+            (true, Some(g), _, _) => format!("connected to {g}"),
+            (true, None, _, _) => "connected".to_string(),
+            (false, _, Some("standby"), Some(holder)) => {
+                format!("standby (instance {holder} holds the uplink to the global)")
+            }
+            (false, _, _, _) => "not connected".to_string(),
         };
         let _ = writeln!(out, "\nZone {}: {link}", u.zone);
         if let Some(p) = &u.problem {
@@ -386,6 +394,21 @@ mod tests {
         assert!(text.contains("Zone eu-1: not connected"), "{text}");
         assert!(text.contains("cannot connect to the global"), "{text}");
         assert_eq!(render_zones(&ZonesAnswer::default(), now), "");
+        // A standby instance of a zone names the instance holding the uplink.
+        let standby: ZonesAnswer = serde_json::from_value(serde_json::json!({
+            "items": [],
+            "uplink": {"zone": "eu-1", "state": "standby", "connected": false,
+                       "holder": "zone-a/4242", "epoch": 7, "since": "2023-11-14T22:14:59Z",
+                       "accepted": 0}
+        }))
+        .unwrap();
+        let text = render_zones(&standby, now);
+        assert!(
+            text.contains(
+                "Zone eu-1: standby (instance zone-a/4242 holds the uplink to the global)"
+            ),
+            "{text}"
+        );
     }
     use crate::view::{ConnectionItem, HealthItem, InboundItem};
     use chrono::TimeZone;

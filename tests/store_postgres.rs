@@ -272,6 +272,36 @@ fn the_cluster_contract_holds_on_postgres() {
     });
 }
 
+/// The lease contract (the same test the single-instance cluster passes),
+/// then what two instances sharing the database see of one lease: one
+/// holder, a release handed over at once, a silent holder replaced with a
+/// higher epoch.
+#[test]
+fn the_lease_contract_holds_on_postgres() {
+    use hdsd::cluster::{conformance, PgCluster};
+    use hdsd::store::postgres::PgStore;
+    let Some(pg) = Postgres::start("the_lease_contract_holds_on_postgres") else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let settings = hdsd::config::PostgresConfig {
+            url: pg.url(),
+            ..Default::default()
+        };
+        let slack = std::time::Duration::from_secs(10);
+        let a = PgStore::connect_as(&settings, "lease/a".into());
+        let b = PgStore::connect_as(&settings, "lease/b".into());
+        let (a, b) = tokio::join!(a, b);
+        let (a, b) = (
+            PgCluster::new(std::sync::Arc::new(a.expect("store a")), slack),
+            PgCluster::new(std::sync::Arc::new(b.expect("store b")), slack),
+        );
+        conformance::one_lease(&a).await;
+        conformance::two_leases(&a, &b).await;
+    });
+}
+
 #[test]
 fn each_publisher_rewrites_only_its_own_shared_keys() {
     use hdsd::store::postgres::KeyPublication::{Changed, Contested, Unchanged};

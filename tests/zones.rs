@@ -941,3 +941,255 @@ fn two_global_instances_on_postgres_answer_for_every_zone() {
     );
     assert!(problem_of(&status).contains("revoked"), "{status}");
 }
+
+/// `cluster.instance_timeout` of the zone instances in
+/// [`two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over`].
+const ZONE_INSTANCE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What a takeover may add to `cluster.instance_timeout`: the lease's
+/// margin (50 ms), one query, and the new holder's first dial (its backoff
+/// is fresh: no wait), with room for a loaded machine.
+const TAKEOVER_SLACK: Duration = Duration::from_secs(1);
+
+/// A zone instance's uplink, as `GET /api/v1/zones` shows it.
+fn uplink_of(zone: &Hdsd) -> Result<Value, String> {
+    Ok(zone.get_json("/api/v1/zones")?["uplink"].clone())
+}
+
+/// Waits until `zone`'s uplink reads `state` (and `holder`, when given).
+fn wait_uplink_state(zone: &Hdsd, state: &str, holder: Option<&str>, timeout: Duration) -> Value {
+    wait_for(
+        &format!("the zone's uplink to read {state} (holder {holder:?})"),
+        timeout,
+        || {
+            let u = uplink_of(zone)?;
+            if u["state"] == state && holder.is_none_or(|h| u["holder"] == h) {
+                Ok(u)
+            } else {
+                Err(format!("{u}"))
+            }
+        },
+    )
+}
+
+/// `/readyz` of `hdsd`: status and body.
+fn readyz(hdsd: &Hdsd) -> (u16, String) {
+    let mut response = ureq::get(&hdsd.api_url("/readyz"))
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .call()
+        .expect("GET /readyz");
+    let status = response.status().as_u16();
+    (status, response.body_mut().read_to_string().unwrap())
+}
+
+/// A zone of two hdsd instances on one PostgreSQL: exactly one holds the
+/// uplink lease and dials (one stream at the global, no `stale_epoch`
+/// refusal), the other stands by, healthy, naming the holder, while the
+/// holder sends the readiness of an Envoy attached to the standby. SIGKILL
+/// the holder: the standby takes the uplink over within
+/// `cluster.instance_timeout` + the takeover's slack, with a higher epoch;
+/// the global's zone is online again at once and never lost a dataplane.
+/// A rolling restart (SIGTERM of the holder) hands over at once: the
+/// holder gives the lease up as it stops.
+#[test]
+fn two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over() {
+    use crate::support::postgres::Postgres;
+    let Some(pg) =
+        Postgres::start("two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over")
+    else {
+        return;
+    };
+    // The global: heartbeats every second, a zone offline after 3 s of
+    // silence, so a takeover within instance_timeout + slack keeps it online.
+    let global = Hdsd::start(HdsdOptions {
+        auth_mode: "token",
+        zone_listener: true,
+        extra: "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"3s\"\nzones = [\"eu-1\"]\n"
+            .to_string(),
+        ..HdsdOptions::default()
+    });
+    let tokens = tempfile::tempdir().unwrap();
+    let token = zone_token(&global, "eu-1", &tokens);
+    let options = || {
+        HdsdOptions {
+        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
+        extra: format!(
+            "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n\
+             [cluster]\ninstance_timeout = \"{}ms\"\nresume_slack = \"2s\"\n\
+             [zone]\nname = \"eu-1\"\nglobal = [\"http://{}\"]\ntoken_file = {:?}\n",
+            pg.url(),
+            ZONE_INSTANCE_TIMEOUT.as_millis(),
+            global.zones.unwrap(),
+            token.display().to_string()
+        ),
+        ..HdsdOptions::default()
+    }
+    };
+
+    // A starts alone and takes the uplink; B starts and stands by.
+    let mut a = Hdsd::start(options());
+    let on_a = wait_uplink_state(&a, "connected", None, Duration::from_secs(20));
+    let a_name = on_a["holder"]
+        .as_str()
+        .expect("the holder's name")
+        .to_string();
+    assert!(a_name.ends_with(&format!("/{}", a.pid())), "{on_a}");
+    let b = Hdsd::start(options());
+    let on_b = wait_uplink_state(&b, "standby", Some(&a_name), Duration::from_secs(10));
+    assert_eq!(on_b["connected"], false, "{on_b}");
+    assert_eq!(on_b["epoch"], on_a["epoch"], "{on_b}");
+    let (status, body) = readyz(&b);
+    assert_eq!(status, 200, "a standby instance is ready: {body}");
+    assert!(
+        body.contains("zone eu-1: standby since")
+            && body.contains(&format!(
+                "instance {a_name} holds the zone's uplink to the global"
+            )),
+        "{body}"
+    );
+    assert_eq!(b.metric("hdsd_uplink_state{state=\"standby\"}"), Some(1.0));
+    assert_eq!(
+        b.metric("hdsd_uplink_state{state=\"disconnected\"}"),
+        Some(0.0)
+    );
+    assert_eq!(b.metric("hdsd_uplink_connected"), Some(0.0));
+    assert_eq!(
+        a.metric("hdsd_uplink_state{state=\"connected\"}"),
+        Some(1.0)
+    );
+
+    // web is defined through A's API and its Envoy attaches to B: A sends
+    // what B's Envoy reports (each instance's view is the whole zone's).
+    let app = App::start();
+    let yaml = dataplane_yaml("web", &[(10001, app.port)]);
+    let (put, _, _) = crate::store_postgres::send(
+        &a,
+        "/api/v1/dataplanes/default/web",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(put, 200);
+    let _envoy = Envoy::start(b.hds, "default.web", None);
+    wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
+    let watch = Follower::start(&global);
+    // Held steady past the resume slack: still one stream, B still standing
+    // by. Then one more dataplane: the revision the global holds is one B's
+    // change feed reaches back to, so B can resume from it.
+    std::thread::sleep(Duration::from_secs(3));
+    let (put, _, _) = crate::store_postgres::send(
+        &a,
+        "/api/v1/dataplanes/default/db",
+        Some(("application/yaml", &dataplane_yaml("db", &[(10002, 1)]))),
+        &[],
+    );
+    assert_eq!(put, 200);
+    wait_for("db at the global", Duration::from_secs(10), || {
+        let n = remote_items(&global, "eu-1").len();
+        if n == 2 {
+            Ok(())
+        } else {
+            Err(format!("{n} dataplanes"))
+        }
+    });
+    let before = zone_state(&global, "eu-1").unwrap();
+    assert_eq!(before["state"], "online", "{before}");
+    assert_eq!(before["instance"], a_name.as_str(), "one holder: {before}");
+    assert_eq!(before["streams"], 1, "exactly one stream: {before}");
+    wait_uplink_state(&b, "standby", Some(&a_name), Duration::from_secs(1));
+    for code in ["stale_epoch", "superseded"] {
+        assert_eq!(
+            global
+                .metric(&format!("hdsd_zone_refusals_total{{code=\"{code}\"}}"))
+                .unwrap_or(0.0),
+            0.0,
+            "no {code} refusal at the global"
+        );
+    }
+
+    // SIGKILL the holder: B takes the uplink over.
+    a.kill();
+    let killed = Instant::now();
+    let taken = wait_uplink_state(&b, "connected", None, Duration::from_secs(20));
+    let took = killed.elapsed();
+    let b_name = taken["holder"]
+        .as_str()
+        .expect("the holder's name")
+        .to_string();
+    assert!(b_name.ends_with(&format!("/{}", b.pid())), "{taken}");
+    assert!(
+        taken["epoch"].as_u64() > on_a["epoch"].as_u64(),
+        "a higher epoch: {taken} after {on_a}"
+    );
+    let moved = wait_zone(&global, "eu-1", "held by B", Duration::from_secs(5), |z| {
+        z["state"] == "online" && z["instance"] == b_name.as_str()
+    });
+    println!(
+        "B took the uplink over {took:?} after the SIGKILL of A (instance_timeout {ZONE_INSTANCE_TIMEOUT:?}): {moved}"
+    );
+    assert!(
+        took <= ZONE_INSTANCE_TIMEOUT + TAKEOVER_SLACK,
+        "the takeover took {took:?}, more than instance_timeout {ZONE_INSTANCE_TIMEOUT:?} + {TAKEOVER_SLACK:?}"
+    );
+    assert_eq!(moved["streams"], 2, "one stream more: {moved}");
+    assert_eq!(
+        moved["resumes"], 1,
+        "the global held the zone complete and offered to resume: {moved}"
+    );
+    assert_eq!(
+        moved["snapshots"], 1,
+        "B resumed from A's revision: no snapshot but the first stream's: {moved}"
+    );
+    assert_eq!(moved["dataplanes"], 2, "{moved}");
+    wait_remote_ready(&global, "eu-1", "web", true, Duration::from_secs(5));
+    let offline: Vec<_> = watch
+        .events()
+        .into_iter()
+        .filter(|(e, d)| {
+            e == "zone_changed" && d["zone"]["name"] == "eu-1" && d["zone"]["state"] != "online"
+        })
+        .collect();
+    println!("eu-1's state changes at the global during the takeover: {offline:?}");
+    assert!(
+        offline.is_empty(),
+        "the zone stayed online through the takeover (zone_timeout 3s): {offline:?}"
+    );
+    watch.assert_nothing_deleted("eu-1");
+
+    // A rolling restart: A comes back and stands by; SIGTERM B: it ends its
+    // stream and gives the lease up as it stops, and A takes over at once,
+    // without waiting for instance_timeout.
+    a.start_again();
+    let a_name = format!("{}/{}", a_name.rsplit_once('/').unwrap().0, a.pid());
+    wait_uplink_state(&a, "standby", Some(&b_name), Duration::from_secs(10));
+    signal(b.pid(), "-TERM");
+    let stopping = Instant::now();
+    let back = wait_uplink_state(&a, "connected", Some(&a_name), Duration::from_secs(10));
+    let handed = stopping.elapsed();
+    println!("A took the uplink over {handed:?} after the SIGTERM of B: {back}");
+    // A dead holder is replaced after at least 3/4 of instance_timeout (its
+    // silence since its last heartbeat, a quarter of the timeout at most).
+    assert!(
+        handed < ZONE_INSTANCE_TIMEOUT / 2,
+        "a clean stop hands the uplink over at once, not after instance_timeout: {handed:?}"
+    );
+    let last = wait_zone(
+        &global,
+        "eu-1",
+        "held by A again",
+        Duration::from_secs(5),
+        |z| z["state"] == "online" && z["instance"] == a_name.as_str(),
+    );
+    assert_eq!(last["streams"], 3, "{last}");
+    watch.assert_nothing_deleted("eu-1");
+    for code in ["stale_epoch", "superseded"] {
+        assert_eq!(
+            global
+                .metric(&format!("hdsd_zone_refusals_total{{code=\"{code}\"}}"))
+                .unwrap_or(0.0),
+            0.0,
+            "no {code} refusal at the global"
+        );
+    }
+}

@@ -271,3 +271,114 @@ pub async fn two_instances(a: &dyn Cluster, b: &dyn Cluster) {
         "A finds itself swept"
     );
 }
+
+/// The lease every lease test of one store uses.
+const LEASE: &str = "conformance-lease";
+
+/// What one instance must see of a lease: taken with an epoch, kept with
+/// the same one, released (announced), taken again with a higher one;
+/// leaving the cluster gives it up too.
+pub async fn one_lease(cluster: &dyn Cluster) {
+    let timeout = Duration::from_secs(10);
+    cluster.heartbeat().await.expect("heartbeat");
+    let me = cluster.instance().to_string();
+    let first = cluster
+        .acquire_lease(LEASE, timeout)
+        .await
+        .expect("acquire");
+    assert_eq!(first.holder.as_deref(), Some(me.as_str()), "{first:?}");
+    assert!(first.epoch > 0, "{first:?}");
+    let kept = cluster.acquire_lease(LEASE, timeout).await.expect("keep");
+    assert_eq!(kept, first, "kept with the same epoch");
+
+    let mut poked = cluster.signal(super::Topic::Leases);
+    poked.borrow_and_update();
+    assert!(cluster.release_lease(LEASE).await.expect("release"));
+    assert!(
+        !cluster.release_lease(LEASE).await.expect("release again"),
+        "released already"
+    );
+    eventually("a release pokes the leases signal", || {
+        let changed = poked.has_changed().unwrap_or(false);
+        async move { changed }
+    })
+    .await;
+    let second = cluster.acquire_lease(LEASE, timeout).await.expect("take");
+    assert!(second.held_by(&me), "{second:?}");
+    assert!(
+        second.epoch > first.epoch,
+        "a new holding, a higher epoch: {second:?} after {first:?}"
+    );
+
+    // Leaving gives every lease up: held again, with a higher epoch.
+    cluster.leave().await.expect("leave");
+    cluster.heartbeat().await.expect("heartbeat after leaving");
+    let third = cluster.acquire_lease(LEASE, timeout).await.expect("take");
+    assert!(third.held_by(&me), "{third:?}");
+    assert!(third.epoch > second.epoch, "{third:?} after {second:?}");
+    assert!(cluster.release_lease(LEASE).await.expect("release"));
+}
+
+/// What two instances sharing a store must see of one lease: one holder at
+/// a time, the other told who holds it and how long that one has been
+/// silent; a release hands it over (announced); a holder silent for the
+/// timeout loses it to a live instance, with a higher epoch; an instance
+/// without a live heartbeat takes nothing.
+pub async fn two_leases(a: &dyn Cluster, b: &dyn Cluster) {
+    let long = Duration::from_secs(30);
+    a.heartbeat().await.expect("a beats");
+    b.heartbeat().await.expect("b beats");
+    let on_a = a.acquire_lease(LEASE, long).await.expect("a acquires");
+    assert!(on_a.held_by(a.instance()), "{on_a:?}");
+    let on_b = b.acquire_lease(LEASE, long).await.expect("b asks");
+    assert_eq!(on_b.holder.as_deref(), Some(a.instance()), "{on_b:?}");
+    assert_eq!(on_b.epoch, on_a.epoch);
+    assert!(
+        on_b.holder_silent.is_some_and(|s| s < long),
+        "b is told how long a has been silent: {on_b:?}"
+    );
+
+    // A release is announced to B, which takes the lease at once.
+    let mut poked = b.signal(super::Topic::Leases);
+    poked.borrow_and_update();
+    assert!(a.release_lease(LEASE).await.expect("a releases"));
+    eventually("A's release pokes B", || {
+        let changed = poked.has_changed().unwrap_or(false);
+        async move { changed }
+    })
+    .await;
+    let taken = b.acquire_lease(LEASE, long).await.expect("b takes");
+    assert!(taken.held_by(b.instance()), "{taken:?}");
+    assert!(taken.epoch > on_a.epoch, "{taken:?} after {on_a:?}");
+    let told = a.acquire_lease(LEASE, long).await.expect("a asks");
+    assert_eq!(told.holder.as_deref(), Some(b.instance()), "{told:?}");
+
+    // B falls silent: A, beating, takes the lease once B has been silent
+    // for the timeout, with a higher epoch.
+    let timeout = Duration::from_millis(300);
+    let over = std::sync::Mutex::new(None);
+    eventually("A takes the lease of the silent B", || async {
+        let _ = a.heartbeat().await;
+        let lease = a.acquire_lease(LEASE, timeout).await.ok();
+        let done = lease.as_ref().is_some_and(|l| l.held_by(a.instance()));
+        *over.lock().unwrap() = lease;
+        done
+    })
+    .await;
+    let over = over.into_inner().unwrap().expect("a lease");
+    assert!(over.epoch > taken.epoch, "{over:?} after {taken:?}");
+    // B, silent itself for longer than the timeout, takes nothing back.
+    let late = b.acquire_lease(LEASE, timeout).await.expect("b asks late");
+    assert_eq!(late.holder.as_deref(), Some(a.instance()), "{late:?}");
+    assert_eq!(late.epoch, over.epoch);
+    // Nor a free lease.
+    assert!(a.release_lease(LEASE).await.expect("a releases"));
+    let free = b.acquire_lease(LEASE, timeout).await.expect("b asks");
+    assert_eq!(free.holder, None, "no live heartbeat, no lease: {free:?}");
+    // Once B beats again, it is a member and takes it.
+    b.heartbeat().await.expect("b beats again");
+    let back = b.acquire_lease(LEASE, timeout).await.expect("b takes");
+    assert!(back.held_by(b.instance()), "{back:?}");
+    assert!(back.epoch > over.epoch, "{back:?} after {over:?}");
+    assert!(b.release_lease(LEASE).await.expect("b releases"));
+}

@@ -1,7 +1,8 @@
 //! What the instances of one hdsd cluster share, behind one trait:
 //! membership and heartbeats, who holds which dataplane's stream, the sweep
 //! of dead instances, shared signing public keys and revocations, and the
-//! numbering of revisions (the change feed's watermark).
+//! numbering of revisions (the change feed's watermark), and named leases
+//! (one live instance holds each, with a growing epoch: [`lease`]).
 //!
 //! Two implementations: [`Solo`] (the embedded default: one instance, which
 //! shares with nobody, holds in memory what the other keeps in rows) and
@@ -27,9 +28,11 @@ use crate::registry::{Claims, Registry};
 use crate::store::{StoreError, StoreStatus, StoredHealth};
 
 pub mod conformance;
+pub mod lease;
 mod postgres;
 mod solo;
 
+pub use crate::store::postgres::Lease;
 pub use crate::store::postgres::{
     KeyPublication, LinkChange, LinkRow, LinkState, StreamNote, Swept, Written, ZoneDataplaneRow,
     ZoneWrite, ZonesRead,
@@ -63,6 +66,8 @@ pub enum Topic {
     Keys,
     /// A global's zones.
     Zones,
+    /// A lease changed holder.
+    Leases,
 }
 
 /// What several instances share. Every method is about this instance's
@@ -116,6 +121,18 @@ pub trait Cluster: Send + Sync + Debug + 'static {
     ) -> ClusterFuture<'a, Vec<Written>>;
     /// The zones' rows written after `seq` (0: all of them).
     fn zones_since(&self, seq: i64) -> ClusterFuture<'_, ZonesRead>;
+    /// Takes the lease `name` for this instance when it is free or its
+    /// holder has been silent (no heartbeat) for longer than `timeout`,
+    /// keeps it when this instance holds it (holding is beating: it writes
+    /// this instance's heartbeat), and says who holds it now. Every new
+    /// holder gets a higher epoch, across restarts. An instance without a
+    /// live heartbeat takes nothing (and gives its own lease up). Alone
+    /// ([`Solo`]), this instance always holds it.
+    fn acquire_lease<'a>(&'a self, name: &'a str, timeout: Duration) -> ClusterFuture<'a, Lease>;
+    /// Gives the lease `name` up if this instance holds it (false when it
+    /// did not); the others hear of it on [`Topic::Leases`] and may take it
+    /// at once. [`Cluster::leave`] gives up every lease too.
+    fn release_lease<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, bool>;
     /// Poked when something of `topic` may have changed.
     fn signal(&self, topic: Topic) -> watch::Receiver<()>;
     /// How often followers read everything anyway (heals a missed poke).

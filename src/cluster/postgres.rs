@@ -1,6 +1,7 @@
 //! The cluster of instances sharing one PostgreSQL database: every duty is
 //! a query of [`PgStore`] (rows of `hdsd_instances`, `hdsd_streams`,
-//! `hdsd_revocations`, `hdsd_signing_keys`, readiness watermarks).
+//! `hdsd_revocations`, `hdsd_signing_keys`, `hdsd_leases`, readiness
+//! watermarks).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -11,8 +12,8 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
 use super::{
-    Cluster, ClusterFuture, Holders, KeyPublication, Observe, StreamNote, Swept, Topic, Written,
-    ZoneWrite, ZonesRead,
+    Cluster, ClusterFuture, Holders, KeyPublication, Lease, Observe, StreamNote, Swept, Topic,
+    Written, ZoneWrite, ZonesRead,
 };
 use crate::auth::SharedKey;
 use crate::dataplane::DataplaneId;
@@ -113,12 +114,21 @@ impl Cluster for PgCluster {
         Box::pin(self.store.zones_since(seq))
     }
 
+    fn acquire_lease<'a>(&'a self, name: &'a str, timeout: Duration) -> ClusterFuture<'a, Lease> {
+        Box::pin(self.store.acquire_lease(name, timeout))
+    }
+
+    fn release_lease<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, bool> {
+        Box::pin(self.store.release_lease(name))
+    }
+
     fn signal(&self, topic: Topic) -> watch::Receiver<()> {
         match topic {
             Topic::Holders => self.store.holders_signal(),
             Topic::Revocations => self.store.revocations_signal(),
             Topic::Keys => self.store.keys_signal(),
             Topic::Zones => self.store.zones_signal(),
+            Topic::Leases => self.store.leases_signal(),
         }
     }
 

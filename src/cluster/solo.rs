@@ -12,8 +12,8 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
 use super::{
-    Cluster, ClusterFuture, Holders, KeyPublication, Observe, StreamNote, Swept, Topic, Written,
-    ZoneWrite, ZonesRead,
+    Cluster, ClusterFuture, Holders, KeyPublication, Lease, Observe, StreamNote, Swept, Topic,
+    Written, ZoneWrite, ZonesRead,
 };
 use crate::auth::SharedKey;
 use crate::feed::{Feed, HistoryLimits};
@@ -30,7 +30,7 @@ pub struct Solo {
     instance: String,
     state: Arc<Mutex<SoloState>>,
     notes: broadcast::Sender<StreamNote>,
-    signals: [watch::Sender<()>; 4],
+    signals: [watch::Sender<()>; 5],
 }
 
 #[derive(Debug, Default)]
@@ -40,6 +40,8 @@ struct SoloState {
     revoked: BTreeSet<String>,
     /// (kid, publisher) -> PEM.
     keys: BTreeMap<(String, String), String>,
+    /// Lease name -> (held by this instance, the last epoch).
+    leases: BTreeMap<String, (bool, u64)>,
 }
 
 impl Solo {
@@ -121,8 +123,12 @@ impl Cluster for Solo {
         let mut state = self.state();
         state.holders.clear();
         state.registered = false;
+        for (held, _) in state.leases.values_mut() {
+            *held = false;
+        }
         drop(state);
         self.poke(Topic::Holders);
+        self.poke(Topic::Leases);
         ready(())
     }
 
@@ -194,6 +200,42 @@ impl Cluster for Solo {
         ready(ZonesRead::default())
     }
 
+    /// Alone, nobody else asks: this instance holds every lease, with an
+    /// epoch from the time it took it (in microseconds), above the one
+    /// before it and, with a clock that does not go back, above those of
+    /// earlier runs.
+    fn acquire_lease<'a>(&'a self, name: &'a str, _timeout: Duration) -> ClusterFuture<'a, Lease> {
+        let now = u64::try_from(chrono::Utc::now().timestamp_micros()).unwrap_or(0);
+        let mut state = self.state();
+        let (held, epoch) = state.leases.entry(name.to_string()).or_insert((false, 0));
+        let taken = !*held;
+        if taken {
+            *held = true;
+            *epoch = (*epoch + 1).max(now);
+        }
+        let epoch = *epoch;
+        drop(state);
+        if taken {
+            self.poke(Topic::Leases);
+        }
+        ready(Lease {
+            holder: Some(self.instance.clone()),
+            epoch,
+            holder_silent: Some(Duration::ZERO),
+        })
+    }
+
+    fn release_lease<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, bool> {
+        let released = match self.state().leases.get_mut(name) {
+            Some((held, _)) => std::mem::replace(held, false),
+            None => false,
+        };
+        if released {
+            self.poke(Topic::Leases);
+        }
+        ready(released)
+    }
+
     fn signal(&self, topic: Topic) -> watch::Receiver<()> {
         self.signals[topic as usize].subscribe()
     }
@@ -224,6 +266,11 @@ mod tests {
     #[tokio::test]
     async fn a_single_instance_keeps_the_cluster_contract() {
         super::super::conformance::one_instance(&Solo::new("solo/1")).await;
+    }
+
+    #[tokio::test]
+    async fn a_single_instance_keeps_the_lease_contract() {
+        super::super::conformance::one_lease(&Solo::new("solo/1")).await;
     }
 
     #[tokio::test]

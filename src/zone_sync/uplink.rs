@@ -12,6 +12,14 @@
 //! - The feed's messages become [`Event`]s: each dataplane is read from the
 //!   registry when its change arrives and sent as `hdsd.v1.Dataplane`, its
 //!   revision the change's.
+//! - It dials only while this instance holds the zone's uplink lease
+//!   ([`crate::cluster::lease`], [`crate::cluster::lease::UPLINK`]), with the lease's epoch, and
+//!   ends its stream at once when the lease goes (another instance took it
+//!   over, or it could not be confirmed): with several instances of a zone
+//!   on PostgreSQL, exactly one dials. The others stand by ([`State::Standby`])
+//!   and name the holder. Alone, an instance always holds the lease. At a
+//!   graceful shutdown the stream ends first, then the lease is given up, so
+//!   another instance takes it over at once.
 //! - How the link stands ([`UplinkStatus`]) is published on a watch channel
 //!   for `/readyz`, the API and the metrics.
 
@@ -24,6 +32,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 use crate::clock::{Clock, Timestamp};
+use crate::cluster::lease::{LeaseHandle, LeaseStatus};
 use crate::consumers::grpc::to_pb;
 use crate::feed::{ChangeKind, Event as FeedEvent, FeedHandle, Filter, Message};
 use crate::pb;
@@ -42,14 +51,58 @@ const FEED_BUFFER: usize = 1024;
 /// Messages buffered for the transport.
 const SEND_BUFFER: usize = 64;
 
+/// Where this instance's uplink stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Dialing (this instance holds the uplink lease), nothing failed yet.
+    Connecting,
+    /// The global accepted this instance's stream.
+    Connected,
+    /// Not connected: the last stream ended or could not open, or the
+    /// uplink lease cannot be confirmed (`problem` says why).
+    Disconnected,
+    /// Another instance of the zone holds the uplink lease (`holder`): this
+    /// one stands by and takes it over if that one stops. Healthy.
+    Standby,
+}
+
+impl State {
+    /// Every state, as the metrics name them.
+    pub const ALL: [State; 4] = [
+        State::Connecting,
+        State::Connected,
+        State::Disconnected,
+        State::Standby,
+    ];
+
+    /// The state as the API and the metrics name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Connecting => "connecting",
+            State::Connected => "connected",
+            State::Disconnected => "disconnected",
+            State::Standby => "standby",
+        }
+    }
+}
+
 /// How the zone's link to the global stands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UplinkStatus {
     /// The zone's name.
     pub zone: String,
+    /// Where this instance's uplink stands.
+    pub state: State,
     /// True while the global has accepted this instance's stream.
     pub connected: bool,
+    /// The instance holding the zone's uplink lease (`<host>/<pid>`): this
+    /// one while it holds it, another on a standby; absent while unknown.
+    pub holder: Option<String>,
+    /// The holder's lease epoch (this instance dials with it while it holds
+    /// the lease).
+    pub epoch: Option<u64>,
     /// The global's URL, while connected or connecting.
     pub global: Option<String>,
     /// Since when `connected` has been what it is.
@@ -65,18 +118,22 @@ pub struct UplinkStatus {
 impl UplinkStatus {
     /// The line `/readyz` shows (the zone serves its Envoys either way).
     pub fn readyz_line(&self) -> String {
-        match (&self.connected, &self.global, &self.problem) {
-            (true, Some(global), _) => format!(
-                "zone {}: connected to the global at {global} since {}",
+        let since = self
+            .since
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        match (&self.state, &self.global, &self.problem, &self.holder) {
+            (State::Standby, _, _, Some(holder)) => format!(
+                "zone {}: standby since {since}: instance {holder} holds the zone's uplink to the global (lease epoch {}); this instance takes it over if that one stops",
                 self.zone,
-                self.since
-                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                self.epoch.unwrap_or_default()
             ),
-            (_, _, Some(problem)) => format!(
-                "zone {}: not connected to the global since {}: {problem}",
+            (State::Connected, Some(global), _, _) => format!(
+                "zone {}: connected to the global at {global} since {since}",
                 self.zone,
-                self.since
-                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+            (_, _, Some(problem), _) => format!(
+                "zone {}: not connected to the global since {since}: {problem}",
+                self.zone,
             ),
             _ => format!("zone {}: connecting to the global", self.zone),
         }
@@ -94,8 +151,6 @@ pub struct UplinkOptions {
     pub token_file: std::path::PathBuf,
     /// `zone.ca`, for `https://` URLs.
     pub ca: Option<std::path::PathBuf>,
-    /// The lease epoch this instance dials with (higher for a newer holder).
-    pub epoch: u64,
     /// Reconnect delays.
     pub backoff: Backoff,
 }
@@ -113,9 +168,12 @@ impl UplinkHandle {
     }
 }
 
-/// Starts the uplink task; it ends when `drain` turns true.
+/// Starts the uplink task: it dials while `lease` (this instance's hold on
+/// the zone's uplink lease) is held, and ends when `drain` turns true,
+/// giving the lease up once its stream has ended.
 pub fn spawn(
     options: UplinkOptions,
+    lease: LeaseHandle,
     registry: Registry,
     feed: FeedHandle,
     clock: Arc<dyn Clock>,
@@ -123,14 +181,17 @@ pub fn spawn(
 ) -> UplinkHandle {
     let (tx, status) = watch::channel(UplinkStatus {
         zone: options.settings.zone.clone(),
+        state: State::Connecting,
         connected: false,
+        holder: None,
+        epoch: None,
         global: None,
         since: clock.now(),
         problem: None,
         code: None,
         accepted: 0,
     });
-    crate::metrics::uplink_connected(false);
+    publish_metrics(&status.borrow());
     let driver = Driver {
         options,
         registry,
@@ -138,8 +199,16 @@ pub fn spawn(
         clock,
         status: tx,
     };
-    tokio::spawn(driver.run(drain));
+    tokio::spawn(driver.run(drain, lease));
     UplinkHandle { status }
+}
+
+/// `hdsd_uplink_connected` and `hdsd_uplink_state` from the status.
+fn publish_metrics(status: &UplinkStatus) {
+    crate::metrics::uplink_connected(status.connected);
+    for state in State::ALL {
+        crate::metrics::uplink_state(state.as_str(), state == status.state);
+    }
 }
 
 /// How one stream ended.
@@ -169,28 +238,72 @@ struct Driver {
 }
 
 impl Driver {
-    async fn run(mut self, mut drain: watch::Receiver<bool>) {
+    async fn run(mut self, mut drain: watch::Receiver<bool>, lease: LeaseHandle) {
+        let mut leases = lease.status();
         let mut backoff = self.options.backoff.clone();
         let mut attempt = 0usize;
         // The last failure logged, and how many streams were accepted then.
         let mut last: Option<(String, u64)> = None;
-        while !*drain.borrow() {
+        loop {
+            if *drain.borrow() {
+                break;
+            }
+            let held = leases.borrow_and_update().clone();
+            let Some(epoch) = held.held() else {
+                self.not_holding(&held);
+                tokio::select! {
+                    changed = leases.changed() => {
+                        if changed.is_err() {
+                            // The keeper is gone: nothing will change.
+                            super::drained(&mut drain).await;
+                            break;
+                        }
+                        continue;
+                    }
+                    () = super::drained(&mut drain) => break,
+                }
+            };
             let url = self.options.globals[attempt % self.options.globals.len()].clone();
             attempt += 1;
-            self.status.send_modify(|s| s.global = Some(url.clone()));
+            let instance = self.options.settings.instance.clone();
+            self.update(|s| {
+                if s.state == State::Standby || (s.epoch != Some(epoch) && !s.connected) {
+                    s.state = State::Connecting;
+                    s.problem = None;
+                    s.code = None;
+                }
+                s.holder = Some(instance);
+                s.epoch = Some(epoch);
+                s.global = Some(url.clone());
+            });
             let ended = tokio::select! {
-                ended = self.stream(&url, &mut backoff) => ended,
-                () = super::drained(&mut drain) => return,
+                ended = self.stream(&url, epoch, &mut backoff) => ended,
+                () = lease_moved(&mut leases, epoch) => Ended::retry(
+                    LEASE_LOST,
+                    format!(
+                        "this instance no longer holds the zone's uplink lease (epoch {epoch}); it ended its stream"
+                    ),
+                ),
+                () = super::drained(&mut drain) => break,
             };
             backoff.disconnected(self.clock.now());
-            crate::metrics::uplink_connected(false);
             crate::metrics::uplink_ended(&ended.code);
+            let zone = &self.options.settings.zone;
+            let now = self.clock.now();
+            if ended.code == LEASE_LOST {
+                // Not a failure: the instance holding the lease now dials.
+                tracing::info!(zone, global = url, epoch, "zone uplink: {}", ended.reason);
+                self.update(|s| {
+                    s.connected = false;
+                    s.since = now;
+                });
+                continue;
+            }
             let delay = if ended.retry {
                 backoff.next_delay_with(&mut rand::thread_rng())
             } else {
                 backoff.cap()
             };
-            let zone = &self.options.settings.zone;
             let wait = humantime::format_duration(Duration::from_millis(delay.as_millis() as u64));
             // One line per change: the same failure again is debug only.
             let accepted = self.status.borrow().accepted;
@@ -221,24 +334,93 @@ impl Driver {
                     ended.reason
                 );
             }
-            let now = self.clock.now();
-            self.status.send_modify(|s| {
+            self.update(|s| {
                 if s.connected || s.problem.is_none() {
                     s.since = now;
                 }
+                s.state = State::Disconnected;
                 s.connected = false;
                 s.problem = Some(ended.reason.clone());
                 s.code = Some(ended.code.clone());
             });
+            // A change of the lease ends the wait: one lost stands by at
+            // once, a new epoch dials at once.
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
-                () = super::drained(&mut drain) => return,
+                () = lease_moved(&mut leases, epoch) => {}
+                () = super::drained(&mut drain) => break,
+            }
+        }
+        // The stream (if any) has ended: hand the uplink over.
+        lease.release().await;
+    }
+
+    /// Applies `change` to the status and publishes the metrics.
+    fn update(&self, change: impl FnOnce(&mut UplinkStatus)) {
+        self.status.send_modify(change);
+        publish_metrics(&self.status.borrow());
+    }
+
+    /// This instance does not hold the uplink lease: stand by while another
+    /// instance holds it, or say why nobody can tell. One log line per change.
+    fn not_holding(&self, lease: &LeaseStatus) {
+        let zone = &self.options.settings.zone;
+        let now = self.clock.now();
+        let before = self.status.borrow().clone();
+        match lease {
+            LeaseStatus::Held { .. } => {}
+            LeaseStatus::Unknown => self.update(|s| {
+                if s.state != State::Connecting {
+                    s.state = State::Connecting;
+                    s.since = now;
+                }
+                s.connected = false;
+                s.global = None;
+            }),
+            LeaseStatus::Elsewhere { holder, epoch } => {
+                if before.state != State::Standby || before.holder.as_ref() != Some(holder) {
+                    tracing::info!(
+                        zone,
+                        holder,
+                        epoch,
+                        "zone uplink: standing by: instance {holder} holds the zone's uplink to the global; this instance takes it over if that one stops"
+                    );
+                }
+                self.update(|s| {
+                    if s.state != State::Standby {
+                        s.since = now;
+                    }
+                    s.state = State::Standby;
+                    s.connected = false;
+                    s.holder = Some(holder.clone());
+                    s.epoch = Some(*epoch);
+                    s.global = None;
+                    s.problem = None;
+                    s.code = None;
+                });
+            }
+            LeaseStatus::Unconfirmed { problem } => {
+                if before.problem.as_ref() != Some(problem) {
+                    tracing::warn!(zone, code = LEASE_UNCONFIRMED, "zone uplink: {problem}");
+                }
+                self.update(|s| {
+                    if s.state != State::Disconnected || s.connected {
+                        s.since = now;
+                    }
+                    s.state = State::Disconnected;
+                    s.connected = false;
+                    s.holder = None;
+                    s.epoch = None;
+                    s.global = None;
+                    s.problem = Some(problem.clone());
+                    s.code = Some(LEASE_UNCONFIRMED.to_string());
+                });
             }
         }
     }
 
     /// One stream to `url`, until it ends.
-    async fn stream(&mut self, url: &str, backoff: &mut Backoff) -> Ended {
+    async fn stream(&mut self, url: &str, epoch: u64, backoff: &mut Backoff) -> Ended {
         let zone = self.options.settings.zone.clone();
         let token = match std::fs::read_to_string(&self.options.token_file) {
             Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
@@ -268,7 +450,7 @@ impl Driver {
         let mut client = pb::zone_sync_service_client::ZoneSyncServiceClient::new(channel)
             .max_decoding_message_size(super::global::MAX_MESSAGE_BYTES);
         let (tx, rx) = mpsc::channel(SEND_BUFFER);
-        let mut machine = Uplink::new(self.options.settings.clone(), self.options.epoch);
+        let mut machine = Uplink::new(self.options.settings.clone(), epoch);
         let mut feed: Option<mpsc::Receiver<Message>> = None;
         let mut actions = Vec::new();
         machine.handle(Event::Opened, self.clock.now(), &mut actions);
@@ -374,12 +556,13 @@ impl Driver {
                 Action::Connected => {
                     let now = self.clock.now();
                     backoff.connected(now);
-                    crate::metrics::uplink_connected(true);
                     tracing::info!(
                         zone = self.options.settings.zone,
+                        epoch = self.status.borrow().epoch,
                         "zone uplink accepted by the global"
                     );
-                    self.status.send_modify(|s| {
+                    self.update(|s| {
+                        s.state = State::Connected;
                         s.connected = true;
                         s.since = now;
                         s.problem = None;
@@ -466,6 +649,18 @@ impl Driver {
         }
         Some(dp)
     }
+}
+
+/// The code of a stream this instance ended because it lost the uplink lease.
+pub const LEASE_LOST: &str = "lease_lost";
+
+/// The code of an uplink that waits because the lease cannot be confirmed.
+pub const LEASE_UNCONFIRMED: &str = "lease_unconfirmed";
+
+/// Completes once the lease is no longer held with `epoch` (lost, or held
+/// again with another epoch), or its keeper is gone.
+async fn lease_moved(leases: &mut watch::Receiver<LeaseStatus>, epoch: u64) {
+    let _ = leases.wait_for(|s| s.held() != Some(epoch)).await;
 }
 
 async fn next(feed: &mut Option<mpsc::Receiver<Message>>) -> Option<Message> {

@@ -1,6 +1,6 @@
 //! The one connection per instance that `LISTEN`s: it hands on definition
 //! changes, stream claims of other instances, and pokes the followers of
-//! readiness, revocations, keys and stream holders.
+//! readiness, revocations, keys, zones, leases and stream holders.
 
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ pub(super) struct Announcements {
     pub(super) revocations: watch::Sender<()>,
     pub(super) keys: watch::Sender<()>,
     pub(super) zones: watch::Sender<()>,
+    pub(super) leases: watch::Sender<()>,
     pub(super) streams: watch::Sender<()>,
     pub(super) replaced: broadcast::Sender<StreamNote>,
     /// Whether the listener's `LISTEN` is in force.
@@ -64,7 +65,7 @@ pub(super) async fn listen(
             });
             client
                 .batch_execute(&format!(
-                    "LISTEN {CHANNEL}; LISTEN {READINESS_CHANNEL}; LISTEN {STREAMS_CHANNEL}; LISTEN {REVOCATIONS_CHANNEL}; LISTEN {KEYS_CHANNEL}; LISTEN {ZONES_CHANNEL}"
+                    "LISTEN {CHANNEL}; LISTEN {READINESS_CHANNEL}; LISTEN {STREAMS_CHANNEL}; LISTEN {REVOCATIONS_CHANNEL}; LISTEN {KEYS_CHANNEL}; LISTEN {ZONES_CHANNEL}; LISTEN {LEASES_CHANNEL}"
                 ))
                 .await?;
             Ok::<_, tokio_postgres::Error>((client, notes))
@@ -89,6 +90,7 @@ pub(super) async fn listen(
                 heard.revocations.send_replace(());
                 heard.keys.send_replace(());
                 heard.zones.send_replace(());
+                heard.leases.send_replace(());
                 heard.streams.send_replace(());
                 let mut reconcile_tick =
                     tokio::time::interval_at(tokio::time::Instant::now() + reconcile, reconcile);
@@ -106,6 +108,9 @@ pub(super) async fn listen(
                             }
                             Some(Ok((channel, _))) if channel == ZONES_CHANNEL => {
                                 heard.zones.send_replace(());
+                            }
+                            Some(Ok((channel, _))) if channel == LEASES_CHANNEL => {
+                                heard.leases.send_replace(());
                             }
                             Some(Ok((channel, payload))) if channel == STREAMS_CHANNEL => {
                                 if let Some(note) = parse_stream_note(&payload).filter(|n| n.instance() != heard.instance) {

@@ -146,9 +146,10 @@ impl PgStore {
         Ok(swept.into_iter().collect())
     }
 
-    /// Leaves the cluster at a graceful shutdown: releases the streams this
-    /// instance still holds (announced) and deletes its heartbeat row, so
-    /// the others need not wait for `cluster.instance_timeout`.
+    /// Leaves the cluster at a graceful shutdown: releases the streams and
+    /// the leases this instance still holds (announced) and deletes its
+    /// heartbeat row, so the others need not wait for
+    /// `cluster.instance_timeout`.
     pub async fn leave(&self) -> Result<(), StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg_error)?;
@@ -172,6 +173,9 @@ impl PgStore {
         )
         .await
         .map_err(pg_error)?;
+        super::leases::release_all(&tx, &self.instance)
+            .await
+            .map_err(pg_error)?;
         tx.execute(
             "DELETE FROM hdsd_instances WHERE instance = $1",
             &[&self.instance],

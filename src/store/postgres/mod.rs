@@ -24,7 +24,8 @@
 //! `listener` (the `LISTEN` connection), `definitions`, `readiness`,
 //! `streams` (who holds which stream), `members` (heartbeats, the sweep),
 //! `keys` (shared public keys and revocations), `zones` (a global's zones,
-//! written by the instance holding each zone's stream).
+//! written by the instance holding each zone's stream), `leases` (named
+//! leases held by one live instance, with a growing epoch).
 
 use std::time::Duration;
 
@@ -40,6 +41,7 @@ use crate::readiness::Timestamp;
 
 mod definitions;
 mod keys;
+mod leases;
 mod listener;
 mod members;
 mod readiness;
@@ -48,6 +50,7 @@ mod streams;
 mod zones;
 
 pub use keys::KeyPublication;
+pub use leases::{decide as decide_lease, Lease, LeaseDecision};
 pub use members::{dead_instances, Swept};
 pub use schema::*;
 pub use streams::{Claim, ClaimSender, StreamNote, MAX_INSTANCE, MAX_STREAM_PAYLOAD};
@@ -75,6 +78,8 @@ pub struct PgStore {
     keys_signal: watch::Sender<()>,
     /// Poked on each zone write and on every (re)connect.
     zones_signal: watch::Sender<()>,
+    /// Poked on each change of a lease's holder and on every (re)connect.
+    leases_signal: watch::Sender<()>,
     reconcile: Duration,
     /// The runtime the blocking [`ReadinessStore`] calls run their queries on.
     runtime: tokio::runtime::Handle,
@@ -166,6 +171,7 @@ impl PgStore {
         let (revocations_signal, _) = watch::channel(());
         let (keys_signal, _) = watch::channel(());
         let (zones_signal, _) = watch::channel(());
+        let (leases_signal, _) = watch::channel(());
         let (streams_signal, _) = watch::channel(());
         let (listening_flag, _) = watch::channel(false);
         let (replaced, _) = broadcast::channel(CHANGES_BUFFER);
@@ -179,6 +185,7 @@ impl PgStore {
                 revocations: revocations_signal.clone(),
                 keys: keys_signal.clone(),
                 zones: zones_signal.clone(),
+                leases: leases_signal.clone(),
                 streams: streams_signal.clone(),
                 replaced: replaced.clone(),
                 listening: listening_flag.clone(),
@@ -202,6 +209,7 @@ impl PgStore {
             revocations_signal,
             keys_signal,
             zones_signal,
+            leases_signal,
             reconcile: settings.reconcile_interval,
             runtime: tokio::runtime::Handle::current(),
             instance,

@@ -101,6 +101,15 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
          );
          CREATE INDEX hdsd_zone_dataplanes_by_seq ON hdsd_zone_dataplanes (seq);",
     ),
+    (
+        7,
+        "CREATE TABLE hdsd_leases (
+             name text PRIMARY KEY,
+             holder text,
+             epoch bigint NOT NULL,
+             changed_at timestamptz NOT NULL DEFAULT now()
+         );",
+    ),
 ];
 
 /// The advisory lock key the sweep of dead instances takes, per transaction
@@ -148,6 +157,11 @@ pub const ZONES_LOCK: i64 = 0x6864_7364_0000_0004;
 /// The channel zone writes are announced on (no payload: readers read the
 /// rows whose `seq` is above the last they saw).
 pub const ZONES_CHANNEL: &str = "hdsd_zones";
+
+/// The channel a lease's change of holder is announced on (taken, released
+/// or given up), the lease's name as payload: instances waiting for it try
+/// at once instead of at their next check.
+pub const LEASES_CHANNEL: &str = "hdsd_leases";
 
 /// The channel readiness writes are announced on (no payload: readers
 /// read the rows whose `seq` is above the last they saw).
