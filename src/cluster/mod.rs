@@ -1,7 +1,9 @@
 //! What the instances of one hdsd cluster share, behind one trait:
 //! membership and heartbeats, who holds which dataplane's stream, the sweep
-//! of dead instances, shared signing public keys and revocations, and the
-//! numbering of revisions (the change feed's watermark).
+//! of dead instances, shared signing public keys and revocations, the
+//! numbering of revisions (the change feed's watermark), and a global's
+//! zones (their links and dataplanes, and the zones registered through its
+//! API).
 //!
 //! Two implementations: [`Solo`] (the embedded default: one instance, which
 //! shares with nobody, holds in memory what the other keeps in rows) and
@@ -33,6 +35,9 @@ mod solo;
 pub use crate::store::postgres::{
     KeyPublication, LinkChange, LinkRow, LinkState, StreamNote, Swept, Written, ZoneDataplaneRow,
     ZoneWrite, ZonesRead,
+};
+pub use crate::store::registrations::{
+    RegistrationChange, RegistrationState, RegistrationWrite, ZoneRegistration,
 };
 pub use postgres::PgCluster;
 pub use solo::Solo;
@@ -116,6 +121,18 @@ pub trait Cluster: Send + Sync + Debug + 'static {
     ) -> ClusterFuture<'a, Vec<Written>>;
     /// The zones' rows written after `seq` (0: all of them).
     fn zones_since(&self, seq: i64) -> ClusterFuture<'_, ZonesRead>;
+    /// Registers, disables, enables or deletes a zone of a global (its API:
+    /// `hdsd zone add`, ...), for every instance and across restarts; a
+    /// deletion also drops the zone's rows of [`Cluster::write_zones`].
+    /// Announced on the [`Topic::Zones`] signal.
+    fn change_zone_registration<'a>(
+        &'a self,
+        zone: &'a str,
+        change: RegistrationChange,
+    ) -> ClusterFuture<'a, RegistrationWrite>;
+    /// The zone registrations written after `seq` (0: all of them, the
+    /// deleted ones included), oldest first.
+    fn zone_registrations(&self, seq: i64) -> ClusterFuture<'_, Vec<ZoneRegistration>>;
     /// Poked when something of `topic` may have changed.
     fn signal(&self, topic: Topic) -> watch::Receiver<()>;
     /// How often followers read everything anyway (heals a missed poke).

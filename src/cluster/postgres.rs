@@ -1,6 +1,7 @@
 //! The cluster of instances sharing one PostgreSQL database: every duty is
 //! a query of [`PgStore`] (rows of `hdsd_instances`, `hdsd_streams`,
-//! `hdsd_revocations`, `hdsd_signing_keys`, readiness watermarks).
+//! `hdsd_revocations`, `hdsd_signing_keys`, readiness watermarks, a
+//! global's zones and their registrations).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -11,8 +12,8 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
 use super::{
-    Cluster, ClusterFuture, Holders, KeyPublication, Observe, StreamNote, Swept, Topic, Written,
-    ZoneWrite, ZonesRead,
+    Cluster, ClusterFuture, Holders, KeyPublication, Observe, RegistrationChange,
+    RegistrationWrite, StreamNote, Swept, Topic, Written, ZoneRegistration, ZoneWrite, ZonesRead,
 };
 use crate::auth::SharedKey;
 use crate::dataplane::DataplaneId;
@@ -111,6 +112,18 @@ impl Cluster for PgCluster {
 
     fn zones_since(&self, seq: i64) -> ClusterFuture<'_, ZonesRead> {
         Box::pin(self.store.zones_since(seq))
+    }
+
+    fn change_zone_registration<'a>(
+        &'a self,
+        zone: &'a str,
+        change: RegistrationChange,
+    ) -> ClusterFuture<'a, RegistrationWrite> {
+        Box::pin(self.store.change_zone_registration(zone, change))
+    }
+
+    fn zone_registrations(&self, seq: i64) -> ClusterFuture<'_, Vec<ZoneRegistration>> {
+        Box::pin(self.store.zone_registrations(seq))
     }
 
     fn signal(&self, topic: Topic) -> watch::Receiver<()> {

@@ -24,7 +24,8 @@
 //! `listener` (the `LISTEN` connection), `definitions`, `readiness`,
 //! `streams` (who holds which stream), `members` (heartbeats, the sweep),
 //! `keys` (shared public keys and revocations), `zones` (a global's zones,
-//! written by the instance holding each zone's stream).
+//! written by the instance holding each zone's stream), `registrations`
+//! (zones registered through a global's API).
 
 use std::time::Duration;
 
@@ -43,6 +44,7 @@ mod keys;
 mod listener;
 mod members;
 mod readiness;
+mod registrations;
 pub mod schema;
 mod streams;
 mod zones;
