@@ -795,7 +795,7 @@ fn describe() {
 mod tests {
     use super::*;
 
-    fn zone(name: &str, state: &'static str) -> ZoneMetrics<'_> {
+    fn zone<'a>(name: &'a str, state: &'static str) -> ZoneMetrics<'a> {
         ZoneMetrics {
             zone: name,
             state,

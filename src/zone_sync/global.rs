@@ -41,7 +41,6 @@ use crate::dataplane::DataplaneId;
 use crate::feed::FeedSender;
 use crate::pb;
 use crate::zones::hub::{Ending, Hub, HubSettings, ZoneRecord, ZoneSummary, ZonesView};
-use crate::zones::liveness::ZoneState;
 use crate::zones::remote::{Applied, Claim, OwnLink, StreamId};
 use crate::zones::session::{Action, Admission, Event, Session, SessionSettings, ZoneCredential};
 use crate::zones::{Code, Meshes};

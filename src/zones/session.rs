@@ -1209,7 +1209,8 @@ mod tests {
     #[test]
     fn a_zone_disabled_through_the_api_is_told_how_to_enable_it() {
         let mut h = Harness::new(Registration::Disabled(DisabledBy::Api), false);
-        let r = refused(&h.receive(vec![hello()]));
+        let a = h.receive(vec![hello()]);
+        let r = refused(&a);
         assert_eq!((r.code.as_str(), r.permanent), ("zone_disabled", true));
         assert!(
             r.message.contains("run `hdsd zone enable eu-1`"),
@@ -1266,7 +1267,8 @@ mod tests {
     #[test]
     fn a_zone_disabled_or_deleted_while_connected_ends_its_stream() {
         let mut h = Harness::accepted(Some(4));
-        let r = refused(&h.on(Event::Disabled(DisabledBy::Api)));
+        let a = h.on(Event::Disabled(DisabledBy::Api));
+        let r = refused(&a);
         assert_eq!(r.code, "zone_disabled");
         assert!(h.session.is_ended());
         let mut h = Harness::accepted(Some(4));
@@ -1291,7 +1293,8 @@ mod tests {
         let a = h.on(Event::TokensRetired(t0() - chrono::Duration::hours(2)));
         assert!(a.is_empty(), "{a:?}");
         assert!(!h.session.is_ended());
-        let r = refused(&h.on(Event::TokensRetired(t0())));
+        let a = h.on(Event::TokensRetired(t0()));
+        let r = refused(&a);
         assert_eq!(r.code, "unauthenticated");
     }
 
