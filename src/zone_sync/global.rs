@@ -766,3 +766,77 @@ fn log_end(zone: &str, code: Code, reason: &str) {
         _ => tracing::warn!(zone, code = code.as_str(), "zone stream ended: {reason}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::zones::hub::RecordState;
+    use crate::zones::session::{DisabledBy, Registration};
+
+    fn t0() -> Timestamp {
+        "2025-01-01T00:00:00Z".parse().unwrap()
+    }
+
+    fn record(state: RecordState, seq: i64) -> ZoneRecord {
+        ZoneRecord {
+            zone: "eu-1".into(),
+            state,
+            tokens_not_before: (state == RecordState::Deleted).then(t0),
+            changed_at: t0(),
+            seq,
+        }
+    }
+
+    /// The hub task answers an API write once readers see it, tells the
+    /// zone's open streams to end when it is disabled or deleted, and a
+    /// deleted zone leaves the published view (time paused: no real wait).
+    #[tokio::test(start_paused = true)]
+    async fn the_hub_task_applies_api_records_and_tells_the_zones_streams() {
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(t0()));
+        let hub = spawn_hub(
+            HubSettings {
+                zone_timeout: Duration::from_secs(15),
+                offline_ttl: Duration::from_secs(300),
+                auto_register: false,
+            },
+            &[],
+            &[],
+            Vec::new(),
+            None,
+            clock,
+        );
+        assert!(hub.view().get("eu-1").is_none());
+        let added = hub
+            .record(record(RecordState::Registered, 1))
+            .await
+            .expect("registered");
+        assert_eq!(added.registered_by, Some("api"));
+        assert!(hub.view().get("eu-1").is_some(), "published before the answer");
+        let (notices_tx, mut notices) = mpsc::unbounded_channel();
+        let (_stream, admission) = hub
+            .ask(|reply| Command::Open {
+                zone: "eu-1".into(),
+                notices: notices_tx,
+                reply,
+            })
+            .await
+            .expect("opened");
+        assert_eq!(admission.registration, Registration::Registered);
+        let disabled = hub
+            .record(record(RecordState::Disabled, 2))
+            .await
+            .expect("still there");
+        assert_eq!(disabled.liveness.state.as_str(), "disabled");
+        assert_eq!(
+            notices.recv().await,
+            Some(Notice::Ending(Ending::Disabled(DisabledBy::Api)))
+        );
+        assert_eq!(hub.record(record(RecordState::Deleted, 3)).await, None);
+        assert_eq!(notices.recv().await, Some(Notice::Ending(Ending::Deleted)));
+        assert!(hub.view().get("eu-1").is_none());
+        // Older news (a late read of the store) changes nothing.
+        assert_eq!(hub.record(record(RecordState::Registered, 1)).await, None);
+        assert!(hub.view().get("eu-1").is_none());
+    }
+}
