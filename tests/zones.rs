@@ -956,6 +956,14 @@ fn zone_cli(global: &Hdsd, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// The wall clock in whole seconds (as token times are).
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
 /// `hdsd zone ARGS` that must succeed: its stdout.
 fn zone_cli_ok(global: &Hdsd, args: &[&str]) -> String {
     let (ok, out, err) = zone_cli(global, args);
@@ -963,11 +971,13 @@ fn zone_cli_ok(global: &Hdsd, args: &[&str]) -> String {
     out
 }
 
-/// A global that lists no zone and registers none by itself.
-fn bare_global(extra: &str) -> Hdsd {
+/// A global that lists no zone and registers none by itself; `extra`
+/// before its `[global]`, and `env`.
+fn bare_global(extra: &str, env: Vec<(String, String)>) -> Hdsd {
     Hdsd::start(HdsdOptions {
         auth_mode: "token",
         zone_listener: true,
+        env,
         extra: format!(
             "{extra}[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nauto_register = false\n"
         ),
@@ -993,7 +1003,7 @@ fn zone_with_web(global: &Hdsd, token: &std::path::Path, app: &App) -> (Hdsd, En
 /// enabled.
 #[test]
 fn zones_are_registered_and_deleted_through_the_api_without_a_restart() {
-    let global = bare_global("");
+    let global = bare_global("", Vec::new());
     let tokens = tempfile::tempdir().unwrap();
     let follower = Follower::start(&global);
 
@@ -1027,6 +1037,7 @@ fn zones_are_registered_and_deleted_through_the_api_without_a_restart() {
     let before = follower.events().len();
     let deleted_at = Instant::now();
     let out = zone_cli_ok(&global, &["delete", "eu-1"]);
+    let deleted_second = unix_seconds();
     assert!(
         out.contains("zone eu-1 deleted; its zone tokens issued until"),
         "{out}"
@@ -1092,6 +1103,13 @@ fn zones_are_registered_and_deleted_through_the_api_without_a_restart() {
         "{status}"
     );
     drop(eu);
+    // Token times are whole seconds: one issued in the second of the
+    // deletion counts as issued before it.
+    wait_for("a second after the deletion", Duration::from_secs(3), || {
+        (unix_seconds() > deleted_second)
+            .then_some(())
+            .ok_or_else(|| "the same second".to_string())
+    });
     let fresh_dir = tempfile::tempdir().unwrap();
     let fresh = zone_token(&global, "eu-1", &fresh_dir);
     let (eu, _envoy) = zone_with_web(&global, &fresh, &app);
@@ -1109,13 +1127,27 @@ fn zones_are_registered_and_deleted_through_the_api_without_a_restart() {
     let z = zone_state(&global, "eu-1").unwrap();
     assert_eq!((&z["state"], &z["withdrawn"]), (&"disabled".into(), &true.into()), "{z}");
     wait_remote_ready(&global, "eu-1", "web", false, Duration::from_secs(5));
+    let streams = z["streams"].as_u64().unwrap();
     zone_cli_ok(&global, &["enable", "eu-1"]);
     let enabled_at = Instant::now();
-    wait_remote_ready(&global, "eu-1", "web", true, Duration::from_secs(45));
+    wait_zone(
+        &global,
+        "eu-1",
+        "connected again",
+        Duration::from_secs(45),
+        |z| z["state"] == "online" && z["streams"].as_u64() > Some(streams),
+    );
     println!(
-        "eu-1 ready again {:?} after it was enabled",
+        "eu-1 connected again {:?} after it was enabled",
         enabled_at.elapsed()
     );
+    wait_remote_ready(&global, "eu-1", "web", true, Duration::from_secs(5));
+    wait_for("eu-1's uplink connected", Duration::from_secs(5), || {
+        let v = eu.get_json("/api/v1/zones")?;
+        (v["uplink"]["connected"] == true)
+            .then_some(())
+            .ok_or_else(|| format!("{v}"))
+    });
     follower.assert_no_dataplane_deleted("eu-1");
 }
 
@@ -1208,8 +1240,9 @@ fn a_zone_added_through_one_global_instance_is_accepted_by_another() {
         "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n",
         pg.url()
     );
-    let g1 = bare_global(&store);
-    let g2 = bare_global(&store);
+    let env = || vec![("HDSD_DATAPLANES__SOURCE".to_string(), "api".to_string())];
+    let g1 = bare_global(&store, env());
+    let g2 = bare_global(&store, env());
     zone_cli_ok(&g1, &["add", "eu-1"]);
     let tokens = tempfile::tempdir().unwrap();
     let token = zone_token(&g1, "eu-1", &tokens);
