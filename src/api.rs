@@ -144,7 +144,10 @@ pub fn router(state: ApiState) -> Router {
             "/api/v1/zones/{zone}/disable",
             axum::routing::post(zones::disable),
         )
-        .route("/api/v1/zones/{zone}/enable", axum::routing::post(zones::enable))
+        .route(
+            "/api/v1/zones/{zone}/enable",
+            axum::routing::post(zones::enable),
+        )
         .route(
             "/api/v1/zones/{zone}/dataplanes/{mesh}/{name}",
             get(zones::get_dataplane),

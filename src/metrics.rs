@@ -815,7 +815,11 @@ mod tests {
     fn zone_series_are_rendered_from_the_zones_given() {
         let states = ["never_connected", "online", "offline", "disabled"];
         let mut out = String::new();
-        render_zones(&[zone("eu-1", "online"), zone("us-1", "offline")], &states, &mut out);
+        render_zones(
+            &[zone("eu-1", "online"), zone("us-1", "offline")],
+            &states,
+            &mut out,
+        );
         for line in [
             "# TYPE hdsd_zones gauge",
             "hdsd_zones{state=\"online\"} 1",

@@ -264,12 +264,7 @@ pub async fn run(
     }
     let gate = Arc::new(Gate::new(&config.auth, &config.state_dir, clock.now())?);
     tokio::spawn(gate.clone().watch());
-    let scrape = start_metrics(
-        &state,
-        &sources,
-        &gate,
-        hub.as_ref().map(|h| h.subscribe()),
-    )?;
+    let scrape = start_metrics(&state, &sources, &gate, hub.as_ref().map(|h| h.subscribe()))?;
     let store_status = stores.status(&state.store);
     let joined = crate::cluster::join(
         cluster,

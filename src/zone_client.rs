@@ -9,7 +9,9 @@ use crate::apply::Target;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ZoneCommand {
     /// Register it (`disabled`: disabled from the start).
-    Add { disabled: bool },
+    Add {
+        disabled: bool,
+    },
     Delete,
     Disable,
     Enable,
@@ -122,7 +124,9 @@ mod tests {
         )
         .unwrap();
         assert!(
-            deleted.starts_with("zone eu-1 deleted; its zone tokens issued until 2026-01-01T00:00:00Z"),
+            deleted.starts_with(
+                "zone eu-1 deleted; its zone tokens issued until 2026-01-01T00:00:00Z"
+            ),
             "{deleted}"
         );
         let refused = outcome(

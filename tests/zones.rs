@@ -1087,8 +1087,7 @@ fn zones_are_registered_and_deleted_through_the_api_without_a_restart() {
     let eu = zone(&global, "eu-1", &token);
     let status = wait_uplink_code(&eu, "zone_unregistered", Duration::from_secs(20));
     assert!(
-        problem_of(&status)
-            .contains("is not registered at the global: run `hdsd zone add eu-1`"),
+        problem_of(&status).contains("is not registered at the global: run `hdsd zone add eu-1`"),
         "{status}"
     );
 
@@ -1105,11 +1104,15 @@ fn zones_are_registered_and_deleted_through_the_api_without_a_restart() {
     drop(eu);
     // Token times are whole seconds: one issued in the second of the
     // deletion counts as issued before it.
-    wait_for("a second after the deletion", Duration::from_secs(3), || {
-        (unix_seconds() > deleted_second)
-            .then_some(())
-            .ok_or_else(|| "the same second".to_string())
-    });
+    wait_for(
+        "a second after the deletion",
+        Duration::from_secs(3),
+        || {
+            (unix_seconds() > deleted_second)
+                .then_some(())
+                .ok_or_else(|| "the same second".to_string())
+        },
+    );
     let fresh_dir = tempfile::tempdir().unwrap();
     let fresh = zone_token(&global, "eu-1", &fresh_dir);
     let (eu, _envoy) = zone_with_web(&global, &fresh, &app);
@@ -1118,14 +1121,21 @@ fn zones_are_registered_and_deleted_through_the_api_without_a_restart() {
     // Disabled: refused with how to enable it, withdrawn; enabled: back
     // by itself at its next try (a refused zone tries every 30 s).
     let out = zone_cli_ok(&global, &["disable", "eu-1"]);
-    assert!(out.contains("zone eu-1 disabled (state: disabled)"), "{out}");
+    assert!(
+        out.contains("zone eu-1 disabled (state: disabled)"),
+        "{out}"
+    );
     let status = wait_uplink_code(&eu, "zone_disabled", Duration::from_secs(5));
     assert!(
         problem_of(&status).contains("hdsd zone enable eu-1"),
         "{status}"
     );
     let z = zone_state(&global, "eu-1").unwrap();
-    assert_eq!((&z["state"], &z["withdrawn"]), (&"disabled".into(), &true.into()), "{z}");
+    assert_eq!(
+        (&z["state"], &z["withdrawn"]),
+        (&"disabled".into(), &true.into()),
+        "{z}"
+    );
     wait_remote_ready(&global, "eu-1", "web", false, Duration::from_secs(5));
     let streams = z["streams"].as_u64().unwrap();
     zone_cli_ok(&global, &["enable", "eu-1"]);
@@ -1170,7 +1180,10 @@ fn zone_registrations_need_the_api_token_and_outlive_a_restart() {
         zone_cli(&global, &all)
     };
     let (ok, _, err) = zone_cli(&global, &["add", "ap-1"]);
-    assert!(!ok && err.contains("HTTP 401") && err.contains("--api-token"), "{err}");
+    assert!(
+        !ok && err.contains("HTTP 401") && err.contains("--api-token"),
+        "{err}"
+    );
     let (ok, out, err) = with_token(&["add", "ap-1"]);
     assert!(ok && out.contains("zone ap-1 registered"), "{out}{err}");
     let (ok, out, err) = with_token(&["add", "us-1", "--disabled"]);
@@ -1185,11 +1198,20 @@ fn zone_registrations_need_the_api_token_and_outlive_a_restart() {
         "{err}"
     );
     let (ok, _, err) = with_token(&["disable", "eu-1"]);
-    assert!(!ok && err.contains("move it from global.zones to global.disabled"), "{err}");
+    assert!(
+        !ok && err.contains("move it from global.zones to global.disabled"),
+        "{err}"
+    );
     let (ok, _, err) = with_token(&["enable", "off-1"]);
-    assert!(!ok && err.contains("remove it from global.disabled"), "{err}");
+    assert!(
+        !ok && err.contains("remove it from global.disabled"),
+        "{err}"
+    );
     let (ok, out, _) = with_token(&["add", "eu-1"]);
-    assert!(ok && out.contains("was registered already (config)"), "{out}");
+    assert!(
+        ok && out.contains("was registered already (config)"),
+        "{out}"
+    );
     let (ok, _, err) = with_token(&["disable", "xx-1"]);
     assert!(
         !ok && err.contains("HTTP 404") && err.contains("hdsd zone add"),

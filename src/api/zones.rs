@@ -159,7 +159,11 @@ fn admin_error(e: AdminError) -> Response {
     error(status, &e.to_string())
 }
 
-async fn change(z: &Zones, zone: &str, op: Op) -> Result<crate::zone_sync::admin::Changed, Response> {
+async fn change(
+    z: &Zones,
+    zone: &str,
+    op: Op,
+) -> Result<crate::zone_sync::admin::Changed, Response> {
     let Some(admin) = &z.admin else {
         return Err(error(StatusCode::NOT_FOUND, NOT_A_GLOBAL));
     };
@@ -192,9 +196,21 @@ pub async fn put(
             }
         }
     };
-    match change(&z, &zone, Op::Add { disabled: spec.disabled }).await {
+    match change(
+        &z,
+        &zone,
+        Op::Add {
+            disabled: spec.disabled,
+        },
+    )
+    .await
+    {
         Ok(done) => {
-            let status = if done.created { StatusCode::CREATED } else { StatusCode::OK };
+            let status = if done.created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
             changed(status, &zone, done.zone.as_ref().map(ZoneItem::from))
         }
         Err(response) => response,
@@ -204,7 +220,11 @@ pub async fn put(
 /// `POST /api/v1/zones/{zone}/disable`.
 pub async fn disable(State(z): State<Zones>, Path(zone): Path<String>) -> Response {
     match change(&z, &zone, Op::Disable).await {
-        Ok(done) => changed(StatusCode::OK, &zone, done.zone.as_ref().map(ZoneItem::from)),
+        Ok(done) => changed(
+            StatusCode::OK,
+            &zone,
+            done.zone.as_ref().map(ZoneItem::from),
+        ),
         Err(response) => response,
     }
 }
@@ -212,7 +232,11 @@ pub async fn disable(State(z): State<Zones>, Path(zone): Path<String>) -> Respon
 /// `POST /api/v1/zones/{zone}/enable`.
 pub async fn enable(State(z): State<Zones>, Path(zone): Path<String>) -> Response {
     match change(&z, &zone, Op::Enable).await {
-        Ok(done) => changed(StatusCode::OK, &zone, done.zone.as_ref().map(ZoneItem::from)),
+        Ok(done) => changed(
+            StatusCode::OK,
+            &zone,
+            done.zone.as_ref().map(ZoneItem::from),
+        ),
         Err(response) => response,
     }
 }

@@ -19,10 +19,10 @@ use super::{
     RegistrationWrite, StreamNote, Swept, Topic, Written, ZoneRegistration, ZoneWrite, ZonesRead,
 };
 use crate::auth::SharedKey;
-use crate::store::RedbStore;
 use crate::feed::{Feed, HistoryLimits};
 use crate::readiness::Timestamp;
 use crate::registry::Claims;
+use crate::store::RedbStore;
 
 /// How often followers re-read a [`Solo`] cluster (nothing changes it but
 /// this process, so rarely).

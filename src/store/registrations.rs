@@ -148,7 +148,10 @@ fn read_all(db: &Database) -> Result<BTreeMap<String, ZoneRegistration>, String>
                 out.insert(key.value().to_string(), r);
             }
             Err(e) => {
-                tracing::warn!(zone = key.value(), "ignoring an unreadable stored zone registration: {e}")
+                tracing::warn!(
+                    zone = key.value(),
+                    "ignoring an unreadable stored zone registration: {e}"
+                )
             }
         }
     }
@@ -203,7 +206,7 @@ impl RedbStore {
     /// Every zone registration with a number above `seq`, in order.
     pub async fn zone_registrations(&self, seq: i64) -> Result<Vec<ZoneRegistration>, StoreError> {
         let mut rows: Vec<ZoneRegistration> = self
-            .blocking(|db| read_all(db))
+            .blocking(read_all)
             .await?
             .into_values()
             .filter(|r| r.seq > seq)
@@ -250,14 +253,26 @@ mod tests {
         use RegistrationChange::*;
         use RegistrationState as S;
         let r = next("eu-1", None, Register { disabled: false }, at(1), 1).unwrap();
-        assert_eq!((r.state, r.tokens_not_before, r.seq), (S::Registered, None, 1));
-        assert_eq!(next("eu-1", Some(&r), Register { disabled: false }, at(2), 2), None);
+        assert_eq!(
+            (r.state, r.tokens_not_before, r.seq),
+            (S::Registered, None, 1)
+        );
+        assert_eq!(
+            next("eu-1", Some(&r), Register { disabled: false }, at(2), 2),
+            None
+        );
         let d = next("eu-1", Some(&r), Register { disabled: true }, at(3), 2).unwrap();
         assert_eq!(d.state, S::Disabled);
         let gone = next("eu-1", Some(&d), Delete, at(4), 3).unwrap();
-        assert_eq!((gone.state, gone.tokens_not_before), (S::Deleted, Some(at(4))));
+        assert_eq!(
+            (gone.state, gone.tokens_not_before),
+            (S::Deleted, Some(at(4)))
+        );
         let back = next("eu-1", Some(&gone), Register { disabled: false }, at(5), 4).unwrap();
-        assert_eq!((back.state, back.tokens_not_before), (S::Registered, Some(at(4))));
+        assert_eq!(
+            (back.state, back.tokens_not_before),
+            (S::Registered, Some(at(4)))
+        );
         let again = next("eu-1", Some(&row(S::Deleted, Some(4), 5)), Delete, at(9), 6).unwrap();
         assert_eq!(again.tokens_not_before, Some(at(9)));
         // A zone deleted that was never registered still gets its tombstone.
@@ -272,12 +287,20 @@ mod tests {
         {
             let store = RedbStore::open(&path).unwrap();
             let w = store
-                .change_zone_registration("eu-1", RegistrationChange::Register { disabled: false }, at(1))
+                .change_zone_registration(
+                    "eu-1",
+                    RegistrationChange::Register { disabled: false },
+                    at(1),
+                )
                 .await
                 .unwrap();
             assert_eq!(w.before, None);
             let w = store
-                .change_zone_registration("us-1", RegistrationChange::Register { disabled: true }, at(2))
+                .change_zone_registration(
+                    "us-1",
+                    RegistrationChange::Register { disabled: true },
+                    at(2),
+                )
                 .await
                 .unwrap();
             assert_eq!(w.registration.seq, 2);
@@ -289,7 +312,10 @@ mod tests {
         }
         let store = RedbStore::open(&path).unwrap();
         let all = store.zone_registrations(0).await.unwrap();
-        let states: Vec<_> = all.iter().map(|r| (r.zone.as_str(), r.state, r.seq)).collect();
+        let states: Vec<_> = all
+            .iter()
+            .map(|r| (r.zone.as_str(), r.state, r.seq))
+            .collect();
         assert_eq!(
             states,
             [
@@ -302,7 +328,11 @@ mod tests {
         assert_eq!(since.len(), 1);
         // Unchanged: no new number.
         let w = store
-            .change_zone_registration("us-1", RegistrationChange::Register { disabled: true }, at(4))
+            .change_zone_registration(
+                "us-1",
+                RegistrationChange::Register { disabled: true },
+                at(4),
+            )
             .await
             .unwrap();
         assert_eq!(w.registration.seq, 2);

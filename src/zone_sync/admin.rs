@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use super::global::HubHandle;
 use super::shared::record_of;
-use crate::cluster::{Cluster, RegistrationChange, RegistrationState};
 use crate::clock::Timestamp;
+use crate::cluster::{Cluster, RegistrationChange, RegistrationState};
 use crate::store::StoreError;
 use crate::zones::hub::ZoneSummary;
 
@@ -26,7 +26,9 @@ use crate::zones::hub::ZoneSummary;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     /// Register it (`disabled`: disabled from the start).
-    Add { disabled: bool },
+    Add {
+        disabled: bool,
+    },
     Disable,
     Enable,
     Delete,
@@ -242,7 +244,10 @@ mod tests {
         assert_eq!(conflict("eu-1", Listed, Op::Add { disabled: false }), None);
         assert_eq!(conflict("eu-1", Listed, Op::Enable), None);
         assert_eq!(conflict("off-1", Disabled, Op::Disable), None);
-        assert_eq!(conflict("off-1", Disabled, Op::Add { disabled: true }), None);
+        assert_eq!(
+            conflict("off-1", Disabled, Op::Add { disabled: true }),
+            None
+        );
         let m = conflict("eu-1", Listed, Op::Disable).unwrap();
         assert!(
             m.contains("zone \"eu-1\" is in global.zones")

@@ -812,7 +812,10 @@ mod tests {
             .await
             .expect("registered");
         assert_eq!(added.registered_by, Some("api"));
-        assert!(hub.view().get("eu-1").is_some(), "published before the answer");
+        assert!(
+            hub.view().get("eu-1").is_some(),
+            "published before the answer"
+        );
         let (notices_tx, mut notices) = mpsc::unbounded_channel();
         let (_stream, admission) = hub
             .ask(|reply| Command::Open {

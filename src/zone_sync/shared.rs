@@ -37,9 +37,9 @@ use crate::cluster::{
     Cluster, LinkChange, LinkRow, LinkState, RegistrationState, Topic, Written, ZoneDataplaneRow,
     ZoneRegistration, ZoneWrite, ZonesRead,
 };
-use crate::zones::hub::{RecordState, ZoneRecord};
 use crate::dataplane::DataplaneId;
 use crate::pb;
+use crate::zones::hub::{RecordState, ZoneRecord};
 use crate::zones::liveness::LivenessInputs;
 use crate::zones::remote::{ObservedLink, OwnLink, StreamId};
 

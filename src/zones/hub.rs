@@ -380,10 +380,8 @@ impl Hub {
                 let entry = self.entry(&zone);
                 if entry.config_disabled.is_none() && entry.api_disabled.is_none() {
                     entry.api_disabled = Some(changed_at);
-                    recorded.ending = Some((
-                        Ending::Disabled(DisabledBy::Api),
-                        self.streams_of(&zone),
-                    ));
+                    recorded.ending =
+                        Some((Ending::Disabled(DisabledBy::Api), self.streams_of(&zone)));
                 }
             }
             RecordState::Deleted if self.config_names(&zone) => {
@@ -697,7 +695,10 @@ mod tests {
     #[test]
     fn a_zone_is_known_by_the_configuration_or_by_registering() {
         let mut h = hub(&["eu-1"], &["us-1"]);
-        assert_eq!(h.registration("eu-1").registration, Registration::Registered);
+        assert_eq!(
+            h.registration("eu-1").registration,
+            Registration::Registered
+        );
         assert_eq!(
             h.registration("us-1").registration,
             Registration::Disabled(DisabledBy::Config)
@@ -705,7 +706,10 @@ mod tests {
         assert_eq!(h.registration("ap-1").registration, Registration::Unknown);
         let s = h.open_stream("ap-1");
         h.apply("ap-1", s, &Action::Register);
-        assert_eq!(h.registration("ap-1").registration, Registration::Registered);
+        assert_eq!(
+            h.registration("ap-1").registration,
+            Registration::Registered
+        );
         // Disabled wins over listed.
         let h = hub(&["us-1"], &["us-1"]);
         assert_eq!(
@@ -1012,16 +1016,28 @@ mod tests {
                 ..Recorded::default()
             }
         );
-        assert_eq!(h.registration("eu-1").registration, Registration::Registered);
+        assert_eq!(
+            h.registration("eu-1").registration,
+            Registration::Registered
+        );
         let z = h.summary("eu-1", at(3)).unwrap();
         assert_eq!(z.liveness.state, ZoneState::NeverConnected);
         assert_eq!((z.registered, z.registered_by), (true, Some("api")));
         // The view waits for it like for a listed zone.
         assert!(!h.view(at(3)).synced);
         // Older (or the same) news from the store: ignored.
-        assert!(!h.record(record("eu-1", RecordState::Deleted, Some(1), 1)).applied);
-        assert!(!h.record(record("eu-1", RecordState::Deleted, Some(1), 2)).applied);
-        assert_eq!(h.registration("eu-1").registration, Registration::Registered);
+        assert!(
+            !h.record(record("eu-1", RecordState::Deleted, Some(1), 1))
+                .applied
+        );
+        assert!(
+            !h.record(record("eu-1", RecordState::Deleted, Some(1), 2))
+                .applied
+        );
+        assert_eq!(
+            h.registration("eu-1").registration,
+            Registration::Registered
+        );
     }
 
     /// Disabled through the API: the zone's open streams are told to end,
@@ -1043,10 +1059,18 @@ mod tests {
         );
         let z = h.summary("eu-1", at(3)).unwrap();
         assert_eq!(z.liveness.state, ZoneState::Disabled);
-        assert_eq!(z.liveness.since, Some(at(2)), "disabled since the row changed");
+        assert_eq!(
+            z.liveness.since,
+            Some(at(2)),
+            "disabled since the row changed"
+        );
         assert_eq!((z.dataplanes, z.inbounds_ready, z.withdrawn), (1, 0, true));
         // Disabling it again ends nothing more.
-        assert_eq!(h.record(record("eu-1", RecordState::Disabled, None, 3)).ending, None);
+        assert_eq!(
+            h.record(record("eu-1", RecordState::Disabled, None, 3))
+                .ending,
+            None
+        );
         h.apply(
             "eu-1",
             stream,
@@ -1056,7 +1080,10 @@ mod tests {
             },
         );
         h.record(record("eu-1", RecordState::Registered, None, 4));
-        assert_eq!(h.registration("eu-1").registration, Registration::Registered);
+        assert_eq!(
+            h.registration("eu-1").registration,
+            Registration::Registered
+        );
         let z = h.summary("eu-1", at(5)).unwrap();
         assert!(!z.withdrawn);
         assert_eq!(z.dataplanes, 1, "nothing deleted by a disable");
@@ -1123,7 +1150,10 @@ mod tests {
         let mut h = hub(&[], &[]);
         let s = h.open_stream("ap-1");
         h.apply("ap-1", s, &Action::Register);
-        assert_eq!(h.summary("ap-1", at(0)).unwrap().registered_by, Some("auto"));
+        assert_eq!(
+            h.summary("ap-1", at(0)).unwrap().registered_by,
+            Some("auto")
+        );
         let r = h.record(record("ap-1", RecordState::Deleted, Some(1), 1));
         assert_eq!(r.ending, Some((Ending::Deleted, vec![s])));
         assert!(h.summary("ap-1", at(1)).is_none());
@@ -1180,6 +1210,9 @@ mod tests {
             false,
         );
         assert!(moved);
-        assert_eq!(h.summary("eu-1", at(11)).unwrap().registered_by, Some("auto"));
+        assert_eq!(
+            h.summary("eu-1", at(11)).unwrap().registered_by,
+            Some("auto")
+        );
     }
 }

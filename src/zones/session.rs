@@ -596,8 +596,7 @@ impl Session {
         {
             return self.refuse(code, message, actions);
         }
-        if let Some(message) = retired_token(&zone, self.credential.issued_at, tokens_not_before)
-        {
+        if let Some(message) = retired_token(&zone, self.credential.issued_at, tokens_not_before) {
             return self.refuse(Code::Unauthenticated, message, actions);
         }
         if registration == Registration::Unknown {
