@@ -331,8 +331,10 @@ impl Hub {
             (Some(e), _) if e.config_disabled.is_some() => {
                 Registration::Disabled(DisabledBy::Config)
             }
+            // The configuration wins: a listed zone is enabled.
+            (Some(e), _) if e.listed => Registration::Registered,
             (_, Some(RecordState::Disabled)) => Registration::Disabled(DisabledBy::Api),
-            (Some(e), _) if e.listed || e.auto => Registration::Registered,
+            (Some(e), _) if e.auto => Registration::Registered,
             (_, Some(RecordState::Registered)) => Registration::Registered,
             _ => Registration::Unknown,
         };
@@ -378,7 +380,9 @@ impl Hub {
             }
             RecordState::Disabled => {
                 let entry = self.entry(&zone);
-                if entry.config_disabled.is_none() && entry.api_disabled.is_none() {
+                // The configuration wins (a listed zone stays enabled, a
+                // disabled one is so already).
+                if !entry.config_names() && entry.api_disabled.is_none() {
                     entry.api_disabled = Some(changed_at);
                     recorded.ending =
                         Some((Ending::Disabled(DisabledBy::Api), self.streams_of(&zone)));
@@ -1174,6 +1178,17 @@ mod tests {
         let z = h.summary("eu-1", at(1)).unwrap();
         assert_eq!((z.registered_by, z.dataplanes), (Some("config"), 1));
         assert_eq!(h.registration("eu-1").tokens_not_before, Some(at(1)));
+        // Nor does a disable written elsewhere disable a listed zone.
+        let r = h.record(record("eu-1", RecordState::Disabled, None, 2));
+        assert_eq!(r.ending, None);
+        assert_eq!(
+            h.registration("eu-1").registration,
+            Registration::Registered
+        );
+        assert_eq!(
+            h.summary("eu-1", at(2)).unwrap().liveness.state,
+            ZoneState::Online
+        );
     }
 
     /// Rows another instance left of a zone deleted here (a stream it took
