@@ -3,7 +3,9 @@
 //! Handlers only read snapshots: the catalog, each dataplane's watch value,
 //! and the source snapshot. They never write state; the write calls of
 //! [`definitions`] write to the store, whose changes reach the registry like
-//! file changes.
+//! file changes, and a global's zone writes go through
+//! [`ZoneAdmin`](crate::zone_sync::admin::ZoneAdmin) (the cluster, then the
+//! hub, its one writer).
 
 pub mod definitions;
 mod zones;
@@ -53,6 +55,8 @@ pub struct ApiState {
 pub struct Zones {
     pub hub: Option<crate::zone_sync::global::HubHandle>,
     pub uplink: Option<crate::zone_sync::uplink::UplinkHandle>,
+    /// On a global: zones registered, disabled and deleted through the API.
+    pub admin: Option<Arc<crate::zone_sync::admin::ZoneAdmin>>,
 }
 
 /// What the read handlers read: the registry's dataplanes and the sources.
@@ -132,7 +136,18 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/api/v1/sources", get(sources))
         .route("/api/v1/zones", get(zones::list))
-        .route("/api/v1/zones/{zone}", get(zones::get))
+        .route(
+            "/api/v1/zones/{zone}",
+            get(zones::get).put(zones::put).delete(zones::delete),
+        )
+        .route(
+            "/api/v1/zones/{zone}/disable",
+            axum::routing::post(zones::disable),
+        )
+        .route(
+            "/api/v1/zones/{zone}/enable",
+            axum::routing::post(zones::enable),
+        )
         .route(
             "/api/v1/zones/{zone}/dataplanes/{mesh}/{name}",
             get(zones::get_dataplane),

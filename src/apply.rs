@@ -94,6 +94,46 @@ impl Target<'_> {
     fn authorization(&self) -> Option<String> {
         self.token.map(|t| format!("Bearer {t}"))
     }
+
+    /// Sends `method` (`PUT`, `POST` or `DELETE`) to `url` with the token
+    /// and, for `PUT` and `POST`, the JSON `body`: the status and the JSON
+    /// answer (`null` when there is none), whatever the status.
+    pub fn send(
+        &self,
+        method: &str,
+        url: &str,
+        body: Option<&str>,
+    ) -> Result<(u16, serde_json::Value), String> {
+        let auth = self.authorization();
+        let with_body = |request: ureq::RequestBuilder<ureq::typestate::WithBody>| {
+            let mut request = request
+                .config()
+                .http_status_as_error(false)
+                .build()
+                .header("Content-Type", "application/json");
+            if let Some(auth) = &auth {
+                request = request.header("Authorization", auth);
+            }
+            request.send(body.unwrap_or_default())
+        };
+        let response = match method {
+            "PUT" => with_body(self.agent.put(url)),
+            "POST" => with_body(self.agent.post(url)),
+            _ => {
+                let mut request = self
+                    .agent
+                    .delete(url)
+                    .config()
+                    .http_status_as_error(false)
+                    .build();
+                if let Some(auth) = &auth {
+                    request = request.header("Authorization", auth);
+                }
+                request.call()
+            }
+        };
+        outcome(url, response)
+    }
 }
 
 /// An answer of the API: status and its `error` message, if any.

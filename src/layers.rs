@@ -65,6 +65,7 @@ pub const LAYERS: &[(&str, &str, &[&str])] = &[
             "grpc_auth",
             "hds",
             "zone_sync",
+            "zone_client",
             "api",
             "ui",
             "client",

@@ -43,5 +43,6 @@ pub mod store;
 pub mod tls;
 pub mod ui;
 pub mod view;
+pub mod zone_client;
 pub mod zone_sync;
 pub mod zones;

@@ -142,6 +142,21 @@ enum Command {
         #[arg(long)]
         ca: Option<PathBuf>,
     },
+    /// A global's zones, through its REST API: register, delete, disable, enable
+    /// (no restart of the global).
+    Zone {
+        /// The global's REST API (https://... when it has api.tls).
+        #[arg(long, default_value = "http://127.0.0.1:5680", global = true)]
+        api: String,
+        /// One of the global's api.tokens, when its API requires one.
+        #[arg(long, global = true)]
+        api_token: Option<String>,
+        /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
+        #[arg(long, global = true)]
+        ca: Option<PathBuf>,
+        #[command(subcommand)]
+        command: ZoneCommand,
+    },
     /// Print an Envoy bootstrap that connects a dataplane to hdsd
     /// (`bootstrap front`: a front proxy routing by readiness).
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -172,6 +187,27 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+}
+
+#[derive(Subcommand)]
+enum ZoneCommand {
+    /// Register a zone at a running global: from then on it may connect
+    /// (with a zone token from `hdsd token issue --zone NAME`).
+    Add {
+        /// The zone's name (a DNS-1123 label).
+        name: String,
+        /// Register it disabled: its streams are refused until `hdsd zone enable`.
+        #[arg(long)]
+        disabled: bool,
+    },
+    /// Delete a zone: its stream ends, its dataplanes leave the global's
+    /// view, its series and stored rows go, and its zone tokens issued until
+    /// now stay refused (also if it is added again).
+    Delete { name: String },
+    /// Disable a zone: its stream ends and is refused, its data withdrawn.
+    Disable { name: String },
+    /// Enable a disabled zone: it connects again at its next try.
+    Enable { name: String },
 }
 
 #[derive(Subcommand)]
@@ -392,6 +428,30 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             hdsd::apply::delete(&target, &id)
                 .map_err(|e| anyhow::anyhow!("dataplane {id} not deleted: {e}"))?;
             println!("dataplane {id} deleted");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Zone {
+            api,
+            api_token,
+            ca,
+            command,
+        } => {
+            use hdsd::zone_client::ZoneCommand as Z;
+            let (command, name) = match command {
+                ZoneCommand::Add { name, disabled } => (Z::Add { disabled }, name),
+                ZoneCommand::Delete { name } => (Z::Delete, name),
+                ZoneCommand::Disable { name } => (Z::Disable, name),
+                ZoneCommand::Enable { name } => (Z::Enable, name),
+            };
+            let agent = hdsd::client::agent(ca.as_deref())?;
+            let target = hdsd::apply::Target {
+                agent: &agent,
+                api: &api,
+                token: api_token.as_deref(),
+            };
+            let line = hdsd::zone_client::run(&target, command, &name)
+                .map_err(|e| anyhow::anyhow!("zone {name} not changed: {e}"))?;
+            println!("{line}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Bootstrap {

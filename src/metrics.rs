@@ -296,14 +296,12 @@ pub fn watch_resync(reason: &'static str) {
     counter!(WATCH_RESYNCS, "reason" => reason).increment(1);
 }
 
-/// One zone as the global sees it (set by the hub each time it publishes).
+/// One zone as the global sees it, for [`render_zones`].
 #[derive(Debug, Clone, Copy)]
 pub struct ZoneMetrics<'a> {
     pub zone: &'a str,
-    /// The zone's state word, and every state word (one series each, 1 for
-    /// the zone's).
+    /// The zone's state word.
     pub state: &'a str,
-    pub states: &'a [&'static str],
     /// The last sign of life, Unix seconds.
     pub last_seen_unix: Option<f64>,
     pub dataplanes: u64,
@@ -314,29 +312,94 @@ pub struct ZoneMetrics<'a> {
     pub snapshots: u64,
 }
 
-pub fn zone(z: ZoneMetrics<'_>) {
-    let zone = z.zone.to_string();
-    for &state in z.states {
-        gauge!(ZONE_STATE, "zone" => zone.clone(), "state" => state).set(if state == z.state {
-            1.0
-        } else {
-            0.0
-        });
-    }
-    if let Some(t) = z.last_seen_unix {
-        gauge!(ZONE_LAST_SEEN, "zone" => zone.clone()).set(t);
-    }
-    gauge!(ZONE_DATAPLANES, "zone" => zone.clone()).set(z.dataplanes as f64);
-    gauge!(ZONE_INBOUNDS, "zone" => zone.clone(), "ready" => "true").set(z.inbounds_ready as f64);
-    gauge!(ZONE_INBOUNDS, "zone" => zone.clone(), "ready" => "false")
-        .set(z.inbounds_total.saturating_sub(z.inbounds_ready) as f64);
-    counter!(ZONE_STREAMS, "zone" => zone.clone()).absolute(z.streams);
-    counter!(ZONE_RESUMES, "zone" => zone.clone()).absolute(z.resumes);
-    counter!(ZONE_SNAPSHOTS, "zone" => zone).absolute(z.snapshots);
+/// The zone families rendered at scrape time: name, type, description.
+const ZONE_FAMILIES: [(&str, &str, &str); 8] = [
+    (
+        ZONES,
+        "gauge",
+        "Zones a global knows, by state (never_connected, online, offline, disabled).",
+    ),
+    (
+        ZONE_STATE,
+        "gauge",
+        "1 for the zone's state at this global (online: a message within global.zone_timeout; offline; disabled; never_connected), 0 for the others.",
+    ),
+    (
+        ZONE_LAST_SEEN,
+        "gauge",
+        "When the global last heard from the zone (Unix time, the global's clock).",
+    ),
+    (ZONE_DATAPLANES, "gauge", "Dataplanes the global holds of the zone."),
+    (
+        ZONE_INBOUNDS,
+        "gauge",
+        "Inbounds the global holds of the zone, by readiness (a withdrawn zone's read not ready).",
+    ),
+    (ZONE_STREAMS, "counter", "Streams of the zone that won its uplink."),
+    (
+        ZONE_RESUMES,
+        "counter",
+        "Streams of the zone that won its uplink while the global held the zone complete, so it could resume after that revision (a zone that cannot, e.g. after a restart, sends a snapshot anyway).",
+    ),
+    (ZONE_SNAPSHOTS, "counter", "Snapshots of the zone completed."),
+];
+
+/// A label value as the exposition format writes it.
+fn label_value(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
-pub fn zones_in_state(state: &'static str, n: u64) {
-    gauge!(ZONES, "state" => state).set(n as f64);
+/// Appends the zone series of a global to a scrape (Prometheus text
+/// format): `hdsd_zones{state}` over `states`, and each zone's
+/// `hdsd_zone_*{zone}`. They are rendered from the hub's view at every
+/// scrape rather than kept in the recorder, so a deleted zone's series go
+/// with it (the recorder has no way to remove a series) and they cannot
+/// drift from `/api/v1/zones`.
+pub fn render_zones(zones: &[ZoneMetrics<'_>], states: &[&str], out: &mut String) {
+    use std::fmt::Write as _;
+    for (name, kind, help) in ZONE_FAMILIES {
+        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
+        if name == ZONES {
+            for state in states {
+                let n = zones.iter().filter(|z| z.state == *state).count();
+                let _ = writeln!(out, "{name}{{state=\"{}\"}} {n}", label_value(state));
+            }
+            continue;
+        }
+        for z in zones {
+            let zone = label_value(z.zone);
+            let mut line = |labels: &str, value: f64| {
+                let _ = writeln!(out, "{name}{{zone=\"{zone}\"{labels}}} {value}");
+            };
+            match name {
+                ZONE_STATE => {
+                    for state in states {
+                        let on = if *state == z.state { 1.0 } else { 0.0 };
+                        line(&format!(",state=\"{}\"", label_value(state)), on);
+                    }
+                }
+                ZONE_LAST_SEEN => {
+                    if let Some(t) = z.last_seen_unix {
+                        line("", t);
+                    }
+                }
+                ZONE_DATAPLANES => line("", z.dataplanes as f64),
+                ZONE_INBOUNDS => {
+                    line(",ready=\"true\"", z.inbounds_ready as f64);
+                    line(
+                        ",ready=\"false\"",
+                        z.inbounds_total.saturating_sub(z.inbounds_ready) as f64,
+                    );
+                }
+                ZONE_STREAMS => line("", z.streams as f64),
+                ZONE_RESUMES => line("", z.resumes as f64),
+                _ => line("", z.snapshots as f64),
+            }
+        }
+    }
 }
 
 /// A zone stream refused or ended by the global, by its stable code.
@@ -515,30 +578,6 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
 }
 
 fn describe() {
-    describe_gauge!(
-        ZONES,
-        "Zones a global knows, by state (never_connected, online, offline, disabled)."
-    );
-    describe_gauge!(
-        ZONE_STATE,
-        "1 for the zone's state at this global (online: a message within global.zone_timeout; offline; disabled; never_connected), 0 for the others."
-    );
-    describe_gauge!(
-        ZONE_LAST_SEEN,
-        Unit::Seconds,
-        "When the global last heard from the zone (Unix time, the global's clock)."
-    );
-    describe_gauge!(ZONE_DATAPLANES, "Dataplanes the global holds of the zone.");
-    describe_gauge!(
-        ZONE_INBOUNDS,
-        "Inbounds the global holds of the zone, by readiness (a withdrawn zone's read not ready)."
-    );
-    describe_counter!(ZONE_STREAMS, "Streams of the zone that won its uplink.");
-    describe_counter!(
-        ZONE_RESUMES,
-        "Streams of the zone that won its uplink while the global held the zone complete, so it could resume after that revision (a zone that cannot, e.g. after a restart, sends a snapshot anyway)."
-    );
-    describe_counter!(ZONE_SNAPSHOTS, "Snapshots of the zone completed.");
     describe_counter!(ZONE_REFUSALS, "Zone streams the global refused or ended, by code (unauthenticated, zone_unregistered, zone_timeout, ...).");
     describe_gauge!(
         UPLINK_CONNECTED,
@@ -759,5 +798,55 @@ fn describe() {
         SPECIFIER_REJECTIONS,
     ] {
         counter!(name).absolute(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn zone<'a>(name: &'a str, state: &'static str) -> ZoneMetrics<'a> {
+        ZoneMetrics {
+            zone: name,
+            state,
+            last_seen_unix: Some(1_767_225_600.0),
+            dataplanes: 2,
+            inbounds_ready: 1,
+            inbounds_total: 3,
+            streams: 4,
+            resumes: 1,
+            snapshots: 3,
+        }
+    }
+
+    /// Each family once, with its help and type; one series per zone and
+    /// label value; a zone not in the list has no series at all.
+    #[test]
+    fn zone_series_are_rendered_from_the_zones_given() {
+        let states = ["never_connected", "online", "offline", "disabled"];
+        let mut out = String::new();
+        render_zones(
+            &[zone("eu-1", "online"), zone("us-1", "offline")],
+            &states,
+            &mut out,
+        );
+        for line in [
+            "# TYPE hdsd_zones gauge",
+            "hdsd_zones{state=\"online\"} 1",
+            "hdsd_zones{state=\"disabled\"} 0",
+            "hdsd_zone_state{zone=\"eu-1\",state=\"online\"} 1",
+            "hdsd_zone_state{zone=\"eu-1\",state=\"offline\"} 0",
+            "hdsd_zone_last_seen_timestamp_seconds{zone=\"us-1\"} 1767225600",
+            "hdsd_zone_inbounds{zone=\"eu-1\",ready=\"false\"} 2",
+            "# TYPE hdsd_zone_resumes_total counter",
+            "hdsd_zone_resumes_total{zone=\"eu-1\"} 1",
+            "hdsd_zone_snapshots_total{zone=\"us-1\"} 3",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} in:\n{out}");
+        }
+        assert_eq!(out.matches("# TYPE hdsd_zone_state ").count(), 1);
+        let mut without = String::new();
+        render_zones(&[zone("us-1", "offline")], &states, &mut without);
+        assert!(!without.contains("eu-1"), "{without}");
     }
 }

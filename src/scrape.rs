@@ -1,7 +1,9 @@
 //! The `/metrics` scrape: the fleet gauges (dataplanes by connection, inbounds
 //! by readiness status, failing dataplane files) counted from the registry's
 //! and the source's snapshots when Prometheus scrapes, then every metric
-//! rendered. It reads state and sets gauges of the metrics recorder only.
+//! rendered, then, on a global, the zone series rendered from the hub's
+//! view (so a deleted zone's series go with it). It reads state and sets
+//! gauges of the metrics recorder only.
 
 use std::sync::Arc;
 
@@ -12,6 +14,8 @@ use crate::metrics::{DATAPLANES, DATAPLANES_REJECTING, INBOUNDS, SOURCE_ERRORS};
 use crate::readiness::Status;
 use crate::registry::Registry;
 use crate::source::Loaded;
+use crate::zones::hub::ZonesView;
+use crate::zones::liveness::ZoneState;
 
 /// Renders `/metrics`: refreshes the fleet gauges and process metrics from
 /// snapshots, then renders every metric.
@@ -21,6 +25,8 @@ pub struct Scrape {
     pub registry: Registry,
     pub sources: tokio::sync::watch::Receiver<Arc<Loaded>>,
     pub process: Arc<metrics_process::Collector>,
+    /// On a global: the hub's view of its zones.
+    pub zones: Option<tokio::sync::watch::Receiver<Arc<ZonesView>>>,
 }
 
 impl std::fmt::Debug for Scrape {
@@ -63,6 +69,30 @@ impl Scrape {
         gauge!(DATAPLANES_REJECTING).set(rejecting as f64);
         gauge!(SOURCE_ERRORS).set(self.sources.borrow().error_count() as f64);
         self.process.collect();
-        self.handle.render()
+        let mut out = self.handle.render();
+        if let Some(zones) = &self.zones {
+            let view = zones.borrow().clone();
+            let states = ZoneState::ALL.map(ZoneState::as_str);
+            let zones: Vec<crate::metrics::ZoneMetrics<'_>> = view
+                .zones
+                .iter()
+                .map(|z| {
+                    let s = &z.summary;
+                    crate::metrics::ZoneMetrics {
+                        zone: &s.name,
+                        state: s.liveness.state.as_str(),
+                        last_seen_unix: s.liveness.last_seen.map(|t| t.timestamp() as f64),
+                        dataplanes: s.dataplanes as u64,
+                        inbounds_ready: s.inbounds_ready as u64,
+                        inbounds_total: s.inbounds_total as u64,
+                        streams: s.counters.streams,
+                        resumes: s.counters.resumes,
+                        snapshots: s.counters.snapshots,
+                    }
+                })
+                .collect();
+            crate::metrics::render_zones(&zones, &states, &mut out);
+        }
+        out
     }
 }

@@ -234,17 +234,28 @@ pub async fn run(
     });
     let sources = start_sources(&config, &stores, &settings).await?;
     // A global's zones: EDS follows them from the start.
-    let hub = config.global.enabled.then(|| {
-        crate::zone_sync::global::spawn_hub(
+    let hub = match config.global.enabled {
+        true => Some(crate::zone_sync::global::spawn_hub(
             crate::zones::hub::HubSettings {
                 zone_timeout: config.global.zone_timeout,
                 offline_ttl: config.global.offline_ttl,
+                auto_register: config.global.auto_register,
             },
             &config.global.zones,
             &config.global.disabled,
+            registered_zones(cluster.as_ref()).await,
             Some(cluster.clone()),
             clock.clone(),
-        )
+        )),
+        false => None,
+    };
+    let zone_admin = hub.as_ref().map(|hub| {
+        Arc::new(crate::zone_sync::admin::ZoneAdmin::new(
+            hub.clone(),
+            cluster.clone(),
+            &config.global.zones,
+            &config.global.disabled,
+        ))
     });
     let state = start_state(
         &config,
@@ -261,7 +272,7 @@ pub async fn run(
     }
     let gate = Arc::new(Gate::new(&config.auth, &config.state_dir, clock.now())?);
     tokio::spawn(gate.clone().watch());
-    let scrape = start_metrics(&state, &sources, &gate)?;
+    let scrape = start_metrics(&state, &sources, &gate, hub.as_ref().map(|h| h.subscribe()))?;
     let store_status = stores.status(&state.store);
     let joined = crate::cluster::join(
         cluster,
@@ -315,6 +326,7 @@ pub async fn run(
         zones: api::Zones {
             hub: zones.hub.clone(),
             uplink: zones.uplink.clone(),
+            admin: zone_admin,
         },
         tokens: api::ApiTokens(Arc::new(config.api.tokens.clone())),
         bootstraps: api::Bootstraps {
@@ -392,6 +404,25 @@ pub async fn run(
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// The zones registered through a global's API, as the cluster keeps them
+/// (the redb file alone, PostgreSQL with several instances). A store that
+/// does not answer leaves them to the zone ledger (PostgreSQL), which
+/// reads them again every second.
+async fn registered_zones(cluster: &dyn Cluster) -> Vec<crate::zones::hub::ZoneRecord> {
+    match cluster.zone_registrations(0).await {
+        Ok(rows) => rows
+            .into_iter()
+            .map(crate::zone_sync::shared::record_of)
+            .collect(),
+        Err(e) => {
+            tracing::warn!(
+                "cannot read the zones registered through the API: {e}; they are refused until they are read"
+            );
+            Vec::new()
+        }
     }
 }
 
@@ -504,7 +535,11 @@ impl Stores {
     fn cluster(&self, config: &Config) -> Arc<dyn Cluster> {
         match &self.pg {
             Some(pg) => Arc::new(PgCluster::new(pg.clone(), config.cluster.resume_slack)),
-            None => Arc::new(Solo::new(format!("{}/{}", hostname(), std::process::id()))),
+            // Alone, zones registered through the API live in the redb file.
+            None => Arc::new(Solo::persisting(
+                format!("{}/{}", hostname(), std::process::id()),
+                self.redb.clone(),
+            )),
         }
     }
 
@@ -695,12 +730,14 @@ fn start_metrics(
     state: &State,
     sources: &Sources,
     gate: &Gate,
+    zones: Option<watch::Receiver<Arc<crate::zones::hub::ZonesView>>>,
 ) -> Result<crate::scrape::Scrape, ServeError> {
     let scrape = crate::scrape::Scrape {
         handle: crate::metrics::install()?,
         registry: state.registry.clone(),
         sources: sources.rx.clone(),
         process: Arc::new(metrics_process::Collector::default()),
+        zones,
     };
     scrape.process.describe();
     zero_owned_labels();

@@ -13,10 +13,12 @@
 //!
 //! Dataplane definitions (`dataplanes.source = "api"`) are kept behind the
 //! [`definitions::DefinitionStore`] trait, with two engines: this redb file
-//! ([`RedbStore`]) and PostgreSQL ([`postgres::PgStore`]).
+//! ([`RedbStore`]) and PostgreSQL ([`postgres::PgStore`]); so are a
+//! global's zones registered through its API ([`registrations`]).
 
 pub mod definitions;
 pub mod postgres;
+pub mod registrations;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -191,6 +193,7 @@ impl RedbStore {
         // Make sure the tables exist so that reads of a new store succeed.
         store.write(&[])?;
         definitions::redb_create_tables(&store.db).map_err(|e| store.err(e))?;
+        registrations::redb_create_tables(&store.db).map_err(|e| store.err(e))?;
         Ok(store)
     }
 

@@ -173,6 +173,20 @@ impl Follower {
         })
     }
 
+    /// Fails if the watch ever said that a dataplane of `zone` was deleted
+    /// one by one (a zone deletion is allowed).
+    fn assert_no_dataplane_deleted(&self, zone: &str) {
+        let deleted: Vec<_> = self
+            .events()
+            .into_iter()
+            .filter(|(e, d)| e == "deleted" && d["dataplane"]["zone"] == zone)
+            .collect();
+        assert!(
+            deleted.is_empty(),
+            "the global's watch deleted a dataplane of {zone} one by one: {deleted:?}"
+        );
+    }
+
     /// Fails if the watch ever said that a dataplane of `zone` was deleted.
     fn assert_nothing_deleted(&self, zone: &str) {
         let deleted: Vec<_> = self
@@ -1192,4 +1206,371 @@ fn two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over() {
             "no {code} refusal at the global"
         );
     }
+}
+
+/// Runs `hdsd zone ARGS --api <the global's API>`: whether it succeeded,
+/// its stdout and its stderr.
+fn zone_cli(global: &Hdsd, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_hdsd"))
+        .arg("zone")
+        .args(args)
+        .arg("--api")
+        .arg(global.api_url(""))
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run hdsd zone");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The wall clock in whole seconds (as token times are).
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// `hdsd zone ARGS` that must succeed: its stdout.
+fn zone_cli_ok(global: &Hdsd, args: &[&str]) -> String {
+    let (ok, out, err) = zone_cli(global, args);
+    assert!(ok, "hdsd zone {args:?} failed: {out}{err}");
+    out
+}
+
+/// A global that lists no zone and registers none by itself; `extra`
+/// before its `[global]`, and `env`.
+fn bare_global(extra: &str, env: Vec<(String, String)>) -> Hdsd {
+    Hdsd::start(HdsdOptions {
+        auth_mode: "token",
+        zone_listener: true,
+        env,
+        extra: format!(
+            "{extra}[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nauto_register = false\n"
+        ),
+        ..HdsdOptions::default()
+    })
+}
+
+/// A zone hdsd with one dataplane, `web`, whose inbound a real Envoy
+/// probes on `app`.
+fn zone_with_web(global: &Hdsd, token: &std::path::Path, app: &App) -> (Hdsd, Envoy) {
+    let eu = zone(global, "eu-1", token);
+    eu.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
+    let envoy = Envoy::start(eu.hds, "default.web", None);
+    (eu, envoy)
+}
+
+/// Zones registered, deleted, disabled and enabled through the API and
+/// the CLI at a running global that lists none: an added zone connects;
+/// a deleted one leaves every reader as one zone deletion (no dataplane
+/// deletion), with its series, and is refused as unregistered; its old
+/// token stays refused once it is added again, a new one connects; a
+/// disabled zone is refused and withdrawn, and comes back by itself once
+/// enabled.
+#[test]
+fn zones_are_registered_and_deleted_through_the_api_without_a_restart() {
+    let global = bare_global("", Vec::new());
+    let tokens = tempfile::tempdir().unwrap();
+    let follower = Follower::start(&global);
+
+    // A bad name is refused with the rule, by the CLI and by the API.
+    let (ok, _, err) = zone_cli(&global, &["add", "EU_1"]);
+    assert!(!ok && err.contains("is not a zone name"), "{err}");
+    let mut bad = ureq::put(&global.api_url("/api/v1/zones/EU_1"))
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .send("")
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let body = bad.body_mut().read_to_string().unwrap();
+    assert!(body.contains("lowercase letters, digits and '-'"), "{body}");
+
+    let out = zone_cli_ok(&global, &["add", "eu-1"]);
+    assert!(out.contains("zone eu-1 registered"), "{out}");
+    follower.wait_zone("eu-1", "never_connected");
+    let token = zone_token(&global, "eu-1", &tokens);
+    let app = App::start();
+    let (eu, envoy) = zone_with_web(&global, &token, &app);
+    wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
+    let z = zone_state(&global, "eu-1").unwrap();
+    assert_eq!(z["registeredBy"], "api", "{z}");
+    assert!(global
+        .metrics()
+        .contains("hdsd_zone_state{zone=\"eu-1\",state=\"online\"} 1"));
+
+    // Deleted: one zone deletion, no dataplane deletion; the stream ends.
+    let before = follower.events().len();
+    let deleted_at = Instant::now();
+    let out = zone_cli_ok(&global, &["delete", "eu-1"]);
+    let deleted_second = unix_seconds();
+    assert!(
+        out.contains("zone eu-1 deleted; its zone tokens issued until"),
+        "{out}"
+    );
+    follower.wait("a zone_deleted event of eu-1", |e, d| {
+        e == "zone_deleted" && d["zone"]["name"] == "eu-1"
+    });
+    let status = wait_uplink_code(&eu, "zone_unregistered", Duration::from_secs(5));
+    println!(
+        "eu-1's stream ended {:?} after the deletion",
+        deleted_at.elapsed()
+    );
+    assert!(
+        problem_of(&status).contains("was deleted at the global")
+            && problem_of(&status).contains("hdsd zone add eu-1"),
+        "{status}"
+    );
+    let events = follower.events();
+    let after = &events[before..];
+    let zone_deleted = after
+        .iter()
+        .filter(|(e, d)| e == "zone_deleted" && d["zone"]["name"] == "eu-1")
+        .count();
+    let dataplane_deleted: Vec<_> = after
+        .iter()
+        .filter(|(e, d)| e == "deleted" && d["dataplane"]["zone"] == "eu-1")
+        .collect();
+    assert_eq!(zone_deleted, 1, "{after:?}");
+    assert!(dataplane_deleted.is_empty(), "{dataplane_deleted:?}");
+    assert!(global.get_json("/api/v1/zones/eu-1").is_err(), "404");
+    assert!(remote_items(&global, "eu-1").is_empty());
+    let metrics = global.metrics();
+    assert!(
+        !metrics.contains("zone=\"eu-1\""),
+        "eu-1's series are gone: {}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("eu-1"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(metrics.contains("hdsd_zones{state=\"online\"} 0"));
+
+    // A new connection is refused as unregistered, naming the command.
+    drop(envoy);
+    drop(eu);
+    let eu = zone(&global, "eu-1", &token);
+    let status = wait_uplink_code(&eu, "zone_unregistered", Duration::from_secs(20));
+    assert!(
+        problem_of(&status).contains("is not registered at the global: run `hdsd zone add eu-1`"),
+        "{status}"
+    );
+
+    // Added again: the old token stays refused, a new one connects.
+    zone_cli_ok(&global, &["add", "eu-1"]);
+    drop(eu);
+    let eu = zone(&global, "eu-1", &token);
+    let status = wait_uplink_code(&eu, "unauthenticated", Duration::from_secs(20));
+    assert!(
+        problem_of(&status).contains("was deleted at the global")
+            && problem_of(&status).contains("hdsd token issue --zone eu-1"),
+        "{status}"
+    );
+    drop(eu);
+    // Token times are whole seconds: one issued in the second of the
+    // deletion counts as issued before it.
+    wait_for(
+        "a second after the deletion",
+        Duration::from_secs(3),
+        || {
+            (unix_seconds() > deleted_second)
+                .then_some(())
+                .ok_or_else(|| "the same second".to_string())
+        },
+    );
+    let fresh_dir = tempfile::tempdir().unwrap();
+    let fresh = zone_token(&global, "eu-1", &fresh_dir);
+    let (eu, _envoy) = zone_with_web(&global, &fresh, &app);
+    wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
+
+    // Disabled: refused with how to enable it, withdrawn; enabled: back
+    // by itself at its next try (a refused zone tries every 30 s).
+    let out = zone_cli_ok(&global, &["disable", "eu-1"]);
+    assert!(
+        out.contains("zone eu-1 disabled (state: disabled)"),
+        "{out}"
+    );
+    let status = wait_uplink_code(&eu, "zone_disabled", Duration::from_secs(5));
+    assert!(
+        problem_of(&status).contains("hdsd zone enable eu-1"),
+        "{status}"
+    );
+    let z = zone_state(&global, "eu-1").unwrap();
+    assert_eq!(
+        (&z["state"], &z["withdrawn"]),
+        (&"disabled".into(), &true.into()),
+        "{z}"
+    );
+    wait_remote_ready(&global, "eu-1", "web", false, Duration::from_secs(5));
+    let streams = z["streams"].as_u64().unwrap();
+    zone_cli_ok(&global, &["enable", "eu-1"]);
+    let enabled_at = Instant::now();
+    wait_zone(
+        &global,
+        "eu-1",
+        "connected again",
+        Duration::from_secs(45),
+        |z| z["state"] == "online" && z["streams"].as_u64() > Some(streams),
+    );
+    println!(
+        "eu-1 connected again {:?} after it was enabled",
+        enabled_at.elapsed()
+    );
+    wait_remote_ready(&global, "eu-1", "web", true, Duration::from_secs(5));
+    wait_for("eu-1's uplink connected", Duration::from_secs(5), || {
+        let v = eu.get_json("/api/v1/zones")?;
+        (v["uplink"]["connected"] == true)
+            .then_some(())
+            .ok_or_else(|| format!("{v}"))
+    });
+    follower.assert_no_dataplane_deleted("eu-1");
+}
+
+/// Writes need one of api.tokens; the configuration wins over the API
+/// (each refusal names the fix); registrations through the API outlive a
+/// restart of the global (the redb file of state_dir).
+#[test]
+fn zone_registrations_need_the_api_token_and_outlive_a_restart() {
+    let mut global = Hdsd::start(HdsdOptions {
+        auth_mode: "token",
+        zone_listener: true,
+        api_tokens: "[\"admin-token\"]",
+        extra: "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\"]\ndisabled = [\"off-1\"]\n"
+            .to_string(),
+        ..HdsdOptions::default()
+    });
+    let with_token = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--api-token", "admin-token"]);
+        zone_cli(&global, &all)
+    };
+    let (ok, _, err) = zone_cli(&global, &["add", "ap-1"]);
+    assert!(
+        !ok && err.contains("HTTP 401") && err.contains("--api-token"),
+        "{err}"
+    );
+    let (ok, out, err) = with_token(&["add", "ap-1"]);
+    assert!(ok && out.contains("zone ap-1 registered"), "{out}{err}");
+    let (ok, out, err) = with_token(&["add", "us-1", "--disabled"]);
+    assert!(ok && out.contains("(state: disabled)"), "{out}{err}");
+
+    // The configuration wins; what it already says is no change.
+    let (ok, _, err) = with_token(&["delete", "eu-1"]);
+    assert!(
+        !ok && err.contains("HTTP 409")
+            && err.contains("zone \"eu-1\" is in global.zones")
+            && err.contains("remove it from global.zones"),
+        "{err}"
+    );
+    let (ok, _, err) = with_token(&["disable", "eu-1"]);
+    assert!(
+        !ok && err.contains("move it from global.zones to global.disabled"),
+        "{err}"
+    );
+    let (ok, _, err) = with_token(&["enable", "off-1"]);
+    assert!(
+        !ok && err.contains("remove it from global.disabled"),
+        "{err}"
+    );
+    let (ok, out, _) = with_token(&["add", "eu-1"]);
+    assert!(
+        ok && out.contains("was registered already (config)"),
+        "{out}"
+    );
+    let (ok, _, err) = with_token(&["disable", "xx-1"]);
+    assert!(
+        !ok && err.contains("HTTP 404") && err.contains("hdsd zone add"),
+        "{err}"
+    );
+
+    let zones_with_token = |global: &Hdsd| -> Vec<Value> {
+        let mut r = ureq::get(&global.api_url("/api/v1/zones"))
+            .header("Authorization", "Bearer admin-token")
+            .call()
+            .unwrap();
+        r.body_mut().read_json::<Value>().unwrap()["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let find = |items: &[Value], name: &str| {
+        items
+            .iter()
+            .find(|z| z["name"] == name)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    global.restart();
+    let items = zones_with_token(&global);
+    let ap = find(&items, "ap-1");
+    assert_eq!(
+        (&ap["state"], &ap["registeredBy"]),
+        (&"never_connected".into(), &"api".into()),
+        "{items:?}"
+    );
+    assert_eq!(find(&items, "us-1")["state"], "disabled", "{items:?}");
+    assert_eq!(find(&items, "eu-1")["registeredBy"], "config", "{items:?}");
+}
+
+/// A global of two instances on PostgreSQL: a zone added through one is
+/// accepted by the other; deleted through the first, its stream held by
+/// the second ends and its rows leave the store.
+#[test]
+fn a_zone_added_through_one_global_instance_is_accepted_by_another() {
+    use crate::support::postgres::Postgres;
+    let Some(pg) =
+        Postgres::start("a_zone_added_through_one_global_instance_is_accepted_by_another")
+    else {
+        return;
+    };
+    let store = format!(
+        "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n",
+        pg.url()
+    );
+    let env = || vec![("HDSD_DATAPLANES__SOURCE".to_string(), "api".to_string())];
+    let g1 = bare_global(&store, env());
+    let g2 = bare_global(&store, env());
+    zone_cli_ok(&g1, &["add", "eu-1"]);
+    let tokens = tempfile::tempdir().unwrap();
+    let token = zone_token(&g1, "eu-1", &tokens);
+    let app = App::start();
+    // The zone dials the second instance only.
+    let (eu, _envoy) = zone_with_web(&g2, &token, &app);
+    wait_remote_ready(&g2, "eu-1", "web", true, CONNECT);
+    wait_remote_ready(&g1, "eu-1", "web", true, Duration::from_secs(5));
+    let rows = |table: &str| -> u32 {
+        pg.psql(&format!("SELECT count(*) FROM {table} WHERE zone = 'eu-1'"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(rows("hdsd_zone_dataplanes") >= 1);
+
+    let deleted_at = Instant::now();
+    zone_cli_ok(&g1, &["delete", "eu-1"]);
+    wait_uplink_code(&eu, "zone_unregistered", Duration::from_secs(5));
+    println!(
+        "the stream held by the second instance ended {:?} after the deletion through the first",
+        deleted_at.elapsed()
+    );
+    for g in [&g1, &g2] {
+        wait_for("eu-1 gone", Duration::from_secs(5), || {
+            match zone_state(g, "eu-1") {
+                Err(_) => Ok(()),
+                Ok(z) => Err(format!("{z}")),
+            }
+        });
+    }
+    assert_eq!(rows("hdsd_zone_dataplanes"), 0);
+    assert_eq!(rows("hdsd_zone_links"), 0);
+    assert_eq!(
+        pg.psql("SELECT state FROM hdsd_zone_registrations WHERE zone = 'eu-1'")
+            .trim(),
+        "deleted"
+    );
 }

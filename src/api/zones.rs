@@ -1,17 +1,24 @@
 //! `/api/v1/zones`: on a global, every zone it knows (its state, when it was
 //! last heard from, what the global holds of it); on a zone, its link to
 //! the global. Read from the hub's published view and the uplink's status.
+//!
+//! On a global, zones are also registered (`PUT /api/v1/zones/{zone}`, body
+//! `{"disabled": true}` optional), disabled and enabled (`POST
+//! .../disable`, `.../enable`) and deleted (`DELETE`) here, through
+//! [`ZoneAdmin`](crate::zone_sync::admin::ZoneAdmin).
 
 use axum::extract::{Path, State};
+use axum::http::HeaderMap;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{error, Zones};
 use crate::clock::Timestamp;
 use crate::dataplane::DataplaneId;
 use crate::view::DataplaneItem;
+use crate::zone_sync::admin::{AdminError, Op};
 use crate::zone_sync::uplink::UplinkStatus;
 use crate::zones::hub::ZoneSummary;
 
@@ -32,8 +39,12 @@ pub struct ZoneItem {
     /// The last message from the zone, on the global's clock.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<Timestamp>,
-    /// Listed in `global.zones`, registered on first connect, or disabled.
+    /// Listed in `global.zones`, registered through the API or on first
+    /// connect, or disabled.
     pub registered: bool,
+    /// How: `config`, `api` or `auto` (absent when not registered).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registered_by: Option<&'static str>,
     /// The zone instance holding the uplink, while one does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
@@ -71,6 +82,7 @@ impl From<&ZoneSummary> for ZoneItem {
             since: s.liveness.since,
             last_seen: s.liveness.last_seen,
             registered: s.registered,
+            registered_by: s.registered_by,
             instance: s.instance.clone(),
             held_by: s.held_by.clone(),
             revision: s.held,
@@ -115,8 +127,132 @@ const NOT_A_GLOBAL: &str = "this hdsd is not a global ([global] enabled = true):
 fn unknown_zone(zone: &str) -> Response {
     error(
         StatusCode::NOT_FOUND,
-        &format!("zone {zone:?} is not known here: it is not in global.zones and never connected; GET /api/v1/zones lists the known ones"),
+        &format!("zone {zone:?} is not known here: it is not in global.zones, not registered through the API (`hdsd zone add {zone}`) and never connected; GET /api/v1/zones lists the known ones"),
     )
+}
+
+/// The body of `PUT /api/v1/zones/{zone}` (optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZoneSpec {
+    /// Register it disabled (its streams refused, its data withdrawn).
+    #[serde(default)]
+    pub disabled: bool,
+}
+
+/// What a write answers: the zone as readers now see it.
+fn changed(status: StatusCode, zone: &str, item: Option<ZoneItem>) -> Response {
+    match item {
+        Some(item) => (status, Json(item)).into_response(),
+        // Gone meanwhile (deleted through another instance).
+        None => unknown_zone(zone),
+    }
+}
+
+fn admin_error(e: AdminError) -> Response {
+    let status = match &e {
+        AdminError::InvalidName(..) => StatusCode::BAD_REQUEST,
+        AdminError::InConfig(_) => StatusCode::CONFLICT,
+        AdminError::Unknown { .. } => StatusCode::NOT_FOUND,
+        AdminError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    error(status, &e.to_string())
+}
+
+async fn change(
+    z: &Zones,
+    zone: &str,
+    op: Op,
+) -> Result<crate::zone_sync::admin::Changed, Response> {
+    let Some(admin) = &z.admin else {
+        return Err(error(StatusCode::NOT_FOUND, NOT_A_GLOBAL));
+    };
+    admin.change(zone, op).await.map_err(admin_error)
+}
+
+/// `PUT /api/v1/zones/{zone}`: registers a zone (201 when new, 200 when it
+/// was registered already), enabled unless the body says
+/// `{"disabled": true}`.
+pub async fn put(
+    State(z): State<Zones>,
+    Path(zone): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    let spec = if body.trim().is_empty() {
+        ZoneSpec::default()
+    } else {
+        match serde_json::from_str::<ZoneSpec>(&body) {
+            Ok(spec) => spec,
+            Err(e) => {
+                let sent = headers
+                    .get(axum::http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("no content type");
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("the body is not a zone ({e}; sent as {sent}): send nothing, or JSON like {{\"disabled\": true}}"),
+                );
+            }
+        }
+    };
+    match change(
+        &z,
+        &zone,
+        Op::Add {
+            disabled: spec.disabled,
+        },
+    )
+    .await
+    {
+        Ok(done) => {
+            let status = if done.created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            changed(status, &zone, done.zone.as_ref().map(ZoneItem::from))
+        }
+        Err(response) => response,
+    }
+}
+
+/// `POST /api/v1/zones/{zone}/disable`.
+pub async fn disable(State(z): State<Zones>, Path(zone): Path<String>) -> Response {
+    match change(&z, &zone, Op::Disable).await {
+        Ok(done) => changed(
+            StatusCode::OK,
+            &zone,
+            done.zone.as_ref().map(ZoneItem::from),
+        ),
+        Err(response) => response,
+    }
+}
+
+/// `POST /api/v1/zones/{zone}/enable`.
+pub async fn enable(State(z): State<Zones>, Path(zone): Path<String>) -> Response {
+    match change(&z, &zone, Op::Enable).await {
+        Ok(done) => changed(
+            StatusCode::OK,
+            &zone,
+            done.zone.as_ref().map(ZoneItem::from),
+        ),
+        Err(response) => response,
+    }
+}
+
+/// `DELETE /api/v1/zones/{zone}`: the zone, its stream, its data and
+/// series go; its tokens issued until now are refused from now on.
+pub async fn delete(State(z): State<Zones>, Path(zone): Path<String>) -> Response {
+    match change(&z, &zone, Op::Delete).await {
+        Ok(done) => Json(serde_json::json!({
+            "name": zone,
+            "deleted": true,
+            "tokensNotBefore": done.tokens_not_before,
+        }))
+        .into_response(),
+        Err(response) => response,
+    }
 }
 
 pub async fn get(State(z): State<Zones>, Path(zone): Path<String>) -> Response {

@@ -6,7 +6,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::{Cluster, KeyPublication, StreamNote};
+use super::{
+    Cluster, KeyPublication, LinkChange, LinkState, RegistrationChange, RegistrationState,
+    StreamNote, Topic, Written, ZoneRegistration, ZoneWrite,
+};
 use crate::dataplane::DataplaneId;
 use crate::feed::{Filter, HistoryLimits, Message};
 use crate::readiness::Timestamp;
@@ -156,6 +159,8 @@ pub async fn one_instance(cluster: &dyn Cluster) {
         .collect();
     assert_eq!(shared, vec![("kid-2".to_string(), "pem-2".to_string())]);
 
+    zone_registrations(cluster, "conformance-1").await;
+
     // Revisions: a fresh instance cannot prove any resume complete (it has
     // not seen the deletions before it started): RESYNC, then a snapshot.
     let feed = cluster.feed(HistoryLimits::default(), chrono::Utc::now());
@@ -177,6 +182,87 @@ pub async fn one_instance(cluster: &dyn Cluster) {
             .any(|(instance, _)| instance == cluster.instance())
     })
     .await;
+}
+
+/// The row of `zone` among `rows`.
+fn row_of<'a>(rows: &'a [ZoneRegistration], zone: &str) -> Option<&'a ZoneRegistration> {
+    rows.iter().find(|r| r.zone == zone)
+}
+
+/// Zone registrations: registered once (again: no change, no new number),
+/// disabled, deleted (a tombstone with the time before which the zone's
+/// tokens are refused), registered again (keeping that time); each change
+/// numbered after the last and announced on the zones signal; a read from
+/// a number returns the rows changed after it.
+async fn zone_registrations(cluster: &dyn Cluster, zone: &str) {
+    use RegistrationChange::*;
+    use RegistrationState as S;
+    let mut poked = cluster.signal(Topic::Zones);
+    poked.borrow_and_update();
+    let first = cluster
+        .change_zone_registration(zone, Register { disabled: false })
+        .await
+        .expect("register");
+    assert_eq!(first.before, None);
+    let r = &first.registration;
+    assert_eq!((r.zone.as_str(), r.state), (zone, S::Registered));
+    assert_eq!(r.tokens_not_before, None);
+    eventually("a registration pokes the zones signal", || {
+        let changed = poked.has_changed().unwrap_or(false);
+        async move { changed }
+    })
+    .await;
+    let again = cluster
+        .change_zone_registration(zone, Register { disabled: false })
+        .await
+        .expect("register again");
+    assert_eq!(again.before, Some(S::Registered));
+    assert_eq!(again.registration.seq, r.seq, "no change, no new number");
+    let disabled = cluster
+        .change_zone_registration(zone, Register { disabled: true })
+        .await
+        .expect("disable");
+    assert_eq!(disabled.registration.state, S::Disabled);
+    assert!(disabled.registration.seq > r.seq);
+    let deleted = cluster
+        .change_zone_registration(zone, Delete)
+        .await
+        .expect("delete");
+    assert_eq!(deleted.before, Some(S::Disabled));
+    assert_eq!(deleted.registration.state, S::Deleted);
+    let not_before = deleted
+        .registration
+        .tokens_not_before
+        .expect("a deletion retires the tokens issued until then");
+    let age = chrono::Utc::now() - not_before;
+    assert!(
+        age < chrono::Duration::seconds(60) && age > chrono::Duration::seconds(-60),
+        "the deletion's time is now: {not_before}"
+    );
+    let back = cluster
+        .change_zone_registration(zone, Register { disabled: false })
+        .await
+        .expect("register after the deletion");
+    assert_eq!(back.before, Some(S::Deleted));
+    assert_eq!(back.registration.tokens_not_before, Some(not_before));
+    let all = cluster.zone_registrations(0).await.expect("read all");
+    assert_eq!(row_of(&all, zone), Some(&back.registration), "{all:?}");
+    let since = cluster
+        .zone_registrations(disabled.registration.seq)
+        .await
+        .expect("read since");
+    assert_eq!(
+        since.iter().filter(|r| r.zone == zone).count(),
+        1,
+        "one row per zone: {since:?}"
+    );
+    assert!(since.iter().all(|r| r.seq > disabled.registration.seq));
+    assert!(cluster
+        .zone_registrations(back.registration.seq)
+        .await
+        .expect("read after the last")
+        .iter()
+        .all(|r| r.zone != zone));
 }
 
 /// What two instances sharing a store must see of each other.
@@ -233,6 +319,60 @@ pub async fn two_instances(a: &dyn Cluster, b: &dyn Cluster) {
             by: a.instance().to_string()
         }
     );
+
+    // A zone registered through A is one for B; deleting it through A
+    // drops the link and dataplane rows A wrote for the zone's stream.
+    let zone = "conformance-2";
+    let registered = a
+        .change_zone_registration(zone, RegistrationChange::Register { disabled: false })
+        .await
+        .expect("a registers");
+    eventually("B reads A's registration", || async {
+        row_of(&b.zone_registrations(0).await.unwrap_or_default(), zone)
+            == Some(&registered.registration)
+    })
+    .await;
+    let link = LinkState {
+        epoch: 1,
+        zone_instance: "zone/1".into(),
+        held: Some(3),
+        snapshot: false,
+        opened_age: Some(Duration::from_secs(1)),
+        heartbeat_age: Some(Duration::ZERO),
+        online_since_age: Some(Duration::from_secs(1)),
+    };
+    let written = a
+        .write_zones(
+            &[ZoneWrite {
+                zone: zone.into(),
+                claim: format!("{}#1", a.instance()),
+                link: LinkChange::Claim(link),
+                upserts: vec![(dataplane(1), vec![1, 2, 3])],
+                deletes: Vec::new(),
+            }],
+            Duration::from_secs(15),
+            false,
+        )
+        .await
+        .expect("a writes the zone");
+    assert!(matches!(written[..], [Written::Kept { .. }]), "{written:?}");
+    let read = b.zones_since(0).await.expect("b reads the zones");
+    assert!(read.links.iter().any(|l| l.zone == zone), "{read:?}");
+    assert!(read.dataplanes.iter().any(|d| d.zone == zone), "{read:?}");
+    let deleted = a
+        .change_zone_registration(zone, RegistrationChange::Delete)
+        .await
+        .expect("a deletes");
+    let read = b.zones_since(0).await.expect("b reads the zones");
+    assert!(
+        read.links.iter().all(|l| l.zone != zone) && read.dataplanes.iter().all(|d| d.zone != zone),
+        "the deleted zone's rows are gone: {read:?}"
+    );
+    let tombstone = b
+        .zone_registrations(registered.registration.seq)
+        .await
+        .expect("b reads the deletion");
+    assert_eq!(row_of(&tombstone, zone), Some(&deleted.registration));
 
     // An instance that stops beating is swept once silent for the timeout:
     // its streams are released (announced), and it learns so on its next beat.

@@ -1,8 +1,10 @@
 //! What the instances of one hdsd cluster share, behind one trait:
 //! membership and heartbeats, who holds which dataplane's stream, the sweep
-//! of dead instances, shared signing public keys and revocations, and the
-//! numbering of revisions (the change feed's watermark), and named leases
-//! (one live instance holds each, with a growing epoch: [`lease`]).
+//! of dead instances, shared signing public keys and revocations, the
+//! numbering of revisions (the change feed's watermark), named leases (one
+//! live instance holds each, with a growing epoch: [`lease`]), and a
+//! global's zones (their links and dataplanes, and the zones registered
+//! through its API).
 //!
 //! Two implementations: [`Solo`] (the embedded default: one instance, which
 //! shares with nobody, holds in memory what the other keeps in rows) and
@@ -36,6 +38,9 @@ pub use crate::store::postgres::Lease;
 pub use crate::store::postgres::{
     KeyPublication, LinkChange, LinkRow, LinkState, StreamNote, Swept, Written, ZoneDataplaneRow,
     ZoneWrite, ZonesRead,
+};
+pub use crate::store::registrations::{
+    RegistrationChange, RegistrationState, RegistrationWrite, ZoneRegistration,
 };
 pub use postgres::PgCluster;
 pub use solo::Solo;
@@ -133,6 +138,18 @@ pub trait Cluster: Send + Sync + Debug + 'static {
     /// did not); the others hear of it on [`Topic::Leases`] and may take it
     /// at once. [`Cluster::leave`] gives up every lease too.
     fn release_lease<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, bool>;
+    /// Registers, disables, enables or deletes a zone of a global (its API:
+    /// `hdsd zone add`, ...), for every instance and across restarts; a
+    /// deletion also drops the zone's rows of [`Cluster::write_zones`].
+    /// Announced on the [`Topic::Zones`] signal.
+    fn change_zone_registration<'a>(
+        &'a self,
+        zone: &'a str,
+        change: RegistrationChange,
+    ) -> ClusterFuture<'a, RegistrationWrite>;
+    /// The zone registrations written after `seq` (0: all of them, the
+    /// deleted ones included), oldest first.
+    fn zone_registrations(&self, seq: i64) -> ClusterFuture<'_, Vec<ZoneRegistration>>;
     /// Poked when something of `topic` may have changed.
     fn signal(&self, topic: Topic) -> watch::Receiver<()>;
     /// How often followers read everything anyway (heals a missed poke).

@@ -1,7 +1,7 @@
 //! The cluster of instances sharing one PostgreSQL database: every duty is
 //! a query of [`PgStore`] (rows of `hdsd_instances`, `hdsd_streams`,
 //! `hdsd_revocations`, `hdsd_signing_keys`, `hdsd_leases`, readiness
-//! watermarks).
+//! watermarks, a global's zones and their registrations).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -12,8 +12,8 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
 use super::{
-    Cluster, ClusterFuture, Holders, KeyPublication, Lease, Observe, StreamNote, Swept, Topic,
-    Written, ZoneWrite, ZonesRead,
+    Cluster, ClusterFuture, Holders, KeyPublication, Lease, Observe, RegistrationChange,
+    RegistrationWrite, StreamNote, Swept, Topic, Written, ZoneRegistration, ZoneWrite, ZonesRead,
 };
 use crate::auth::SharedKey;
 use crate::dataplane::DataplaneId;
@@ -120,6 +120,18 @@ impl Cluster for PgCluster {
 
     fn release_lease<'a>(&'a self, name: &'a str) -> ClusterFuture<'a, bool> {
         Box::pin(self.store.release_lease(name))
+    }
+
+    fn change_zone_registration<'a>(
+        &'a self,
+        zone: &'a str,
+        change: RegistrationChange,
+    ) -> ClusterFuture<'a, RegistrationWrite> {
+        Box::pin(self.store.change_zone_registration(zone, change))
+    }
+
+    fn zone_registrations(&self, seq: i64) -> ClusterFuture<'_, Vec<ZoneRegistration>> {
+        Box::pin(self.store.zone_registrations(seq))
     }
 
     fn signal(&self, topic: Topic) -> watch::Receiver<()> {

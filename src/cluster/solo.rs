@@ -2,6 +2,9 @@
 //! beats or publishes, so what [`super::PgCluster`] keeps in shared rows
 //! lives here in memory, for this process only. Revisions count up from
 //! the process's start (a resume from before it is answered with RESYNC).
+//! Zones registered through a global's API are the exception: they must
+//! survive a restart, so [`Solo::persisting`] keeps them in the redb file
+//! of `state_dir` ([`RedbStore`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -12,13 +15,14 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
 use super::{
-    Cluster, ClusterFuture, Holders, KeyPublication, Lease, Observe, StreamNote, Swept, Topic,
-    Written, ZoneWrite, ZonesRead,
+    Cluster, ClusterFuture, Holders, KeyPublication, Lease, Observe, RegistrationChange,
+    RegistrationWrite, StreamNote, Swept, Topic, Written, ZoneRegistration, ZoneWrite, ZonesRead,
 };
 use crate::auth::SharedKey;
 use crate::feed::{Feed, HistoryLimits};
 use crate::readiness::Timestamp;
 use crate::registry::Claims;
+use crate::store::RedbStore;
 
 /// How often followers re-read a [`Solo`] cluster (nothing changes it but
 /// this process, so rarely).
@@ -31,6 +35,8 @@ pub struct Solo {
     state: Arc<Mutex<SoloState>>,
     notes: broadcast::Sender<StreamNote>,
     signals: [watch::Sender<()>; 5],
+    /// Where zone registrations persist; `None`: in memory.
+    redb: Option<Arc<RedbStore>>,
 }
 
 #[derive(Debug, Default)]
@@ -42,6 +48,9 @@ struct SoloState {
     keys: BTreeMap<(String, String), String>,
     /// Lease name -> (held by this instance, the last epoch).
     leases: BTreeMap<String, (bool, u64)>,
+    /// Zone registrations, without a redb file.
+    registrations: BTreeMap<String, ZoneRegistration>,
+    registration_seq: i64,
 }
 
 impl Solo {
@@ -52,6 +61,15 @@ impl Solo {
             state: Arc::default(),
             notes: broadcast::channel(1).0,
             signals: std::array::from_fn(|_| watch::channel(()).0),
+            redb: None,
+        }
+    }
+
+    /// This process, named `instance`, keeping zone registrations in `redb`.
+    pub fn persisting(instance: impl Into<String>, redb: Arc<RedbStore>) -> Solo {
+        Solo {
+            redb: Some(redb),
+            ..Solo::new(instance)
         }
     }
 
@@ -236,6 +254,66 @@ impl Cluster for Solo {
         ready(released)
     }
 
+    fn change_zone_registration<'a>(
+        &'a self,
+        zone: &'a str,
+        change: RegistrationChange,
+    ) -> ClusterFuture<'a, RegistrationWrite> {
+        let now = chrono::Utc::now();
+        Box::pin(async move {
+            let written = match &self.redb {
+                Some(redb) => redb.change_zone_registration(zone, change, now).await?,
+                None => {
+                    let mut state = self.state();
+                    let current = state.registrations.get(zone).cloned();
+                    let before = current.as_ref().map(|c| c.state);
+                    let seq = state.registration_seq + 1;
+                    match crate::store::registrations::next(
+                        zone,
+                        current.as_ref(),
+                        change,
+                        now,
+                        seq,
+                    ) {
+                        Some(row) => {
+                            state.registration_seq = seq;
+                            state.registrations.insert(zone.to_string(), row.clone());
+                            RegistrationWrite {
+                                registration: row,
+                                before,
+                            }
+                        }
+                        None => RegistrationWrite {
+                            registration: current.expect("nothing changes only with a row"),
+                            before,
+                        },
+                    }
+                }
+            };
+            self.poke(Topic::Zones);
+            Ok(written)
+        })
+    }
+
+    fn zone_registrations(&self, seq: i64) -> ClusterFuture<'_, Vec<ZoneRegistration>> {
+        Box::pin(async move {
+            match &self.redb {
+                Some(redb) => redb.zone_registrations(seq).await,
+                None => {
+                    let mut rows: Vec<ZoneRegistration> = self
+                        .state()
+                        .registrations
+                        .values()
+                        .filter(|r| r.seq > seq)
+                        .cloned()
+                        .collect();
+                    rows.sort_by_key(|r| r.seq);
+                    Ok(rows)
+                }
+            }
+        })
+    }
+
     fn signal(&self, topic: Topic) -> watch::Receiver<()> {
         self.signals[topic as usize].subscribe()
     }
@@ -271,6 +349,18 @@ mod tests {
     #[tokio::test]
     async fn a_single_instance_keeps_the_lease_contract() {
         super::super::conformance::one_lease(&Solo::new("solo/1")).await;
+    }
+
+    #[tokio::test]
+    async fn a_single_instance_persisting_to_redb_keeps_the_cluster_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("readiness.redb");
+        let redb = Arc::new(RedbStore::open(&path).unwrap());
+        super::super::conformance::one_instance(&Solo::persisting("solo/1", redb)).await;
+        // The registrations outlive the process (a new store on the file).
+        let again = Solo::persisting("solo/2", Arc::new(RedbStore::open(&path).unwrap()));
+        let kept = again.zone_registrations(0).await.unwrap();
+        assert!(!kept.is_empty(), "registrations kept in the redb file");
     }
 
     #[tokio::test]

@@ -272,7 +272,8 @@ fn redb_write(
 }
 
 impl RedbStore {
-    async fn blocking<T: Send + 'static>(
+    /// Runs `f` on the blocking pool (redb's calls block).
+    pub(super) async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Database) -> Result<T, String> + Send + 'static,
     ) -> Result<T, StoreError> {

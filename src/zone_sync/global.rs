@@ -11,6 +11,12 @@
 //! - each stream's task owns its [`Session`]; the hub tells it when a newer
 //!   stream of its zone took the uplink over.
 //!
+//! Zones registered, disabled or deleted through the API reach the hub as
+//! [`ZoneRecord`]s: from this instance's API at once ([`HubHandle::record`],
+//! after the write to the cluster), and from the other instances' through
+//! the shared store's ledger. The hub tells the streams of a zone disabled
+//! or deleted to end ([`Notice::Ending`]).
+//!
 //! A zone is known by its zone token only: the stream's `authorization`
 //! metadata is verified by the [`Gate`] like a dataplane's, and only a
 //! token with a zone opens a stream. When keys or revocations change, every
@@ -34,12 +40,9 @@ use crate::cluster::Cluster;
 use crate::dataplane::DataplaneId;
 use crate::feed::FeedSender;
 use crate::pb;
-use crate::zones::hub::{Hub, HubSettings, ZonesView};
-use crate::zones::liveness::ZoneState;
+use crate::zones::hub::{Ending, Hub, HubSettings, ZoneRecord, ZoneSummary, ZonesView};
 use crate::zones::remote::{Applied, Claim, OwnLink, StreamId};
-use crate::zones::session::{
-    Action, Event, Registration, Session, SessionSettings, ZoneCredential,
-};
+use crate::zones::session::{Action, Admission, Event, Session, SessionSettings, ZoneCredential};
 use crate::zones::{Code, Meshes};
 
 /// How often the hub looks whether a zone's summary changed with time
@@ -64,7 +67,13 @@ enum Command {
     Open {
         zone: String,
         notices: mpsc::UnboundedSender<Notice>,
-        reply: oneshot::Sender<(StreamId, Registration)>,
+        reply: oneshot::Sender<(StreamId, Admission)>,
+    },
+    /// A zone registered, disabled or deleted through this instance's API:
+    /// the zone as readers see it once the record is applied (`None`: gone).
+    Record {
+        record: ZoneRecord,
+        reply: oneshot::Sender<Option<ZoneSummary>>,
     },
     /// The session asks for the uplink.
     Claim {
@@ -90,6 +99,19 @@ enum Command {
 enum Notice {
     /// A newer stream of the zone holds the uplink.
     Superseded { epoch: u64, instance: String },
+    /// The zone was disabled or deleted (or its tokens retired).
+    Ending(Ending),
+}
+
+impl Notice {
+    fn event(self) -> Event {
+        match self {
+            Notice::Superseded { epoch, instance } => Event::Superseded { epoch, instance },
+            Notice::Ending(Ending::Disabled(by)) => Event::Disabled(by),
+            Notice::Ending(Ending::Deleted) => Event::Deleted,
+            Notice::Ending(Ending::TokensRetired(t)) => Event::TokensRetired(t),
+        }
+    }
 }
 
 /// The hub task's address, and what it publishes.
@@ -110,6 +132,15 @@ impl HubHandle {
         self.view.clone()
     }
 
+    /// Applies a registration through this instance's API (already written
+    /// to the cluster) and answers with the zone as readers now see it
+    /// (`None`: gone, or the hub is stopping).
+    pub async fn record(&self, record: ZoneRecord) -> Option<ZoneSummary> {
+        self.ask(|reply| Command::Record { record, reply })
+            .await
+            .flatten()
+    }
+
     async fn ask<T>(&self, command: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
         let (reply, answer) = oneshot::channel();
         self.commands.send(command(reply)).await.ok()?;
@@ -117,20 +148,23 @@ impl HubHandle {
     }
 }
 
-/// Starts the hub task: the zones of the configuration, judged by `settings`.
-/// With a `cluster` shared by several instances, the zones are shared
-/// through it too ([`super::shared`]).
+/// Starts the hub task: the zones of the configuration and those `records`
+/// registered through the API, judged by `settings`. With a `cluster`
+/// shared by several instances, the zones are shared through it too
+/// ([`super::shared`]).
 pub fn spawn_hub(
     settings: HubSettings,
     registered: &[String],
     disabled: &[String],
+    records: Vec<ZoneRecord>,
     cluster: Option<Arc<dyn Cluster>>,
     clock: Arc<dyn Clock>,
 ) -> HubHandle {
-    let hub = Hub::new(settings, registered, disabled, clock.now());
+    let mut hub = Hub::new(settings, registered, disabled, clock.now());
+    for record in records {
+        hub.record(record);
+    }
     let first = hub.view(clock.now());
-    // Every configured zone has its series from the start (never_connected).
-    publish_metrics(&first);
     let (view_tx, view) = watch::channel(Arc::new(first));
     let (commands, rx) = mpsc::channel(HUB_QUEUE);
     let (reports_tx, reports) = mpsc::unbounded_channel();
@@ -198,28 +232,39 @@ async fn run_hub(
     loop {
         let mut changed = BTreeSet::new();
         let mut pending: BTreeMap<String, Pending> = BTreeMap::new();
+        let mut step = Step::default();
         tokio::select! {
             n = rx.recv_many(&mut batch, HUB_QUEUE) => {
                 if n == 0 {
                     return;
                 }
                 for command in batch.drain(..) {
-                    handle(&mut hub, &mut streams, &mut changed, &mut pending, command, clock.as_ref());
+                    handle(&mut hub, &mut streams, &mut changed, &mut pending, &mut step, command, clock.as_ref());
                 }
             }
             Some(report) = reports.recv() => {
-                observe(&mut hub, &streams, &mut changed, report);
+                observe(&mut hub, &streams, &mut changed, &mut step, report);
             }
             _ = tick.tick() => {}
         }
+        let now = clock.now();
         if let Some(ledger) = &ledger {
-            let outgoing = outgoing(&hub, pending, clock.now());
+            let mut outgoing = outgoing(&hub, pending, now);
+            // The link of a deleted zone whose stream was held here: gone
+            // with the zone's rows; the release only tells the ledger.
+            outgoing.extend(step.released.drain(..).map(|(zone, stream)| Outgoing {
+                zone,
+                stream,
+                change: shared::Change::Release,
+                dataplanes: Vec::new(),
+                at: now,
+            }));
             if !outgoing.is_empty() {
                 let _ = ledger.send(outgoing);
             }
         }
         let current = view.borrow().clone();
-        let next = hub.view(clock.now());
+        let next = hub.view(now);
         let summaries_moved = next.zones.len() != current.zones.len()
             || next
                 .zones
@@ -227,9 +272,50 @@ async fn run_hub(
                 .zip(&current.zones)
                 .any(|(a, b)| a.summary != b.summary);
         if !changed.is_empty() || summaries_moved {
-            publish_metrics(&next);
             view.send_replace(Arc::new(next));
         }
+        // Answered once readers see what the record did.
+        for (zone, reply) in step.replies.drain(..) {
+            let _ = reply.send(hub.summary(&zone, now));
+        }
+    }
+}
+
+/// What one turn of the hub task owes once its view is published.
+#[derive(Default)]
+struct Step {
+    /// API writes waiting for their answer.
+    replies: Vec<(String, oneshot::Sender<Option<ZoneSummary>>)>,
+    /// Deleted zones whose stream this instance held.
+    released: Vec<(String, StreamId)>,
+}
+
+/// Applies a registration through the API and tells the zone's streams
+/// what it means for them.
+fn record(
+    hub: &mut Hub,
+    streams: &HashMap<StreamId, mpsc::UnboundedSender<Notice>>,
+    changed: &mut BTreeSet<String>,
+    step: &mut Step,
+    record: ZoneRecord,
+) {
+    let zone = record.zone.clone();
+    let state = record.state;
+    let recorded = hub.record(record);
+    if !recorded.applied {
+        return;
+    }
+    tracing::info!(zone, state = ?state, "zone registration changed through the API");
+    changed.insert(zone.clone());
+    if let Some((ending, ids)) = recorded.ending {
+        for id in ids {
+            if let Some(notices) = streams.get(&id) {
+                let _ = notices.send(Notice::Ending(ending));
+            }
+        }
+    }
+    if let Some(stream) = recorded.released {
+        step.released.push((zone, stream));
     }
 }
 
@@ -293,9 +379,15 @@ fn observe(
     hub: &mut Hub,
     streams: &HashMap<StreamId, mpsc::UnboundedSender<Notice>>,
     changed: &mut BTreeSet<String>,
+    step: &mut Step,
     report: Report,
 ) {
     match report {
+        Report::Registrations(records) => {
+            for r in records {
+                record(hub, streams, changed, step, r);
+            }
+        }
         Report::Observed { zones, all } => {
             for z in zones {
                 let (_, moved) = hub.observe(&z.zone, z.link, z.dataplanes, all);
@@ -326,6 +418,7 @@ fn handle(
     streams: &mut HashMap<StreamId, mpsc::UnboundedSender<Notice>>,
     changed: &mut BTreeSet<String>,
     pending: &mut BTreeMap<String, Pending>,
+    step: &mut Step,
     command: Command,
     clock: &dyn Clock,
 ) {
@@ -335,9 +428,14 @@ fn handle(
             notices,
             reply,
         } => {
-            let stream = hub.open_stream();
+            let stream = hub.open_stream(&zone);
             streams.insert(stream, notices);
             let _ = reply.send((stream, hub.registration(&zone)));
+        }
+        Command::Record { record: r, reply } => {
+            let zone = r.zone.clone();
+            record(hub, streams, changed, step, r);
+            step.replies.push((zone, reply));
         }
         Command::Claim {
             zone,
@@ -372,6 +470,10 @@ fn handle(
             stream,
             actions,
         } => {
+            if hub.is_revoked(stream) {
+                // Its zone was deleted: nothing it says counts.
+                return;
+            }
             let mut moved = false;
             let p = pending.entry(zone.clone()).or_default();
             for action in &actions {
@@ -393,6 +495,7 @@ fn handle(
         }
         Command::Gone { stream } => {
             streams.remove(&stream);
+            hub.close_stream(stream);
         }
     }
 }
@@ -400,41 +503,6 @@ fn handle(
 fn applied_id(a: &Applied) -> DataplaneId {
     match a {
         Applied::Changed(id) | Applied::Deleted(id) => id.clone(),
-    }
-}
-
-const STATE_WORDS: [&str; 4] = [
-    ZoneState::NeverConnected.as_str(),
-    ZoneState::Online.as_str(),
-    ZoneState::Offline.as_str(),
-    ZoneState::Disabled.as_str(),
-];
-
-fn publish_metrics(view: &ZonesView) {
-    let mut by_state = [0u64; ZoneState::ALL.len()];
-    for zone in &view.zones {
-        let s = &zone.summary;
-        if let Some(i) = ZoneState::ALL
-            .iter()
-            .position(|state| *state == s.liveness.state)
-        {
-            by_state[i] += 1;
-        }
-        crate::metrics::zone(crate::metrics::ZoneMetrics {
-            zone: &s.name,
-            state: s.liveness.state.as_str(),
-            states: &STATE_WORDS,
-            last_seen_unix: s.liveness.last_seen.map(|t| t.timestamp() as f64),
-            dataplanes: s.dataplanes as u64,
-            inbounds_ready: s.inbounds_ready as u64,
-            inbounds_total: s.inbounds_total as u64,
-            streams: s.counters.streams,
-            resumes: s.counters.resumes,
-            snapshots: s.counters.snapshots,
-        });
-    }
-    for (state, n) in ZoneState::ALL.iter().zip(by_state) {
-        crate::metrics::zones_in_state(state.as_str(), n);
     }
 }
 
@@ -483,6 +551,7 @@ impl ZoneSyncServer {
                 crate::grpc_auth::status(&rejection)
             })?;
         let expires = claims.expires_at();
+        let issued_at = claims.issued_at();
         let Some(zone) = claims.zone else {
             tracing::warn!(token = %claims.identity(), "zone stream refused: a dataplane token, not a zone token");
             crate::metrics::zone_refused("not_a_zone_token");
@@ -502,6 +571,7 @@ impl ZoneSyncServer {
             ZoneCredential {
                 zone,
                 meshes: Meshes::Only(claims.meshes.into_iter().collect()),
+                issued_at,
             },
             expires,
         ))
@@ -554,7 +624,7 @@ impl StreamTask {
         let hub = self.server.hub.clone();
         let clock = self.server.clock.clone();
         let (notices_tx, mut notices) = mpsc::unbounded_channel();
-        let Some((stream, registration)) = hub
+        let Some((stream, admission)) = hub
             .ask(|reply| Command::Open {
                 zone: zone.clone(),
                 notices: notices_tx,
@@ -571,7 +641,7 @@ impl StreamTask {
         let mut session = Session::new(
             self.server.settings.clone(),
             self.credential.clone(),
-            registration,
+            admission,
             clock.now(),
         );
         let mut drain = self.server.drain.clone();
@@ -591,9 +661,7 @@ impl StreamTask {
                             Ok(None) => Event::Closed { error: None },
                             Err(status) => Event::Closed { error: Some(status.message().to_string()) },
                         },
-                        Some(Notice::Superseded { epoch, instance }) = notices.recv() => {
-                            Event::Superseded { epoch, instance }
-                        }
+                        Some(notice) = notices.recv() => notice.event(),
                         () = tokio::time::sleep(sleep) => Event::Tick,
                         () = super::drained(&mut drain) => Event::Drain,
                         () = tokio::time::sleep(self.expires.map_or(Duration::from_secs(86_400 * 365), |e| super::until(e, clock.now()))) => {
@@ -644,6 +712,11 @@ impl StreamTask {
                                 reply,
                             })
                             .await;
+                        // What the hub told this stream before it answered
+                        // (its zone disabled or deleted) comes first.
+                        while let Ok(notice) = notices.try_recv() {
+                            pending.push_back(notice.event());
+                        }
                         pending.push_back(match claim {
                             Some(Claim::Won { resume_from, .. }) => Event::Claimed { resume_from },
                             Some(Claim::Lost { epoch, instance }) => {
@@ -691,5 +764,82 @@ fn log_end(zone: &str, code: Code, reason: &str) {
             tracing::info!(zone, code = code.as_str(), "zone stream ended: {reason}")
         }
         _ => tracing::warn!(zone, code = code.as_str(), "zone stream ended: {reason}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::zones::hub::RecordState;
+    use crate::zones::session::{DisabledBy, Registration};
+
+    fn t0() -> Timestamp {
+        "2025-01-01T00:00:00Z".parse().unwrap()
+    }
+
+    fn record(state: RecordState, seq: i64) -> ZoneRecord {
+        ZoneRecord {
+            zone: "eu-1".into(),
+            state,
+            tokens_not_before: (state == RecordState::Deleted).then(t0),
+            changed_at: t0(),
+            seq,
+        }
+    }
+
+    /// The hub task answers an API write once readers see it, tells the
+    /// zone's open streams to end when it is disabled or deleted, and a
+    /// deleted zone leaves the published view (time paused: no real wait).
+    #[tokio::test(start_paused = true)]
+    async fn the_hub_task_applies_api_records_and_tells_the_zones_streams() {
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(t0()));
+        let hub = spawn_hub(
+            HubSettings {
+                zone_timeout: Duration::from_secs(15),
+                offline_ttl: Duration::from_secs(300),
+                auto_register: false,
+            },
+            &[],
+            &[],
+            Vec::new(),
+            None,
+            clock,
+        );
+        assert!(hub.view().get("eu-1").is_none());
+        let added = hub
+            .record(record(RecordState::Registered, 1))
+            .await
+            .expect("registered");
+        assert_eq!(added.registered_by, Some("api"));
+        assert!(
+            hub.view().get("eu-1").is_some(),
+            "published before the answer"
+        );
+        let (notices_tx, mut notices) = mpsc::unbounded_channel();
+        let (_stream, admission) = hub
+            .ask(|reply| Command::Open {
+                zone: "eu-1".into(),
+                notices: notices_tx,
+                reply,
+            })
+            .await
+            .expect("opened");
+        assert_eq!(admission.registration, Registration::Registered);
+        let disabled = hub
+            .record(record(RecordState::Disabled, 2))
+            .await
+            .expect("still there");
+        assert_eq!(disabled.liveness.state.as_str(), "disabled");
+        assert_eq!(
+            notices.recv().await,
+            Some(Notice::Ending(Ending::Disabled(DisabledBy::Api)))
+        );
+        assert_eq!(hub.record(record(RecordState::Deleted, 3)).await, None);
+        assert_eq!(notices.recv().await, Some(Notice::Ending(Ending::Deleted)));
+        assert!(hub.view().get("eu-1").is_none());
+        // Older news (a late read of the store) changes nothing.
+        assert_eq!(hub.record(record(RecordState::Registered, 1)).await, None);
+        assert!(hub.view().get("eu-1").is_none());
     }
 }

@@ -7,6 +7,8 @@
 //!   writer of the [`Hub`](crate::zones::hub::Hub), publishes a
 //!   [`ZonesView`](crate::zones::hub::ZonesView) that the REST API, the
 //!   metrics and the page read.
+//! - [`admin`]: zones registered, disabled, enabled and deleted through the
+//!   API: written to the cluster, then applied by the hub.
 //! - [`shared`]: with several instances of the global on PostgreSQL, the
 //!   ledger task writes the zones whose streams this instance holds and
 //!   hands the hub what the other instances wrote of theirs.
@@ -15,6 +17,7 @@
 //!   [`Uplink`](crate::zones::uplink::Uplink) with the change feed and
 //!   publishes how the link stands.
 
+pub mod admin;
 pub mod global;
 pub mod shared;
 pub mod uplink;

@@ -14,6 +14,13 @@
 //! store's rule is the same as one instance's: the higher epoch, the same
 //! epoch again, or anyone once the zone is silent for `zone_timeout`.
 //!
+//! Zones registered, disabled or deleted through any instance's API are
+//! rows of the store too: the ledger reads those written since the last it
+//! saw, before the zones' rows, and hands them to the hub
+//! ([`Report::Registrations`]); after any, it reads the zones' rows whole
+//! (a zone registered again may have rows the hub skipped while it was
+//! deleted here).
+//!
 //! When the store does not answer, writes are kept (coalesced per zone:
 //! the last link state and the last version of each dataplane) and tried
 //! again every [`RETRY`]; the hub goes on serving from memory meanwhile.
@@ -27,10 +34,12 @@ use tokio::sync::mpsc;
 
 use crate::clock::{Clock, Timestamp};
 use crate::cluster::{
-    Cluster, LinkChange, LinkRow, LinkState, Topic, Written, ZoneDataplaneRow, ZoneWrite, ZonesRead,
+    Cluster, LinkChange, LinkRow, LinkState, RegistrationState, Topic, Written, ZoneDataplaneRow,
+    ZoneRegistration, ZoneWrite, ZonesRead,
 };
 use crate::dataplane::DataplaneId;
 use crate::pb;
+use crate::zones::hub::{RecordState, ZoneRecord};
 use crate::zones::liveness::LivenessInputs;
 use crate::zones::remote::{ObservedLink, OwnLink, StreamId};
 
@@ -75,6 +84,9 @@ pub enum Report {
     /// Zones other instances wrote; `all`: a full read (each zone's whole
     /// state).
     Observed { zones: Vec<ObservedZone>, all: bool },
+    /// Zones registered, disabled or deleted through the API (of any
+    /// instance), oldest first.
+    Registrations(Vec<ZoneRecord>),
     /// `stream` no longer holds `zone` in the store.
     Lost {
         zone: String,
@@ -82,6 +94,21 @@ pub enum Report {
         /// Who holds it, when known.
         holder: Option<(u64, String)>,
     },
+}
+
+/// The hub's copy of a registration row.
+pub fn record_of(row: ZoneRegistration) -> ZoneRecord {
+    ZoneRecord {
+        zone: row.zone,
+        state: match row.state {
+            RegistrationState::Registered => RecordState::Registered,
+            RegistrationState::Disabled => RecordState::Disabled,
+            RegistrationState::Deleted => RecordState::Deleted,
+        },
+        tokens_not_before: row.tokens_not_before,
+        changed_at: row.changed_at,
+        seq: row.seq,
+    }
 }
 
 /// The claim string of a stream of `instance`.
@@ -368,6 +395,7 @@ async fn run(
     let mut pending: Vec<(StreamId, ZoneWrite)> = Vec::new();
     let mut batch = Vec::new();
     let mut last = 0i64;
+    let mut last_registration = 0i64;
     let mut read_full = true;
     let mut failing = false;
     loop {
@@ -423,6 +451,27 @@ async fn run(
             }
         }
         if read {
+            // Registrations first: a zone registered again is known before
+            // its rows are read.
+            match cluster.zone_registrations(last_registration).await {
+                Ok(rows) if !rows.is_empty() => {
+                    last_registration = rows.iter().map(|r| r.seq).max().unwrap_or(0);
+                    let _ = reports.send(Report::Registrations(
+                        rows.into_iter().map(record_of).collect(),
+                    ));
+                    read_full = true;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(
+                            "cannot read the zones registered through the API: {e}; retrying every {}s",
+                            RETRY.as_secs()
+                        );
+                    }
+                    failing = true;
+                }
+            }
             let from = if read_full { 0 } else { last };
             match cluster.zones_since(from).await {
                 Ok(rows) => {

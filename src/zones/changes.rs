@@ -165,6 +165,7 @@ mod tests {
                     offline_at: None,
                 },
                 registered: true,
+                registered_by: Some("config"),
                 instance: None,
                 held_by: None,
                 held: None,

@@ -6,10 +6,22 @@
 //!
 //! The rules it adds to [`RemoteZone`]'s:
 //!
-//! - A zone is known when it is listed (`global.zones`), registered by the
-//!   hub itself (`global.auto_register`, on [`Action::Register`]) or
-//!   disabled (`global.disabled`); a disabled zone is
-//!   [`Registration::Disabled`] whatever else says.
+//! - A zone is known when it is listed (`global.zones`), registered
+//!   through the API ([`Hub::record`]: the store's rows, tombstones of
+//!   deleted zones included), registered by the hub itself
+//!   (`global.auto_register`, on [`Action::Register`]) or disabled
+//!   (`global.disabled`, or through the API); a disabled zone is
+//!   [`Registration::Disabled`] whatever else says. The configuration wins:
+//!   the API refuses to change a zone it names, and a deletion written by
+//!   another instance whose configuration differs only retires the zone's
+//!   tokens here.
+//! - A zone deleted through the API leaves the hub at once (readers see it
+//!   leave: one zone deletion, its dataplanes with it); the streams of the
+//!   zone that are open are told to end, and nothing they still send
+//!   counts (they are revoked). A zone disabled through the API keeps its
+//!   data, withdrawn, and its streams are told to end. A deleted zone's
+//!   tokens issued until the deletion stay refused
+//!   ([`Admission::tokens_not_before`]).
 //! - A zone's data is **withdrawn** (every reader shows its inbounds not
 //!   ready) while it is disabled, and once it has been offline for
 //!   `offline_ttl`; before that an offline zone keeps its last readiness and
@@ -30,9 +42,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use std::collections::BTreeSet;
+
 use super::liveness::{Liveness, ZoneState};
 use super::remote::{Applied, Claim, Dataplanes, ObservedLink, RemoteZone, StreamId};
-use super::session::{Action, Registration};
+use super::session::{Action, Admission, DisabledBy, Registration};
 use super::{plus, Meshes};
 use crate::clock::Timestamp;
 use crate::dataplane::DataplaneId;
@@ -46,6 +60,55 @@ pub struct HubSettings {
     pub zone_timeout: Duration,
     /// `global.offline_ttl`.
     pub offline_ttl: Duration,
+    /// `global.auto_register`: a deleted zone that another instance
+    /// accepted again (with a new token) is registered here too.
+    pub auto_register: bool,
+}
+
+/// Where a zone registered through the API stands, as the store says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordState {
+    Registered,
+    Disabled,
+    Deleted,
+}
+
+/// A zone's registration through the API: the store's row, as the hub
+/// keeps it (the newest `seq` of each zone wins).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneRecord {
+    pub zone: String,
+    pub state: RecordState,
+    /// The zone's last deletion: its tokens issued until then are refused.
+    pub tokens_not_before: Option<Timestamp>,
+    /// When the row changed (a disabled zone is disabled since then).
+    pub changed_at: Timestamp,
+    pub seq: i64,
+}
+
+/// Why the open streams of a zone must end after a [`ZoneRecord`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Disabled through the API.
+    Disabled(DisabledBy),
+    /// Deleted through the API.
+    Deleted,
+    /// Its tokens until this time were retired (deleted by another instance
+    /// whose configuration does not name it); only streams with such a
+    /// token end.
+    TokensRetired(Timestamp),
+}
+
+/// What applying a [`ZoneRecord`] asks of the driver.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recorded {
+    /// Tell these streams of the zone to end, for this reason.
+    pub ending: Option<(Ending, Vec<StreamId>)>,
+    /// The stream here that held the deleted zone's uplink (its link in
+    /// the shared store is released).
+    pub released: Option<StreamId>,
+    /// Whether the record changed anything (older news changes nothing).
+    pub applied: bool,
 }
 
 /// How a zone's streams went, since the global started.
@@ -66,8 +129,13 @@ pub struct ZoneSummary {
     pub name: String,
     /// Its liveness at the moment of the summary.
     pub liveness: Liveness,
-    /// Listed, registered by the hub, or disabled (false: only seen).
+    /// Listed, registered through the API or by the hub, or disabled
+    /// (false: only seen).
     pub registered: bool,
+    /// How it is registered: `config` (global.zones or global.disabled),
+    /// `api`, or `auto` (global.auto_register, or accepted by another
+    /// instance of the global).
+    pub registered_by: Option<&'static str>,
     /// The zone instance holding the uplink, while one does.
     pub instance: Option<String>,
     /// The instance of the global holding the zone's stream, when it is
@@ -150,9 +218,26 @@ impl ZonesView {
 #[derive(Debug, Clone)]
 struct Entry {
     remote: RemoteZone,
-    registered: bool,
-    disabled: Option<Timestamp>,
+    /// In `global.zones`.
+    listed: bool,
+    /// In `global.disabled`, since the global started.
+    config_disabled: Option<Timestamp>,
+    /// Disabled through the API, since then.
+    api_disabled: Option<Timestamp>,
+    /// Registered by the hub (`auto_register`), or accepted by another
+    /// instance of the global.
+    auto: bool,
     counters: Counters,
+}
+
+impl Entry {
+    fn disabled(&self) -> Option<Timestamp> {
+        self.config_disabled.or(self.api_disabled)
+    }
+
+    fn config_names(&self) -> bool {
+        self.listed || self.config_disabled.is_some()
+    }
 }
 
 /// Every zone the global knows.
@@ -161,6 +246,13 @@ pub struct Hub {
     settings: HubSettings,
     started: Timestamp,
     zones: BTreeMap<String, Entry>,
+    /// Registrations through the API, by zone (deleted ones included).
+    records: BTreeMap<String, ZoneRecord>,
+    /// The open streams and their zone.
+    streams: BTreeMap<StreamId, String>,
+    /// Open streams of a zone deleted since they opened: nothing they send
+    /// counts.
+    revoked: BTreeSet<StreamId>,
     next_stream: StreamId,
 }
 
@@ -176,15 +268,16 @@ impl Hub {
             settings,
             started: now,
             zones: BTreeMap::new(),
+            records: BTreeMap::new(),
+            streams: BTreeMap::new(),
+            revoked: BTreeSet::new(),
             next_stream: 1,
         };
         for zone in registered {
-            hub.entry(zone).registered = true;
+            hub.entry(zone).listed = true;
         }
         for zone in disabled {
-            let entry = hub.entry(zone);
-            entry.registered = true;
-            entry.disabled = Some(now);
+            hub.entry(zone).config_disabled = Some(now);
         }
         hub
     }
@@ -193,26 +286,128 @@ impl Hub {
         let timeout = self.settings.zone_timeout;
         self.zones.entry(zone.to_string()).or_insert_with(|| Entry {
             remote: RemoteZone::new(zone, timeout),
-            registered: false,
-            disabled: None,
+            listed: false,
+            config_disabled: None,
+            api_disabled: None,
+            auto: false,
             counters: Counters::default(),
         })
     }
 
-    /// A number for a new stream.
-    pub fn open_stream(&mut self) -> StreamId {
+    /// A number for a new stream of `zone`.
+    pub fn open_stream(&mut self, zone: &str) -> StreamId {
         let id = self.next_stream;
         self.next_stream += 1;
+        self.streams.insert(id, zone.to_string());
         id
     }
 
+    /// `stream` ended: forgotten.
+    pub fn close_stream(&mut self, stream: StreamId) {
+        self.streams.remove(&stream);
+        self.revoked.remove(&stream);
+    }
+
+    /// True when nothing `stream` sends counts any more (its zone was
+    /// deleted while it was open).
+    pub fn is_revoked(&self, stream: StreamId) -> bool {
+        self.revoked.contains(&stream)
+    }
+
+    /// The open streams of `zone`, revoked ones left out.
+    fn streams_of(&self, zone: &str) -> Vec<StreamId> {
+        self.streams
+            .iter()
+            .filter(|(s, z)| z.as_str() == zone && !self.revoked.contains(s))
+            .map(|(s, _)| *s)
+            .collect()
+    }
+
     /// What the registry says of `zone` when its stream opens.
-    pub fn registration(&self, zone: &str) -> Registration {
-        match self.zones.get(zone) {
-            Some(e) if e.disabled.is_some() => Registration::Disabled,
-            Some(e) if e.registered => Registration::Registered,
+    pub fn registration(&self, zone: &str) -> Admission {
+        let record = self.records.get(zone);
+        let entry = self.zones.get(zone);
+        let registration = match (entry, record.map(|r| r.state)) {
+            (Some(e), _) if e.config_disabled.is_some() => {
+                Registration::Disabled(DisabledBy::Config)
+            }
+            // The configuration wins: a listed zone is enabled.
+            (Some(e), _) if e.listed => Registration::Registered,
+            (_, Some(RecordState::Disabled)) => Registration::Disabled(DisabledBy::Api),
+            (Some(e), _) if e.auto => Registration::Registered,
+            (_, Some(RecordState::Registered)) => Registration::Registered,
             _ => Registration::Unknown,
+        };
+        Admission {
+            registration,
+            tokens_not_before: record.and_then(|r| r.tokens_not_before),
         }
+    }
+
+    /// The registration through the API of `zone`, as last recorded.
+    pub fn record_of(&self, zone: &str) -> Option<&ZoneRecord> {
+        self.records.get(zone)
+    }
+
+    /// True when the configuration (`global.zones`, `global.disabled`)
+    /// names `zone`.
+    pub fn config_names(&self, zone: &str) -> bool {
+        self.zones.get(zone).is_some_and(Entry::config_names)
+    }
+
+    /// Applies a registration through the API (from this instance's API or
+    /// read from the shared store); a record not newer than the one held
+    /// for the zone changes nothing. See the module's rules.
+    pub fn record(&mut self, record: ZoneRecord) -> Recorded {
+        if self
+            .records
+            .get(&record.zone)
+            .is_some_and(|r| r.seq >= record.seq)
+        {
+            return Recorded::default();
+        }
+        let zone = record.zone.clone();
+        let (state, changed_at) = (record.state, record.changed_at);
+        let not_before = record.tokens_not_before;
+        self.records.insert(zone.clone(), record);
+        let mut recorded = Recorded {
+            applied: true,
+            ..Recorded::default()
+        };
+        match state {
+            RecordState::Registered => {
+                self.entry(&zone).api_disabled = None;
+            }
+            RecordState::Disabled => {
+                let entry = self.entry(&zone);
+                // The configuration wins (a listed zone stays enabled, a
+                // disabled one is so already).
+                if !entry.config_names() && entry.api_disabled.is_none() {
+                    entry.api_disabled = Some(changed_at);
+                    recorded.ending =
+                        Some((Ending::Disabled(DisabledBy::Api), self.streams_of(&zone)));
+                }
+            }
+            RecordState::Deleted if self.config_names(&zone) => {
+                // The configuration here names it: it stays, only tokens
+                // issued until the deletion stop.
+                let entry = self.entry(&zone);
+                entry.api_disabled = None;
+                entry.auto = false;
+                if let Some(t) = not_before {
+                    recorded.ending = Some((Ending::TokensRetired(t), self.streams_of(&zone)));
+                }
+            }
+            RecordState::Deleted => {
+                let streams = self.streams_of(&zone);
+                if let Some(entry) = self.zones.remove(&zone) {
+                    recorded.released = entry.remote.own_link().map(|l| l.stream);
+                }
+                self.revoked.extend(streams.iter().copied());
+                recorded.ending = Some((Ending::Deleted, streams));
+            }
+        }
+        recorded
     }
 
     /// `stream` of `zone` asks for the uplink ([`RemoteZone::claim`]).
@@ -225,6 +420,12 @@ impl Hub {
         allowed: &Meshes,
         now: Timestamp,
     ) -> Claim {
+        if self.is_revoked(stream) {
+            return Claim::Lost {
+                epoch: 0,
+                instance: "nobody: the zone was deleted".to_string(),
+            };
+        }
         let entry = self.entry(zone);
         let claim = entry.remote.claim(stream, epoch, instance, allowed, now);
         if let Claim::Won { resume_from, .. } = &claim {
@@ -239,10 +440,13 @@ impl Hub {
     /// Applies one action of `stream` of `zone`; returns the dataplanes
     /// readers must look at again.
     pub fn apply(&mut self, zone: &str, stream: StreamId, action: &Action) -> Vec<Applied> {
+        if self.is_revoked(stream) {
+            return Vec::new();
+        }
         let entry = self.entry(zone);
         match action {
             Action::Register => {
-                entry.registered = true;
+                entry.auto = true;
                 Vec::new()
             }
             Action::SnapshotComplete { .. } if entry.remote.holder() == Some(stream) => {
@@ -266,9 +470,20 @@ impl Hub {
         dataplanes: Vec<(DataplaneId, Option<pb::Dataplane>)>,
         all: bool,
     ) -> (Vec<Applied>, bool) {
+        // Rows of a zone deleted here that nothing registered again: left
+        // over by a stream another instance accepted before it heard of
+        // the deletion. Unless zones register themselves: then another
+        // instance may have accepted it again, with a new token.
+        let deleted = self
+            .records
+            .get(zone)
+            .is_some_and(|r| r.state == RecordState::Deleted);
+        if deleted && !self.zones.contains_key(zone) && !self.settings.auto_register {
+            return (Vec::new(), false);
+        }
         let entry = self.entry(zone);
         // Another instance accepted it: registered there, so here too.
-        entry.registered = true;
+        entry.auto = true;
         let moved = link.is_some_and(|l| entry.remote.observe_link(l));
         let applied = if all {
             entry.remote.observe_all(
@@ -348,7 +563,20 @@ impl Hub {
     }
 
     fn summary_of(&self, e: &Entry, now: Timestamp) -> ZoneSummary {
-        let liveness = e.remote.liveness(now, e.disabled);
+        let liveness = e.remote.liveness(now, e.disabled());
+        let record = self.records.get(e.remote.zone()).map(|r| r.state);
+        let registered_by = if e.config_names() {
+            Some("config")
+        } else if matches!(
+            record,
+            Some(RecordState::Registered | RecordState::Disabled)
+        ) {
+            Some("api")
+        } else if e.auto {
+            Some("auto")
+        } else {
+            None
+        };
         let withdrawn = match liveness.state {
             ZoneState::Disabled => true,
             ZoneState::Offline => liveness
@@ -361,7 +589,8 @@ impl Hub {
         ZoneSummary {
             name: e.remote.zone().to_string(),
             liveness,
-            registered: e.registered,
+            registered: registered_by.is_some(),
+            registered_by,
             instance: e.remote.uplink_instance().map(str::to_string),
             held_by: e.remote.elsewhere().map(str::to_string),
             held: e.remote.resume_from(),
@@ -398,6 +627,7 @@ mod tests {
             HubSettings {
                 zone_timeout: TIMEOUT,
                 offline_ttl: TTL,
+                auto_register: false,
             },
             &own(registered),
             &own(disabled),
@@ -438,7 +668,7 @@ mod tests {
         now: u64,
         dataplanes: &[(&str, bool)],
     ) -> StreamId {
-        let stream = h.open_stream();
+        let stream = h.open_stream(zone);
         let claim = h.claim(zone, stream, epoch, "zone-1", &Meshes::All, at(now));
         assert!(matches!(claim, Claim::Won { .. }), "{claim:?}");
         h.apply(zone, stream, &Action::Connected(at(now)));
@@ -469,15 +699,27 @@ mod tests {
     #[test]
     fn a_zone_is_known_by_the_configuration_or_by_registering() {
         let mut h = hub(&["eu-1"], &["us-1"]);
-        assert_eq!(h.registration("eu-1"), Registration::Registered);
-        assert_eq!(h.registration("us-1"), Registration::Disabled);
-        assert_eq!(h.registration("ap-1"), Registration::Unknown);
-        let s = h.open_stream();
+        assert_eq!(
+            h.registration("eu-1").registration,
+            Registration::Registered
+        );
+        assert_eq!(
+            h.registration("us-1").registration,
+            Registration::Disabled(DisabledBy::Config)
+        );
+        assert_eq!(h.registration("ap-1").registration, Registration::Unknown);
+        let s = h.open_stream("ap-1");
         h.apply("ap-1", s, &Action::Register);
-        assert_eq!(h.registration("ap-1"), Registration::Registered);
+        assert_eq!(
+            h.registration("ap-1").registration,
+            Registration::Registered
+        );
         // Disabled wins over listed.
         let h = hub(&["us-1"], &["us-1"]);
-        assert_eq!(h.registration("us-1"), Registration::Disabled);
+        assert_eq!(
+            h.registration("us-1").registration,
+            Registration::Disabled(DisabledBy::Config)
+        );
         let names: Vec<_> = h.summaries(at(0)).into_iter().map(|z| z.name).collect();
         assert_eq!(names, ["us-1"]);
     }
@@ -609,7 +851,7 @@ mod tests {
                 reason: "gone".into(),
             },
         );
-        let second = h.open_stream();
+        let second = h.open_stream("eu-1");
         let claim = h.claim("eu-1", second, 1, "zone-1", &Meshes::All, at(5));
         assert!(
             matches!(
@@ -698,7 +940,7 @@ mod tests {
             vec![(id("a"), Some(dp("a", true)))],
             false,
         );
-        let stream = h.open_stream();
+        let stream = h.open_stream("eu-1");
         let claim = h.claim("eu-1", stream, 3, "zone-1", &Meshes::All, at(11));
         assert!(
             matches!(
@@ -738,7 +980,7 @@ mod tests {
     fn a_stream_that_lost_the_uplink_counts_no_snapshot() {
         let mut h = hub(&["eu-1"], &[]);
         connect(&mut h, "eu-1", 2, 0, &[("a", true)]);
-        let old = h.open_stream();
+        let old = h.open_stream("eu-1");
         let claim = h.claim("eu-1", old, 1, "zone-0", &Meshes::All, at(1));
         assert!(matches!(claim, Claim::Lost { epoch: 2, .. }), "{claim:?}");
         h.apply(
@@ -751,5 +993,241 @@ mod tests {
         );
         let z = h.summary("eu-1", at(1)).unwrap();
         assert_eq!((z.counters.snapshots, z.dataplanes), (1, 1));
+    }
+
+    fn record(zone: &str, state: RecordState, not_before: Option<u64>, seq: i64) -> ZoneRecord {
+        ZoneRecord {
+            zone: zone.into(),
+            state,
+            tokens_not_before: not_before.map(at),
+            changed_at: at(seq as u64),
+            seq,
+        }
+    }
+
+    /// A zone registered through the API is known (never connected until
+    /// it dials), shown as registered by the API; an older row of it
+    /// changes nothing.
+    #[test]
+    fn a_zone_registered_through_the_api_is_known_and_older_news_is_ignored() {
+        let mut h = hub(&[], &[]);
+        assert_eq!(h.registration("eu-1").registration, Registration::Unknown);
+        let r = h.record(record("eu-1", RecordState::Registered, None, 2));
+        assert_eq!(
+            r,
+            Recorded {
+                applied: true,
+                ..Recorded::default()
+            }
+        );
+        assert_eq!(
+            h.registration("eu-1").registration,
+            Registration::Registered
+        );
+        let z = h.summary("eu-1", at(3)).unwrap();
+        assert_eq!(z.liveness.state, ZoneState::NeverConnected);
+        assert_eq!((z.registered, z.registered_by), (true, Some("api")));
+        // The view waits for it like for a listed zone.
+        assert!(!h.view(at(3)).synced);
+        // Older (or the same) news from the store: ignored.
+        assert!(
+            !h.record(record("eu-1", RecordState::Deleted, Some(1), 1))
+                .applied
+        );
+        assert!(
+            !h.record(record("eu-1", RecordState::Deleted, Some(1), 2))
+                .applied
+        );
+        assert_eq!(
+            h.registration("eu-1").registration,
+            Registration::Registered
+        );
+    }
+
+    /// Disabled through the API: the zone's open streams are told to end,
+    /// its data stays but reads withdrawn; enabled again, it is registered
+    /// and no longer withdrawn.
+    #[test]
+    fn disabling_through_the_api_ends_the_streams_and_withdraws_the_data() {
+        let mut h = hub(&[], &[]);
+        h.record(record("eu-1", RecordState::Registered, None, 1));
+        let stream = connect(&mut h, "eu-1", 1, 1, &[("a", true)]);
+        let r = h.record(record("eu-1", RecordState::Disabled, None, 2));
+        assert_eq!(
+            r.ending,
+            Some((Ending::Disabled(DisabledBy::Api), vec![stream]))
+        );
+        assert_eq!(
+            h.registration("eu-1").registration,
+            Registration::Disabled(DisabledBy::Api)
+        );
+        let z = h.summary("eu-1", at(3)).unwrap();
+        assert_eq!(z.liveness.state, ZoneState::Disabled);
+        assert_eq!(
+            z.liveness.since,
+            Some(at(2)),
+            "disabled since the row changed"
+        );
+        assert_eq!((z.dataplanes, z.inbounds_ready, z.withdrawn), (1, 0, true));
+        // Disabling it again ends nothing more.
+        assert_eq!(
+            h.record(record("eu-1", RecordState::Disabled, None, 3))
+                .ending,
+            None
+        );
+        h.apply(
+            "eu-1",
+            stream,
+            &Action::End {
+                code: crate::zones::Code::ZoneDisabled,
+                reason: "disabled".into(),
+            },
+        );
+        h.record(record("eu-1", RecordState::Registered, None, 4));
+        assert_eq!(
+            h.registration("eu-1").registration,
+            Registration::Registered
+        );
+        let z = h.summary("eu-1", at(5)).unwrap();
+        assert!(!z.withdrawn);
+        assert_eq!(z.dataplanes, 1, "nothing deleted by a disable");
+    }
+
+    /// Deleted through the API: the zone leaves the view at once (one zone
+    /// deletion for readers, no deletion per dataplane), its open streams
+    /// are told to end and revoked (what they still send creates nothing),
+    /// and its tokens until the deletion stay refused, also once it is
+    /// registered again, from nothing.
+    #[test]
+    fn deleting_a_zone_removes_it_revokes_its_streams_and_retires_its_tokens() {
+        let mut h = hub(&[], &[]);
+        h.record(record("eu-1", RecordState::Registered, None, 1));
+        let stream = connect(&mut h, "eu-1", 1, 1, &[("a", true), ("b", true)]);
+        let before = h.view(at(2));
+        let r = h.record(record("eu-1", RecordState::Deleted, Some(2), 2));
+        assert_eq!(r.ending, Some((Ending::Deleted, vec![stream])));
+        assert_eq!(r.released, Some(stream), "its link here is released");
+        let after = h.view(at(2));
+        assert!(after.get("eu-1").is_none());
+        let changes = crate::zones::changes::changes(&before, &after);
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert_eq!(changes[0].kind, crate::feed::ChangeKind::Deleted);
+        assert!(matches!(
+            &changes[0].subject,
+            crate::feed::Subject::Zone { zone, .. } if &**zone == "eu-1"
+        ));
+        // The revoked stream's late news creates nothing.
+        assert!(h.is_revoked(stream));
+        h.apply(
+            "eu-1",
+            stream,
+            &Action::Upsert {
+                id: id("c"),
+                dataplane: Box::new(dp("c", true)),
+                revision: 9,
+            },
+        );
+        assert!(h.summary("eu-1", at(3)).is_none());
+        assert!(matches!(
+            h.claim("eu-1", stream, 9, "zone-1", &Meshes::All, at(3)),
+            Claim::Lost { .. }
+        ));
+        h.close_stream(stream);
+        assert!(!h.is_revoked(stream));
+        let admission = h.registration("eu-1");
+        assert_eq!(admission.registration, Registration::Unknown);
+        assert_eq!(admission.tokens_not_before, Some(at(2)));
+        // Registered again: known from nothing, its old tokens still refused.
+        h.record(record("eu-1", RecordState::Registered, Some(2), 3));
+        let admission = h.registration("eu-1");
+        assert_eq!(admission.registration, Registration::Registered);
+        assert_eq!(admission.tokens_not_before, Some(at(2)));
+        let z = h.summary("eu-1", at(4)).unwrap();
+        assert_eq!(z.liveness.state, ZoneState::NeverConnected);
+        assert_eq!((z.dataplanes, z.counters), (0, Counters::default()));
+    }
+
+    /// An auto-registered zone can be deleted too: it leaves, and with its
+    /// old token it cannot register itself again.
+    #[test]
+    fn an_auto_registered_zone_can_be_deleted() {
+        let mut h = hub(&[], &[]);
+        let s = h.open_stream("ap-1");
+        h.apply("ap-1", s, &Action::Register);
+        assert_eq!(
+            h.summary("ap-1", at(0)).unwrap().registered_by,
+            Some("auto")
+        );
+        let r = h.record(record("ap-1", RecordState::Deleted, Some(1), 1));
+        assert_eq!(r.ending, Some((Ending::Deleted, vec![s])));
+        assert!(h.summary("ap-1", at(1)).is_none());
+        assert_eq!(h.registration("ap-1").tokens_not_before, Some(at(1)));
+    }
+
+    /// The configuration wins: a deletion read from the store (written by
+    /// an instance whose configuration differs) keeps a zone this
+    /// configuration names, and only retires its tokens.
+    #[test]
+    fn a_deletion_of_a_zone_the_configuration_names_only_retires_its_tokens() {
+        let mut h = hub(&["eu-1"], &[]);
+        let stream = connect(&mut h, "eu-1", 1, 0, &[("a", true)]);
+        let r = h.record(record("eu-1", RecordState::Deleted, Some(1), 1));
+        assert_eq!(r.ending, Some((Ending::TokensRetired(at(1)), vec![stream])));
+        assert_eq!(r.released, None);
+        assert!(!h.is_revoked(stream));
+        let z = h.summary("eu-1", at(1)).unwrap();
+        assert_eq!((z.registered_by, z.dataplanes), (Some("config"), 1));
+        assert_eq!(h.registration("eu-1").tokens_not_before, Some(at(1)));
+        // Nor does a disable written elsewhere disable a listed zone.
+        let r = h.record(record("eu-1", RecordState::Disabled, None, 2));
+        assert_eq!(r.ending, None);
+        assert_eq!(
+            h.registration("eu-1").registration,
+            Registration::Registered
+        );
+        assert_eq!(
+            h.summary("eu-1", at(2)).unwrap().liveness.state,
+            ZoneState::Online
+        );
+    }
+
+    /// Rows another instance left of a zone deleted here (a stream it took
+    /// before it heard of the deletion) are not a registration; with
+    /// auto_register they are (another instance accepted the zone again).
+    #[test]
+    fn a_deleted_zone_is_not_registered_again_by_rows_of_another_instance() {
+        let mut h = hub(&[], &[]);
+        h.record(record("eu-1", RecordState::Registered, None, 1));
+        h.record(record("eu-1", RecordState::Deleted, Some(1), 2));
+        let (_, moved) = h.observe(
+            "eu-1",
+            Some(observed(Some(7), 10, Some("g2/1"))),
+            vec![(id("a"), Some(dp("a", true)))],
+            false,
+        );
+        assert!(!moved);
+        assert!(h.summary("eu-1", at(11)).is_none());
+        let mut h = Hub::new(
+            HubSettings {
+                zone_timeout: TIMEOUT,
+                offline_ttl: TTL,
+                auto_register: true,
+            },
+            &[],
+            &[],
+            at(0),
+        );
+        h.record(record("eu-1", RecordState::Deleted, Some(1), 2));
+        let (_, moved) = h.observe(
+            "eu-1",
+            Some(observed(Some(7), 10, Some("g2/1"))),
+            vec![(id("a"), Some(dp("a", true)))],
+            false,
+        );
+        assert!(moved);
+        assert_eq!(
+            h.summary("eu-1", at(11)).unwrap().registered_by,
+            Some("auto")
+        );
     }
 }

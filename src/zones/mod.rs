@@ -89,11 +89,16 @@ pub enum Code {
     /// name than its `zone.name`. Permanent: the token or the setting must
     /// change.
     ZoneNameMismatch,
+    /// The credential does not open a stream: the global's gRPC layer
+    /// refuses a bad, expired or revoked token with this code; the session
+    /// refuses one issued before the zone's deletion. Permanent: the zone
+    /// needs a new token.
+    Unauthenticated,
 }
 
 impl Code {
     /// Every code.
-    pub const ALL: [Code; 13] = [
+    pub const ALL: [Code; 14] = [
         Code::ZoneUnregistered,
         Code::ZoneDisabled,
         Code::VersionIncompatible,
@@ -107,6 +112,7 @@ impl Code {
         Code::MeshNotAllowed,
         Code::InvalidDataplane,
         Code::ZoneNameMismatch,
+        Code::Unauthenticated,
     ];
 
     /// The stable word of the code (`zone_unregistered`, ...).
@@ -125,6 +131,7 @@ impl Code {
             Code::MeshNotAllowed => "mesh_not_allowed",
             Code::InvalidDataplane => "invalid_dataplane",
             Code::ZoneNameMismatch => "zone_name_mismatch",
+            Code::Unauthenticated => "unauthenticated",
         }
     }
 
@@ -146,6 +153,7 @@ impl Code {
                 | Code::StaleEpoch
                 | Code::Superseded
                 | Code::ZoneNameMismatch
+                | Code::Unauthenticated
         )
     }
 }
@@ -436,7 +444,8 @@ mod tests {
                 "version_incompatible",
                 "stale_epoch",
                 "superseded",
-                "zone_name_mismatch"
+                "zone_name_mismatch",
+                "unauthenticated"
             ]
         );
     }

@@ -761,6 +761,7 @@ mod tests {
             let credential = ZoneCredential {
                 zone: "eu-1".into(),
                 meshes: Meshes::All,
+                issued_at: None,
             };
             let global = Arc::new(SessionSettings::new(Duration::from_secs(5), TIMEOUT));
             Wire {
@@ -878,6 +879,7 @@ mod tests {
             ZoneCredential {
                 zone: "eu-1".into(),
                 meshes: Meshes::All,
+                issued_at: None,
             },
             Registration::Unknown,
             t0(),

@@ -13,6 +13,14 @@
 //! - A disabled zone is refused (`zone_disabled`); an unknown one too
 //!   (`zone_unregistered`) unless the global registers zones itself
 //!   (`auto_register`), in which case [`Action::Register`] comes first.
+//!   Each message names the fix that fits who disabled it, or how to
+//!   register it (`hdsd zone add`, the configuration).
+//! - A zone token issued at or before the zone's last deletion is refused
+//!   (`unauthenticated`): deleting a zone stops its tokens, also once the
+//!   zone is registered again ([`Admission::tokens_not_before`]).
+//! - A zone disabled or deleted while its stream is open ends it
+//!   ([`Event::Disabled`], [`Event::Deleted`]); tokens retired while it is
+//!   open end it when its own token is among them ([`Event::TokensRetired`]).
 //! - Then [`Action::Claim`]: the driver asks the zone's
 //!   [`RemoteZone`](super::remote::RemoteZone) for the uplink with the
 //!   Hello's epoch and answers [`Event::Claimed`] (with the revision it
@@ -104,6 +112,17 @@ pub struct ZoneCredential {
     pub zone: String,
     /// The meshes the zone may sync.
     pub meshes: Meshes,
+    /// When the credential was issued (a zone token's `iat`), if known.
+    pub issued_at: Option<Timestamp>,
+}
+
+/// Where an operator disabled a zone: the fix differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DisabledBy {
+    /// `global.disabled` in the global's configuration.
+    Config,
+    /// The API (`hdsd zone disable`).
+    Api,
 }
 
 /// What the global's registry says of the zone when its stream opens.
@@ -112,9 +131,84 @@ pub enum Registration {
     /// Registered and enabled.
     Registered,
     /// Registered, and disabled by an operator.
-    Disabled,
+    Disabled(DisabledBy),
     /// Not registered.
     Unknown,
+}
+
+/// What the hub says of a zone when its stream opens: its registration,
+/// and the time at or before which its tokens were issued in vain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    pub registration: Registration,
+    /// The zone's last deletion: a token issued at or before it is refused.
+    pub tokens_not_before: Option<Timestamp>,
+}
+
+impl From<Registration> for Admission {
+    fn from(registration: Registration) -> Admission {
+        Admission {
+            registration,
+            tokens_not_before: None,
+        }
+    }
+}
+
+/// Why a token of `zone` issued at `issued_at` is refused when the zone's
+/// tokens were retired at `not_before` (a deletion), if it is. Token times
+/// are whole seconds: a token issued in the second of the deletion counts
+/// as issued before it.
+pub fn retired_token(
+    zone: &str,
+    issued_at: Option<Timestamp>,
+    not_before: Option<Timestamp>,
+) -> Option<String> {
+    let not_before = not_before?;
+    let fix = format!(
+        "issue a new one on the global with `hdsd token issue --zone {zone} --mesh MESH` and write it to zone.token_file"
+    );
+    match issued_at {
+        Some(iat) if iat > not_before => None,
+        Some(iat) => Some(format!(
+            "the zone token was issued at {} and zone {zone:?} was deleted at the global at {}: a zone's tokens issued before its deletion stay refused, also once it is registered again; {fix}",
+            iat.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            not_before.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        )),
+        None => Some(format!(
+            "the zone token names no issue time and zone {zone:?} was deleted at the global at {}; {fix}",
+            not_before.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        )),
+    }
+}
+
+/// What the zone reads when the global refuses it as `registration` (`None`:
+/// accepted as far as registration goes).
+fn registration_refusal(
+    zone: &str,
+    registration: Registration,
+    auto_register: bool,
+) -> Option<(Code, String)> {
+    match registration {
+        Registration::Disabled(DisabledBy::Config) => Some((
+            Code::ZoneDisabled,
+            format!(
+                "zone {zone:?} is disabled at the global: remove it from global.disabled in the global's configuration and restart the global; until then the global refuses its streams"
+            ),
+        )),
+        Registration::Disabled(DisabledBy::Api) => Some((
+            Code::ZoneDisabled,
+            format!(
+                "zone {zone:?} is disabled at the global: run `hdsd zone enable {zone}` against the global's API (POST /api/v1/zones/{zone}/enable); until then the global refuses its streams"
+            ),
+        )),
+        Registration::Unknown if !auto_register => Some((
+            Code::ZoneUnregistered,
+            format!(
+                "zone {zone:?} is not registered at the global: run `hdsd zone add {zone}` against the global's API (PUT /api/v1/zones/{zone}), or add it to global.zones in the global's configuration and restart the global (or set global.auto_register = true)"
+            ),
+        )),
+        Registration::Unknown | Registration::Registered => None,
+    }
 }
 
 /// Something that happened to the stream.
@@ -144,6 +238,13 @@ pub enum Event {
         /// The newer stream's instance.
         instance: String,
     },
+    /// An operator disabled the zone while the stream is open.
+    Disabled(DisabledBy),
+    /// An operator deleted the zone while the stream is open.
+    Deleted,
+    /// The zone's tokens issued at or before this time were retired (the
+    /// zone was deleted elsewhere, but the configuration here names it).
+    TokensRetired(Timestamp),
     /// The global is shutting down.
     Drain,
     /// The zone closed the stream, or the transport failed.
@@ -251,7 +352,7 @@ enum Phase {
 pub struct Session {
     settings: Arc<SessionSettings>,
     credential: ZoneCredential,
-    registration: Registration,
+    admission: Admission,
     hello: Option<Hello>,
     /// The (code, mesh) pairs already reported with `Rejected`.
     reported: BTreeSet<(Code, String)>,
@@ -265,13 +366,13 @@ impl Session {
     pub fn new(
         settings: Arc<SessionSettings>,
         credential: ZoneCredential,
-        registration: Registration,
+        admission: impl Into<Admission>,
         now: Timestamp,
     ) -> Session {
         Session {
             settings,
             credential,
-            registration,
+            admission: admission.into(),
             hello: None,
             reported: BTreeSet::new(),
             rejected: 0,
@@ -366,6 +467,30 @@ impl Session {
                     self.credential.zone
                 );
                 self.refuse(Code::Superseded, message, actions)
+            }
+            Event::Disabled(by) => {
+                let zone = self.credential.zone.clone();
+                if let Some((code, message)) =
+                    registration_refusal(&zone, Registration::Disabled(by), false)
+                {
+                    self.refuse(code, message, actions)
+                }
+            }
+            Event::Deleted => {
+                let zone = &self.credential.zone;
+                let message = format!(
+                    "zone {zone:?} was deleted at the global: its stream ends and the global refuses it until it is registered again (run `hdsd zone add {zone}` against the global's API); the zone tokens issued until now stay refused, so then also issue a new one (`hdsd token issue --zone {zone} --mesh MESH`)"
+                );
+                self.refuse(Code::ZoneUnregistered, message, actions)
+            }
+            Event::TokensRetired(not_before) => {
+                if let Some(message) = retired_token(
+                    &self.credential.zone,
+                    self.credential.issued_at,
+                    Some(not_before),
+                ) {
+                    self.refuse(Code::Unauthenticated, message, actions)
+                }
             }
             Event::Drain => self.refuse(
                 Code::ShuttingDown,
@@ -462,21 +587,20 @@ impl Session {
             epoch: hello.epoch,
             instance: hello.instance.clone(),
         });
-        match self.registration {
-            Registration::Disabled => {
-                let message = format!(
-                    "zone {zone:?} is disabled at the global: remove it from global.disabled in the global's configuration and restart the global; until then the global refuses its streams"
-                );
-                return self.refuse(Code::ZoneDisabled, message, actions);
-            }
-            Registration::Unknown if !self.settings.auto_register => {
-                let message = format!(
-                    "zone {zone:?} is not registered at the global: add it to global.zones in the global's configuration (or set global.auto_register = true) and restart the global"
-                );
-                return self.refuse(Code::ZoneUnregistered, message, actions);
-            }
-            Registration::Unknown => actions.push(Action::Register),
-            Registration::Registered => {}
+        let Admission {
+            registration,
+            tokens_not_before,
+        } = self.admission;
+        if let Some((code, message)) =
+            registration_refusal(&zone, registration, self.settings.auto_register)
+        {
+            return self.refuse(code, message, actions);
+        }
+        if let Some(message) = retired_token(&zone, self.credential.issued_at, tokens_not_before) {
+            return self.refuse(Code::Unauthenticated, message, actions);
+        }
+        if registration == Registration::Unknown {
+            actions.push(Action::Register);
         }
         self.phase = Phase::Claiming;
         actions.push(Action::Claim {
@@ -778,6 +902,7 @@ mod tests {
         ZoneCredential {
             zone: "eu-1".into(),
             meshes: Meshes::Only(["default".to_string(), "shop".to_string()].into()),
+            issued_at: Some(t0() - chrono::Duration::hours(1)),
         }
     }
 
@@ -854,11 +979,11 @@ mod tests {
     }
 
     impl Harness {
-        fn new(registration: Registration, auto_register: bool) -> Harness {
+        fn new(admission: impl Into<Admission>, auto_register: bool) -> Harness {
             let mut settings = SessionSettings::new(INTERVAL, TIMEOUT);
             settings.auto_register = auto_register;
             Harness {
-                session: Session::new(Arc::new(settings), credential(), registration, t0()),
+                session: Session::new(Arc::new(settings), credential(), admission, t0()),
                 now: t0(),
             }
         }
@@ -1047,7 +1172,7 @@ mod tests {
         assert_eq!((r.code.as_str(), r.permanent), ("zone_unregistered", true));
         assert_eq!(
             r.message,
-            "zone \"eu-1\" is not registered at the global: add it to global.zones in the global's configuration (or set global.auto_register = true) and restart the global"
+            "zone \"eu-1\" is not registered at the global: run `hdsd zone add eu-1` against the global's API (PUT /api/v1/zones/eu-1), or add it to global.zones in the global's configuration and restart the global (or set global.auto_register = true)"
         );
         // With auto_register, the global registers it, then claims.
         let mut h = Harness::new(Registration::Unknown, true);
@@ -1066,7 +1191,7 @@ mod tests {
 
     #[test]
     fn a_disabled_zone_is_refused_even_with_auto_register() {
-        let mut h = Harness::new(Registration::Disabled, true);
+        let mut h = Harness::new(Registration::Disabled(DisabledBy::Config), true);
         let a = h.receive(vec![hello()]);
         let r = refused(&a);
         assert_eq!((r.code.as_str(), r.permanent), ("zone_disabled", true));
@@ -1077,6 +1202,99 @@ mod tests {
             r.message
         );
         assert!(!a.contains(&Action::Register));
+    }
+
+    /// Disabled through the API: the message names `hdsd zone enable`.
+    #[test]
+    fn a_zone_disabled_through_the_api_is_told_how_to_enable_it() {
+        let mut h = Harness::new(Registration::Disabled(DisabledBy::Api), false);
+        let a = h.receive(vec![hello()]);
+        let r = refused(&a);
+        assert_eq!((r.code.as_str(), r.permanent), ("zone_disabled", true));
+        assert!(
+            r.message.contains("run `hdsd zone enable eu-1`"),
+            "{}",
+            r.message
+        );
+    }
+
+    /// A token issued at or before the zone's last deletion is refused,
+    /// registered or not (with auto_register it registers nothing); a token
+    /// issued after it is accepted.
+    #[test]
+    fn a_token_issued_before_the_zones_deletion_is_refused() {
+        let issued = t0() - chrono::Duration::hours(1);
+        for (registration, auto) in [
+            (Registration::Registered, false),
+            (Registration::Unknown, true),
+        ] {
+            let mut h = Harness::new(
+                Admission {
+                    registration,
+                    tokens_not_before: Some(issued),
+                },
+                auto,
+            );
+            let a = h.receive(vec![hello()]);
+            let r = refused(&a);
+            assert_eq!((r.code.as_str(), r.permanent), ("unauthenticated", true));
+            for part in [
+                "was deleted at the global",
+                "hdsd token issue --zone eu-1",
+                "stay refused",
+            ] {
+                assert!(r.message.contains(part), "{part}: {}", r.message);
+            }
+            assert!(!a.contains(&Action::Register));
+        }
+        let mut h = Harness::new(
+            Admission {
+                registration: Registration::Registered,
+                tokens_not_before: Some(issued - chrono::Duration::seconds(1)),
+            },
+            false,
+        );
+        assert!(matches!(
+            h.receive(vec![hello()])[..],
+            [Action::Claim { .. }]
+        ));
+    }
+
+    /// A zone disabled or deleted while its stream is open: the stream
+    /// ends, saying why and what brings it back; retired tokens end only
+    /// the streams that carry one.
+    #[test]
+    fn a_zone_disabled_or_deleted_while_connected_ends_its_stream() {
+        let mut h = Harness::accepted(Some(4));
+        let a = h.on(Event::Disabled(DisabledBy::Api));
+        let r = refused(&a);
+        assert_eq!(r.code, "zone_disabled");
+        assert!(h.session.is_ended());
+        let mut h = Harness::accepted(Some(4));
+        let a = h.on(Event::Deleted);
+        let r = refused(&a);
+        assert_eq!((r.code.as_str(), r.permanent), ("zone_unregistered", true));
+        assert!(
+            r.message.contains("was deleted at the global")
+                && r.message.contains("hdsd zone add eu-1"),
+            "{}",
+            r.message
+        );
+        assert!(a.iter().any(|a| matches!(
+            a,
+            Action::End {
+                code: Code::ZoneUnregistered,
+                ..
+            }
+        )));
+        // Retired before this token was issued: nothing happens.
+        let mut h = Harness::accepted(Some(4));
+        let a = h.on(Event::TokensRetired(t0() - chrono::Duration::hours(2)));
+        assert!(a.is_empty(), "{a:?}");
+        assert!(!h.session.is_ended());
+        let a = h.on(Event::TokensRetired(t0()));
+        let r = refused(&a);
+        assert_eq!(r.code, "unauthenticated");
     }
 
     #[test]

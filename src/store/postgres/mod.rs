@@ -25,7 +25,8 @@
 //! `streams` (who holds which stream), `members` (heartbeats, the sweep),
 //! `keys` (shared public keys and revocations), `zones` (a global's zones,
 //! written by the instance holding each zone's stream), `leases` (named
-//! leases held by one live instance, with a growing epoch).
+//! leases held by one live instance, with a growing epoch), `registrations`
+//! (zones registered through a global's API).
 
 use std::time::Duration;
 
@@ -45,6 +46,7 @@ mod leases;
 mod listener;
 mod members;
 mod readiness;
+mod registrations;
 pub mod schema;
 mod streams;
 mod zones;

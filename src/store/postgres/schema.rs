@@ -110,6 +110,17 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
              changed_at timestamptz NOT NULL DEFAULT now()
          );",
     ),
+    (
+        8,
+        "CREATE TABLE hdsd_zone_registrations (
+             zone text PRIMARY KEY,
+             state text NOT NULL CHECK (state IN ('registered', 'disabled', 'deleted')),
+             tokens_not_before timestamptz,
+             changed_at timestamptz NOT NULL DEFAULT now(),
+             seq bigint NOT NULL
+         );
+         CREATE INDEX hdsd_zone_registrations_by_seq ON hdsd_zone_registrations (seq);",
+    ),
 ];
 
 /// The advisory lock key the sweep of dead instances takes, per transaction
