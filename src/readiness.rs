@@ -14,6 +14,12 @@
 //!   ready): a proxy being shut down takes its inbounds out before its
 //!   application goes away. When it is HEALTHY again, inbounds read their own
 //!   probes' results again.
+//! - A definition that changes only how a target is checked keeps its
+//!   inbounds' state. When the change is to the check's TLS (the cluster's
+//!   transport socket), Envoy recreates the target's host, and a new host
+//!   reads UNHEALTHY until its first check: for a healthy inbound, that
+//!   UNHEALTHY is not news, so it is held for [`hold_window`] (a TIMEOUT,
+//!   the result of a check that ran, never is).
 
 use std::collections::VecDeque;
 
@@ -106,16 +112,56 @@ pub struct InboundHealth {
     pub since: Timestamp,
     /// The last report that covered this inbound.
     pub last_report_at: Option<Timestamp>,
+    /// When a definition changed the TLS of this healthy inbound's check:
+    /// Envoy then recreates its host, which reports UNHEALTHY until its
+    /// first check, so an UNHEALTHY within [`hold_window`] of this moment
+    /// (or of the first attach after it) is held. Kept in memory only.
+    pub recreated_at: Option<Timestamp>,
 }
 
 impl InboundHealth {
-    fn new(status: Status, now: Timestamp) -> Self {
+    /// An inbound with `status` since `since`, never reported, nothing held.
+    pub fn new(status: Status, since: Timestamp) -> Self {
         InboundHealth {
             status,
-            since: now,
+            since,
             last_report_at: None,
+            recreated_at: None,
         }
     }
+}
+
+/// How long after its host is recreated an UNHEALTHY report of a healthy
+/// inbound is held (see [`InboundHealth::recreated_at`]): the probe's
+/// timeout (the new host's first check ends within it) plus the longer of
+/// the probe interval and the report interval (the specifier's way to the
+/// Envoy, and the report's way back).
+pub fn hold_window(specifier: &Specifier, target: usize) -> chrono::Duration {
+    let settings = &specifier.targets[target].settings;
+    let report = specifier
+        .message
+        .interval
+        .as_ref()
+        .map(|d| std::time::Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32))
+        .unwrap_or_default();
+    let window = settings.timeout + settings.interval.max(report);
+    chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX)
+}
+
+/// Whether an UNHEALTHY report of `inbound` at `now` is the recreated host
+/// not yet checked: within `window` of its recreation, or of the first
+/// attach after it (an Envoy that was away gets the change then).
+fn held(
+    inbound: &InboundHealth,
+    reattached_at: Option<Timestamp>,
+    window: chrono::Duration,
+    now: Timestamp,
+) -> bool {
+    let Some(recreated) = inbound.recreated_at else {
+        return false;
+    };
+    let from = reattached_at.map_or(recreated, |at| at.max(recreated));
+    inbound.status == Status::Healthy && now < from + window
 }
 
 /// The health of every inbound of one dataplane, in definition order.
@@ -202,7 +248,15 @@ pub fn rebase(
             });
             kept_from.push(before.map(|(j, _)| j));
             match (before, target) {
-                (Some((_, kept)), _) => kept,
+                (Some((j, mut kept)), _) => {
+                    let recreated = previous.is_some_and(|(_, spec, _)| {
+                        kept.status == Status::Healthy && tls_changed(spec, j, specifier, i)
+                    });
+                    if recreated {
+                        kept.recreated_at = Some(now);
+                    }
+                    kept
+                }
                 (None, Some(_)) => InboundHealth::new(Status::Pending, now),
                 (None, None) => InboundHealth::new(Status::NotProbed, now),
             }
@@ -233,6 +287,15 @@ pub fn rebase(
         envoy_ready,
         recent,
     }
+}
+
+/// Whether inbound `j` of `before` and inbound `i` of `after` are checked
+/// over different TLS (the cluster's transport socket changes).
+fn tls_changed(before: &Specifier, j: usize, after: &Specifier, i: usize) -> bool {
+    let tls = |spec: &Specifier, k: usize| {
+        spec.target_of_inbound[k].map(|t| spec.targets[t].check.tls_in_force())
+    };
+    tls(before, j) != tls(after, i)
 }
 
 /// Sets inbound `index`'s status, counting the change in `outcome` and
@@ -309,6 +372,19 @@ pub fn fold_report(
         };
         for &i in &specifier.targets[t].inbounds {
             covered[i] = true;
+            let inbound = &mut health.inbounds[i];
+            if inbound.recreated_at.is_some() {
+                let window = hold_window(specifier, t);
+                if status == Status::Unhealthy
+                    && held(inbound, health.reattached_at, window, now)
+                {
+                    inbound.last_report_at = Some(now);
+                    continue;
+                }
+                if !held(inbound, health.reattached_at, window, now) {
+                    inbound.recreated_at = None;
+                }
+            }
             set_status(
                 (i, &mut health.inbounds[i]),
                 status,

@@ -5,7 +5,10 @@
 //! one check (TCP, TCP payload or HTTP/1.1) whose every field is set
 //! explicitly, and exactly one `LocalityEndpoints` holding the one endpoint.
 //! The cluster name depends on the target only, so changing a probe's
-//! settings never renames its cluster. With `hds.check_envoy_ready`, one more
+//! settings never renames its cluster. A check over TLS gets a transport
+//! socket match on its cluster and the criteria that select it on its
+//! health check ([`TLS_MATCH`]); every other cluster is as it would be
+//! without TLS support. With `hds.check_envoy_ready`, one more
 //! cluster checks the Envoy's own admin `/ready`. The mapping from (cluster,
 //! endpoint) back to inbounds is kept beside the message, so reports never
 //! have to parse names.
@@ -15,22 +18,33 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use envoy_types::pb::envoy::config::cluster::v3::cluster::TransportSocketMatch;
 use envoy_types::pb::envoy::config::core::v3::{
-    address, header_value_option, health_check, socket_address, Address, HeaderValue,
-    HeaderValueOption, HealthCheck, SocketAddress,
+    address, data_source, header_value_option, health_check, socket_address, transport_socket,
+    Address, DataSource, HeaderValue, HeaderValueOption, HealthCheck, SocketAddress,
+    TransportSocket,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::Endpoint;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    common_tls_context, subject_alt_name_matcher, CertificateValidationContext, CommonTlsContext,
+    SubjectAltNameMatcher, TlsCertificate, UpstreamTlsContext,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher, StringMatcher};
 use envoy_types::pb::envoy::r#type::v3::{CodecClientType, Int64Range};
 use envoy_types::pb::envoy::service::health::v3::{
     ClusterHealthCheck, HealthCheckSpecifier, LocalityEndpoints,
 };
-use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+use envoy_types::pb::google::protobuf::{
+    value, Any, Duration as PbDuration, Struct, UInt32Value, Value,
+};
 use prost::bytes::Bytes;
 use prost::Message;
 
 use crate::capability::{self, EnvoyVersion, Support};
 use crate::dataplane::Dataplane;
-use crate::probe::{Check, HttpCheck, Payload, ProbeSettings, StatusRange, ValidationError};
+use crate::probe::{
+    Check, HttpCheck, Payload, ProbeSettings, StatusRange, TcpCheck, TlsInForce, ValidationError,
+};
 
 /// Server-wide inputs of specifier generation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,7 +212,6 @@ impl Specifier {
     /// and the inbounds' map are unchanged: readiness reads reports against
     /// either.
     pub fn restricted(&self, support: &[Support]) -> Specifier {
-        let tcp = Check::Tcp(crate::probe::TcpCheck::default());
         let cluster_health_checks = self
             .targets
             .iter()
@@ -206,8 +219,14 @@ impl Specifier {
             .filter_map(|(t, s)| match s {
                 Support::Full => Some(cluster_health_check(t)),
                 Support::Unsupported(_) => None,
+                // Over the check's own TLS (the transport socket the
+                // cluster would have anyway): a connect then needs the
+                // handshake to pass.
                 Support::Fallback(_) => Some(cluster_health_check(&ProbeTarget {
-                    check: tcp.clone(),
+                    check: Check::Tcp(TcpCheck {
+                        tls: t.check.tls_in_force().map(TlsInForce::into_block),
+                        ..TcpCheck::default()
+                    }),
                     ..t.clone()
                 })),
             })
@@ -385,8 +404,98 @@ pub fn build(
     ))
 }
 
+/// The name of the transport socket match a TLS check's cluster carries.
+pub const TLS_MATCH: &str = "hdsd_tls";
+
+/// The criteria (a key and its value, under Envoy's
+/// `envoy.transport_socket_match` metadata) with which a TLS health check
+/// selects [`TLS_MATCH`].
+pub const TLS_CRITERIA: (&str, &str) = ("hdsd", "tls");
+
+/// The transport socket name of Envoy's TLS.
+pub const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
+
+const UPSTREAM_TLS_CONTEXT: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
+
+fn tls_criteria() -> Struct {
+    Struct {
+        fields: [(
+            TLS_CRITERIA.0.to_string(),
+            Value {
+                kind: Some(value::Kind::StringValue(TLS_CRITERIA.1.to_string())),
+            },
+        )]
+        .into(),
+    }
+}
+
+/// The cluster's TLS transport socket for a check's TLS, selected by [`TLS_CRITERIA`].
+fn tls_match(tls: &TlsInForce) -> TransportSocketMatch {
+    TransportSocketMatch {
+        name: TLS_MATCH.to_string(),
+        r#match: Some(tls_criteria()),
+        transport_socket: Some(TransportSocket {
+            name: TLS_TRANSPORT_SOCKET.to_string(),
+            config_type: Some(transport_socket::ConfigType::TypedConfig(Any {
+                type_url: UPSTREAM_TLS_CONTEXT.to_string(),
+                value: upstream_tls_context(tls).encode_to_vec(),
+            })),
+        }),
+    }
+}
+
+/// Envoy's `UpstreamTlsContext` for a check's TLS: the files by name (Envoy
+/// reads them), the CA with the SNI as the DNS name the certificate must
+/// carry, no validation context at all for `insecureSkipVerify`.
+pub fn upstream_tls_context(tls: &TlsInForce) -> UpstreamTlsContext {
+    let file = |path: &str| DataSource {
+        specifier: Some(data_source::Specifier::Filename(path.to_string())),
+        ..Default::default()
+    };
+    let validation = tls.ca_file.as_ref().map(|ca| {
+        common_tls_context::ValidationContextType::ValidationContext(
+            CertificateValidationContext {
+                trusted_ca: Some(file(ca)),
+                match_typed_subject_alt_names: tls
+                    .sni
+                    .iter()
+                    .map(|sni| SubjectAltNameMatcher {
+                        san_type: subject_alt_name_matcher::SanType::Dns as i32,
+                        matcher: Some(StringMatcher {
+                            match_pattern: Some(string_matcher::MatchPattern::Exact(sni.clone())),
+                            ignore_case: false,
+                        }),
+                        oid: String::new(),
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+        )
+    });
+    UpstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_certificates: tls
+                .client
+                .iter()
+                .map(|(cert, key)| TlsCertificate {
+                    certificate_chain: Some(file(cert)),
+                    private_key: Some(file(key)),
+                    ..Default::default()
+                })
+                .collect(),
+            alpn_protocols: tls.alpn.clone(),
+            validation_context_type: validation,
+            ..Default::default()
+        }),
+        sni: tls.sni.clone().unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
 fn cluster_health_check(target: &ProbeTarget) -> ClusterHealthCheck {
     let s = &target.settings;
+    let tls = target.check.tls_in_force();
     ClusterHealthCheck {
         cluster_name: target.cluster.clone(),
         health_checks: vec![HealthCheck {
@@ -401,12 +510,14 @@ fn cluster_health_check(target: &ProbeTarget) -> ClusterHealthCheck {
                 value: s.unhealthy_threshold,
             }),
             health_checker: Some(health_checker(&target.check, target.endpoint)),
+            transport_socket_match_criteria: tls.as_ref().map(|_| tls_criteria()),
             ..Default::default()
         }],
         locality_endpoints: vec![LocalityEndpoints {
             locality: None,
             endpoints: vec![endpoint(target.endpoint)],
         }],
+        transport_socket_matches: tls.iter().map(tls_match).collect(),
         ..Default::default()
     }
 }
@@ -762,6 +873,7 @@ mod tests {
             ],
             headers,
             http2: false,
+            tls: None,
         });
         let spec = build(
             &dataplane(vec![inbound(10001, 8080, with_check(check))]),
@@ -829,6 +941,7 @@ mod tests {
                 with_check(Check::Grpc(GrpcCheck {
                     service: Some("shop.Cart".into()),
                     authority: None,
+                    tls: None,
                 })),
             ),
             inbound(
@@ -837,6 +950,7 @@ mod tests {
                 with_check(Check::Tcp(TcpCheck {
                     send: Some(Payload::Text("PING\r\n".into())),
                     receive: vec![Payload::Hex("504f4e47".into()), Payload::Text("!".into())],
+                    tls: None,
                 })),
             ),
         ]);
