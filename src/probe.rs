@@ -392,7 +392,10 @@ impl Check {
         Some(TlsInForce {
             sni: tls.sni.clone(),
             ca_file: tls.ca_file.clone().filter(|_| !tls.insecure_skip_verify),
-            client: tls.client_cert_file.clone().zip(tls.client_key_file.clone()),
+            client: tls
+                .client_cert_file
+                .clone()
+                .zip(tls.client_key_file.clone()),
             alpn,
         })
     }
@@ -460,7 +463,11 @@ impl Check {
             }
         }
         if let Some(tls) = self.tls() {
-            tls.validate(&format!("{}.tls", self.kind()), Spelling::Camel, &mut errors);
+            tls.validate(
+                &format!("{}.tls", self.kind()),
+                Spelling::Camel,
+                &mut errors,
+            );
         }
         errors
     }
@@ -1025,7 +1032,7 @@ mod tests {
         // HTTP/1.1 offers no ALPN; HTTP/2 and gRPC offer h2 unless told otherwise.
         let plain = https(|_| {}).tls_in_force().unwrap();
         assert_eq!(plain.alpn, Vec::<String>::new());
-        assert_eq!(plain.ca_file.as_deref(), Some("/ca.pem"));
+        assert_eq!(plain.ca_file.as_deref(), Some("/etc/envoy/app-ca.pem"));
         let h2 = http(|h| {
             h.http2 = true;
             h.tls = Some(ca.clone());

@@ -375,9 +375,7 @@ pub fn fold_report(
             let inbound = &mut health.inbounds[i];
             if inbound.recreated_at.is_some() {
                 let window = hold_window(specifier, t);
-                if status == Status::Unhealthy
-                    && held(inbound, health.reattached_at, window, now)
-                {
+                if status == Status::Unhealthy && held(inbound, health.reattached_at, window, now) {
                     inbound.last_report_at = Some(now);
                     continue;
                 }
@@ -1010,6 +1008,125 @@ mod tests {
         assert_eq!(statuses(&h), vec![Unhealthy, NotProbed]);
         assert_eq!(o.became_ready, 1);
         assert_eq!(h.inbounds[1].last_report_at, Some(t(4)));
+    }
+
+    /// `dataplane(&[(10001, 8080)])` whose one inbound is checked with `check`.
+    fn checked(check: crate::probe::Check) -> Dataplane {
+        let mut dp = dataplane(&[(10001, 8080)]);
+        dp.inbounds[0].probe = Some(crate::dataplane::ProbeOverrides {
+            check: Some(check),
+            ..Default::default()
+        });
+        dp
+    }
+
+    fn https(sni: Option<&str>) -> crate::probe::Check {
+        crate::probe::Check::Http(crate::probe::HttpCheck {
+            tls: Some(crate::probe::Tls {
+                sni: sni.map(str::to_string),
+                ..crate::probe::Tls::with_ca("/ca.pem")
+            }),
+            ..crate::probe::HttpCheck::path("/healthz")
+        })
+    }
+
+    fn ms(n: i64) -> chrono::Duration {
+        chrono::Duration::milliseconds(n)
+    }
+
+    /// A change of a healthy inbound's TLS makes Envoy recreate its host,
+    /// which reads UNHEALTHY until its first check: held for the window,
+    /// then believed. A TIMEOUT (a check that ran) is never held.
+    #[test]
+    fn a_tls_change_holds_the_recreated_hosts_unhealthy() {
+        let a = "probe_127.0.0.1:8080";
+        let plain = checked(https(None));
+        let spec = build(&plain, &settings(true)).unwrap();
+        // Defaults: timeout 1s, interval 1s, reports every 5s.
+        assert_eq!(hold_window(&spec, 0), chrono::Duration::seconds(6));
+        let mut h = rebase(None, &plain, &spec, t(0));
+        fold(&mut h, &spec, &report(&[(a, 8080, H)]), t(1));
+        let sni = checked(https(Some("web.internal")));
+        let spec2 = build(&sni, &settings(true)).unwrap();
+        let mut h2 = rebase(Some((&plain, &spec, &h)), &sni, &spec2, t(10));
+        assert_eq!(h2.inbounds[0].recreated_at, Some(t(10)));
+        let o = fold(&mut h2, &spec2, &report(&[(a, 8080, U)]), t(10) + ms(300));
+        assert_eq!(statuses(&h2), [Status::Healthy], "held");
+        assert!(!o.changed && h2.recent.len() == 1, "{:?}", h2.recent);
+        assert_eq!(h2.inbounds[0].last_report_at, Some(t(10) + ms(300)));
+        assert_eq!(h2.inbounds[0].since, t(1));
+        // The first check passed: healthy, still within the window.
+        fold(&mut h2, &spec2, &report(&[(a, 8080, H)]), t(11));
+        fold(&mut h2, &spec2, &report(&[(a, 8080, U)]), t(15) + ms(999));
+        assert_eq!(statuses(&h2), [Status::Healthy], "held to the end");
+        // Past the window, UNHEALTHY is news again, and nothing is held.
+        fold(&mut h2, &spec2, &report(&[(a, 8080, U)]), t(16));
+        assert_eq!(statuses(&h2), [Status::Unhealthy]);
+        assert_eq!(h2.inbounds[0].recreated_at, None);
+
+        // A TIMEOUT within the window is a check that ran: believed.
+        let mut h3 = rebase(Some((&plain, &spec, &h)), &sni, &spec2, t(10));
+        fold(&mut h3, &spec2, &report(&[(a, 8080, T)]), t(10) + ms(300));
+        assert_eq!(statuses(&h3), [Status::Timeout]);
+    }
+
+    #[test]
+    fn only_a_tls_change_of_a_healthy_inbound_holds() {
+        let a = "probe_127.0.0.1:8080";
+        let plain = checked(https(None));
+        let spec = build(&plain, &settings(true)).unwrap();
+        let mut h = rebase(None, &plain, &spec, t(0));
+        fold(&mut h, &spec, &report(&[(a, 8080, H)]), t(1));
+        // Another path, same TLS: Envoy keeps the host, nothing is held.
+        let mut other_path = plain.clone();
+        other_path.inbounds[0].probe.as_mut().unwrap().check =
+            Some(crate::probe::Check::Http(crate::probe::HttpCheck {
+                path: "/ready".into(),
+                ..match https(None) {
+                    crate::probe::Check::Http(h) => h,
+                    _ => unreachable!(),
+                }
+            }));
+        let spec2 = build(&other_path, &settings(true)).unwrap();
+        let h2 = rebase(Some((&plain, &spec, &h)), &other_path, &spec2, t(10));
+        assert_eq!(h2.inbounds[0].recreated_at, None);
+        // TLS switched off or on is a change too.
+        for to in [
+            checked(crate::probe::Check::Http(crate::probe::HttpCheck::path(
+                "/healthz",
+            ))),
+            checked(https(Some("web.internal"))),
+        ] {
+            let spec3 = build(&to, &settings(true)).unwrap();
+            let h3 = rebase(Some((&plain, &spec, &h)), &to, &spec3, t(10));
+            assert_eq!(h3.inbounds[0].recreated_at, Some(t(10)), "{to:?}");
+        }
+        // An inbound that was not healthy has nothing to lose.
+        let mut down = h.clone();
+        fold(&mut down, &spec, &report(&[(a, 8080, U)]), t(2));
+        let sni = checked(https(Some("web.internal")));
+        let spec4 = build(&sni, &settings(true)).unwrap();
+        let h4 = rebase(Some((&plain, &spec, &down)), &sni, &spec4, t(10));
+        assert_eq!(h4.inbounds[0].recreated_at, None);
+    }
+
+    /// An Envoy away at the change gets it when it attaches again: the
+    /// window counts from that attach.
+    #[test]
+    fn the_hold_counts_from_the_first_attach_after_the_change() {
+        let a = "probe_127.0.0.1:8080";
+        let plain = checked(https(None));
+        let spec = build(&plain, &settings(true)).unwrap();
+        let mut h = rebase(None, &plain, &spec, t(0));
+        fold(&mut h, &spec, &report(&[(a, 8080, H)]), t(1));
+        let sni = checked(https(Some("web.internal")));
+        let spec2 = build(&sni, &settings(true)).unwrap();
+        let mut h2 = rebase(Some((&plain, &spec, &h)), &sni, &spec2, t(2));
+        reattached(&mut h2, t(7));
+        fold(&mut h2, &spec2, &report(&[(a, 8080, U)]), t(12));
+        assert_eq!(statuses(&h2), [Status::Healthy], "6s from the attach");
+        fold(&mut h2, &spec2, &report(&[(a, 8080, U)]), t(13));
+        assert_eq!(statuses(&h2), [Status::Unhealthy]);
     }
 
     #[test]

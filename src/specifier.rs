@@ -454,24 +454,22 @@ pub fn upstream_tls_context(tls: &TlsInForce) -> UpstreamTlsContext {
         ..Default::default()
     };
     let validation = tls.ca_file.as_ref().map(|ca| {
-        common_tls_context::ValidationContextType::ValidationContext(
-            CertificateValidationContext {
-                trusted_ca: Some(file(ca)),
-                match_typed_subject_alt_names: tls
-                    .sni
-                    .iter()
-                    .map(|sni| SubjectAltNameMatcher {
-                        san_type: subject_alt_name_matcher::SanType::Dns as i32,
-                        matcher: Some(StringMatcher {
-                            match_pattern: Some(string_matcher::MatchPattern::Exact(sni.clone())),
-                            ignore_case: false,
-                        }),
-                        oid: String::new(),
-                    })
-                    .collect(),
-                ..Default::default()
-            },
-        )
+        common_tls_context::ValidationContextType::ValidationContext(CertificateValidationContext {
+            trusted_ca: Some(file(ca)),
+            match_typed_subject_alt_names: tls
+                .sni
+                .iter()
+                .map(|sni| SubjectAltNameMatcher {
+                    san_type: subject_alt_name_matcher::SanType::Dns as i32,
+                    matcher: Some(StringMatcher {
+                        match_pattern: Some(string_matcher::MatchPattern::Exact(sni.clone())),
+                        ignore_case: false,
+                    }),
+                    oid: String::new(),
+                })
+                .collect(),
+            ..Default::default()
+        })
     });
     UpstreamTlsContext {
         common_tls_context: Some(CommonTlsContext {
@@ -1160,6 +1158,194 @@ mod tests {
             build(&dp, &defaults()).unwrap_err().to_string(),
             "networking.inbound[0] and networking.inbound[1] probe the same target 127.0.0.1:8080 with different settings; give them the same serviceProbe"
         );
+    }
+
+    /// The reference TLS shapes (`testdata/specifiers/tls-probes.yaml`), one
+    /// inbound each; tests/probes_tls.rs has Envoy validate the same file.
+    const TLS_SHAPES: &str = include_str!("../testdata/specifiers/tls-probes.yaml");
+
+    /// The transport socket of cluster `i`, decoded, with its match name
+    /// and criteria (`None` when the cluster has none).
+    fn tls_of(spec: &Specifier, i: usize) -> Option<UpstreamTlsContext> {
+        let chc = &spec.message.cluster_health_checks[i];
+        let criteria = chc.health_checks[0].transport_socket_match_criteria.clone();
+        if chc.transport_socket_matches.is_empty() {
+            assert_eq!(criteria, None, "criteria without a match: {chc:?}");
+            return None;
+        }
+        let [m] = &chc.transport_socket_matches[..] else {
+            panic!("one match per TLS cluster: {chc:?}")
+        };
+        assert_eq!(m.name, TLS_MATCH);
+        assert_eq!(m.r#match, Some(tls_criteria()));
+        assert_eq!(
+            criteria,
+            Some(tls_criteria()),
+            "the check selects the match"
+        );
+        let socket = m.transport_socket.as_ref().unwrap();
+        assert_eq!(socket.name, "envoy.transport_sockets.tls");
+        let Some(transport_socket::ConfigType::TypedConfig(any)) = &socket.config_type else {
+            panic!("typed config: {socket:?}")
+        };
+        assert_eq!(
+            any.type_url,
+            "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+        );
+        Some(UpstreamTlsContext::decode(&any.value[..]).unwrap())
+    }
+
+    fn file(path: &str) -> Option<DataSource> {
+        Some(DataSource {
+            specifier: Some(data_source::Specifier::Filename(path.into())),
+            ..Default::default()
+        })
+    }
+
+    fn context(
+        sni: &str,
+        ca: Option<&str>,
+        client: Option<(&str, &str)>,
+        alpn: &[&str],
+    ) -> UpstreamTlsContext {
+        UpstreamTlsContext {
+            common_tls_context: Some(CommonTlsContext {
+                tls_certificates: client
+                    .into_iter()
+                    .map(|(cert, key)| TlsCertificate {
+                        certificate_chain: file(cert),
+                        private_key: file(key),
+                        ..Default::default()
+                    })
+                    .collect(),
+                alpn_protocols: alpn.iter().map(|a| a.to_string()).collect(),
+                validation_context_type: ca.map(|ca| {
+                    common_tls_context::ValidationContextType::ValidationContext(
+                        CertificateValidationContext {
+                            trusted_ca: file(ca),
+                            match_typed_subject_alt_names: (!sni.is_empty())
+                                .then(|| SubjectAltNameMatcher {
+                                    san_type: subject_alt_name_matcher::SanType::Dns as i32,
+                                    matcher: Some(StringMatcher {
+                                        match_pattern: Some(string_matcher::MatchPattern::Exact(
+                                            sni.into(),
+                                        )),
+                                        ignore_case: false,
+                                    }),
+                                    oid: String::new(),
+                                })
+                                .into_iter()
+                                .collect(),
+                            ..Default::default()
+                        },
+                    )
+                }),
+                ..Default::default()
+            }),
+            sni: sni.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn every_tls_shape_of_the_reference_file() {
+        let dp = crate::dataplane::parse_documents(TLS_SHAPES)
+            .unwrap()
+            .remove(0);
+        let spec = build(&dp, &defaults()).unwrap();
+        let ca = Some("/certs/ca.pem");
+        let client = Some(("/certs/client.pem", "/certs/client.key"));
+        let expected = [
+            Some(context("web.internal", ca, None, &[])),
+            Some(context("", None, None, &["h2"])),
+            Some(context("", ca, None, &["h2"])),
+            Some(context("cart.internal", ca, client, &["h2", "grpc-exp"])),
+            Some(context("", ca, None, &[])),
+            Some(context("", None, client, &[])),
+            None,
+            None,
+        ];
+        assert_eq!(spec.targets.len(), expected.len());
+        for (i, want) in expected.into_iter().enumerate() {
+            assert_eq!(tls_of(&spec, i), want, "inbound {i}");
+        }
+        // TLS changes nothing else: the checker is the plaintext one.
+        let plain = |yaml: &str| {
+            let mut dp = crate::dataplane::parse_documents(yaml).unwrap().remove(0);
+            for inbound in &mut dp.inbounds {
+                if let Some(Check::Http(h)) = inbound.probe.as_mut().and_then(|p| p.check.as_mut())
+                {
+                    h.tls = None;
+                }
+            }
+            build(&dp, &defaults()).unwrap()
+        };
+        let without = plain(TLS_SHAPES);
+        assert_eq!(checker(&spec, 0), checker(&without, 0));
+        let (mut a, b) = (
+            spec.message.cluster_health_checks[0].clone(),
+            without.message.cluster_health_checks[0].clone(),
+        );
+        a.transport_socket_matches.clear();
+        a.health_checks[0].transport_socket_match_criteria = None;
+        assert_eq!(a, b);
+    }
+
+    /// A specifier without TLS is exactly what it was before TLS existed:
+    /// no transport socket match, no criteria, on any cluster.
+    #[test]
+    fn checks_without_tls_carry_no_transport_socket() {
+        let mut dp = dataplane(vec![
+            inbound(10001, 8080, None),
+            inbound(10002, 8081, with_check(Check::Http(HttpCheck::path("/h")))),
+            inbound(10003, 8082, with_check(Check::Grpc(GrpcCheck::default()))),
+        ]);
+        dp.admin_port = Some(9901);
+        let spec = build(&dp, &defaults()).unwrap();
+        for chc in &spec.message.cluster_health_checks {
+            assert!(chc.transport_socket_matches.is_empty(), "{chc:?}");
+            assert_eq!(chc.health_checks[0].transport_socket_match_criteria, None);
+        }
+    }
+
+    /// The default check carries `hds.check.tls` (the Envoy's own `/ready`
+    /// check never does), and an Envoy too old for gRPC gets its TCP
+    /// fallback over the same transport socket.
+    #[test]
+    fn default_tls_and_the_fallback_keep_the_transport_socket() {
+        let settings = SpecifierSettings {
+            default_check: Check::Tcp(TcpCheck {
+                tls: Some(crate::probe::Tls::with_ca("/ca.pem")),
+                ..TcpCheck::default()
+            }),
+            tcp_fallback: true,
+            ..defaults()
+        };
+        let grpc = Check::Grpc(GrpcCheck {
+            tls: Some(crate::probe::Tls::with_ca("/ca.pem")),
+            ..GrpcCheck::default()
+        });
+        let mut dp = dataplane(vec![
+            inbound(10001, 8080, None),
+            inbound(10002, 8081, with_check(grpc)),
+        ]);
+        dp.admin_port = Some(9901);
+        let spec = build(&dp, &settings).unwrap();
+        assert_eq!(
+            tls_of(&spec, 0),
+            Some(context("", Some("/ca.pem"), None, &[]))
+        );
+        let grpc_tls = tls_of(&spec, 1);
+        assert_eq!(grpc_tls, Some(context("", Some("/ca.pem"), None, &["h2"])));
+        assert_eq!(tls_of(&spec, 2), None, "the Envoy's own /ready");
+        let (old, _) = spec
+            .for_envoy(Some(EnvoyVersion::new(1, 37, 0)))
+            .expect("1.37 runs no gRPC check");
+        assert!(matches!(
+            checker(&old, 1),
+            health_check::HealthChecker::TcpHealthCheck(_)
+        ));
+        assert_eq!(tls_of(&old, 1), grpc_tls, "the same transport socket");
     }
 
     #[test]

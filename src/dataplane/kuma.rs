@@ -917,7 +917,11 @@ networking:
                 "insecureSkipVerify: 1",
                 "expected a boolean",
             ),
-            ("          sni:", "          serverName:", "unknown field `serverName`"),
+            (
+                "          sni:",
+                "          serverName:",
+                "unknown field `serverName`",
+            ),
         ] {
             assert!(TLS_PROBES.contains(from), "{from}");
             let e = parse_documents(&TLS_PROBES.replace(from, to)).unwrap_err();
