@@ -219,6 +219,8 @@ pub struct FoldOutcome {
     pub became_not_ready: u32,
     /// Endpoints the current specifier does not have (left from an older one).
     pub unknown_endpoints: u32,
+    /// UNHEALTHY results of recreated hosts not applied ([`hold_window`]).
+    pub held: u32,
 }
 
 /// The health of a (re)defined dataplane. An inbound keeps its state when it
@@ -377,6 +379,7 @@ pub fn fold_report(
                 let window = hold_window(specifier, t);
                 if status == Status::Unhealthy && held(inbound, health.reattached_at, window, now) {
                     inbound.last_report_at = Some(now);
+                    outcome.held += 1;
                     continue;
                 }
                 if !held(inbound, health.reattached_at, window, now) {
@@ -1053,6 +1056,7 @@ mod tests {
         let o = fold(&mut h2, &spec2, &report(&[(a, 8080, U)]), t(10) + ms(300));
         assert_eq!(statuses(&h2), [Status::Healthy], "held");
         assert!(!o.changed && h2.recent.len() == 1, "{:?}", h2.recent);
+        assert_eq!(o.held, 1);
         assert_eq!(h2.inbounds[0].last_report_at, Some(t(10) + ms(300)));
         assert_eq!(h2.inbounds[0].since, t(1));
         // The first check passed: healthy, still within the window.

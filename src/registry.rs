@@ -653,6 +653,13 @@ impl DataplaneTask {
             let fold = &applied.fold;
             crate::metrics::report_folded(received.elapsed(), fold.unknown_endpoints);
             crate::metrics::transitions(fold.became_ready, fold.became_not_ready);
+            if fold.held > 0 {
+                tracing::debug!(
+                    dataplane = %self.id,
+                    held = fold.held,
+                    "report held: a TLS change made Envoy recreate the host, which reads UNHEALTHY until its first check"
+                );
+            }
         }
         // Another instance's state is its writer's to store, not ours.
         // With a shared store an attach is written at once: the other

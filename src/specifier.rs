@@ -407,10 +407,10 @@ pub fn build(
 /// The name of the transport socket match a TLS check's cluster carries.
 pub const TLS_MATCH: &str = "hdsd_tls";
 
-/// The criteria (a key and its value, under Envoy's
-/// `envoy.transport_socket_match` metadata) with which a TLS health check
-/// selects [`TLS_MATCH`].
-pub const TLS_CRITERIA: (&str, &str) = ("hdsd", "tls");
+/// The key of the criteria (under Envoy's `envoy.transport_socket_match`
+/// metadata) with which a TLS health check selects [`TLS_MATCH`]; its value
+/// names the TLS settings ([`tls_match_value`]).
+pub const TLS_CRITERIA_KEY: &str = "hdsd";
 
 /// The transport socket name of Envoy's TLS.
 pub const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
@@ -418,31 +418,59 @@ pub const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
 const UPSTREAM_TLS_CONTEXT: &str =
     "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
 
-fn tls_criteria() -> Struct {
+/// The value both the match and the criteria carry: `tls-` and the FNV-1a
+/// hash of the encoded `UpstreamTlsContext` (stable across releases).
+///
+/// Why the settings are in it: Envoy's HDS recreates a cluster's host when
+/// its transport socket matches change, but keys hosts by address, so it
+/// never removes the old one from the health checker, which goes on
+/// probing it (Envoy 1.40: one more probe per interval for every TLS
+/// change). A health check that changes with the settings is a new
+/// checker, and the old checker goes away with its sessions.
+pub fn tls_match_value(context: &[u8]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in context {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("tls-{hash:016x}")
+}
+
+fn tls_criteria(value: &str) -> Struct {
     Struct {
         fields: [(
-            TLS_CRITERIA.0.to_string(),
+            TLS_CRITERIA_KEY.to_string(),
             Value {
-                kind: Some(value::Kind::StringValue(TLS_CRITERIA.1.to_string())),
+                kind: Some(value::Kind::StringValue(value.to_string())),
             },
         )]
         .into(),
     }
 }
 
-/// The cluster's TLS transport socket for a check's TLS, selected by [`TLS_CRITERIA`].
-fn tls_match(tls: &TlsInForce) -> TransportSocketMatch {
-    TransportSocketMatch {
+/// A check's TLS as Envoy gets it: the cluster's transport socket match,
+/// and the criteria with which the health check selects it.
+fn tls_match(tls: &TlsInForce) -> (TransportSocketMatch, Struct) {
+    let context = upstream_tls_context(tls).encode_to_vec();
+    let criteria = tls_criteria(&tls_match_value(&context));
+    let socket_match = TransportSocketMatch {
         name: TLS_MATCH.to_string(),
-        r#match: Some(tls_criteria()),
+        r#match: Some(criteria.clone()),
         transport_socket: Some(TransportSocket {
             name: TLS_TRANSPORT_SOCKET.to_string(),
             config_type: Some(transport_socket::ConfigType::TypedConfig(Any {
                 type_url: UPSTREAM_TLS_CONTEXT.to_string(),
-                value: upstream_tls_context(tls).encode_to_vec(),
+                value: context,
             })),
         }),
-    }
+    };
+    (socket_match, criteria)
+}
+
+/// The prefix of the Envoy stats of a probe's cluster on its admin port
+/// (`GET /stats`): Envoy writes the `:` of a stat name as `_`.
+pub fn stats_prefix(cluster: &str) -> String {
+    format!("cluster.{}.", cluster.replace(':', "_"))
 }
 
 /// Envoy's `UpstreamTlsContext` for a check's TLS: the files by name (Envoy
@@ -493,7 +521,11 @@ pub fn upstream_tls_context(tls: &TlsInForce) -> UpstreamTlsContext {
 
 fn cluster_health_check(target: &ProbeTarget) -> ClusterHealthCheck {
     let s = &target.settings;
-    let tls = target.check.tls_in_force();
+    let (socket_match, criteria) = target
+        .check
+        .tls_in_force()
+        .map(|tls| tls_match(&tls))
+        .unzip();
     ClusterHealthCheck {
         cluster_name: target.cluster.clone(),
         health_checks: vec![HealthCheck {
@@ -508,14 +540,14 @@ fn cluster_health_check(target: &ProbeTarget) -> ClusterHealthCheck {
                 value: s.unhealthy_threshold,
             }),
             health_checker: Some(health_checker(&target.check, target.endpoint)),
-            transport_socket_match_criteria: tls.as_ref().map(|_| tls_criteria()),
+            transport_socket_match_criteria: criteria,
             ..Default::default()
         }],
         locality_endpoints: vec![LocalityEndpoints {
             locality: None,
             endpoints: vec![endpoint(target.endpoint)],
         }],
-        transport_socket_matches: tls.iter().map(tls_match).collect(),
+        transport_socket_matches: socket_match.into_iter().collect(),
         ..Default::default()
     }
 }
@@ -1177,12 +1209,7 @@ mod tests {
             panic!("one match per TLS cluster: {chc:?}")
         };
         assert_eq!(m.name, TLS_MATCH);
-        assert_eq!(m.r#match, Some(tls_criteria()));
-        assert_eq!(
-            criteria,
-            Some(tls_criteria()),
-            "the check selects the match"
-        );
+        assert_eq!(criteria, m.r#match, "the check selects the match");
         let socket = m.transport_socket.as_ref().unwrap();
         assert_eq!(socket.name, "envoy.transport_sockets.tls");
         let Some(transport_socket::ConfigType::TypedConfig(any)) = &socket.config_type else {
@@ -1192,7 +1219,50 @@ mod tests {
             any.type_url,
             "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
         );
+        // The criteria name the settings: `tls-` and the hash of the context.
+        assert_eq!(
+            m.r#match,
+            Some(tls_criteria(&tls_match_value(&any.value))),
+            "{chc:?}"
+        );
         Some(UpstreamTlsContext::decode(&any.value[..]).unwrap())
+    }
+
+    /// The criteria's value: the same settings the same name, other
+    /// settings another (so Envoy replaces the health checker), a stable
+    /// hash of the encoded context.
+    #[test]
+    fn the_criteria_name_the_tls_settings() {
+        let dp = crate::dataplane::parse_documents(TLS_SHAPES)
+            .unwrap()
+            .remove(0);
+        let spec = build(&dp, &defaults()).unwrap();
+        let values: Vec<String> = spec.message.cluster_health_checks[..6]
+            .iter()
+            .map(|c| {
+                let criteria = c.health_checks[0]
+                    .transport_socket_match_criteria
+                    .as_ref()
+                    .unwrap();
+                match &criteria.fields[TLS_CRITERIA_KEY].kind {
+                    Some(value::Kind::StringValue(v)) => v.clone(),
+                    other => panic!("{other:?}"),
+                }
+            })
+            .collect();
+        let distinct: std::collections::BTreeSet<&String> = values.iter().collect();
+        assert_eq!(distinct.len(), values.len(), "{values:?}");
+        assert!(values.iter().all(|v| v.len() == 20 && v.starts_with("tls-")));
+        let again = build(&dp, &defaults()).unwrap();
+        assert_eq!(again.message, spec.message);
+        // FNV-1a 64 of nothing and of "a" (the published test vectors).
+        assert_eq!(tls_match_value(b""), "tls-cbf29ce484222325");
+        assert_eq!(tls_match_value(b"a"), "tls-af63dc4c8601ec8c");
+        assert_eq!(
+            stats_prefix("probe_127.0.0.1:8443"),
+            "cluster.probe_127.0.0.1_8443."
+        );
+        assert_eq!(stats_prefix("probe_[::1]:8443"), "cluster.probe_[__1]_8443.");
     }
 
     fn file(path: &str) -> Option<DataSource> {

@@ -436,7 +436,8 @@ pub fn tls_failing(cluster: &str) -> ReasonItem {
     ReasonItem {
         code: "tls_probe_failing".into(),
         message: format!(
-            "the probe runs over TLS and Envoy reports it failing: the application may be down, or the handshake may fail (a certificate the CA does not sign or that does not name the SNI, a client certificate the application refuses or lacks, a plaintext port); hdsd cannot see the handshake, so read the Envoy's stats on its admin port: GET /stats?filter=cluster.{cluster}. (ssl.fail_verify_error, ssl.fail_verify_san: certificates refused; ssl.connection_error: handshakes failed; health_check.network_failure: checks that failed before any answer)"
+            "the probe runs over TLS and Envoy reports it failing: the application may be down, or the handshake may fail (a certificate the CA does not sign or that does not name the SNI, a client certificate the application refuses or lacks, a plaintext port); hdsd cannot see the handshake, so read the Envoy's stats on its admin port (GET /stats, the lines that start with {prefix}): ssl.fail_verify_error and ssl.fail_verify_san count certificates Envoy refused, ssl.connection_error handshakes that failed, health_check.network_failure checks that failed before any answer",
+            prefix = crate::specifier::stats_prefix(cluster)
         ),
     }
 }
@@ -604,7 +605,7 @@ mod tests {
             assert!(
                 reason
                     .message
-                    .contains("GET /stats?filter=cluster.probe_127.0.0.1:8080."),
+                    .contains("the lines that start with cluster.probe_127.0.0.1_8080.)"),
                 "{}",
                 reason.message
             );
