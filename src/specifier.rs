@@ -1252,7 +1252,9 @@ mod tests {
             .collect();
         let distinct: std::collections::BTreeSet<&String> = values.iter().collect();
         assert_eq!(distinct.len(), values.len(), "{values:?}");
-        assert!(values.iter().all(|v| v.len() == 20 && v.starts_with("tls-")));
+        assert!(values
+            .iter()
+            .all(|v| v.len() == 20 && v.starts_with("tls-")));
         let again = build(&dp, &defaults()).unwrap();
         assert_eq!(again.message, spec.message);
         // FNV-1a 64 of nothing and of "a" (the published test vectors).
@@ -1262,7 +1264,10 @@ mod tests {
             stats_prefix("probe_127.0.0.1:8443"),
             "cluster.probe_127.0.0.1_8443."
         );
-        assert_eq!(stats_prefix("probe_[::1]:8443"), "cluster.probe_[__1]_8443.");
+        assert_eq!(
+            stats_prefix("probe_[::1]:8443"),
+            "cluster.probe_[__1]_8443."
+        );
     }
 
     fn file(path: &str) -> Option<DataSource> {

@@ -593,8 +593,14 @@ mod tests {
                 "alpn": ["h2"],
             })
         );
-        assert!(json["inbounds"][1]["probe"].get("tls").is_none(), "plaintext");
-        assert_eq!(item.inbounds[0].health.reason, None, "healthy: nothing to say");
+        assert!(
+            json["inbounds"][1]["probe"].get("tls").is_none(),
+            "plaintext"
+        );
+        assert_eq!(
+            item.inbounds[0].health.reason, None,
+            "healthy: nothing to say"
+        );
         for status in [
             crate::readiness::Status::Unhealthy,
             crate::readiness::Status::Timeout,

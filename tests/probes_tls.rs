@@ -56,7 +56,13 @@ fn envoy_stat(envoy: &Envoy, cluster: &str, stat: &str) -> u64 {
         .read_to_string()
         .expect("stats text");
     text.lines()
-        .find_map(|l| l.strip_prefix(&name)?.strip_prefix(": ")?.trim().parse().ok())
+        .find_map(|l| {
+            l.strip_prefix(&name)?
+                .strip_prefix(": ")?
+                .trim()
+                .parse()
+                .ok()
+        })
         .unwrap_or(0)
 }
 
@@ -207,10 +213,7 @@ fn mutual_tls_is_ready_only_while_the_probe_presents_a_certificate() {
     let server = ca.issue_for(pki.path(), "db", ServerAuth, &["db.test"]);
     let clients = Ca::new("clients CA");
     let probe_cert = clients.issue_for(pki.path(), "probe", ClientAuth, &["probe.test"]);
-    let app = TlsApp::start(
-        tls_config(&server.cert, &server.key, Some(&clients)),
-        false,
-    );
+    let app = TlsApp::start(tls_config(&server.cert, &server.key, Some(&clients)), false);
     let hdsd = Hdsd::start(HdsdOptions::default());
     let probe = |client: bool| {
         let client = if client {
@@ -289,7 +292,9 @@ fn a_change_of_only_the_tls_settings_keeps_the_inbound_ready() {
             ),
         )
     };
-    define(&format!("{{enabled: false, caFile: {ca_file}, sni: app.test}}"));
+    define(&format!(
+        "{{enabled: false, caFile: {ca_file}, sni: app.test}}"
+    ));
     let envoy = Envoy::start_logging(
         &envoy_bin(),
         hdsd.hds,
@@ -320,14 +325,18 @@ fn a_change_of_only_the_tls_settings_keeps_the_inbound_ready() {
         let served = app.served();
         define(tls);
         // Envoy recreates the host, then checks it (slowly), then reports.
-        wait_for(&format!("Envoy to recreate the host for {tls}"), DETECTION, || {
-            let dp = hdsd.dataplane("default.web")?;
-            healthy(&dp);
-            samples += 1;
-            (recreations() > n)
-                .then_some(())
-                .ok_or(format!("{} recreations", recreations()))
-        });
+        wait_for(
+            &format!("Envoy to recreate the host for {tls}"),
+            DETECTION,
+            || {
+                let dp = hdsd.dataplane("default.web")?;
+                healthy(&dp);
+                samples += 1;
+                (recreations() > n)
+                    .then_some(())
+                    .ok_or(format!("{} recreations", recreations()))
+            },
+        );
         wait_for("the new host's first check", DETECTION, || {
             let dp = hdsd.dataplane("default.web")?;
             healthy(&dp);
@@ -371,9 +380,7 @@ fn a_change_of_only_the_tls_settings_keeps_the_inbound_ready() {
 /// 32 KiB buffer limit, the endpoints, the health checks and the transport
 /// socket matches), as a static cluster. A static cluster with a gRPC check
 /// must say it speaks HTTP/2 (an HDS cluster need not, from Envoy 1.38).
-fn hds_cluster(
-    chc: &envoy_types::pb::envoy::service::health::v3::ClusterHealthCheck,
-) -> Cluster {
+fn hds_cluster(chc: &envoy_types::pb::envoy::service::health::v3::ClusterHealthCheck) -> Cluster {
     use envoy_types::pb::envoy::config::core::v3::{health_check, Http2ProtocolOptions};
     use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
         http_protocol_options::{
@@ -401,8 +408,9 @@ fn hds_cluster(
         (
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_string(),
             envoy_types::pb::google::protobuf::Any {
-                type_url: "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-                    .to_string(),
+                type_url:
+                    "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+                        .to_string(),
                 value: http2.encode_to_vec(),
             },
         )
@@ -426,9 +434,7 @@ fn hds_cluster(
                         .endpoints
                         .iter()
                         .map(|e| LbEndpoint {
-                            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(
-                                e.clone(),
-                            )),
+                            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(e.clone())),
                             ..Default::default()
                         })
                         .collect(),

@@ -291,7 +291,11 @@ pub fn tls_config(
     };
     let chain = vec![CertificateDer::from_pem_file(cert).expect("certificate PEM")];
     let key = PrivateKeyDer::from_pem_file(key).expect("key PEM");
-    Arc::new(builder.with_single_cert(chain, key).expect("certificate and key"))
+    Arc::new(
+        builder
+            .with_single_cert(chain, key)
+            .expect("certificate and key"),
+    )
 }
 
 /// What a [`TlsApp`] has served.
