@@ -445,7 +445,7 @@ pub fn apply_support(
         };
         let unsupported = support
             .and_then(|s| s.get(t))
-            .is_some_and(|s| matches!(s, Support::Unsupported(_)));
+            .is_some_and(|s| matches!(s, Support::Unsupported(_) | Support::Withheld));
         let status = match (unsupported, inbound.status) {
             (true, _) => Status::Unsupported,
             (false, Status::Unsupported) => Status::Pending,

@@ -195,10 +195,20 @@ impl Specifier {
     }
 
     /// How an Envoy of `version` (`None`: it reported none) runs each
-    /// target, by index; `None` when it runs every one as built (the usual
-    /// case, which allocates nothing).
-    pub fn support_for(&self, version: Option<EnvoyVersion>) -> Option<Vec<Support>> {
-        let of = |t: &ProbeTarget| capability::support(version, &t.check, self.tcp_fallback);
+    /// target, by index, with every TLS check left out when `withhold_tls`
+    /// ([`Support::Withheld`]); `None` when it runs every one as built (the
+    /// usual case, which allocates nothing).
+    pub fn support_for(
+        &self,
+        version: Option<EnvoyVersion>,
+        withhold_tls: bool,
+    ) -> Option<Vec<Support>> {
+        let of = |t: &ProbeTarget| {
+            if withhold_tls && t.check.tls().is_some_and(|tls| tls.enabled) {
+                return Support::Withheld;
+            }
+            capability::support(version, &t.check, self.tcp_fallback)
+        };
         if self.targets.iter().all(|t| of(t) == Support::Full) {
             return None;
         }
@@ -218,7 +228,7 @@ impl Specifier {
             .zip(support)
             .filter_map(|(t, s)| match s {
                 Support::Full => Some(cluster_health_check(t)),
-                Support::Unsupported(_) => None,
+                Support::Unsupported(_) | Support::Withheld => None,
                 // Over the check's own TLS (the transport socket the
                 // cluster would have anyway): a connect then needs the
                 // handshake to pass.
@@ -243,6 +253,26 @@ impl Specifier {
         )
     }
 
+    /// Whether the message sends any check over TLS.
+    pub fn sends_tls(&self) -> bool {
+        self.message
+            .cluster_health_checks
+            .iter()
+            .any(|c| !c.transport_socket_matches.is_empty())
+    }
+
+    /// Whether `other` checks its targets over other TLS than this one (a
+    /// target's TLS changed, or a TLS target came or went).
+    pub fn tls_differs(&self, other: &Specifier) -> bool {
+        let tls = |s: &Specifier| -> Vec<(SocketAddr, Option<TlsInForce>)> {
+            s.targets
+                .iter()
+                .map(|t| (t.endpoint, t.check.tls_in_force()))
+                .collect()
+        };
+        tls(self) != tls(other)
+    }
+
     /// The targets whose check the oldest supported Envoy cannot run, with
     /// the table's row that says which release can (`hdsd validate` warns).
     pub fn beyond_oldest_supported(
@@ -255,10 +285,15 @@ impl Specifier {
         })
     }
 
-    /// The specifier an Envoy of `version` is sent, with how it runs each
-    /// target: `None` when that is this one, whole.
-    pub fn for_envoy(&self, version: Option<EnvoyVersion>) -> Option<(Specifier, Vec<Support>)> {
-        let support = self.support_for(version)?;
+    /// The specifier an Envoy of `version` is sent (without its TLS checks
+    /// when `withhold_tls`), with how it runs each target: `None` when that
+    /// is this one, whole.
+    pub fn for_envoy(
+        &self,
+        version: Option<EnvoyVersion>,
+        withhold_tls: bool,
+    ) -> Option<(Specifier, Vec<Support>)> {
+        let support = self.support_for(version, withhold_tls)?;
         Some((self.restricted(&support), support))
     }
 
@@ -1414,7 +1449,7 @@ mod tests {
         assert_eq!(grpc_tls, Some(context("", Some("/ca.pem"), None, &["h2"])));
         assert_eq!(tls_of(&spec, 2), None, "the Envoy's own /ready");
         let (old, _) = spec
-            .for_envoy(Some(EnvoyVersion::new(1, 37, 0)))
+            .for_envoy(Some(EnvoyVersion::new(1, 37, 0)), false)
             .expect("1.37 runs no gRPC check");
         assert!(matches!(
             checker(&old, 1),
