@@ -375,6 +375,85 @@ fn a_change_of_only_the_tls_settings_keeps_the_inbound_ready() {
     assert!(held > 0, "no UNHEALTHY of a recreated host was reported");
 }
 
+/// Envoy aborts on a TLS file it cannot read (an uncaught exception in
+/// its HDS), and restarts into the same specifier. After three such
+/// streams in a row hdsd sends that Envoy no TLS check: it stays up, its
+/// other inbounds are probed, the TLS one reads `unsupported` with the
+/// reason; once the file is there, new TLS settings are sent again.
+#[test]
+fn an_envoy_that_aborts_on_a_missing_tls_file_is_sent_its_tls_checks_no_more() {
+    let pki = tempfile::tempdir().unwrap();
+    let ca = Ca::new("apps CA");
+    let ca_file = pki.path().join("ca.pem");
+    let leaf = ca.issue_for(pki.path(), "app", ServerAuth, &["app.test"]);
+    let tls_app = TlsApp::start(tls_config(&leaf.cert, &leaf.key, None), false);
+    let app = App::start();
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let define = |tls: &str| {
+        hdsd.write_dataplane(
+            "web.yaml",
+            &format!(
+                "{}  - port: 10002\n    servicePort: {}\n    serviceAddress: 127.0.0.1\n",
+                probed_dataplane(
+                    "web",
+                    tls_app.port,
+                    &format!("      http:\n        path: /healthz\n        tls: {tls}\n")
+                ),
+                app.port
+            ),
+        )
+    };
+    // The CA file is not on the machine yet.
+    define(&format!("{{caFile: {}}}", path(&ca_file)));
+    let mut crashes = 0;
+    let mut envoy = loop {
+        assert!(crashes <= 3, "hdsd kept sending the TLS check");
+        // A supervisor restarts the Envoy each time it aborts.
+        let mut envoy = Envoy::start(hdsd.hds, "default.web", None);
+        let aborted = wait_for("Envoy to abort, or to run without the TLS check", CONNECT, || {
+            if envoy.exited().is_some() {
+                return Ok(true);
+            }
+            let dp = hdsd.dataplane("default.web")?;
+            match (
+                dp.connection.connected,
+                dp.inbounds[1].health.status.as_str(),
+            ) {
+                (true, "healthy") => Ok(false),
+                other => Err(format!("{other:?}")),
+            }
+        });
+        if !aborted {
+            break envoy;
+        }
+        crashes += 1;
+        assert!(
+            envoy.log().contains("Invalid path"),
+            "Envoy aborted for another reason:\n{}",
+            envoy.log()
+        );
+    };
+    eprintln!("missing CA file: Envoy aborted {crashes} times, then ran without the TLS check");
+    assert_eq!(crashes, 3, "three streams in a row flag the dataplane");
+    let dp = hdsd.wait_inbound("default.web", 10001, "unsupported", DETECTION);
+    let reason = dp.inbounds[0].health.reason.clone().expect("a reason");
+    assert_eq!(reason.code, "tls_withheld");
+    through_reports(&hdsd, "default.web", 5, |dp| {
+        assert_eq!(dp.inbounds[1].health.status, "healthy");
+        assert!(!dp.inbounds[0].health.ready);
+    });
+    assert!(envoy.is_running(), "the Envoy runs what it is sent");
+
+    // The file is put in place; new TLS settings are sent again.
+    ca.write(&ca_file);
+    define(&format!("{{caFile: {}, sni: app.test}}", path(&ca_file)));
+    hdsd.wait_inbound("default.web", 10001, "healthy", DETECTION);
+    through_reports(&hdsd, "default.web", 3, |dp| {
+        assert!(dp.is_ready(), "{dp:?}");
+    });
+    assert!(envoy.is_running());
+}
+
 /// The cluster Envoy's HDS makes of one `ClusterHealthCheck`
 /// (`HdsDelegate::createClusterConfig`: its name, a 1 s connect timeout, a
 /// 32 KiB buffer limit, the endpoints, the health checks and the transport
@@ -511,7 +590,7 @@ fn envoy_validates_every_reference_tls_shape_on_every_release() {
         // What hdsd sends this release (gRPC checks only from 1.38).
         let version_parsed: hdsd::capability::EnvoyVersion = version.parse().unwrap();
         let sent = specifier
-            .for_envoy(Some(version_parsed))
+            .for_envoy(Some(version_parsed), false)
             .map(|(s, _)| s.message)
             .unwrap_or_else(|| specifier.message.clone());
         let sent_tls = sent

@@ -512,8 +512,12 @@ impl Envoy {
         }
     }
 
+    /// The Envoy's log (lossy: the backtrace of an Envoy that aborted
+    /// holds bytes that are not UTF-8).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
+        std::fs::read(self.dir.path().join("envoy.log"))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
     }
 
     pub fn pid(&self) -> u32 {
@@ -546,6 +550,14 @@ impl Envoy {
             .map(|s| s.success())
             .unwrap_or(false);
         assert!(ok, "kill -{name} {}", self.pid());
+    }
+
+    /// The Envoy's exit status once it has exited (the test expected it:
+    /// it is no longer checked when dropped), `None` while it runs.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().ok().flatten()?;
+        self.child = None;
+        Some(status)
     }
 
     pub fn is_running(&mut self) -> bool {
