@@ -170,6 +170,39 @@ fn https_probe_follows_the_certificate_and_a_plaintext_probe_never_passes() {
     assert_eq!(app.served().plaintext, 0);
 }
 
+/// `[hds.check.tls]` puts the default check (here a TCP connect: the
+/// handshake is the check) over TLS for inbounds without a `serviceProbe`.
+#[test]
+fn the_default_check_goes_over_tls() {
+    let pki = tempfile::tempdir().unwrap();
+    let ca = Ca::new("apps CA");
+    let ca_file = ca.write(&pki.path().join("ca.pem"));
+    let good = ca.issue_for(pki.path(), "app", ServerAuth, &["app.test"]);
+    let rogue = Ca::new("another CA").issue_for(pki.path(), "rogue", ServerAuth, &["app.test"]);
+    let app = TlsApp::start(tls_config(&good.cert, &good.key, None), false);
+    let hdsd = Hdsd::start(HdsdOptions {
+        extra: format!(
+            "[hds.check.tls]\nca_file = {:?}\nsni = \"app.test\"\n",
+            path(&ca_file)
+        ),
+        ..HdsdOptions::default()
+    });
+    hdsd.write_dataplane("db.yaml", &dataplane_yaml("db", &[(10001, app.port)]));
+    let _envoy = Envoy::start(hdsd.hds, "default.db", None);
+    let dp = hdsd.wait_inbound("default.db", 10001, "healthy", CONNECT);
+    let probe = dp.inbounds[0].probe.clone().unwrap();
+    assert_eq!(probe.kind, "tcp");
+    assert_eq!(probe.tls.unwrap().sni.as_deref(), Some("app.test"));
+    assert_eq!(app.served().last_sni.as_deref(), Some("app.test"));
+    let started = Instant::now();
+    app.set_config(tls_config(&rogue.cert, &rogue.key, None));
+    hdsd.wait_inbound("default.db", 10001, "unhealthy", DETECTION);
+    eprintln!(
+        "tcp over TLS: a certificate from another CA seen as unhealthy after {:?}",
+        started.elapsed()
+    );
+}
+
 #[test]
 fn grpc_over_tls_follows_serving_and_not_serving() {
     let pki = tempfile::tempdir().unwrap();
@@ -410,19 +443,23 @@ fn an_envoy_that_aborts_on_a_missing_tls_file_is_sent_its_tls_checks_no_more() {
         assert!(crashes <= 3, "hdsd kept sending the TLS check");
         // A supervisor restarts the Envoy each time it aborts.
         let mut envoy = Envoy::start(hdsd.hds, "default.web", None);
-        let aborted = wait_for("Envoy to abort, or to run without the TLS check", CONNECT, || {
-            if envoy.exited().is_some() {
-                return Ok(true);
-            }
-            let dp = hdsd.dataplane("default.web")?;
-            match (
-                dp.connection.connected,
-                dp.inbounds[1].health.status.as_str(),
-            ) {
-                (true, "healthy") => Ok(false),
-                other => Err(format!("{other:?}")),
-            }
-        });
+        let aborted = wait_for(
+            "Envoy to abort, or to run without the TLS check",
+            CONNECT,
+            || {
+                if envoy.exited().is_some() {
+                    return Ok(true);
+                }
+                let dp = hdsd.dataplane("default.web")?;
+                match (
+                    dp.connection.connected,
+                    dp.inbounds[1].health.status.as_str(),
+                ) {
+                    (true, "healthy") => Ok(false),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        );
         if !aborted {
             break envoy;
         }

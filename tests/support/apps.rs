@@ -304,9 +304,11 @@ pub struct TlsServed {
     /// Requests answered over TLS, and in plaintext.
     pub tls: u64,
     pub plaintext: u64,
-    /// The SNI of the last TLS connection (`None`: it sent none).
+    /// TLS handshakes completed (a TCP check over TLS sends no request).
+    pub handshakes: u64,
+    /// The SNI of the last TLS handshake (`None`: it sent none).
     pub last_sni: Option<String>,
-    /// Whether the last TLS client presented a certificate.
+    /// Whether the last TLS handshake's client presented a certificate.
     pub last_client_cert: bool,
     /// TLS handshakes that failed (e.g. a client without the certificate
     /// the app requires).
@@ -408,15 +410,17 @@ impl TlsApp {
                 s.lock().unwrap().failed_handshakes += 1;
                 return;
             };
-            let sni = tls.conn.server_name().map(str::to_string);
-            let client_cert = tls.conn.peer_certificates().is_some_and(|c| !c.is_empty());
+            {
+                let mut served = s.lock().unwrap();
+                served.handshakes += 1;
+                served.last_sni = tls.conn.server_name().map(str::to_string);
+                served.last_client_cert =
+                    tls.conn.peer_certificates().is_some_and(|c| !c.is_empty());
+            }
             if answer_http(&mut tls, stop, delay) {
                 tls.conn.send_close_notify();
                 let _ = tls.flush();
-                let mut served = s.lock().unwrap();
-                served.tls += 1;
-                served.last_sni = sni;
-                served.last_client_cert = client_cert;
+                s.lock().unwrap().tls += 1;
             }
         });
         TlsApp {
