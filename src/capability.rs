@@ -179,6 +179,10 @@ pub enum Support {
     Unsupported(Feature),
     /// With the configured fallback check in its place.
     Fallback(Feature),
+    /// Not at all: the target's TLS check was in every specifier this
+    /// Envoy ended its stream on (Envoy aborts on a TLS file it cannot
+    /// read), so hdsd leaves it out until the TLS settings change.
+    Withheld,
 }
 
 impl Support {
@@ -193,6 +197,7 @@ impl Support {
         };
         let (code, f, then) = match self {
             Support::Full => return None,
+            Support::Withheld => return Some(tls_withheld()),
             Support::Unsupported(f) => (
                 "envoy_too_old",
                 f,
@@ -212,6 +217,14 @@ impl Support {
                 r.what, r.since.major, r.since.minor
             ),
         })
+    }
+}
+
+/// Why a TLS check is left out ([`Support::Withheld`]), and how to send it again.
+pub fn tls_withheld() -> Reason {
+    Reason {
+        code: "tls_withheld",
+        message: "this Envoy ended its stream after every specifier that carried this dataplane's TLS checks, as Envoy does when it aborts on a TLS file it cannot read (its log: \"Invalid path\" or \"Failed to load\"), so hdsd leaves them out; put the files the tls blocks name (caFile, clientCertFile, clientKeyFile) on the Envoy's machine, then change the tls settings (e.g. enabled: false, then true again) or restart hdsd to send them again".to_string(),
     }
 }
 

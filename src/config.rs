@@ -13,7 +13,7 @@ use figment::providers::{Env, Format, Serialized, Toml, Yaml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
-use crate::probe::{validate_path, Check, HttpCheck, ProbeSettings};
+use crate::probe::{validate_path, Check, HttpCheck, ProbeSettings, Spelling, TcpCheck, Tls};
 
 /// The whole configuration of one hdsd process.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -512,6 +512,57 @@ pub struct CheckConfig {
     /// default: the inbound reads `unsupported`, not ready), or a TCP
     /// connect to the same target (`"tcp"`, marked as a fallback).
     pub fallback: CheckFallback,
+    /// TLS for the default check (`kind`); plaintext when absent. A
+    /// `serviceProbe` that names a kind gives its own `tls`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<CheckTlsConfig>,
+}
+
+/// `[hds.check.tls]`: the default check over TLS. The files are paths on
+/// the Envoy's machine: hdsd passes them to Envoy and never reads them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckTlsConfig {
+    /// On unless `false`: the table's presence turns TLS on.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The server name sent in the handshake; with `ca_file`, the
+    /// certificate must name it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sni: Option<String>,
+    /// The CA (PEM) that signs the applications' certificates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    /// Accept any certificate instead (exclusive with `ca_file`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_skip_verify: bool,
+    /// The certificate Envoy presents to applications that require one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_file: Option<String>,
+    /// Its private key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key_file: Option<String>,
+    /// ALPN protocols offered; default: none for TCP and HTTP/1.1.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alpn: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl From<&CheckTlsConfig> for Tls {
+    fn from(c: &CheckTlsConfig) -> Tls {
+        Tls {
+            enabled: c.enabled,
+            sni: c.sni.clone(),
+            ca_file: c.ca_file.clone(),
+            insecure_skip_verify: c.insecure_skip_verify,
+            client_cert_file: c.client_cert_file.clone(),
+            client_key_file: c.client_key_file.clone(),
+            alpn: c.alpn.clone(),
+        }
+    }
 }
 
 /// `hds.check.fallback`.
@@ -682,6 +733,7 @@ impl Default for CheckConfig {
             kind: CheckKind::Tcp,
             http: HttpCheckConfig::default(),
             fallback: CheckFallback::None,
+            tls: None,
         }
     }
 }
@@ -742,11 +794,16 @@ impl CheckConfig {
 
     /// The default check (validated by [`Config::validate`]).
     pub fn check(&self) -> Check {
+        let tls = self.tls.as_ref().map(Tls::from);
         match self.kind {
-            CheckKind::Tcp => Check::default(),
-            CheckKind::Http => {
-                Check::Http(HttpCheck::path(self.http.path.clone().unwrap_or_default()))
-            }
+            CheckKind::Tcp => Check::Tcp(TcpCheck {
+                tls,
+                ..TcpCheck::default()
+            }),
+            CheckKind::Http => Check::Http(HttpCheck {
+                tls,
+                ..HttpCheck::path(self.http.path.clone().unwrap_or_default())
+            }),
         }
     }
 }
@@ -945,6 +1002,11 @@ impl Config {
                 }
             }
             (CheckKind::Tcp, None) => {}
+        }
+        if let Some(tls) = &self.hds.check.tls {
+            let mut errors = Vec::new();
+            Tls::from(tls).validate("hds.check.tls", Spelling::Snake, &mut errors);
+            problems.extend(errors.iter().map(ToString::to_string));
         }
         let stale_after = self.hds.stale_after();
         if stale_after < self.hds.report_interval * 2 {
@@ -1213,6 +1275,21 @@ kind = "tcp"
 # [hds.check.http]
 # The path every application serves its health on; required when kind = "http".
 # path = "/healthz"
+
+# [hds.check.tls]
+# The default check over TLS (a serviceProbe that names a kind gives its own `tls`).
+# The files are paths on each Envoy's machine: hdsd passes them and never reads them.
+# The CA that signs the applications' certificates (or insecure_skip_verify = true).
+# ca_file = "/etc/envoy/apps-ca.pem"
+# The server name sent in the handshake; with ca_file, the certificate must name it.
+# sni = "app.internal"
+# A certificate and key for applications that require one (mutual TLS).
+# client_cert_file = "/etc/envoy/probe.pem"
+# client_key_file = "/etc/envoy/probe.key"
+# ALPN protocols offered (default: none).
+# alpn = ["http/1.1"]
+# false keeps the table but probes in plaintext.
+# enabled = true
 
 # TLS for the HDS listener (PEM files, reloaded when they change). Plaintext when absent.
 # [hds.tls]
@@ -1587,6 +1664,53 @@ mod tests {
         );
         let e = load_str(".toml", "[hds.check]\nkind = \"grpc\"\n").unwrap_err();
         assert!(e.to_string().contains("grpc"), "{e}");
+    }
+
+    #[test]
+    fn default_check_tls() {
+        let c = load_str(
+            ".toml",
+            "[hds.check]\nkind = \"http\"\n[hds.check.http]\npath = \"/healthz\"\n[hds.check.tls]\nca_file = \"/etc/envoy/ca.pem\"\nsni = \"app.internal\"\n",
+        )
+        .unwrap();
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        let check = c.hds.check.check();
+        let tls = check.tls_in_force().unwrap();
+        assert_eq!(
+            (tls.ca_file.as_deref(), tls.sni.as_deref()),
+            (Some("/etc/envoy/ca.pem"), Some("app.internal"))
+        );
+        assert_eq!(check.kind(), "http");
+        // The TCP default check carries it too; `enabled = false` keeps it off.
+        let mut c = Config::default();
+        c.hds.check.tls = Some(CheckTlsConfig {
+            enabled: false,
+            sni: None,
+            ca_file: None,
+            insecure_skip_verify: false,
+            client_cert_file: None,
+            client_key_file: None,
+            alpn: Vec::new(),
+        });
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        assert_eq!(c.hds.check.check().tls_in_force(), None);
+        // Every rule, in the file's own spelling.
+        let c = load_str(
+            ".toml",
+            "[hds.check.tls]\nclient_key_file = \"probe.key\"\nalpn = [\"\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.validate(),
+            vec![
+                "hds.check.tls: say how Envoy verifies the application's certificate: set ca_file (the CA that signs it, a PEM file on the Envoy's machine) or insecure_skip_verify = true (no verification: anyone on the path can pose as the application)".to_string(),
+                "hds.check.tls.client_key_file \"probe.key\" is not an absolute path; give the file's absolute path on the Envoy's machine (hdsd passes it to Envoy and never reads it)".to_string(),
+                "hds.check.tls.client_key_file is set but hds.check.tls.client_cert_file is not; a client certificate needs its private key: set both, or neither".to_string(),
+                "hds.check.tls.alpn: \"\" is not an ALPN protocol id; use 1-255 visible ASCII characters, no spaces (e.g. h2, http/1.1)".to_string(),
+            ]
+        );
+        let e = load_str(".toml", "[hds.check.tls]\ninsecure_skip_verify = \"yes\"\n").unwrap_err();
+        assert!(e.to_string().contains("insecure_skip_verify"), "{e}");
     }
 
     #[test]

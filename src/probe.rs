@@ -5,7 +5,8 @@
 //! before anything is sent, each with its own message.
 //!
 //! [`ProbeSettings`] is the timing of a probe; [`Check`] is what it checks
-//! (a TCP connect or payload exchange, or an HTTP request).
+//! (a TCP connect or payload exchange, an HTTP request, a gRPC health
+//! call), each optionally over TLS ([`Tls`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -67,6 +68,9 @@ pub struct TcpCheck {
     pub send: Option<Payload>,
     /// Blocks that must all be found in the answer, in this order.
     pub receive: Vec<Payload>,
+    /// Connect over TLS: the handshake must succeed (a connect-only check
+    /// then checks the handshake), and the payload travels inside it.
+    pub tls: Option<Tls>,
 }
 
 /// A TCP payload as written in the file.
@@ -87,8 +91,10 @@ pub struct HttpCheck {
     /// Empty means the default, 200-299.
     pub expected_statuses: Vec<StatusRange>,
     pub headers: BTreeMap<String, String>,
-    /// Speak HTTP/2 (prior knowledge, h2c) instead of HTTP/1.1.
+    /// Speak HTTP/2 (prior knowledge, h2c; over TLS, ALPN h2) instead of HTTP/1.1.
     pub http2: bool,
+    /// HTTPS: the request goes over TLS.
+    pub tls: Option<Tls>,
 }
 
 impl HttpCheck {
@@ -100,6 +106,7 @@ impl HttpCheck {
             expected_statuses: Vec::new(),
             headers: BTreeMap::new(),
             http2: false,
+            tls: None,
         }
     }
 
@@ -140,6 +147,101 @@ pub struct GrpcCheck {
     pub service: Option<String>,
     /// The `:authority` header; default: the probed `address:port`.
     pub authority: Option<String>,
+    /// gRPC over TLS (ALPN h2 unless `alpn` says otherwise).
+    pub tls: Option<Tls>,
+}
+
+/// A check's `tls:` block: Envoy speaks TLS to the application, through an
+/// `envoy.transport_sockets.tls` transport socket on the probe's cluster.
+///
+/// The files are paths on the Envoy's machine: hdsd sends them to Envoy
+/// and never reads them. Verification is never a silent default: the block
+/// names the CA that signs the application's certificate, or says
+/// `insecureSkipVerify: true`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Tls {
+    /// `false` keeps the block written but probes in plaintext.
+    pub enabled: bool,
+    /// The server name sent in the handshake (SNI); with a CA, the
+    /// certificate must also name it (a DNS subject alternative name).
+    /// Default: none, and the certificate's names are not checked.
+    pub sni: Option<String>,
+    /// The CA bundle (PEM) that verifies the application's certificate.
+    pub ca_file: Option<String>,
+    /// Accept any certificate (no verification). Exclusive with `ca_file`.
+    pub insecure_skip_verify: bool,
+    /// The certificate Envoy presents to applications that require one (mTLS).
+    pub client_cert_file: Option<String>,
+    /// The private key of `client_cert_file`.
+    pub client_key_file: Option<String>,
+    /// ALPN protocols offered; empty: the default ([`Tls::DEFAULT_H2`] for a
+    /// check that speaks HTTP/2, none otherwise).
+    pub alpn: Vec<String>,
+}
+
+impl Tls {
+    /// The ALPN a check that speaks HTTP/2 (gRPC, `http2: true`) offers by default.
+    pub const DEFAULT_H2: &'static str = "h2";
+
+    /// A block that verifies against `ca_file`, every other field at its default.
+    pub fn with_ca(ca_file: impl Into<String>) -> Tls {
+        Tls {
+            enabled: true,
+            sni: None,
+            ca_file: Some(ca_file.into()),
+            insecure_skip_verify: false,
+            client_cert_file: None,
+            client_key_file: None,
+            alpn: Vec::new(),
+        }
+    }
+}
+
+/// What Envoy is told to do for one check's TLS: a [`Tls`] block that is
+/// enabled, its defaults resolved. Two checks with the same `TlsInForce`
+/// have the same transport socket.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TlsInForce {
+    pub sni: Option<String>,
+    /// `None`: `insecureSkipVerify` (no verification).
+    pub ca_file: Option<String>,
+    /// Certificate and key, for mTLS.
+    pub client: Option<(String, String)>,
+    pub alpn: Vec<String>,
+}
+
+impl TlsInForce {
+    /// The block that puts this TLS in force, defaults written out (a
+    /// check of another kind then gets the same transport socket).
+    pub fn into_block(self) -> Tls {
+        let (client_cert_file, client_key_file) = self.client.unzip();
+        Tls {
+            enabled: true,
+            sni: self.sni,
+            insecure_skip_verify: self.ca_file.is_none(),
+            ca_file: self.ca_file,
+            client_cert_file,
+            client_key_file,
+            alpn: self.alpn,
+        }
+    }
+}
+
+/// How a file names a field: Kuma's `serviceProbe` is camelCase YAML,
+/// hdsd's configuration file snake_case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spelling {
+    Camel,
+    Snake,
+}
+
+impl Spelling {
+    fn pick(self, camel: &'static str, snake: &'static str) -> &'static str {
+        match self {
+            Spelling::Camel => camel,
+            Spelling::Snake => snake,
+        }
+    }
 }
 
 /// One broken rule.
@@ -189,6 +291,27 @@ pub enum ValidationError {
     PayloadTooLong { field: &'static str, len: usize },
     #[error("tcp.{field} is not hex ({reason}); write pairs of hex digits, e.g. 50494e47")]
     BadHex { field: &'static str, reason: String },
+    #[error("{at}: say how Envoy verifies the application's certificate: set {ca} (the CA that signs it, a PEM file on the Envoy's machine) or {skip} (no verification: anyone on the path can pose as the application)")]
+    TlsNoVerification {
+        at: String,
+        ca: &'static str,
+        /// `insecureSkipVerify: true` as the file writes it.
+        skip: &'static str,
+    },
+    #[error("{at}: {ca} and {insecure} are both set; verify against the CA or skip verification, not both: remove one")]
+    TlsBothVerifications {
+        at: String,
+        ca: &'static str,
+        insecure: &'static str,
+    },
+    #[error("{field} {value:?} is not an absolute path; give the file's absolute path on the Envoy's machine (hdsd passes it to Envoy and never reads it)")]
+    TlsPathNotAbsolute { field: String, value: String },
+    #[error("{set} is set but {missing} is not; a client certificate needs its private key: set both, or neither")]
+    TlsHalfClientPair { set: String, missing: String },
+    #[error("{field} {value:?} is not a host name; SNI is a DNS name (letters, digits, '-' and '.'; labels of 1-63 characters, at most 253 in all), never an IP address")]
+    TlsBadSni { field: String, value: String },
+    #[error("{field}: {value:?} is not an ALPN protocol id; use 1-255 visible ASCII characters, no spaces (e.g. h2, http/1.1)")]
+    TlsBadAlpn { field: String, value: String },
 }
 
 impl Payload {
@@ -237,6 +360,44 @@ impl Check {
             Check::Http(_) => "http",
             Check::Grpc(_) => "grpc",
         }
+    }
+
+    /// The check's `tls` block, enabled or not.
+    pub fn tls(&self) -> Option<&Tls> {
+        match self {
+            Check::Tcp(c) => c.tls.as_ref(),
+            Check::Http(c) => c.tls.as_ref(),
+            Check::Grpc(c) => c.tls.as_ref(),
+        }
+    }
+
+    /// Whether the check speaks HTTP/2 (gRPC, or HTTP with `http2`).
+    pub fn speaks_h2(&self) -> bool {
+        match self {
+            Check::Tcp(_) => false,
+            Check::Http(c) => c.http2,
+            Check::Grpc(_) => true,
+        }
+    }
+
+    /// The TLS Envoy runs this check over; `None`: plaintext (no block, or
+    /// `enabled: false`).
+    pub fn tls_in_force(&self) -> Option<TlsInForce> {
+        let tls = self.tls().filter(|t| t.enabled)?;
+        let alpn = if tls.alpn.is_empty() && self.speaks_h2() {
+            vec![Tls::DEFAULT_H2.to_string()]
+        } else {
+            tls.alpn.clone()
+        };
+        Some(TlsInForce {
+            sni: tls.sni.clone(),
+            ca_file: tls.ca_file.clone().filter(|_| !tls.insecure_skip_verify),
+            client: tls
+                .client_cert_file
+                .clone()
+                .zip(tls.client_key_file.clone()),
+            alpn,
+        })
     }
 
     /// Every broken rule, in a stable order. Empty means valid.
@@ -301,8 +462,101 @@ impl Check {
                 }
             }
         }
+        if let Some(tls) = self.tls() {
+            tls.validate(
+                &format!("{}.tls", self.kind()),
+                Spelling::Camel,
+                &mut errors,
+            );
+        }
         errors
     }
+}
+
+impl Tls {
+    /// Every broken rule of an enabled block (a disabled one is not sent),
+    /// naming each field under `at` (`http.tls`, `hds.check.tls`) as
+    /// `spelling` writes it.
+    pub fn validate(&self, at: &str, spelling: Spelling, errors: &mut Vec<ValidationError>) {
+        if !self.enabled {
+            return;
+        }
+        let field = |camel, snake| format!("{at}.{}", spelling.pick(camel, snake));
+        let ca = spelling.pick("caFile", "ca_file");
+        let insecure = spelling.pick("insecureSkipVerify", "insecure_skip_verify");
+        match (&self.ca_file, self.insecure_skip_verify) {
+            (None, false) => errors.push(ValidationError::TlsNoVerification {
+                at: at.to_string(),
+                ca,
+                skip: spelling.pick("insecureSkipVerify: true", "insecure_skip_verify = true"),
+            }),
+            (Some(_), true) => errors.push(ValidationError::TlsBothVerifications {
+                at: at.to_string(),
+                ca,
+                insecure,
+            }),
+            _ => {}
+        }
+        let cert = field("clientCertFile", "client_cert_file");
+        let key = field("clientKeyFile", "client_key_file");
+        for (name, value) in [
+            (field("caFile", "ca_file"), &self.ca_file),
+            (cert.clone(), &self.client_cert_file),
+            (key.clone(), &self.client_key_file),
+        ] {
+            if let Some(value) = value.as_ref().filter(|v| !valid_file_path(v)) {
+                errors.push(ValidationError::TlsPathNotAbsolute {
+                    field: name,
+                    value: value.clone(),
+                });
+            }
+        }
+        match (&self.client_cert_file, &self.client_key_file) {
+            (Some(_), None) => errors.push(ValidationError::TlsHalfClientPair {
+                set: cert,
+                missing: key,
+            }),
+            (None, Some(_)) => errors.push(ValidationError::TlsHalfClientPair {
+                set: key,
+                missing: cert,
+            }),
+            _ => {}
+        }
+        if let Some(sni) = self.sni.as_ref().filter(|s| !valid_host_name(s)) {
+            errors.push(ValidationError::TlsBadSni {
+                field: field("sni", "sni"),
+                value: sni.clone(),
+            });
+        }
+        for alpn in self.alpn.iter().filter(|a| !valid_alpn(a)) {
+            errors.push(ValidationError::TlsBadAlpn {
+                field: field("alpn", "alpn"),
+                value: alpn.clone(),
+            });
+        }
+    }
+}
+
+/// An absolute path with no control character (Envoy reads it as is).
+fn valid_file_path(path: &str) -> bool {
+    path.starts_with('/') && !path.chars().any(|c| c.is_control())
+}
+
+/// A DNS host name (RFC 1123): what SNI carries (RFC 6066), never an IP literal.
+fn valid_host_name(name: &str) -> bool {
+    name.len() <= 253
+        && name.parse::<std::net::IpAddr>().is_err()
+        && name.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// An ALPN protocol id as Envoy sends it: 1-255 visible ASCII characters.
+fn valid_alpn(id: &str) -> bool {
+    (1..=255).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// A Host header or `:authority`: not empty, no space or control character.
@@ -460,7 +714,11 @@ mod tests {
     }
 
     fn tcp(send: Option<Payload>, receive: Vec<Payload>) -> Check {
-        Check::Tcp(TcpCheck { send, receive })
+        Check::Tcp(TcpCheck {
+            send,
+            receive,
+            tls: None,
+        })
     }
 
     #[test]
@@ -489,6 +747,7 @@ mod tests {
             Check::Grpc(GrpcCheck {
                 service: Some("shop.Cart".into()),
                 authority: Some("cart.internal:8080".into()),
+                tls: None,
             }),
             Check::Grpc(GrpcCheck::default()),
         ] {
@@ -572,6 +831,7 @@ mod tests {
                 Check::Grpc(GrpcCheck {
                     service: Some("shop Cart".into()),
                     authority: None,
+                    tls: None,
                 }),
                 "grpc.service \"shop Cart\" contains a space or control character; use the fully qualified service name (e.g. my.pkg.Service)",
             ),
@@ -579,6 +839,7 @@ mod tests {
                 Check::Grpc(GrpcCheck {
                     service: None,
                     authority: Some(String::new()),
+                    tls: None,
                 }),
                 "grpc.authority \"\" is not a valid authority (no spaces or control characters, not empty)",
             ),
@@ -625,6 +886,182 @@ mod tests {
             .to_string(),
             "300-302"
         );
+    }
+
+    fn https(f: impl FnOnce(&mut Tls)) -> Check {
+        let mut tls = Tls::with_ca("/etc/envoy/app-ca.pem");
+        f(&mut tls);
+        http(|h| h.tls = Some(tls))
+    }
+
+    #[test]
+    fn valid_tls_blocks() {
+        let full = |t: &mut Tls| {
+            t.sni = Some("web.internal".into());
+            t.client_cert_file = Some("/etc/envoy/probe.pem".into());
+            t.client_key_file = Some("/etc/envoy/probe.key".into());
+            t.alpn = vec!["h2".into(), "http/1.1".into()];
+        };
+        let insecure = |t: &mut Tls| {
+            t.ca_file = None;
+            t.insecure_skip_verify = true;
+        };
+        // A disabled block is not sent, so not checked.
+        let off = |t: &mut Tls| {
+            t.enabled = false;
+            t.ca_file = None;
+            t.sni = Some("not a name".into());
+        };
+        let tcp_tls = Check::Tcp(TcpCheck {
+            tls: Some(Tls::with_ca("/ca.pem")),
+            ..TcpCheck::default()
+        });
+        let grpc_tls = Check::Grpc(GrpcCheck {
+            tls: Some(Tls::with_ca("/ca.pem")),
+            ..GrpcCheck::default()
+        });
+        for check in [https(full), https(insecure), https(off), tcp_tls, grpc_tls] {
+            assert!(
+                check.validate().is_empty(),
+                "{check:?}: {:?}",
+                check.validate()
+            );
+        }
+    }
+
+    #[test]
+    fn each_tls_rule_has_its_message() {
+        let cases: Vec<(Check, &str)> = vec![
+            (
+                https(|t| t.ca_file = None),
+                "http.tls: say how Envoy verifies the application's certificate: set caFile (the CA that signs it, a PEM file on the Envoy's machine) or insecureSkipVerify: true (no verification: anyone on the path can pose as the application)",
+            ),
+            (
+                https(|t| t.insecure_skip_verify = true),
+                "http.tls: caFile and insecureSkipVerify are both set; verify against the CA or skip verification, not both: remove one",
+            ),
+            (
+                https(|t| t.ca_file = Some("certs/ca.pem".into())),
+                "http.tls.caFile \"certs/ca.pem\" is not an absolute path; give the file's absolute path on the Envoy's machine (hdsd passes it to Envoy and never reads it)",
+            ),
+            (
+                https(|t| {
+                    t.client_cert_file = Some("/probe.pem".into());
+                }),
+                "http.tls.clientCertFile is set but http.tls.clientKeyFile is not; a client certificate needs its private key: set both, or neither",
+            ),
+            (
+                https(|t| {
+                    t.client_key_file = Some("/probe.key".into());
+                }),
+                "http.tls.clientKeyFile is set but http.tls.clientCertFile is not; a client certificate needs its private key: set both, or neither",
+            ),
+            (
+                https(|t| {
+                    t.client_cert_file = Some("/probe.pem".into());
+                    t.client_key_file = Some("probe.key".into());
+                }),
+                "http.tls.clientKeyFile \"probe.key\" is not an absolute path; give the file's absolute path on the Envoy's machine (hdsd passes it to Envoy and never reads it)",
+            ),
+            (
+                https(|t| t.sni = Some("10.0.0.7".into())),
+                "http.tls.sni \"10.0.0.7\" is not a host name; SNI is a DNS name (letters, digits, '-' and '.'; labels of 1-63 characters, at most 253 in all), never an IP address",
+            ),
+            (
+                https(|t| t.sni = Some("web..internal".into())),
+                "http.tls.sni \"web..internal\" is not a host name; SNI is a DNS name (letters, digits, '-' and '.'; labels of 1-63 characters, at most 253 in all), never an IP address",
+            ),
+            (
+                https(|t| t.alpn = vec!["h 2".into()]),
+                "http.tls.alpn: \"h 2\" is not an ALPN protocol id; use 1-255 visible ASCII characters, no spaces (e.g. h2, http/1.1)",
+            ),
+            (
+                Check::Grpc(GrpcCheck {
+                    tls: Some(Tls {
+                        alpn: vec![String::new()],
+                        ..Tls::with_ca("/ca.pem")
+                    }),
+                    ..GrpcCheck::default()
+                }),
+                "grpc.tls.alpn: \"\" is not an ALPN protocol id; use 1-255 visible ASCII characters, no spaces (e.g. h2, http/1.1)",
+            ),
+            (
+                Check::Tcp(TcpCheck {
+                    tls: Some(Tls {
+                        ca_file: Some("/ca\n.pem".into()),
+                        ..Tls::with_ca("/ca.pem")
+                    }),
+                    ..TcpCheck::default()
+                }),
+                "tcp.tls.caFile \"/ca\\n.pem\" is not an absolute path; give the file's absolute path on the Envoy's machine (hdsd passes it to Envoy and never reads it)",
+            ),
+        ];
+        for (check, message) in cases {
+            let errors = check.validate();
+            assert_eq!(errors.len(), 1, "{check:?} -> {errors:?}");
+            assert_eq!(errors[0].to_string(), message);
+        }
+        // The configuration file spells the same rules in snake_case.
+        let mut errors = Vec::new();
+        Tls {
+            client_cert_file: Some("/probe.pem".into()),
+            insecure_skip_verify: true,
+            ..Tls::with_ca("/ca.pem")
+        }
+        .validate("hds.check.tls", Spelling::Snake, &mut errors);
+        let messages: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        assert_eq!(
+            messages,
+            [
+                "hds.check.tls: ca_file and insecure_skip_verify are both set; verify against the CA or skip verification, not both: remove one",
+                "hds.check.tls.client_cert_file is set but hds.check.tls.client_key_file is not; a client certificate needs its private key: set both, or neither",
+            ]
+        );
+    }
+
+    #[test]
+    fn tls_in_force_resolves_the_defaults() {
+        let ca = Tls::with_ca("/ca.pem");
+        // No block, or a disabled one: plaintext.
+        assert_eq!(Check::default().tls_in_force(), None);
+        let off = Tls {
+            enabled: false,
+            ..ca.clone()
+        };
+        assert_eq!(https(|t| *t = off.clone()).tls_in_force(), None);
+        // HTTP/1.1 offers no ALPN; HTTP/2 and gRPC offer h2 unless told otherwise.
+        let plain = https(|_| {}).tls_in_force().unwrap();
+        assert_eq!(plain.alpn, Vec::<String>::new());
+        assert_eq!(plain.ca_file.as_deref(), Some("/etc/envoy/app-ca.pem"));
+        let h2 = http(|h| {
+            h.http2 = true;
+            h.tls = Some(ca.clone());
+        });
+        assert_eq!(h2.tls_in_force().unwrap().alpn, ["h2"]);
+        let grpc = Check::Grpc(GrpcCheck {
+            tls: Some(ca.clone()),
+            ..GrpcCheck::default()
+        });
+        assert_eq!(grpc.tls_in_force().unwrap().alpn, ["h2"]);
+        let grpc_own = Check::Grpc(GrpcCheck {
+            tls: Some(Tls {
+                alpn: vec!["grpc-exp".into()],
+                ..ca.clone()
+            }),
+            ..GrpcCheck::default()
+        });
+        assert_eq!(grpc_own.tls_in_force().unwrap().alpn, ["grpc-exp"]);
+        // insecureSkipVerify: no CA; a client pair travels together.
+        let t = https(|t| {
+            t.ca_file = None;
+            t.insecure_skip_verify = true;
+            t.client_cert_file = Some("/c.pem".into());
+            t.client_key_file = Some("/c.key".into());
+        })
+        .tls_in_force()
+        .unwrap();
+        assert_eq!(t.ca_file, None);
+        assert_eq!(t.client, Some(("/c.pem".into(), "/c.key".into())));
     }
 
     #[test]

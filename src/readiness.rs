@@ -14,6 +14,12 @@
 //!   ready): a proxy being shut down takes its inbounds out before its
 //!   application goes away. When it is HEALTHY again, inbounds read their own
 //!   probes' results again.
+//! - A definition that changes only how a target is checked keeps its
+//!   inbounds' state. When the change is to the check's TLS (the cluster's
+//!   transport socket), Envoy recreates the target's host, and a new host
+//!   reads UNHEALTHY until its first check: for a healthy inbound, that
+//!   UNHEALTHY is not news, so it is held for [`hold_window`] (a TIMEOUT,
+//!   the result of a check that ran, never is).
 
 use std::collections::VecDeque;
 
@@ -106,16 +112,56 @@ pub struct InboundHealth {
     pub since: Timestamp,
     /// The last report that covered this inbound.
     pub last_report_at: Option<Timestamp>,
+    /// When a definition changed the TLS of this healthy inbound's check:
+    /// Envoy then recreates its host, which reports UNHEALTHY until its
+    /// first check, so an UNHEALTHY within [`hold_window`] of this moment
+    /// (or of the first attach after it) is held. Kept in memory only.
+    pub recreated_at: Option<Timestamp>,
 }
 
 impl InboundHealth {
-    fn new(status: Status, now: Timestamp) -> Self {
+    /// An inbound with `status` since `since`, never reported, nothing held.
+    pub fn new(status: Status, since: Timestamp) -> Self {
         InboundHealth {
             status,
-            since: now,
+            since,
             last_report_at: None,
+            recreated_at: None,
         }
     }
+}
+
+/// How long after its host is recreated an UNHEALTHY report of a healthy
+/// inbound is held (see [`InboundHealth::recreated_at`]): the probe's
+/// timeout (the new host's first check ends within it) plus the longer of
+/// the probe interval and the report interval (the specifier's way to the
+/// Envoy, and the report's way back).
+pub fn hold_window(specifier: &Specifier, target: usize) -> chrono::Duration {
+    let settings = &specifier.targets[target].settings;
+    let report = specifier
+        .message
+        .interval
+        .as_ref()
+        .map(|d| std::time::Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32))
+        .unwrap_or_default();
+    let window = settings.timeout + settings.interval.max(report);
+    chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX)
+}
+
+/// Whether an UNHEALTHY report of `inbound` at `now` is the recreated host
+/// not yet checked: within `window` of its recreation, or of the first
+/// attach after it (an Envoy that was away gets the change then).
+fn held(
+    inbound: &InboundHealth,
+    reattached_at: Option<Timestamp>,
+    window: chrono::Duration,
+    now: Timestamp,
+) -> bool {
+    let Some(recreated) = inbound.recreated_at else {
+        return false;
+    };
+    let from = reattached_at.map_or(recreated, |at| at.max(recreated));
+    inbound.status == Status::Healthy && now < from + window
 }
 
 /// The health of every inbound of one dataplane, in definition order.
@@ -173,6 +219,8 @@ pub struct FoldOutcome {
     pub became_not_ready: u32,
     /// Endpoints the current specifier does not have (left from an older one).
     pub unknown_endpoints: u32,
+    /// UNHEALTHY results of recreated hosts not applied ([`hold_window`]).
+    pub held: u32,
 }
 
 /// The health of a (re)defined dataplane. An inbound keeps its state when it
@@ -202,7 +250,15 @@ pub fn rebase(
             });
             kept_from.push(before.map(|(j, _)| j));
             match (before, target) {
-                (Some((_, kept)), _) => kept,
+                (Some((j, mut kept)), _) => {
+                    let recreated = previous.is_some_and(|(_, spec, _)| {
+                        kept.status == Status::Healthy && tls_changed(spec, j, specifier, i)
+                    });
+                    if recreated {
+                        kept.recreated_at = Some(now);
+                    }
+                    kept
+                }
                 (None, Some(_)) => InboundHealth::new(Status::Pending, now),
                 (None, None) => InboundHealth::new(Status::NotProbed, now),
             }
@@ -233,6 +289,15 @@ pub fn rebase(
         envoy_ready,
         recent,
     }
+}
+
+/// Whether inbound `j` of `before` and inbound `i` of `after` are checked
+/// over different TLS (the cluster's transport socket changes).
+fn tls_changed(before: &Specifier, j: usize, after: &Specifier, i: usize) -> bool {
+    let tls = |spec: &Specifier, k: usize| {
+        spec.target_of_inbound[k].map(|t| spec.targets[t].check.tls_in_force())
+    };
+    tls(before, j) != tls(after, i)
 }
 
 /// Sets inbound `index`'s status, counting the change in `outcome` and
@@ -309,6 +374,18 @@ pub fn fold_report(
         };
         for &i in &specifier.targets[t].inbounds {
             covered[i] = true;
+            let inbound = &mut health.inbounds[i];
+            if inbound.recreated_at.is_some() {
+                let window = hold_window(specifier, t);
+                if status == Status::Unhealthy && held(inbound, health.reattached_at, window, now) {
+                    inbound.last_report_at = Some(now);
+                    outcome.held += 1;
+                    continue;
+                }
+                if !held(inbound, health.reattached_at, window, now) {
+                    inbound.recreated_at = None;
+                }
+            }
             set_status(
                 (i, &mut health.inbounds[i]),
                 status,
@@ -368,7 +445,7 @@ pub fn apply_support(
         };
         let unsupported = support
             .and_then(|s| s.get(t))
-            .is_some_and(|s| matches!(s, Support::Unsupported(_)));
+            .is_some_and(|s| matches!(s, Support::Unsupported(_) | Support::Withheld));
         let status = match (unsupported, inbound.status) {
             (true, _) => Status::Unsupported,
             (false, Status::Unsupported) => Status::Pending,
@@ -934,6 +1011,126 @@ mod tests {
         assert_eq!(statuses(&h), vec![Unhealthy, NotProbed]);
         assert_eq!(o.became_ready, 1);
         assert_eq!(h.inbounds[1].last_report_at, Some(t(4)));
+    }
+
+    /// `dataplane(&[(10001, 8080)])` whose one inbound is checked with `check`.
+    fn checked(check: crate::probe::Check) -> Dataplane {
+        let mut dp = dataplane(&[(10001, 8080)]);
+        dp.inbounds[0].probe = Some(crate::dataplane::ProbeOverrides {
+            check: Some(check),
+            ..Default::default()
+        });
+        dp
+    }
+
+    fn https(sni: Option<&str>) -> crate::probe::Check {
+        crate::probe::Check::Http(crate::probe::HttpCheck {
+            tls: Some(crate::probe::Tls {
+                sni: sni.map(str::to_string),
+                ..crate::probe::Tls::with_ca("/ca.pem")
+            }),
+            ..crate::probe::HttpCheck::path("/healthz")
+        })
+    }
+
+    fn ms(n: i64) -> chrono::Duration {
+        chrono::Duration::milliseconds(n)
+    }
+
+    /// A change of a healthy inbound's TLS makes Envoy recreate its host,
+    /// which reads UNHEALTHY until its first check: held for the window,
+    /// then believed. A TIMEOUT (a check that ran) is never held.
+    #[test]
+    fn a_tls_change_holds_the_recreated_hosts_unhealthy() {
+        let a = "probe_127.0.0.1:8080";
+        let plain = checked(https(None));
+        let spec = build(&plain, &settings(true)).unwrap();
+        // Defaults: timeout 1s, interval 1s, reports every 5s.
+        assert_eq!(hold_window(&spec, 0), chrono::Duration::seconds(6));
+        let mut h = rebase(None, &plain, &spec, t(0));
+        fold(&mut h, &spec, &report(&[(a, 8080, H)]), t(1));
+        let sni = checked(https(Some("web.internal")));
+        let spec2 = build(&sni, &settings(true)).unwrap();
+        let mut h2 = rebase(Some((&plain, &spec, &h)), &sni, &spec2, t(10));
+        assert_eq!(h2.inbounds[0].recreated_at, Some(t(10)));
+        let o = fold(&mut h2, &spec2, &report(&[(a, 8080, U)]), t(10) + ms(300));
+        assert_eq!(statuses(&h2), [Status::Healthy], "held");
+        assert!(!o.changed && h2.recent.len() == 1, "{:?}", h2.recent);
+        assert_eq!(o.held, 1);
+        assert_eq!(h2.inbounds[0].last_report_at, Some(t(10) + ms(300)));
+        assert_eq!(h2.inbounds[0].since, t(1));
+        // The first check passed: healthy, still within the window.
+        fold(&mut h2, &spec2, &report(&[(a, 8080, H)]), t(11));
+        fold(&mut h2, &spec2, &report(&[(a, 8080, U)]), t(15) + ms(999));
+        assert_eq!(statuses(&h2), [Status::Healthy], "held to the end");
+        // Past the window, UNHEALTHY is news again, and nothing is held.
+        fold(&mut h2, &spec2, &report(&[(a, 8080, U)]), t(16));
+        assert_eq!(statuses(&h2), [Status::Unhealthy]);
+        assert_eq!(h2.inbounds[0].recreated_at, None);
+
+        // A TIMEOUT within the window is a check that ran: believed.
+        let mut h3 = rebase(Some((&plain, &spec, &h)), &sni, &spec2, t(10));
+        fold(&mut h3, &spec2, &report(&[(a, 8080, T)]), t(10) + ms(300));
+        assert_eq!(statuses(&h3), [Status::Timeout]);
+    }
+
+    #[test]
+    fn only_a_tls_change_of_a_healthy_inbound_holds() {
+        let a = "probe_127.0.0.1:8080";
+        let plain = checked(https(None));
+        let spec = build(&plain, &settings(true)).unwrap();
+        let mut h = rebase(None, &plain, &spec, t(0));
+        fold(&mut h, &spec, &report(&[(a, 8080, H)]), t(1));
+        // Another path, same TLS: Envoy keeps the host, nothing is held.
+        let mut other_path = plain.clone();
+        other_path.inbounds[0].probe.as_mut().unwrap().check =
+            Some(crate::probe::Check::Http(crate::probe::HttpCheck {
+                path: "/ready".into(),
+                ..match https(None) {
+                    crate::probe::Check::Http(h) => h,
+                    _ => unreachable!(),
+                }
+            }));
+        let spec2 = build(&other_path, &settings(true)).unwrap();
+        let h2 = rebase(Some((&plain, &spec, &h)), &other_path, &spec2, t(10));
+        assert_eq!(h2.inbounds[0].recreated_at, None);
+        // TLS switched off or on is a change too.
+        for to in [
+            checked(crate::probe::Check::Http(crate::probe::HttpCheck::path(
+                "/healthz",
+            ))),
+            checked(https(Some("web.internal"))),
+        ] {
+            let spec3 = build(&to, &settings(true)).unwrap();
+            let h3 = rebase(Some((&plain, &spec, &h)), &to, &spec3, t(10));
+            assert_eq!(h3.inbounds[0].recreated_at, Some(t(10)), "{to:?}");
+        }
+        // An inbound that was not healthy has nothing to lose.
+        let mut down = h.clone();
+        fold(&mut down, &spec, &report(&[(a, 8080, U)]), t(2));
+        let sni = checked(https(Some("web.internal")));
+        let spec4 = build(&sni, &settings(true)).unwrap();
+        let h4 = rebase(Some((&plain, &spec, &down)), &sni, &spec4, t(10));
+        assert_eq!(h4.inbounds[0].recreated_at, None);
+    }
+
+    /// An Envoy away at the change gets it when it attaches again: the
+    /// window counts from that attach.
+    #[test]
+    fn the_hold_counts_from_the_first_attach_after_the_change() {
+        let a = "probe_127.0.0.1:8080";
+        let plain = checked(https(None));
+        let spec = build(&plain, &settings(true)).unwrap();
+        let mut h = rebase(None, &plain, &spec, t(0));
+        fold(&mut h, &spec, &report(&[(a, 8080, H)]), t(1));
+        let sni = checked(https(Some("web.internal")));
+        let spec2 = build(&sni, &settings(true)).unwrap();
+        let mut h2 = rebase(Some((&plain, &spec, &h)), &sni, &spec2, t(2));
+        reattached(&mut h2, t(7));
+        fold(&mut h2, &spec2, &report(&[(a, 8080, U)]), t(12));
+        assert_eq!(statuses(&h2), [Status::Healthy], "6s from the attach");
+        fold(&mut h2, &spec2, &report(&[(a, 8080, U)]), t(13));
+        assert_eq!(statuses(&h2), [Status::Unhealthy]);
     }
 
     #[test]

@@ -116,6 +116,12 @@ pub struct EnvoyRun {
     /// [`REJECTION_WINDOW`] of a specifier push, with no report
     /// since that push. A report starts the count again.
     pub rejected_streams: u32,
+    /// The Envoy rejected (`rejects_specifier`) specifiers that carried
+    /// TLS checks: it is sent none of them (`Support::Withheld`) until the
+    /// definition's TLS settings change. Envoy aborts on a TLS file it
+    /// cannot read, and hdsd cannot see its files: this bounds the crash
+    /// loop a missing file would cause to the streams that flag it.
+    pub tls_withheld: bool,
 }
 
 impl EnvoyRun {
@@ -653,6 +659,13 @@ impl DataplaneTask {
             let fold = &applied.fold;
             crate::metrics::report_folded(received.elapsed(), fold.unknown_endpoints);
             crate::metrics::transitions(fold.became_ready, fold.became_not_ready);
+            if fold.held > 0 {
+                tracing::debug!(
+                    dataplane = %self.id,
+                    held = fold.held,
+                    "report held: a TLS change made Envoy recreate the host, which reads UNHEALTHY until its first check"
+                );
+            }
         }
         // Another instance's state is its writer's to store, not ours.
         // With a shared store an attach is written at once: the other
@@ -771,6 +784,12 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 return Applied::default();
             }
             let sent_before = s.specifier().cloned();
+            if s.envoy.tls_withheld
+                && previous.is_none_or(|p| p.specifier.tls_differs(&defined.specifier))
+            {
+                // New TLS settings: worth another try.
+                s.envoy.tls_withheld = false;
+            }
             s.health = rebase(
                 previous.map(|p| (&*p.dataplane, &*p.specifier, &s.health)),
                 &defined.dataplane,
@@ -824,10 +843,15 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 true => s.envoy.rejected_streams.saturating_add(1),
                 false => 0,
             };
-            Applied {
-                notify: true,
-                ..Default::default()
+            let sent_tls = s.specifier().is_some_and(|sent| sent.sends_tls());
+            let mut fold = FoldOutcome::default();
+            if s.envoy.rejects_specifier() && sent_tls && !s.envoy.tls_withheld {
+                let sent_before = s.specifier().cloned();
+                s.envoy.tls_withheld = true;
+                fold = adapt(s, now);
+                bump_if_sent_changes(s, sent_before);
             }
+            Applied { notify: true, fold }
         }
         Command::Report { stream, report, .. } => {
             // Only the newest stream speaks for the dataplane.
@@ -925,7 +949,7 @@ fn log_envoy_news(id: &DataplaneId, before: &EnvoyRun, after: &EnvoyRun) {
             for s in r.support.iter() {
                 match s {
                     Support::Full => continue,
-                    Support::Unsupported(_) => left_out += 1,
+                    Support::Unsupported(_) | Support::Withheld => left_out += 1,
                     Support::Fallback(_) => fallback += 1,
                 }
                 reason = reason.or(s.reason(after.version));
@@ -966,14 +990,13 @@ fn adapt(s: &mut DataplaneState, now: Timestamp) -> FoldOutcome {
         return FoldOutcome::default();
     };
     if envoy.seen {
-        envoy.restricted =
-            defined
-                .specifier
-                .for_envoy(envoy.version)
-                .map(|(specifier, support)| Restricted {
-                    specifier: Arc::new(specifier),
-                    support: support.into(),
-                });
+        envoy.restricted = defined
+            .specifier
+            .for_envoy(envoy.version, envoy.tls_withheld)
+            .map(|(specifier, support)| Restricted {
+                specifier: Arc::new(specifier),
+                support: support.into(),
+            });
     }
     let support = envoy.restricted.as_ref().map(|r| &r.support[..]);
     apply_support(health, &defined.specifier, support, now)
@@ -1658,5 +1681,87 @@ mod tests {
             t(14),
         );
         assert_eq!(s.envoy.rejected_streams, 0);
+    }
+
+    /// An HTTPS inbound (10001, CA `ca`) beside a TCP one (10002).
+    fn https_and_tcp(ca: &str) -> Defined {
+        let dp = parse_documents(&format!(
+            "type: Dataplane\nmesh: default\nname: web\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8443\n    serviceProbe: {{http: {{path: /healthz, tls: {{caFile: {ca}}}}}}}\n  - port: 10002\n    servicePort: 8081\n"
+        ))
+        .unwrap()
+        .remove(0);
+        Defined {
+            specifier: Arc::new(build(&dp, &SpecifierSettings::default()).unwrap()),
+            dataplane: Arc::new(dp),
+            file: "web.yaml".into(),
+        }
+    }
+
+    fn reject(s: &mut DataplaneState, stream: StreamId, at: i64) {
+        apply(s, attach(stream, Some("1.40.0")), t(at));
+        apply(
+            s,
+            Command::Detach {
+                stream,
+                rejected: true,
+            },
+            t(at),
+        );
+    }
+
+    /// Envoy aborts on a TLS file it cannot read: an Envoy that ends every
+    /// stream after a specifier with TLS checks is sent none of them any
+    /// more (its TLS inbounds read `unsupported`, `tls_withheld`), whatever
+    /// it reports, until the TLS settings change.
+    #[test]
+    fn tls_checks_are_withheld_from_an_envoy_that_rejects_them() {
+        let mut s = state(https_and_tcp("/missing/ca.pem"));
+        let both = ["probe_127.0.0.1:8443", "probe_127.0.0.1:8081"];
+        for stream in 1..REJECTED_STREAMS as u64 {
+            reject(&mut s, stream, stream as i64);
+            assert_eq!(sent_clusters(&s), both);
+        }
+        let version = s.version;
+        reject(&mut s, 9, 9);
+        assert!(s.envoy.tls_withheld);
+        assert!(s.version > version, "the streams send the new specifier");
+        assert_eq!(sent_clusters(&s), ["probe_127.0.0.1:8081"]);
+        assert_eq!(statuses(&s), [Status::Unsupported, Status::Pending]);
+        let reason = s.reason_of_inbound(0).unwrap();
+        assert_eq!(reason.code, "tls_withheld");
+        assert!(
+            reason.message.contains("Invalid path"),
+            "{}",
+            reason.message
+        );
+        // It runs the rest and reports: still withheld.
+        apply(&mut s, attach(10, Some("1.40.0")), t(10));
+        apply(&mut s, healthy_report(10, 8081), t(11));
+        assert!(!s.envoy.rejects_specifier() && s.envoy.tls_withheld);
+        assert_eq!(statuses(&s), [Status::Unsupported, Status::Healthy]);
+        // Another definition with the same TLS keeps it withheld...
+        let mut moved = https_and_tcp("/missing/ca.pem");
+        moved.file = "moved.yaml".into();
+        apply(&mut s, Command::Define(moved), t(12));
+        assert!(s.envoy.tls_withheld);
+        // ...new TLS settings are sent again.
+        apply(
+            &mut s,
+            Command::Define(https_and_tcp("/etc/envoy/ca.pem")),
+            t(13),
+        );
+        assert!(!s.envoy.tls_withheld);
+        assert_eq!(sent_clusters(&s), both);
+        assert_eq!(statuses(&s), [Status::Pending, Status::Healthy]);
+    }
+
+    /// Rejections of a specifier without TLS withhold nothing.
+    #[test]
+    fn rejections_without_tls_withhold_nothing() {
+        let mut s = state(defined(8080));
+        for stream in 1..=REJECTED_STREAMS as u64 {
+            reject(&mut s, stream, stream as i64);
+        }
+        assert!(s.envoy.rejects_specifier() && !s.envoy.tls_withheld);
     }
 }

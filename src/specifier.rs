@@ -5,7 +5,10 @@
 //! one check (TCP, TCP payload or HTTP/1.1) whose every field is set
 //! explicitly, and exactly one `LocalityEndpoints` holding the one endpoint.
 //! The cluster name depends on the target only, so changing a probe's
-//! settings never renames its cluster. With `hds.check_envoy_ready`, one more
+//! settings never renames its cluster. A check over TLS gets a transport
+//! socket match on its cluster and the criteria that select it on its
+//! health check ([`TLS_MATCH`]); every other cluster is as it would be
+//! without TLS support. With `hds.check_envoy_ready`, one more
 //! cluster checks the Envoy's own admin `/ready`. The mapping from (cluster,
 //! endpoint) back to inbounds is kept beside the message, so reports never
 //! have to parse names.
@@ -15,22 +18,33 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use envoy_types::pb::envoy::config::cluster::v3::cluster::TransportSocketMatch;
 use envoy_types::pb::envoy::config::core::v3::{
-    address, header_value_option, health_check, socket_address, Address, HeaderValue,
-    HeaderValueOption, HealthCheck, SocketAddress,
+    address, data_source, header_value_option, health_check, socket_address, transport_socket,
+    Address, DataSource, HeaderValue, HeaderValueOption, HealthCheck, SocketAddress,
+    TransportSocket,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::Endpoint;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    common_tls_context, subject_alt_name_matcher, CertificateValidationContext, CommonTlsContext,
+    SubjectAltNameMatcher, TlsCertificate, UpstreamTlsContext,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher, StringMatcher};
 use envoy_types::pb::envoy::r#type::v3::{CodecClientType, Int64Range};
 use envoy_types::pb::envoy::service::health::v3::{
     ClusterHealthCheck, HealthCheckSpecifier, LocalityEndpoints,
 };
-use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+use envoy_types::pb::google::protobuf::{
+    value, Any, Duration as PbDuration, Struct, UInt32Value, Value,
+};
 use prost::bytes::Bytes;
 use prost::Message;
 
 use crate::capability::{self, EnvoyVersion, Support};
 use crate::dataplane::Dataplane;
-use crate::probe::{Check, HttpCheck, Payload, ProbeSettings, StatusRange, ValidationError};
+use crate::probe::{
+    Check, HttpCheck, Payload, ProbeSettings, StatusRange, TcpCheck, TlsInForce, ValidationError,
+};
 
 /// Server-wide inputs of specifier generation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,10 +195,20 @@ impl Specifier {
     }
 
     /// How an Envoy of `version` (`None`: it reported none) runs each
-    /// target, by index; `None` when it runs every one as built (the usual
-    /// case, which allocates nothing).
-    pub fn support_for(&self, version: Option<EnvoyVersion>) -> Option<Vec<Support>> {
-        let of = |t: &ProbeTarget| capability::support(version, &t.check, self.tcp_fallback);
+    /// target, by index, with every TLS check left out when `withhold_tls`
+    /// ([`Support::Withheld`]); `None` when it runs every one as built (the
+    /// usual case, which allocates nothing).
+    pub fn support_for(
+        &self,
+        version: Option<EnvoyVersion>,
+        withhold_tls: bool,
+    ) -> Option<Vec<Support>> {
+        let of = |t: &ProbeTarget| {
+            if withhold_tls && t.check.tls().is_some_and(|tls| tls.enabled) {
+                return Support::Withheld;
+            }
+            capability::support(version, &t.check, self.tcp_fallback)
+        };
         if self.targets.iter().all(|t| of(t) == Support::Full) {
             return None;
         }
@@ -198,16 +222,21 @@ impl Specifier {
     /// and the inbounds' map are unchanged: readiness reads reports against
     /// either.
     pub fn restricted(&self, support: &[Support]) -> Specifier {
-        let tcp = Check::Tcp(crate::probe::TcpCheck::default());
         let cluster_health_checks = self
             .targets
             .iter()
             .zip(support)
             .filter_map(|(t, s)| match s {
                 Support::Full => Some(cluster_health_check(t)),
-                Support::Unsupported(_) => None,
+                Support::Unsupported(_) | Support::Withheld => None,
+                // Over the check's own TLS (the transport socket the
+                // cluster would have anyway): a connect then needs the
+                // handshake to pass.
                 Support::Fallback(_) => Some(cluster_health_check(&ProbeTarget {
-                    check: tcp.clone(),
+                    check: Check::Tcp(TcpCheck {
+                        tls: t.check.tls_in_force().map(TlsInForce::into_block),
+                        ..TcpCheck::default()
+                    }),
                     ..t.clone()
                 })),
             })
@@ -224,6 +253,26 @@ impl Specifier {
         )
     }
 
+    /// Whether the message sends any check over TLS.
+    pub fn sends_tls(&self) -> bool {
+        self.message
+            .cluster_health_checks
+            .iter()
+            .any(|c| !c.transport_socket_matches.is_empty())
+    }
+
+    /// Whether `other` checks its targets over other TLS than this one (a
+    /// target's TLS changed, or a TLS target came or went).
+    pub fn tls_differs(&self, other: &Specifier) -> bool {
+        let tls = |s: &Specifier| -> Vec<(SocketAddr, Option<TlsInForce>)> {
+            s.targets
+                .iter()
+                .map(|t| (t.endpoint, t.check.tls_in_force()))
+                .collect()
+        };
+        tls(self) != tls(other)
+    }
+
     /// The targets whose check the oldest supported Envoy cannot run, with
     /// the table's row that says which release can (`hdsd validate` warns).
     pub fn beyond_oldest_supported(
@@ -236,10 +285,15 @@ impl Specifier {
         })
     }
 
-    /// The specifier an Envoy of `version` is sent, with how it runs each
-    /// target: `None` when that is this one, whole.
-    pub fn for_envoy(&self, version: Option<EnvoyVersion>) -> Option<(Specifier, Vec<Support>)> {
-        let support = self.support_for(version)?;
+    /// The specifier an Envoy of `version` is sent (without its TLS checks
+    /// when `withhold_tls`), with how it runs each target: `None` when that
+    /// is this one, whole.
+    pub fn for_envoy(
+        &self,
+        version: Option<EnvoyVersion>,
+        withhold_tls: bool,
+    ) -> Option<(Specifier, Vec<Support>)> {
+        let support = self.support_for(version, withhold_tls)?;
         Some((self.restricted(&support), support))
     }
 
@@ -385,8 +439,128 @@ pub fn build(
     ))
 }
 
+/// The name of the transport socket match a TLS check's cluster carries.
+pub const TLS_MATCH: &str = "hdsd_tls";
+
+/// The key of the criteria (under Envoy's `envoy.transport_socket_match`
+/// metadata) with which a TLS health check selects [`TLS_MATCH`]; its value
+/// names the TLS settings ([`tls_match_value`]).
+pub const TLS_CRITERIA_KEY: &str = "hdsd";
+
+/// The transport socket name of Envoy's TLS.
+pub const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
+
+const UPSTREAM_TLS_CONTEXT: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
+
+/// The value both the match and the criteria carry: `tls-` and the FNV-1a
+/// hash of the encoded `UpstreamTlsContext` (stable across releases).
+///
+/// Why the settings are in it: Envoy's HDS recreates a cluster's host when
+/// its transport socket matches change, but keys hosts by address, so it
+/// never removes the old one from the health checker, which goes on
+/// probing it (Envoy 1.40: one more probe per interval for every TLS
+/// change). A health check that changes with the settings is a new
+/// checker, and the old checker goes away with its sessions.
+pub fn tls_match_value(context: &[u8]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in context {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("tls-{hash:016x}")
+}
+
+fn tls_criteria(value: &str) -> Struct {
+    Struct {
+        fields: [(
+            TLS_CRITERIA_KEY.to_string(),
+            Value {
+                kind: Some(value::Kind::StringValue(value.to_string())),
+            },
+        )]
+        .into(),
+    }
+}
+
+/// A check's TLS as Envoy gets it: the cluster's transport socket match,
+/// and the criteria with which the health check selects it.
+fn tls_match(tls: &TlsInForce) -> (TransportSocketMatch, Struct) {
+    let context = upstream_tls_context(tls).encode_to_vec();
+    let criteria = tls_criteria(&tls_match_value(&context));
+    let socket_match = TransportSocketMatch {
+        name: TLS_MATCH.to_string(),
+        r#match: Some(criteria.clone()),
+        transport_socket: Some(TransportSocket {
+            name: TLS_TRANSPORT_SOCKET.to_string(),
+            config_type: Some(transport_socket::ConfigType::TypedConfig(Any {
+                type_url: UPSTREAM_TLS_CONTEXT.to_string(),
+                value: context,
+            })),
+        }),
+    };
+    (socket_match, criteria)
+}
+
+/// The prefix of the Envoy stats of a probe's cluster on its admin port
+/// (`GET /stats`): Envoy writes the `:` of a stat name as `_`.
+pub fn stats_prefix(cluster: &str) -> String {
+    format!("cluster.{}.", cluster.replace(':', "_"))
+}
+
+/// Envoy's `UpstreamTlsContext` for a check's TLS: the files by name (Envoy
+/// reads them), the CA with the SNI as the DNS name the certificate must
+/// carry, no validation context at all for `insecureSkipVerify`.
+pub fn upstream_tls_context(tls: &TlsInForce) -> UpstreamTlsContext {
+    let file = |path: &str| DataSource {
+        specifier: Some(data_source::Specifier::Filename(path.to_string())),
+        ..Default::default()
+    };
+    let validation = tls.ca_file.as_ref().map(|ca| {
+        common_tls_context::ValidationContextType::ValidationContext(CertificateValidationContext {
+            trusted_ca: Some(file(ca)),
+            match_typed_subject_alt_names: tls
+                .sni
+                .iter()
+                .map(|sni| SubjectAltNameMatcher {
+                    san_type: subject_alt_name_matcher::SanType::Dns as i32,
+                    matcher: Some(StringMatcher {
+                        match_pattern: Some(string_matcher::MatchPattern::Exact(sni.clone())),
+                        ignore_case: false,
+                    }),
+                    oid: String::new(),
+                })
+                .collect(),
+            ..Default::default()
+        })
+    });
+    UpstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_certificates: tls
+                .client
+                .iter()
+                .map(|(cert, key)| TlsCertificate {
+                    certificate_chain: Some(file(cert)),
+                    private_key: Some(file(key)),
+                    ..Default::default()
+                })
+                .collect(),
+            alpn_protocols: tls.alpn.clone(),
+            validation_context_type: validation,
+            ..Default::default()
+        }),
+        sni: tls.sni.clone().unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
 fn cluster_health_check(target: &ProbeTarget) -> ClusterHealthCheck {
     let s = &target.settings;
+    let (socket_match, criteria) = target
+        .check
+        .tls_in_force()
+        .map(|tls| tls_match(&tls))
+        .unzip();
     ClusterHealthCheck {
         cluster_name: target.cluster.clone(),
         health_checks: vec![HealthCheck {
@@ -401,12 +575,14 @@ fn cluster_health_check(target: &ProbeTarget) -> ClusterHealthCheck {
                 value: s.unhealthy_threshold,
             }),
             health_checker: Some(health_checker(&target.check, target.endpoint)),
+            transport_socket_match_criteria: criteria,
             ..Default::default()
         }],
         locality_endpoints: vec![LocalityEndpoints {
             locality: None,
             endpoints: vec![endpoint(target.endpoint)],
         }],
+        transport_socket_matches: socket_match.into_iter().collect(),
         ..Default::default()
     }
 }
@@ -762,6 +938,7 @@ mod tests {
             ],
             headers,
             http2: false,
+            tls: None,
         });
         let spec = build(
             &dataplane(vec![inbound(10001, 8080, with_check(check))]),
@@ -829,6 +1006,7 @@ mod tests {
                 with_check(Check::Grpc(GrpcCheck {
                     service: Some("shop.Cart".into()),
                     authority: None,
+                    tls: None,
                 })),
             ),
             inbound(
@@ -837,6 +1015,7 @@ mod tests {
                 with_check(Check::Tcp(TcpCheck {
                     send: Some(Payload::Text("PING\r\n".into())),
                     receive: vec![Payload::Hex("504f4e47".into()), Payload::Text("!".into())],
+                    tls: None,
                 })),
             ),
         ]);
@@ -1046,6 +1225,237 @@ mod tests {
             build(&dp, &defaults()).unwrap_err().to_string(),
             "networking.inbound[0] and networking.inbound[1] probe the same target 127.0.0.1:8080 with different settings; give them the same serviceProbe"
         );
+    }
+
+    /// The reference TLS shapes (`testdata/specifiers/tls-probes.yaml`), one
+    /// inbound each; tests/probes_tls.rs has Envoy validate the same file.
+    const TLS_SHAPES: &str = include_str!("../testdata/specifiers/tls-probes.yaml");
+
+    /// The transport socket of cluster `i`, decoded, with its match name
+    /// and criteria (`None` when the cluster has none).
+    fn tls_of(spec: &Specifier, i: usize) -> Option<UpstreamTlsContext> {
+        let chc = &spec.message.cluster_health_checks[i];
+        let criteria = chc.health_checks[0].transport_socket_match_criteria.clone();
+        if chc.transport_socket_matches.is_empty() {
+            assert_eq!(criteria, None, "criteria without a match: {chc:?}");
+            return None;
+        }
+        let [m] = &chc.transport_socket_matches[..] else {
+            panic!("one match per TLS cluster: {chc:?}")
+        };
+        assert_eq!(m.name, TLS_MATCH);
+        assert_eq!(criteria, m.r#match, "the check selects the match");
+        let socket = m.transport_socket.as_ref().unwrap();
+        assert_eq!(socket.name, "envoy.transport_sockets.tls");
+        let Some(transport_socket::ConfigType::TypedConfig(any)) = &socket.config_type else {
+            panic!("typed config: {socket:?}")
+        };
+        assert_eq!(
+            any.type_url,
+            "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+        );
+        // The criteria name the settings: `tls-` and the hash of the context.
+        assert_eq!(
+            m.r#match,
+            Some(tls_criteria(&tls_match_value(&any.value))),
+            "{chc:?}"
+        );
+        Some(UpstreamTlsContext::decode(&any.value[..]).unwrap())
+    }
+
+    /// The criteria's value: the same settings the same name, other
+    /// settings another (so Envoy replaces the health checker), a stable
+    /// hash of the encoded context.
+    #[test]
+    fn the_criteria_name_the_tls_settings() {
+        let dp = crate::dataplane::parse_documents(TLS_SHAPES)
+            .unwrap()
+            .remove(0);
+        let spec = build(&dp, &defaults()).unwrap();
+        let values: Vec<String> = spec.message.cluster_health_checks[..6]
+            .iter()
+            .map(|c| {
+                let criteria = c.health_checks[0]
+                    .transport_socket_match_criteria
+                    .as_ref()
+                    .unwrap();
+                match &criteria.fields[TLS_CRITERIA_KEY].kind {
+                    Some(value::Kind::StringValue(v)) => v.clone(),
+                    other => panic!("{other:?}"),
+                }
+            })
+            .collect();
+        let distinct: std::collections::BTreeSet<&String> = values.iter().collect();
+        assert_eq!(distinct.len(), values.len(), "{values:?}");
+        assert!(values
+            .iter()
+            .all(|v| v.len() == 20 && v.starts_with("tls-")));
+        let again = build(&dp, &defaults()).unwrap();
+        assert_eq!(again.message, spec.message);
+        // FNV-1a 64 of nothing and of "a" (the published test vectors).
+        assert_eq!(tls_match_value(b""), "tls-cbf29ce484222325");
+        assert_eq!(tls_match_value(b"a"), "tls-af63dc4c8601ec8c");
+        assert_eq!(
+            stats_prefix("probe_127.0.0.1:8443"),
+            "cluster.probe_127.0.0.1_8443."
+        );
+        assert_eq!(
+            stats_prefix("probe_[::1]:8443"),
+            "cluster.probe_[__1]_8443."
+        );
+    }
+
+    fn file(path: &str) -> Option<DataSource> {
+        Some(DataSource {
+            specifier: Some(data_source::Specifier::Filename(path.into())),
+            ..Default::default()
+        })
+    }
+
+    fn context(
+        sni: &str,
+        ca: Option<&str>,
+        client: Option<(&str, &str)>,
+        alpn: &[&str],
+    ) -> UpstreamTlsContext {
+        UpstreamTlsContext {
+            common_tls_context: Some(CommonTlsContext {
+                tls_certificates: client
+                    .into_iter()
+                    .map(|(cert, key)| TlsCertificate {
+                        certificate_chain: file(cert),
+                        private_key: file(key),
+                        ..Default::default()
+                    })
+                    .collect(),
+                alpn_protocols: alpn.iter().map(|a| a.to_string()).collect(),
+                validation_context_type: ca.map(|ca| {
+                    common_tls_context::ValidationContextType::ValidationContext(
+                        CertificateValidationContext {
+                            trusted_ca: file(ca),
+                            match_typed_subject_alt_names: (!sni.is_empty())
+                                .then(|| SubjectAltNameMatcher {
+                                    san_type: subject_alt_name_matcher::SanType::Dns as i32,
+                                    matcher: Some(StringMatcher {
+                                        match_pattern: Some(string_matcher::MatchPattern::Exact(
+                                            sni.into(),
+                                        )),
+                                        ignore_case: false,
+                                    }),
+                                    oid: String::new(),
+                                })
+                                .into_iter()
+                                .collect(),
+                            ..Default::default()
+                        },
+                    )
+                }),
+                ..Default::default()
+            }),
+            sni: sni.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn every_tls_shape_of_the_reference_file() {
+        let dp = crate::dataplane::parse_documents(TLS_SHAPES)
+            .unwrap()
+            .remove(0);
+        let spec = build(&dp, &defaults()).unwrap();
+        let ca = Some("/certs/ca.pem");
+        let client = Some(("/certs/client.pem", "/certs/client.key"));
+        let expected = [
+            Some(context("web.internal", ca, None, &[])),
+            Some(context("", None, None, &["h2"])),
+            Some(context("", ca, None, &["h2"])),
+            Some(context("cart.internal", ca, client, &["h2", "grpc-exp"])),
+            Some(context("", ca, None, &[])),
+            Some(context("", None, client, &[])),
+            None,
+            None,
+        ];
+        assert_eq!(spec.targets.len(), expected.len());
+        for (i, want) in expected.into_iter().enumerate() {
+            assert_eq!(tls_of(&spec, i), want, "inbound {i}");
+        }
+        // TLS changes nothing else: the checker is the plaintext one.
+        let plain = |yaml: &str| {
+            let mut dp = crate::dataplane::parse_documents(yaml).unwrap().remove(0);
+            for inbound in &mut dp.inbounds {
+                if let Some(Check::Http(h)) = inbound.probe.as_mut().and_then(|p| p.check.as_mut())
+                {
+                    h.tls = None;
+                }
+            }
+            build(&dp, &defaults()).unwrap()
+        };
+        let without = plain(TLS_SHAPES);
+        assert_eq!(checker(&spec, 0), checker(&without, 0));
+        let (mut a, b) = (
+            spec.message.cluster_health_checks[0].clone(),
+            without.message.cluster_health_checks[0].clone(),
+        );
+        a.transport_socket_matches.clear();
+        a.health_checks[0].transport_socket_match_criteria = None;
+        assert_eq!(a, b);
+    }
+
+    /// A specifier without TLS is exactly what it was before TLS existed:
+    /// no transport socket match, no criteria, on any cluster.
+    #[test]
+    fn checks_without_tls_carry_no_transport_socket() {
+        let mut dp = dataplane(vec![
+            inbound(10001, 8080, None),
+            inbound(10002, 8081, with_check(Check::Http(HttpCheck::path("/h")))),
+            inbound(10003, 8082, with_check(Check::Grpc(GrpcCheck::default()))),
+        ]);
+        dp.admin_port = Some(9901);
+        let spec = build(&dp, &defaults()).unwrap();
+        for chc in &spec.message.cluster_health_checks {
+            assert!(chc.transport_socket_matches.is_empty(), "{chc:?}");
+            assert_eq!(chc.health_checks[0].transport_socket_match_criteria, None);
+        }
+    }
+
+    /// The default check carries `hds.check.tls` (the Envoy's own `/ready`
+    /// check never does), and an Envoy too old for gRPC gets its TCP
+    /// fallback over the same transport socket.
+    #[test]
+    fn default_tls_and_the_fallback_keep_the_transport_socket() {
+        let settings = SpecifierSettings {
+            default_check: Check::Tcp(TcpCheck {
+                tls: Some(crate::probe::Tls::with_ca("/ca.pem")),
+                ..TcpCheck::default()
+            }),
+            tcp_fallback: true,
+            ..defaults()
+        };
+        let grpc = Check::Grpc(GrpcCheck {
+            tls: Some(crate::probe::Tls::with_ca("/ca.pem")),
+            ..GrpcCheck::default()
+        });
+        let mut dp = dataplane(vec![
+            inbound(10001, 8080, None),
+            inbound(10002, 8081, with_check(grpc)),
+        ]);
+        dp.admin_port = Some(9901);
+        let spec = build(&dp, &settings).unwrap();
+        assert_eq!(
+            tls_of(&spec, 0),
+            Some(context("", Some("/ca.pem"), None, &[]))
+        );
+        let grpc_tls = tls_of(&spec, 1);
+        assert_eq!(grpc_tls, Some(context("", Some("/ca.pem"), None, &["h2"])));
+        assert_eq!(tls_of(&spec, 2), None, "the Envoy's own /ready");
+        let (old, _) = spec
+            .for_envoy(Some(EnvoyVersion::new(1, 37, 0)), false)
+            .expect("1.37 runs no gRPC check");
+        assert!(matches!(
+            checker(&old, 1),
+            health_check::HealthChecker::TcpHealthCheck(_)
+        ));
+        assert_eq!(tls_of(&old, 1), grpc_tls, "the same transport socket");
     }
 
     #[test]

@@ -221,9 +221,15 @@ pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
                     None => format!("{}", i.port),
                 },
                 format!(
-                    "{service} ({}:{})",
+                    "{service} ({}:{}{})",
                     fmt_ip(i.service_address),
-                    i.service_port
+                    i.service_port,
+                    // Probed over TLS.
+                    if i.probe.as_ref().is_some_and(|p| p.tls.is_some()) {
+                        ", TLS"
+                    } else {
+                        ""
+                    }
                 ),
                 match i.state {
                     InboundState::NotReady => format!("{} (declared NotReady)", i.health.status),
@@ -596,5 +602,59 @@ mod tests {
             out.contains("default.cart: Envoy ends the stream after every specifier"),
             "{out}"
         );
+    }
+
+    /// A TLS probe is marked beside its target; a failing one says why.
+    #[test]
+    fn a_tls_probe_is_marked_and_its_failure_explained() {
+        let t0 = Utc.timestamp_opt(1_700_000_000, 0).unwrap();
+        let mut web = inbound(10001, None, InboundState::Ready, "unhealthy", false, t0);
+        web.probe = Some(crate::view::ProbeItem {
+            kind: "http".into(),
+            fallback: None,
+            cluster: "probe_127.0.0.1:8443".into(),
+            target: "127.0.0.1:8443".parse().unwrap(),
+            interval: std::time::Duration::from_secs(1),
+            timeout: std::time::Duration::from_secs(1),
+            no_traffic_interval: std::time::Duration::from_secs(1),
+            healthy_threshold: 1,
+            unhealthy_threshold: 2,
+            tls: Some(crate::view::TlsItem {
+                verify: "ca".into(),
+                ca_file: Some("/etc/envoy/ca.pem".into()),
+                sni: None,
+                client_cert_file: None,
+                alpn: Vec::new(),
+            }),
+        });
+        web.health.reason = Some(crate::view::tls_failing("probe_127.0.0.1:8443"));
+        let mut plain = inbound(10002, None, InboundState::Ready, "healthy", true, t0);
+        plain.service_port = 8081;
+        let item = DataplaneItem {
+            mesh: "default".into(),
+            name: "web".into(),
+            address: "127.0.0.1".parse().unwrap(),
+            kind: DataplaneKind::Sidecar,
+            connection: ConnectionItem {
+                connected: true,
+                connected_at: Some(t0),
+                last_report_at: Some(t0),
+                held_by: None,
+                envoy_version: None,
+                problem: None,
+            },
+            inbounds: vec![web, plain],
+            listeners: Vec::new(),
+            zone: None,
+        };
+        let out = render(&[item], t0);
+        let row = |port: &str| out.lines().find(|l| l.contains(port)).unwrap().to_string();
+        assert!(row("10001").contains(", TLS)"), "{out}");
+        assert!(!row("10002").contains("TLS"), "{out}");
+        assert!(
+            out.contains("default.web 10001: the probe runs over TLS and Envoy reports it failing"),
+            "{out}"
+        );
+        assert!(out.contains("cluster.probe_127.0.0.1_8443."), "{out}");
     }
 }

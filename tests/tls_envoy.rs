@@ -2,80 +2,19 @@
 //! reload without dropping connected Envoys.
 
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::pki::{replace, Ca, Leaf};
 use crate::support::*;
 use hdsd::bootstrap::{bootstrap, BootstrapParams};
 use hdsd::dataplane::DataplaneId;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
+use rcgen::ExtendedKeyUsagePurpose;
 use rustls::pki_types::{CertificateDer, ServerName};
 
 /// Envoy start, TLS handshake, first connection and first report.
 const CONNECT: Duration = Duration::from_secs(20);
-
-/// A certificate authority made for one test.
-struct Ca {
-    issuer: CertifiedIssuer<'static, KeyPair>,
-}
-
-/// A certificate and its key, written as PEM files.
-struct Leaf {
-    cert: PathBuf,
-    key: PathBuf,
-    der: CertificateDer<'static>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        Ca {
-            issuer: CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap(),
-        }
-    }
-
-    /// Writes the CA certificate to `path`.
-    fn write(&self, path: &Path) -> PathBuf {
-        std::fs::write(path, self.issuer.pem()).unwrap();
-        path.to_path_buf()
-    }
-
-    /// Issues a certificate for 127.0.0.1 and localhost and writes it (by
-    /// rename, as certificate tools do) to `<dir>/<stem>.pem` and `<dir>/<stem>-key.pem`.
-    fn issue(&self, dir: &Path, stem: &str, eku: ExtendedKeyUsagePurpose) -> Leaf {
-        let mut params =
-            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
-        params.distinguished_name.push(DnType::CommonName, stem);
-        params.extended_key_usages = vec![eku];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        let leaf = Leaf {
-            cert: dir.join(format!("{stem}.pem")),
-            key: dir.join(format!("{stem}-key.pem")),
-            der: cert.der().clone(),
-        };
-        replace(&leaf.key, &key.serialize_pem());
-        replace(&leaf.cert, &cert.pem());
-        leaf
-    }
-}
-
-fn replace(path: &Path, contents: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
 
 /// The `[hds.tls]` table for hdsd's config.
 fn hds_tls(cert: &Path, key: &Path, client_ca: Option<&Path>) -> String {

@@ -187,6 +187,58 @@ fn the_fleet_page_follows_the_fleet_live_in_chromium() {
     drop(envoys);
 }
 
+/// An HTTPS probe on the page: marked TLS, its setup in words, and the
+/// reason once its certificate is refused.
+#[test]
+fn the_page_shows_a_tls_probe_and_why_it_may_fail() {
+    use crate::support::apps::{tls_config, TlsApp};
+    use crate::support::pki::Ca;
+    use rcgen::ExtendedKeyUsagePurpose::ServerAuth;
+    let _one = one_browser();
+    let pki = tempfile::tempdir().unwrap();
+    let ca = Ca::new("apps CA");
+    let ca_file = ca.write(&pki.path().join("ca.pem"));
+    let good = ca.issue_for(pki.path(), "app", ServerAuth, &["app.test"]);
+    let rogue = Ca::new("another CA").issue_for(pki.path(), "rogue", ServerAuth, &["app.test"]);
+    let secure = TlsApp::start(tls_config(&good.cert, &good.key, None), false);
+    let plain = App::start();
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let tls = format!(
+        "    serviceProbe:\n      http:\n        path: /healthz\n        tls: {{caFile: {}, sni: app.test}}\n",
+        ca_file.display()
+    );
+    hdsd.write_dataplane(
+        "secure-1.yaml",
+        &format!(
+            "{}{tls}",
+            dataplane("secure-1", 22001, "secure", secure.port)
+        ),
+    );
+    hdsd.write_dataplane(
+        "plain-1.yaml",
+        &dataplane("plain-1", 22002, "plain", plain.port),
+    );
+    let _envoys = [
+        Envoy::start(hdsd.hds, "default.secure-1", None),
+        Envoy::start(hdsd.hds, "default.plain-1", None),
+    ];
+    for (id, port) in [("default.secure-1", 22001), ("default.plain-1", 22002)] {
+        hdsd.wait_inbound(id, port, "healthy", Duration::from_secs(30));
+    }
+    let args = vec![
+        "--scenario".to_string(),
+        "tls".to_string(),
+        "--url".to_string(),
+        hdsd.api_url("/ui/"),
+    ];
+    let lines = run_browser(&args, |action| match action {
+        "rogue_cert secure-1" => secure.set_config(tls_config(&rogue.cert, &rogue.key, None)),
+        other => panic!("unknown action {other:?}"),
+    });
+    let checks = lines.iter().filter(|l| l.starts_with("CHECK")).count();
+    assert!(checks >= 4, "{lines:?}");
+}
+
 #[test]
 fn with_api_tokens_the_page_asks_for_a_token_then_works() {
     let _one = one_browser();

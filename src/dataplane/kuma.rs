@@ -12,7 +12,7 @@ use serde::{Deserialize, Deserializer};
 use super::model::{
     Dataplane, DataplaneId, GatewayType, Inbound, InboundState, Listener, ProbeOverrides,
 };
-use crate::probe::{one_kind, Check, GrpcCheck, HttpCheck, Payload, StatusRange, TcpCheck};
+use crate::probe::{one_kind, Check, GrpcCheck, HttpCheck, Payload, StatusRange, TcpCheck, Tls};
 
 // Followed: Kuma's `api/mesh/v1alpha1/dataplane.proto` (main branch; see
 // docs/configuration.md, "Dataplane files", for the version). Kuma reads a resource with protojson, which also
@@ -149,6 +149,49 @@ struct TcpDoc {
     receive: Vec<String>,
     #[serde(default)]
     receive_hex: Vec<String>,
+    #[serde(default)]
+    tls: Option<TlsDoc>,
+}
+
+/// hdsd's extension: `tls:` in `http`, `grpc` or `tcp`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct TlsDoc {
+    /// On unless written `false`: the block's presence turns TLS on.
+    #[serde(default = "enabled")]
+    enabled: bool,
+    #[serde(default)]
+    sni: Option<String>,
+    #[serde(default)]
+    ca_file: Option<String>,
+    /// A boolean only (`true`), never a string: skipping verification is
+    /// spelled out.
+    #[serde(default)]
+    insecure_skip_verify: bool,
+    #[serde(default)]
+    client_cert_file: Option<String>,
+    #[serde(default)]
+    client_key_file: Option<String>,
+    #[serde(default)]
+    alpn: Vec<String>,
+}
+
+fn enabled() -> bool {
+    true
+}
+
+impl From<TlsDoc> for Tls {
+    fn from(d: TlsDoc) -> Tls {
+        Tls {
+            enabled: d.enabled,
+            sni: d.sni,
+            ca_file: d.ca_file,
+            insecure_skip_verify: d.insecure_skip_verify,
+            client_cert_file: d.client_cert_file,
+            client_key_file: d.client_key_file,
+            alpn: d.alpn,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -163,6 +206,8 @@ struct HttpDoc {
     headers: BTreeMap<String, String>,
     #[serde(default)]
     http2: bool,
+    #[serde(default)]
+    tls: Option<TlsDoc>,
 }
 
 /// `200` or `"200-299"`.
@@ -180,6 +225,8 @@ struct GrpcDoc {
     service: Option<String>,
     #[serde(default)]
     authority: Option<String>,
+    #[serde(default)]
+    tls: Option<TlsDoc>,
 }
 
 impl StatusDoc {
@@ -216,7 +263,11 @@ impl TcpDoc {
         } else {
             self.receive_hex.into_iter().map(Payload::Hex).collect()
         };
-        Ok(TcpCheck { send, receive })
+        Ok(TcpCheck {
+            send,
+            receive,
+            tls: self.tls.map(Tls::from),
+        })
     }
 }
 
@@ -242,11 +293,13 @@ impl ServiceProbeDoc {
                     .collect::<Result<_, _>>()?,
                 headers: http.headers,
                 http2: http.http2,
+                tls: http.tls.map(Tls::from),
             }))
         } else if let Some(grpc) = self.grpc {
             Some(Check::Grpc(GrpcCheck {
                 service: grpc.service,
                 authority: grpc.authority,
+                tls: grpc.tls.map(Tls::from),
             }))
         } else if let Some(tcp) = self.tcp {
             Some(Check::Tcp(tcp.check()?))
@@ -713,6 +766,7 @@ networking:
                 ],
                 headers,
                 http2: true,
+                tls: None,
             }))
         );
         assert_eq!(
@@ -720,6 +774,7 @@ networking:
             Some(Check::Grpc(GrpcCheck {
                 service: Some("shop.Cart".into()),
                 authority: Some("cart.internal".into()),
+                tls: None,
             }))
         );
         assert_eq!(
@@ -727,6 +782,7 @@ networking:
             Some(Check::Tcp(TcpCheck {
                 send: Some(Payload::Text("PING\r\n".into())),
                 receive: vec![Payload::Text("PONG".into())],
+                tls: None,
             }))
         );
         assert_eq!(
@@ -734,6 +790,7 @@ networking:
             Some(Check::Tcp(TcpCheck {
                 send: Some(Payload::Hex("50494e47".into())),
                 receive: vec![Payload::Hex("504f4e47".into()), Payload::Hex("0d0a".into())],
+                tls: None,
             }))
         );
         let timing = probe(4);
@@ -785,6 +842,89 @@ networking:
         ] {
             assert!(PROBES.contains(from), "{from}");
             let e = parse_documents(&PROBES.replace(from, to)).unwrap_err();
+            assert!(e.message.contains(expect), "{from} -> {to}: {e}");
+        }
+    }
+
+    const TLS_PROBES: &str = r#"
+type: Dataplane
+mesh: default
+name: web-01
+networking:
+  address: 127.0.0.1
+  inbound:
+  - port: 10001
+    servicePort: 8443
+    serviceProbe:
+      http:
+        path: /healthz
+        tls:
+          sni: web.internal
+          caFile: /etc/envoy/web-ca.pem
+          clientCertFile: /etc/envoy/probe.pem
+          clientKeyFile: /etc/envoy/probe.key
+          alpn: [http/1.1]
+  - port: 10002
+    serviceProbe:
+      grpc: {tls: {insecureSkipVerify: true}}
+  - port: 10003
+    serviceProbe:
+      tcp: {send: "PING", receive: ["PONG"], tls: {enabled: false, caFile: /ca.pem}}
+"#;
+
+    #[test]
+    fn parses_tls_blocks() {
+        let dp = parse_documents(TLS_PROBES).unwrap().remove(0);
+        let tls = |i: usize| {
+            dp.inbounds[i]
+                .probe
+                .as_ref()
+                .and_then(|p| p.check.as_ref())
+                .and_then(|c| c.tls())
+                .cloned()
+                .unwrap()
+        };
+        assert_eq!(
+            tls(0),
+            Tls {
+                enabled: true,
+                sni: Some("web.internal".into()),
+                ca_file: Some("/etc/envoy/web-ca.pem".into()),
+                insecure_skip_verify: false,
+                client_cert_file: Some("/etc/envoy/probe.pem".into()),
+                client_key_file: Some("/etc/envoy/probe.key".into()),
+                alpn: vec!["http/1.1".into()],
+            }
+        );
+        assert_eq!(
+            tls(1),
+            Tls {
+                ca_file: None,
+                insecure_skip_verify: true,
+                ..Tls::with_ca("")
+            }
+        );
+        assert!(!tls(2).enabled);
+        // Skipping verification takes a boolean, not a word that reads as one.
+        for (from, to, expect) in [
+            (
+                "insecureSkipVerify: true",
+                "insecureSkipVerify: \"yes\"",
+                "expected a boolean",
+            ),
+            (
+                "insecureSkipVerify: true",
+                "insecureSkipVerify: 1",
+                "expected a boolean",
+            ),
+            (
+                "          sni:",
+                "          serverName:",
+                "unknown field `serverName`",
+            ),
+        ] {
+            assert!(TLS_PROBES.contains(from), "{from}");
+            let e = parse_documents(&TLS_PROBES.replace(from, to)).unwrap_err();
             assert!(e.message.contains(expect), "{from} -> {to}: {e}");
         }
     }

@@ -533,7 +533,7 @@ pub(super) fn current_specifier(
             None => d.specifier.clone(),
         };
     }
-    match d.specifier.for_envoy(envoy) {
+    match d.specifier.for_envoy(envoy, state.envoy.tls_withheld) {
         None => d.specifier.clone(),
         Some((restricted, _)) => Arc::new(restricted),
     }
@@ -1125,5 +1125,22 @@ mod tests {
             panic!("{:?}", names(&a))
         };
         assert_eq!(sent.message.cluster_health_checks.len(), 1);
+    }
+
+    /// TLS checks withheld from a dataplane's Envoy (it aborted on them)
+    /// stay out of every stream's first push, whatever its version.
+    #[test]
+    fn withheld_tls_checks_stay_out_of_the_first_push() {
+        let https = "type: Dataplane\nmesh: default\nname: web\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8443\n    serviceProbe: {http: {path: /h, tls: {caFile: /missing/ca.pem}}}\n  - port: 10002\n    servicePort: 8081\n";
+        let mut state = state_of(https, 1, None);
+        let all = current_specifier(&state, &settings(GRACE, STALE), None);
+        assert!(all.sends_tls());
+        assert_eq!(all.message.cluster_health_checks.len(), 2);
+        state.envoy.tls_withheld = true;
+        for version in [None, Some(EnvoyVersion::new(1, 40, 0))] {
+            let sent = current_specifier(&state, &settings(GRACE, STALE), version);
+            assert!(!sent.sends_tls(), "{version:?}");
+            assert_eq!(sent.message.cluster_health_checks.len(), 1);
+        }
     }
 }

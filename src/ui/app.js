@@ -600,7 +600,8 @@
           ? h('div', { class: 'problem k-bad', 'data-problem': item.connection.problem.code }, '! ', item.connection.problem.message)
           : null),
       h('td', { 'data-label': 'Service' }, stack(item.inbounds.map(service))),
-      h('td', { 'data-label': 'Target' }, stack(item.inbounds.map((i) => h('code', {}, target(i))))),
+      h('td', { 'data-label': 'Target' }, stack(item.inbounds.map((i) => [h('code', {}, target(i)),
+        i.probe && i.probe.tls ? h('span', { class: 'tls-mark', title: 'probed over TLS', 'data-tls': 'true' }, ' TLS') : null]))),
       h('td', { 'data-label': 'Status' }, stack(item.inbounds.map((i) => statusBadge(i.health.status)))),
       h('td', { 'data-label': 'Ready', class: 'ready-cell' },
         ready
@@ -622,8 +623,21 @@
   function probeWords(p) {
     const kind = { tcp: 'TCP connect', http: 'HTTP GET', grpc: 'gRPC health check' }[p.kind] || 'Check';
     const instead = p.fallback ? ` (run as a ${p.fallback.toUpperCase()} connect: the Envoy is too old for it)` : '';
-    return `${kind}${instead} every ${p.noTrafficInterval} (interval ${p.interval}), timeout ${p.timeout}; `
+    return `${kind}${instead}${tlsWords(p.tls)} every ${p.noTrafficInterval} (interval ${p.interval}), timeout ${p.timeout}; `
       + `healthy after ${p.healthyThreshold}, unhealthy after ${p.unhealthyThreshold} in a row`;
+  }
+
+  // How a probe's TLS is set up, in words ('' for plaintext). The files are
+  // paths on the Envoy's machine.
+  function tlsWords(t) {
+    if (!t) return '';
+    const parts = [t.verify === 'ca'
+      ? `certificate verified against ${t.caFile}${t.sni ? ` and must name ${t.sni}` : ''}`
+      : 'certificate NOT verified (insecureSkipVerify)'];
+    if (t.sni && t.verify !== 'ca') parts.push(`SNI ${t.sni}`);
+    if (t.clientCertFile) parts.push(`client certificate ${t.clientCertFile}`);
+    if (t.alpn && t.alpn.length) parts.push(`ALPN ${t.alpn.join(', ')}`);
+    return ` over TLS (${parts.join('; ')})`;
   }
 
   function renderBanner(sources) {

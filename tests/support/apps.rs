@@ -1,5 +1,7 @@
 //! Test applications for probe kinds beyond a TCP connect: an HTTP/1.1 app
-//! whose status can be switched, and a TCP app whose answer can be switched.
+//! whose status can be switched, a TCP app whose answer can be switched, a
+//! gRPC health server (in plaintext or over TLS), and an HTTPS app whose
+//! certificate can be replaced.
 //! Each binds "127.0.0.1:0" and keeps its listener, serves every connection
 //! on its own thread, and stops (closing the listener) when dropped.
 
@@ -73,7 +75,7 @@ impl Drop for Acceptor {
 /// Reads from `stream` until `done(buffer)` or the peer closes; `None` when
 /// stopped or closed first. Read timeouts only re-check `stop`.
 fn read_until(
-    stream: &mut TcpStream,
+    stream: &mut impl Read,
     buf: &mut Vec<u8>,
     stop: &AtomicBool,
     done: impl Fn(&[u8]) -> bool,
@@ -213,6 +215,10 @@ pub struct GrpcApp {
 
 impl GrpcApp {
     pub fn start(service: &str) -> GrpcApp {
+        Self::start_with(service, None)
+    }
+
+    fn start_with(service: &str, tls: Option<tonic::transport::ServerTlsConfig>) -> GrpcApp {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -227,8 +233,12 @@ impl GrpcApp {
             reporter
                 .set_service_status(service, tonic_health::ServingStatus::Serving)
                 .await;
+            let mut server = tonic::transport::Server::builder();
+            if let Some(tls) = tls {
+                server = server.tls_config(tls).expect("the gRPC app's TLS");
+            }
             tokio::spawn(
-                tonic::transport::Server::builder()
+                server
                     .add_service(health)
                     .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
             );
@@ -251,5 +261,207 @@ impl GrpcApp {
         };
         self.rt
             .block_on(self.reporter.set_service_status(&self.service, status));
+    }
+}
+
+/// A rustls server configuration presenting `cert` and `key` (PEM files);
+/// with `client_ca`, every client must present a certificate it signs.
+pub fn tls_config(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    client_ca: Option<&super::pki::Ca>,
+) -> Arc<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions");
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(ca.issuer.der().clone()).unwrap();
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .expect("client verifier");
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let chain = vec![CertificateDer::from_pem_file(cert).expect("certificate PEM")];
+    let key = PrivateKeyDer::from_pem_file(key).expect("key PEM");
+    Arc::new(
+        builder
+            .with_single_cert(chain, key)
+            .expect("certificate and key"),
+    )
+}
+
+/// What a [`TlsApp`] has served.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsServed {
+    /// Requests answered over TLS, and in plaintext.
+    pub tls: u64,
+    pub plaintext: u64,
+    /// TLS handshakes completed (a TCP check over TLS sends no request).
+    pub handshakes: u64,
+    /// The SNI of the last TLS handshake (`None`: it sent none).
+    pub last_sni: Option<String>,
+    /// Whether the last TLS handshake's client presented a certificate.
+    pub last_client_cert: bool,
+    /// TLS handshakes that failed (e.g. a client without the certificate
+    /// the app requires).
+    pub failed_handshakes: u64,
+}
+
+/// An HTTPS application: HTTP/1.1 over TLS, answering 200 to every request
+/// after `delay`, and closing the connection. Its TLS configuration (the
+/// certificate, a client certificate required) can be replaced while it
+/// runs. With `plaintext`, a connection that does not open with a TLS
+/// handshake is served as plain HTTP on the same port.
+pub struct TlsApp {
+    pub port: u16,
+    config: Arc<Mutex<Arc<rustls::ServerConfig>>>,
+    served: Arc<Mutex<TlsServed>>,
+    delay: Arc<Mutex<Duration>>,
+    acceptor: Acceptor,
+}
+
+/// Reads an HTTP request head from `stream`, waits `delay`, answers 200.
+fn answer_http(stream: &mut (impl Read + Write), stop: &AtomicBool, delay: Duration) -> bool {
+    let mut head = Vec::new();
+    if read_until(stream, &mut head, stop, |b| {
+        b.windows(4).any(|w| w == b"\r\n\r\n")
+    })
+    .is_none()
+    {
+        return false;
+    }
+    std::thread::sleep(delay);
+    write!(
+        stream,
+        "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
+    )
+    .and_then(|_| stream.flush())
+    .is_ok()
+}
+
+/// Completes a server handshake on `tcp` (retrying read timeouts until `stop`).
+fn handshake(
+    config: Arc<rustls::ServerConfig>,
+    mut tcp: TcpStream,
+    stop: &AtomicBool,
+) -> Option<rustls::StreamOwned<rustls::ServerConnection, TcpStream>> {
+    let mut conn = rustls::ServerConnection::new(config).ok()?;
+    while conn.is_handshaking() {
+        if stop.load(Ordering::SeqCst) {
+            return None;
+        }
+        match conn.complete_io(&mut tcp) {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return None,
+        }
+    }
+    Some(rustls::StreamOwned::new(conn, tcp))
+}
+
+impl TlsApp {
+    pub fn start(config: Arc<rustls::ServerConfig>, plaintext: bool) -> TlsApp {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the TLS app");
+        let port = listener.local_addr().unwrap().port();
+        let config = Arc::new(Mutex::new(config));
+        let served = Arc::new(Mutex::new(TlsServed::default()));
+        let delay = Arc::new(Mutex::new(Duration::ZERO));
+        let (c, s, d) = (config.clone(), served.clone(), delay.clone());
+        let acceptor = Acceptor::start(listener, move |tcp, stop| {
+            let delay = *d.lock().unwrap();
+            // A TLS connection opens with a handshake record (0x16).
+            let mut first = [0u8; 1];
+            let is_tls = loop {
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                match tcp.peek(&mut first) {
+                    Ok(0) => return,
+                    Ok(_) => break first[0] == 0x16,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) => {}
+                    Err(_) => return,
+                }
+            };
+            if !is_tls {
+                let mut tcp = tcp;
+                if plaintext && answer_http(&mut tcp, stop, delay) {
+                    s.lock().unwrap().plaintext += 1;
+                }
+                return;
+            }
+            let config = c.lock().unwrap().clone();
+            let Some(mut tls) = handshake(config, tcp, stop) else {
+                s.lock().unwrap().failed_handshakes += 1;
+                return;
+            };
+            {
+                let mut served = s.lock().unwrap();
+                served.handshakes += 1;
+                served.last_sni = tls.conn.server_name().map(str::to_string);
+                served.last_client_cert =
+                    tls.conn.peer_certificates().is_some_and(|c| !c.is_empty());
+            }
+            if answer_http(&mut tls, stop, delay) {
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+                s.lock().unwrap().tls += 1;
+            }
+        });
+        TlsApp {
+            port,
+            config,
+            served,
+            delay,
+            acceptor,
+        }
+    }
+
+    /// The configuration of every following connection.
+    pub fn set_config(&self, config: Arc<rustls::ServerConfig>) {
+        *self.config.lock().unwrap() = config;
+    }
+
+    /// How long every following request waits for its answer.
+    pub fn set_delay(&self, delay: Duration) {
+        *self.delay.lock().unwrap() = delay;
+    }
+
+    pub fn served(&self) -> TlsServed {
+        self.served.lock().unwrap().clone()
+    }
+
+    pub fn stop(&mut self) {
+        self.acceptor.stop();
+    }
+}
+
+impl GrpcApp {
+    /// [`GrpcApp::start`] over TLS (tonic's rustls: ALPN h2), presenting
+    /// `cert` and `key` (PEM files).
+    pub fn start_tls(service: &str, cert: &std::path::Path, key: &std::path::Path) -> GrpcApp {
+        let identity = tonic::transport::Identity::from_pem(
+            std::fs::read(cert).expect("certificate"),
+            std::fs::read(key).expect("key"),
+        );
+        Self::start_with(
+            service,
+            Some(tonic::transport::ServerTlsConfig::new().identity(identity)),
+        )
     }
 }

@@ -15,6 +15,7 @@
 pub mod apps;
 pub mod front;
 pub mod grpc;
+pub mod pki;
 pub mod postgres;
 pub mod relay;
 
@@ -438,6 +439,18 @@ impl Envoy {
 
     /// [`Envoy::start`] with the Envoy binary `bin` (see [`envoy_release`]).
     pub fn start_release(bin: &Path, hds: SocketAddr, id: &str, token: Option<&str>) -> Envoy {
+        Self::start_logging(bin, hds, id, token, "hc:debug")
+    }
+
+    /// [`Envoy::start_release`] with these `--component-log-level`s (e.g.
+    /// `hc:debug,upstream:debug` to see HDS hosts added and removed).
+    pub fn start_logging(
+        bin: &Path,
+        hds: SocketAddr,
+        id: &str,
+        token: Option<&str>,
+        components: &str,
+    ) -> Envoy {
         let dir = tempfile::tempdir().expect("tempdir");
         let dp_id: DataplaneId = id.parse().expect("node id");
         let yaml = bootstrap_yaml(&BootstrapParams {
@@ -448,7 +461,7 @@ impl Envoy {
             ca: None,
         })
         .expect("bootstrap");
-        Self::spawn(bin, dir, id, &yaml, &[])
+        Self::spawn(bin, dir, id, &yaml, &["--component-log-level", components])
     }
 
     pub fn start_with_bootstrap(dir: tempfile::TempDir, id: &str, bootstrap: &str) -> Envoy {
@@ -462,7 +475,11 @@ impl Envoy {
         bootstrap: &str,
         extra: &[&str],
     ) -> Envoy {
-        Self::spawn(&envoy_bin(), dir, id, bootstrap, extra)
+        let args: Vec<&str> = ["--component-log-level", "hc:debug"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        Self::spawn(&envoy_bin(), dir, id, bootstrap, &args)
     }
 
     fn spawn(
@@ -480,13 +497,7 @@ impl Envoy {
             .arg(&config)
             .arg("--admin-address-path")
             .arg(dir.path().join("admin.address"))
-            .args([
-                "--use-dynamic-base-id",
-                "--log-level",
-                "info",
-                "--component-log-level",
-                "hc:debug",
-            ])
+            .args(["--use-dynamic-base-id", "--log-level", "info"])
             .args(extra)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -501,8 +512,12 @@ impl Envoy {
         }
     }
 
+    /// The Envoy's log (lossy: the backtrace of an Envoy that aborted
+    /// holds bytes that are not UTF-8).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
+        std::fs::read(self.dir.path().join("envoy.log"))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
     }
 
     pub fn pid(&self) -> u32 {
@@ -535,6 +550,14 @@ impl Envoy {
             .map(|s| s.success())
             .unwrap_or(false);
         assert!(ok, "kill -{name} {}", self.pid());
+    }
+
+    /// The Envoy's exit status once it has exited (the test expected it:
+    /// it is no longer checked when dropped), `None` while it runs.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().ok().flatten()?;
+        self.child = None;
+        Some(status)
     }
 
     pub fn is_running(&mut self) -> bool {

@@ -379,10 +379,37 @@ def soak(page, args, checks):
     checks.that(growth < 256 * 1024, f"the heap levels off: {samples[1]} -> {samples[-1]} bytes after warm-up")
 
 
+def tls(page, args, checks):
+    """An HTTPS probe: the row marks its target TLS, the detail says how
+    its TLS is set up, and once its certificate comes from another CA the
+    detail's "Why" says a handshake may fail and where to look."""
+    page.goto(args.url)
+    expect(page.locator("#live")).to_have_text("Live", timeout=15_000)
+    secure, plain = row(page, "secure-1"), row(page, "plain-1")
+    expect(secure.locator(".ready-cell")).to_have_text(re.compile("Ready"))
+    expect(secure.locator('[data-tls="true"]')).to_have_text("TLS")
+    checks.that(plain.locator('[data-tls="true"]').count() == 0, "a plaintext probe has no TLS mark")
+    checks.ok("the TLS probe's target is marked TLS in its row")
+    secure.locator("button[data-open]").click()
+    dialog = page.locator("#detail")
+    expect(dialog).to_contain_text("HTTP GET over TLS (certificate verified against ")
+    expect(dialog).to_contain_text("and must name app.test")
+    checks.ok("the detail says the probe runs over TLS, against which CA, for which name")
+    page.locator("#detail-close").click()
+    action("rogue_cert secure-1")
+    expect(secure).to_have_attribute("data-ready", "false", timeout=10_000)
+    secure.locator("button[data-open]").click()
+    why = dialog.locator('[data-reason="tls_probe_failing"]')
+    expect(why).to_contain_text("the handshake may fail")
+    expect(why).to_contain_text("ssl.fail_verify_error")
+    checks.ok("unhealthy: the detail's Why says a TLS failure may be the cause and which Envoy stats to read")
+    page.locator("#detail-close").click()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
-    parser.add_argument("--scenario", choices=["live", "token", "soak", "fleet", "zones"], required=True)
+    parser.add_argument("--scenario", choices=["live", "token", "soak", "fleet", "zones", "tls"], required=True)
     parser.add_argument("--flaps", type=int, default=60)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--screenshot")
@@ -396,7 +423,7 @@ def main():
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.set_default_timeout(10_000)
-            {"live": live, "token": token, "soak": soak, "fleet": fleet, "zones": zones}[args.scenario](page, args, checks)
+            {"live": live, "token": token, "soak": soak, "fleet": fleet, "zones": zones, "tls": tls}[args.scenario](page, args, checks)
         finally:
             browser.close()
     print(f"PASSED {checks.count} checks", flush=True)

@@ -748,11 +748,7 @@ mod tests {
         Health {
             inbounds: statuses
                 .iter()
-                .map(|&status| InboundHealth {
-                    status,
-                    since: t,
-                    last_report_at: None,
-                })
+                .map(|&status| InboundHealth::new(status, t))
                 .collect(),
             last_report_at: None,
             ..Default::default()
