@@ -794,7 +794,7 @@ impl CheckConfig {
 
     /// The default check (validated by [`Config::validate`]).
     pub fn check(&self) -> Check {
-        let tls = self.tls.as_ref().map(Tls::from);
+        let tls = self.tls.as_ref().map(|t| Box::new(Tls::from(t)));
         match self.kind {
             CheckKind::Tcp => Check::Tcp(TcpCheck {
                 tls,

@@ -70,7 +70,7 @@ pub struct TcpCheck {
     pub receive: Vec<Payload>,
     /// Connect over TLS: the handshake must succeed (a connect-only check
     /// then checks the handshake), and the payload travels inside it.
-    pub tls: Option<Tls>,
+    pub tls: Option<Box<Tls>>,
 }
 
 /// A TCP payload as written in the file.
@@ -94,7 +94,7 @@ pub struct HttpCheck {
     /// Speak HTTP/2 (prior knowledge, h2c; over TLS, ALPN h2) instead of HTTP/1.1.
     pub http2: bool,
     /// HTTPS: the request goes over TLS.
-    pub tls: Option<Tls>,
+    pub tls: Option<Box<Tls>>,
 }
 
 impl HttpCheck {
@@ -148,7 +148,7 @@ pub struct GrpcCheck {
     /// The `:authority` header; default: the probed `address:port`.
     pub authority: Option<String>,
     /// gRPC over TLS (ALPN h2 unless `alpn` says otherwise).
-    pub tls: Option<Tls>,
+    pub tls: Option<Box<Tls>>,
 }
 
 /// A check's `tls:` block: Envoy speaks TLS to the application, through an
@@ -365,9 +365,9 @@ impl Check {
     /// The check's `tls` block, enabled or not.
     pub fn tls(&self) -> Option<&Tls> {
         match self {
-            Check::Tcp(c) => c.tls.as_ref(),
-            Check::Http(c) => c.tls.as_ref(),
-            Check::Grpc(c) => c.tls.as_ref(),
+            Check::Tcp(c) => c.tls.as_deref(),
+            Check::Http(c) => c.tls.as_deref(),
+            Check::Grpc(c) => c.tls.as_deref(),
         }
     }
 
@@ -891,7 +891,7 @@ mod tests {
     fn https(f: impl FnOnce(&mut Tls)) -> Check {
         let mut tls = Tls::with_ca("/etc/envoy/app-ca.pem");
         f(&mut tls);
-        http(|h| h.tls = Some(tls))
+        http(|h| h.tls = Some(Box::new(tls)))
     }
 
     #[test]
@@ -913,11 +913,11 @@ mod tests {
             t.sni = Some("not a name".into());
         };
         let tcp_tls = Check::Tcp(TcpCheck {
-            tls: Some(Tls::with_ca("/ca.pem")),
+            tls: Some(Box::new(Tls::with_ca("/ca.pem"))),
             ..TcpCheck::default()
         });
         let grpc_tls = Check::Grpc(GrpcCheck {
-            tls: Some(Tls::with_ca("/ca.pem")),
+            tls: Some(Box::new(Tls::with_ca("/ca.pem"))),
             ..GrpcCheck::default()
         });
         for check in [https(full), https(insecure), https(off), tcp_tls, grpc_tls] {
@@ -977,20 +977,20 @@ mod tests {
             ),
             (
                 Check::Grpc(GrpcCheck {
-                    tls: Some(Tls {
+                    tls: Some(Box::new(Tls {
                         alpn: vec![String::new()],
                         ..Tls::with_ca("/ca.pem")
-                    }),
+                    })),
                     ..GrpcCheck::default()
                 }),
                 "grpc.tls.alpn: \"\" is not an ALPN protocol id; use 1-255 visible ASCII characters, no spaces (e.g. h2, http/1.1)",
             ),
             (
                 Check::Tcp(TcpCheck {
-                    tls: Some(Tls {
+                    tls: Some(Box::new(Tls {
                         ca_file: Some("/ca\n.pem".into()),
                         ..Tls::with_ca("/ca.pem")
-                    }),
+                    })),
                     ..TcpCheck::default()
                 }),
                 "tcp.tls.caFile \"/ca\\n.pem\" is not an absolute path; give the file's absolute path on the Envoy's machine (hdsd passes it to Envoy and never reads it)",
@@ -1035,19 +1035,19 @@ mod tests {
         assert_eq!(plain.ca_file.as_deref(), Some("/etc/envoy/app-ca.pem"));
         let h2 = http(|h| {
             h.http2 = true;
-            h.tls = Some(ca.clone());
+            h.tls = Some(Box::new(ca.clone()));
         });
         assert_eq!(h2.tls_in_force().unwrap().alpn, ["h2"]);
         let grpc = Check::Grpc(GrpcCheck {
-            tls: Some(ca.clone()),
+            tls: Some(Box::new(ca.clone())),
             ..GrpcCheck::default()
         });
         assert_eq!(grpc.tls_in_force().unwrap().alpn, ["h2"]);
         let grpc_own = Check::Grpc(GrpcCheck {
-            tls: Some(Tls {
+            tls: Some(Box::new(Tls {
                 alpn: vec!["grpc-exp".into()],
                 ..ca.clone()
-            }),
+            })),
             ..GrpcCheck::default()
         });
         assert_eq!(grpc_own.tls_in_force().unwrap().alpn, ["grpc-exp"]);

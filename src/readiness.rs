@@ -1025,10 +1025,10 @@ mod tests {
 
     fn https(sni: Option<&str>) -> crate::probe::Check {
         crate::probe::Check::Http(crate::probe::HttpCheck {
-            tls: Some(crate::probe::Tls {
+            tls: Some(Box::new(crate::probe::Tls {
                 sni: sni.map(str::to_string),
                 ..crate::probe::Tls::with_ca("/ca.pem")
-            }),
+            })),
             ..crate::probe::HttpCheck::path("/healthz")
         })
     }

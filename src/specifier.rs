@@ -234,7 +234,7 @@ impl Specifier {
                 // handshake to pass.
                 Support::Fallback(_) => Some(cluster_health_check(&ProbeTarget {
                     check: Check::Tcp(TcpCheck {
-                        tls: t.check.tls_in_force().map(TlsInForce::into_block),
+                        tls: t.check.tls_in_force().map(|tls| Box::new(tls.into_block())),
                         ..TcpCheck::default()
                     }),
                     ..t.clone()
@@ -1425,14 +1425,14 @@ mod tests {
     fn default_tls_and_the_fallback_keep_the_transport_socket() {
         let settings = SpecifierSettings {
             default_check: Check::Tcp(TcpCheck {
-                tls: Some(crate::probe::Tls::with_ca("/ca.pem")),
+                tls: Some(Box::new(crate::probe::Tls::with_ca("/ca.pem"))),
                 ..TcpCheck::default()
             }),
             tcp_fallback: true,
             ..defaults()
         };
         let grpc = Check::Grpc(GrpcCheck {
-            tls: Some(crate::probe::Tls::with_ca("/ca.pem")),
+            tls: Some(Box::new(crate::probe::Tls::with_ca("/ca.pem"))),
             ..GrpcCheck::default()
         });
         let mut dp = dataplane(vec![

@@ -266,7 +266,7 @@ impl TcpDoc {
         Ok(TcpCheck {
             send,
             receive,
-            tls: self.tls.map(Tls::from),
+            tls: self.tls.map(|t| Box::new(Tls::from(t))),
         })
     }
 }
@@ -293,13 +293,13 @@ impl ServiceProbeDoc {
                     .collect::<Result<_, _>>()?,
                 headers: http.headers,
                 http2: http.http2,
-                tls: http.tls.map(Tls::from),
+                tls: http.tls.map(|t| Box::new(Tls::from(t))),
             }))
         } else if let Some(grpc) = self.grpc {
             Some(Check::Grpc(GrpcCheck {
                 service: grpc.service,
                 authority: grpc.authority,
-                tls: grpc.tls.map(Tls::from),
+                tls: grpc.tls.map(|t| Box::new(Tls::from(t))),
             }))
         } else if let Some(tcp) = self.tcp {
             Some(Check::Tcp(tcp.check()?))
