@@ -44,8 +44,9 @@ pub struct Config {
 #[serde(deny_unknown_fields)]
 pub struct ZoneConfig {
     /// The zone's name, a DNS-1123 label of at most 63 characters. The
-    /// global takes the name from the zone token, never from this setting:
-    /// the two must agree, or the zone refuses to start.
+    /// global takes the name from the zone token (or the zone's client
+    /// certificate), never from this setting: the two must agree, or the
+    /// zone refuses to start.
     pub name: String,
     /// The global's zone listener(s), e.g. `["http://global.example:5682"]`
     /// (`https://` with `ca`): tried in order, the next one on a failure.
@@ -55,7 +56,19 @@ pub struct ZoneConfig {
     pub token_file: Option<PathBuf>,
     /// The CA that signed the global's certificate, for `https://`.
     pub ca: Option<PathBuf>,
+    /// A client certificate (PEM) whose one URI subject alternative name is
+    /// `hdsd://zone/NAME`, signed by the CA in the global's
+    /// `global.tls.client_ca`: the zone's credential instead of (or besides)
+    /// a zone token. Re-read at every connect. Needs `key` and `https://`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert: Option<PathBuf>,
+    /// The private key of `cert` (PEM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<PathBuf>,
 }
+
+/// The key of `global.certificate_meshes` for every zone not listed by name.
+pub const ANY_CERTIFICATE_ZONE: &str = "*";
 
 /// The shortest heartbeat interval zones follow (`global.heartbeat_interval`
 /// may not be shorter).
@@ -88,6 +101,11 @@ pub struct GlobalConfig {
     pub disabled: Vec<String>,
     /// Accept any zone with a valid zone token (Kuma's behaviour).
     pub auto_register: bool,
+    /// The meshes each zone known by its client certificate may sync (a
+    /// certificate names a zone, not its meshes), by zone name; the entry
+    /// `"*"` is for zones not listed. Needs `global.tls.client_ca`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub certificate_meshes: BTreeMap<String, Vec<String>>,
     /// TLS for the zone listener (zones then dial `https://` with `zone.ca`);
     /// plaintext when absent. The zone token travels in every stream's
     /// metadata: set it whenever zones reach the global over a network.
@@ -106,6 +124,7 @@ impl Default for GlobalConfig {
             zones: Vec::new(),
             disabled: Vec::new(),
             auto_register: false,
+            certificate_meshes: BTreeMap::new(),
             tls: None,
         }
     }
@@ -924,9 +943,19 @@ impl Config {
                 }
             }
             // The global's rule, not this hdsd's `auth.mode`: a global names
-            // every zone by its token, never by what the zone says.
-            if zone.token_file.is_none() {
-                problems.push("zone.token_file is not set: the global knows a zone only by its zone token (issue one on the global with `hdsd token issue --zone NAME --mesh MESH`, save it to a file, and set zone.token_file)".to_string());
+            // every zone by its credential, never by what the zone says.
+            if zone.token_file.is_none() && zone.cert.is_none() {
+                problems.push("zone.token_file is not set: the global knows a zone only by its zone token (issue one on the global with `hdsd token issue --zone NAME --mesh MESH`, save it to a file, and set zone.token_file) or by its client certificate (zone.cert and zone.key, with a URI SAN hdsd://zone/NAME)".to_string());
+            }
+            match (&zone.cert, &zone.key) {
+                (Some(_), None) => problems.push("zone.cert is set but zone.key is not: set zone.key to the certificate's private key (PEM)".to_string()),
+                (None, Some(_)) => problems.push("zone.key is set but zone.cert is not: set zone.cert to the zone's client certificate (PEM, URI SAN hdsd://zone/NAME), or remove zone.key".to_string()),
+                _ => {}
+            }
+            if zone.cert.is_some() {
+                if let Some(url) = zone.global.iter().find(|u| !u.starts_with("https://")) {
+                    problems.push(format!("zone.cert is set, but zone.global {url:?} is not https://: a client certificate is shown only over TLS; use https:// with zone.ca"));
+                }
             }
         }
         let g = &self.global;
@@ -949,8 +978,27 @@ impl Config {
                     humantime::format_duration(g.zone_timeout),
                 ));
             }
-            if g.tls.as_ref().is_some_and(|t| t.client_ca.is_some()) {
-                problems.push("global.tls.client_ca is set, but zones authenticate with zone tokens, not client certificates: remove client_ca from [global.tls]".to_string());
+            let client_ca = g.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+            if client_ca && g.certificate_meshes.is_empty() {
+                problems.push("global.tls.client_ca is set, but global.certificate_meshes is empty: a zone known by its certificate could sync no mesh; list them, e.g. [global.certificate_meshes] eu-1 = [\"default\"] (or \"*\" for every zone), or remove client_ca if zones dial with zone tokens".to_string());
+            }
+            if !client_ca && !g.certificate_meshes.is_empty() {
+                problems.push("global.certificate_meshes is set, but global.tls.client_ca is not: zones can show a certificate only when [global.tls] has client_ca, the CA that signs them".to_string());
+            }
+            for (zone, meshes) in &g.certificate_meshes {
+                if zone != ANY_CERTIFICATE_ZONE {
+                    if let Err(problem) = crate::names::check_zone(zone) {
+                        problems.push(format!("global.certificate_meshes: {problem}"));
+                    }
+                }
+                if meshes.is_empty() {
+                    problems.push(format!("global.certificate_meshes.{zone} is empty: list the meshes the zone may sync, or remove the entry"));
+                }
+                for mesh in meshes {
+                    if let Err(problem) = crate::names::check_mesh(mesh) {
+                        problems.push(format!("global.certificate_meshes.{zone}: {problem}"));
+                    }
+                }
             }
             if g.zone_timeout < g.heartbeat_interval * 2 {
                 problems.push(format!(
@@ -1456,6 +1504,8 @@ mod tests {
             global: vec!["http://global.example:5682".into()],
             token_file: None,
             ca: None,
+            cert: None,
+            key: None,
         });
         let problems = z.validate().join("\n");
         assert!(
@@ -1466,6 +1516,75 @@ mod tests {
             zone.token_file = Some(PathBuf::from("zone.token"));
         }
         assert!(z.validate().is_empty(), "{:?}", z.validate());
+
+        // Or a client certificate, over https:// only, with its key.
+        let zone = z.zone.as_mut().unwrap();
+        zone.token_file = None;
+        zone.cert = Some(PathBuf::from("zone.pem"));
+        let problems = z.validate().join("\n");
+        assert!(
+            problems.contains("zone.cert is set but zone.key is not"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("is not https://: a client certificate is shown only over TLS"),
+            "{problems}"
+        );
+        assert!(
+            !problems.contains("zone.token_file is not set"),
+            "{problems}"
+        );
+        let zone = z.zone.as_mut().unwrap();
+        zone.key = Some(PathBuf::from("zone.key"));
+        zone.global = vec!["https://global.example:5682".into()];
+        zone.ca = Some(PathBuf::from("global-ca.pem"));
+        assert!(z.validate().is_empty(), "{:?}", z.validate());
+    }
+
+    #[test]
+    fn zones_known_by_certificate_need_the_client_ca_and_their_meshes() {
+        let mut c = Config::default();
+        c.global.enabled = true;
+        c.global.tls = Some(TlsConfig {
+            cert: "g.pem".into(),
+            key: "g.key".into(),
+            client_ca: Some("zones-ca.pem".into()),
+        });
+        let problems = c.validate().join("\n");
+        assert!(
+            problems
+                .contains("global.tls.client_ca is set, but global.certificate_meshes is empty"),
+            "{problems}"
+        );
+        c.global
+            .certificate_meshes
+            .insert("*".into(), vec!["default".into()]);
+        c.global
+            .certificate_meshes
+            .insert("EU".into(), vec!["Bad Mesh".into()]);
+        c.global.certificate_meshes.insert("us-1".into(), vec![]);
+        let problems = c.validate().join("\n");
+        assert!(
+            problems.contains("global.certificate_meshes: "),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("global.certificate_meshes.EU: "),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("global.certificate_meshes.us-1 is empty"),
+            "{problems}"
+        );
+        c.global.certificate_meshes.remove("EU");
+        c.global.certificate_meshes.remove("us-1");
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        c.global.tls.as_mut().unwrap().client_ca = None;
+        let problems = c.validate().join("\n");
+        assert!(
+            problems.contains("global.certificate_meshes is set, but global.tls.client_ca is not"),
+            "{problems}"
+        );
     }
 
     #[test]

@@ -453,8 +453,9 @@ fn start_zones(
             uplink::UplinkOptions {
                 settings: crate::zones::uplink::UplinkSettings::new(&zone.name, instance),
                 globals: zone.global.clone(),
-                token_file: zone.token_file.clone().unwrap_or_default(),
+                token_file: zone.token_file.clone(),
                 ca: zone.ca.clone(),
+                identity: zone.cert.clone().zip(zone.key.clone()),
                 backoff: crate::zones::backoff::Backoff::default(),
             },
             lease,
@@ -477,9 +478,12 @@ fn start_zones(
         crate::zones::session::SessionSettings::new(g.heartbeat_interval, g.zone_timeout);
     session.auto_register = g.auto_register;
     let sync =
-        global::ZoneSyncServer::new(hub.clone(), gate.clone(), session, clock, drain.clone());
+        global::ZoneSyncServer::new(hub.clone(), gate.clone(), session, clock, drain.clone())
+            .with_certificate_meshes(g.certificate_meshes.clone());
     let tls = (g.tls.as_ref())
-        .map(|t| crate::tls::ServerTls::load_and_watch("global.tls", t, crate::tls::Alpn::Grpc))
+        .map(|t| {
+            crate::tls::ServerTls::load_and_watch("global.tls", t, crate::tls::Listener::Zones)
+        })
         .transpose()
         .map_err(tls_error)?;
     if tls.is_none() && !g.listen.ip().is_loopback() {
@@ -832,7 +836,7 @@ fn serve_hds(
     drain: watch::Receiver<bool>,
 ) -> Result<Serving<tonic::transport::Error>, ServeError> {
     let tls = (config.hds.tls.as_ref())
-        .map(|t| crate::tls::ServerTls::load_and_watch("hds.tls", t, crate::tls::Alpn::Grpc))
+        .map(|t| crate::tls::ServerTls::load_and_watch("hds.tls", t, crate::tls::Listener::Hds))
         .transpose()
         .map_err(tls_error)?;
     if config.auth.mode == AuthMode::Token && tls.is_none() && !config.hds.listen.ip().is_loopback()
@@ -922,7 +926,7 @@ async fn serve_api(
     drain: watch::Receiver<bool>,
 ) -> Result<Serving<std::io::Error>, ServeError> {
     let tls = (config.api.tls.as_ref())
-        .map(|t| crate::tls::ServerTls::load_and_watch("api.tls", t, crate::tls::Alpn::Http))
+        .map(|t| crate::tls::ServerTls::load_and_watch("api.tls", t, crate::tls::Listener::Api))
         .transpose()
         .map_err(tls_error)?;
     let grpc = crate::consumers::grpc::router(

@@ -1088,10 +1088,19 @@ fn two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over() {
     let _envoy = Envoy::start(b.hds, "default.web", None);
     wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
     let watch = Follower::start(&global);
-    // Held steady past the resume slack: still one stream, B still standing
-    // by. Then one more dataplane: the revision the global holds is one B's
-    // change feed reaches back to, so B can resume from it.
-    std::thread::sleep(Duration::from_secs(3));
+    // Held steady past the resume slack: A still connected, B still
+    // standing by, the zone online. Then one more dataplane: the revision
+    // the global holds is one B's change feed reaches back to, so B can
+    // resume from it.
+    hold_for("one uplink, on A", Duration::from_secs(3), || {
+        let (on_a, on_b) = (uplink_of(&a)?, uplink_of(&b)?);
+        let z = zone_state(&global, "eu-1")?;
+        if on_a["state"] == "connected" && on_b["state"] == "standby" && z["state"] == "online" {
+            Ok(())
+        } else {
+            Err(format!("A {on_a}, B {on_b}, at the global {z}"))
+        }
+    });
     let (put, _, _) = crate::store_postgres::send(
         &a,
         "/api/v1/dataplanes/default/db",
@@ -1206,6 +1215,43 @@ fn two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over() {
             "no {code} refusal at the global"
         );
     }
+
+    // A frozen holder: B comes back and stands by; SIGSTOP A until B holds
+    // the uplink, then SIGCONT A. A wakes believing it held the lease, but
+    // a lease past its confirmed end is not held: A never dials with its
+    // old epoch (the global would refuse it as stale_epoch) and stands by.
+    let mut b = b;
+    b.kill(); // reaps it: it stopped on its SIGTERM above
+    b.start_again();
+    let b_name = format!("{}/{}", b_name.rsplit_once('/').unwrap().0, b.pid());
+    wait_uplink_state(&b, "standby", Some(&a_name), Duration::from_secs(10));
+    signal(a.pid(), "-STOP");
+    let frozen = Instant::now();
+    let taken = wait_uplink_state(&b, "connected", Some(&b_name), Duration::from_secs(20));
+    println!(
+        "B took the uplink over {:?} after A froze: {taken}",
+        frozen.elapsed()
+    );
+    wait_zone(&global, "eu-1", "held by B", Duration::from_secs(5), |z| {
+        z["state"] == "online" && z["instance"] == b_name.as_str()
+    });
+    signal(a.pid(), "-CONT");
+    hold_for("B's uplink after A woke", Duration::from_secs(2), || {
+        let z = zone_state(&global, "eu-1")?;
+        let on_a = uplink_of(&a)?;
+        let stale = global
+            .metric("hdsd_zone_refusals_total{code=\"stale_epoch\"}")
+            .unwrap_or(0.0);
+        if z["instance"] == b_name.as_str() && on_a["state"] != "connected" && stale == 0.0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "at the global {z}, A {on_a}, stale_epoch refusals {stale}"
+            ))
+        }
+    });
+    wait_uplink_state(&a, "standby", Some(&b_name), Duration::from_secs(5));
+    watch.assert_nothing_deleted("eu-1");
 }
 
 /// Runs `hdsd zone ARGS --api <the global's API>`: whether it succeeded,
@@ -1573,4 +1619,134 @@ fn a_zone_added_through_one_global_instance_is_accepted_by_another() {
             .trim(),
         "deleted"
     );
+}
+
+/// Zones known by their client certificate (`global.tls.client_ca`): a
+/// certificate whose one URI is `hdsd://zone/eu-1` connects without a
+/// token and syncs the meshes `global.certificate_meshes` gives eu-1 (its
+/// dataplane, probed by a real Envoy, reads ready at the global); a zone
+/// with no meshes listed, a certificate naming two zones, a token and a
+/// certificate naming different zones, and a certificate of another CA are
+/// each refused, and say why.
+#[test]
+fn a_zone_known_by_its_client_certificate_connects_without_a_token() {
+    use crate::support::pki::{Ca, Leaf};
+    use rcgen::ExtendedKeyUsagePurpose;
+
+    let dir = tempfile::tempdir().unwrap();
+    let server_ca = Ca::new("global CA");
+    let server_ca_file = server_ca.write(&dir.path().join("global-ca.pem"));
+    let server = server_ca.issue(dir.path(), "global", ExtendedKeyUsagePurpose::ServerAuth);
+    let zones_ca = Ca::new("zones CA");
+    let zones_ca_file = zones_ca.write(&dir.path().join("zones-ca.pem"));
+    let global = Hdsd::start(HdsdOptions {
+        auth_mode: "token",
+        zone_listener: true,
+        extra: format!(
+            "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\", \"us-1\", \"ap-1\"]\n\
+             [global.tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\n\
+             [global.certificate_meshes]\neu-1 = [\"default\"]\nap-1 = [\"default\"]\n",
+            server.cert.display().to_string(),
+            server.key.display().to_string(),
+            zones_ca_file.display().to_string(),
+        ),
+        ..HdsdOptions::default()
+    });
+    let url = format!("https://127.0.0.1:{}", global.zones.unwrap().port());
+    let zone_with = |name: &str, leaf: &Leaf, token: Option<&std::path::Path>| {
+        let token = token.map_or(String::new(), |t| {
+            format!("token_file = {:?}\n", t.display().to_string())
+        });
+        Hdsd::start(HdsdOptions {
+            extra: format!(
+                "[zone]\nname = \"{name}\"\nglobal = [\"{url}\"]\nca = {:?}\ncert = {:?}\nkey = {:?}\n{token}",
+                server_ca_file.display().to_string(),
+                leaf.cert.display().to_string(),
+                leaf.key.display().to_string(),
+            ),
+            ..HdsdOptions::default()
+        })
+    };
+
+    let app = App::start();
+    let eu_cert = zones_ca.issue_with_uris(dir.path(), "eu-1", &["hdsd://zone/eu-1"]);
+    let eu = zone_with("eu-1", &eu_cert, None);
+    eu.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
+    let _envoy = Envoy::start(eu.hds, "default.web", None);
+    wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
+    let z = zone_state(&global, "eu-1").unwrap();
+    assert_eq!(z["state"], "online", "{z}");
+
+    let refused = |zone: &Hdsd, parts: &[&str]| {
+        let status = wait_uplink_code(zone, "unauthenticated", Duration::from_secs(20));
+        assert_eq!(status["connected"], false, "{status}");
+        for part in parts {
+            assert!(problem_of(&status).contains(part), "{part}: {status}");
+        }
+    };
+    let us = zone_with(
+        "us-1",
+        &zones_ca.issue_with_uris(dir.path(), "us-1", &["hdsd://zone/us-1"]),
+        None,
+    );
+    refused(
+        &us,
+        &[
+            "refused the zone's client certificate (zone.cert)",
+            "global.certificate_meshes lists no meshes for it",
+            "us-1 = [\"MESH\"]",
+        ],
+    );
+    drop(us);
+
+    let two = zone_with(
+        "ap-1",
+        &zones_ca.issue_with_uris(
+            dir.path(),
+            "ap-two",
+            &["hdsd://zone/ap-1", "hdsd://zone/eu-1"],
+        ),
+        None,
+    );
+    refused(
+        &two,
+        &[
+            "2 URI subject alternative names",
+            "exactly one, hdsd://zone/NAME",
+        ],
+    );
+    drop(two);
+
+    let ap_cert = zones_ca.issue_with_uris(dir.path(), "ap-1", &["hdsd://zone/ap-1"]);
+    let token = zone_token(&global, "eu-1", &dir);
+    let mixed = zone_with("ap-1", &ap_cert, Some(&token));
+    refused(
+        &mixed,
+        &["the zone token names zone \"eu-1\" but the client certificate names zone \"ap-1\""],
+    );
+    drop(mixed);
+
+    // Another CA's certificate does not complete the handshake: ap-1 never
+    // connects, and the zone says what failed.
+    let rogue = Ca::new("another CA").issue_with_uris(dir.path(), "rogue", &["hdsd://zone/ap-1"]);
+    let outsider = zone_with("ap-1", &rogue, None);
+    let status = wait_for(
+        "the outsider's uplink to fail",
+        Duration::from_secs(20),
+        || {
+            let v = outsider.get_json("/api/v1/zones")?;
+            let uplink = v["uplink"].clone();
+            if uplink["problem"].is_string() {
+                Ok(uplink)
+            } else {
+                Err(format!("{v}"))
+            }
+        },
+    );
+    println!("a certificate of another CA: {status}");
+    assert_eq!(status["connected"], false, "{status}");
+    let ap = zone_state(&global, "ap-1").unwrap();
+    assert_eq!(ap["state"], "never_connected", "{ap}");
+    let z = zone_state(&global, "eu-1").unwrap();
+    assert_eq!(z["state"], "online", "eu-1 unaffected: {z}");
 }

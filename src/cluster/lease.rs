@@ -46,10 +46,17 @@ pub const NOT_A_MEMBER_RETRY: Duration = Duration::from_millis(200);
 pub enum LeaseStatus {
     /// Not known yet: the store has not answered.
     Unknown,
-    /// This instance holds it with this epoch.
+    /// This instance holds it with this epoch, until `until` unless
+    /// confirmed again: past it, another instance may hold the lease, so a
+    /// reader takes it for not held even before the keeper says so (a
+    /// process frozen past its lease wakes with this status and must not
+    /// dial before its keeper has asked the store again).
     Held {
         /// The epoch: higher for every new holder.
         epoch: u64,
+        /// The end of the lease as last confirmed (the confirming call's
+        /// send time + `cluster.instance_timeout`); `None`: never ends.
+        until: Option<Instant>,
     },
     /// Another live instance holds it.
     Elsewhere {
@@ -66,10 +73,25 @@ pub enum LeaseStatus {
 }
 
 impl LeaseStatus {
-    /// The epoch, while this instance holds the lease.
-    pub fn held(&self) -> Option<u64> {
+    /// The epoch, while this instance holds the lease at `now`.
+    pub fn held_at(&self, now: Instant) -> Option<u64> {
         match self {
-            LeaseStatus::Held { epoch } => Some(*epoch),
+            LeaseStatus::Held { epoch, until } if until.is_none_or(|until| now < until) => {
+                Some(*epoch)
+            }
+            _ => None,
+        }
+    }
+
+    /// The epoch, while this instance holds the lease now.
+    pub fn held(&self) -> Option<u64> {
+        self.held_at(Instant::now())
+    }
+
+    /// When a held lease ends unless confirmed again.
+    pub fn until(&self) -> Option<Instant> {
+        match self {
+            LeaseStatus::Held { until, .. } => *until,
             _ => None,
         }
     }
@@ -159,8 +181,11 @@ impl Keeper {
         self.next = now + self.interval;
         match answer {
             Ok(lease) if lease.held_by(&self.instance) => {
-                self.status = LeaseStatus::Held { epoch: lease.epoch };
                 self.held_until = Some(sent + self.timeout);
+                self.status = LeaseStatus::Held {
+                    epoch: lease.epoch,
+                    until: self.held_until,
+                };
             }
             Ok(Lease {
                 holder: Some(holder),
@@ -231,7 +256,7 @@ impl LeaseHandle {
     /// A handle whose lease is always held with `epoch` (no task).
     pub fn always(epoch: u64) -> LeaseHandle {
         LeaseHandle {
-            status: watch::channel(LeaseStatus::Held { epoch }).1,
+            status: watch::channel(LeaseStatus::Held { epoch, until: None }).1,
             release: None,
         }
     }
@@ -279,6 +304,10 @@ async fn run(
     let call_timeout = timeout / 2;
     let mut signal = Some(cluster.signal(Topic::Leases));
     let done = loop {
+        // Time first: a holder frozen past its lease gives it up before it
+        // asks again (readers see the end in the status itself, too).
+        keeper.tick(Instant::now());
+        publish(&status, &keeper, &name);
         if keeper.due(Instant::now()) {
             keeper.asking(Instant::now());
             let call = tokio::time::timeout(call_timeout, cluster.acquire_lease(&name, timeout));
@@ -296,14 +325,7 @@ async fn run(
             keeper.answered(answer, Instant::now());
         }
         keeper.tick(Instant::now());
-        status.send_if_modified(|s| {
-            let changed = s != keeper.status();
-            if changed {
-                tracing::debug!(lease = name, status = ?keeper.status(), "lease");
-                *s = keeper.status().clone();
-            }
-            changed
-        });
+        publish(&status, &keeper, &name);
         tokio::select! {
             () = tokio::time::sleep_until(keeper.deadline()) => {}
             changed = poked(&mut signal) => match changed {
@@ -333,6 +355,42 @@ async fn run(
     status.send_replace(LeaseStatus::Unknown);
     if let Some(done) = done {
         let _ = done.send(());
+    }
+}
+
+fn publish(status: &watch::Sender<LeaseStatus>, keeper: &Keeper, name: &str) {
+    status.send_if_modified(|s| {
+        let changed = s != keeper.status();
+        if changed {
+            tracing::debug!(lease = name, status = ?keeper.status(), "lease");
+            *s = keeper.status().clone();
+        }
+        changed
+    });
+}
+
+/// Completes once the lease is no longer held with `epoch` at the time
+/// (lost, held again with another epoch, or past its confirmed end), or
+/// its keeper is gone.
+pub async fn moved(leases: &mut watch::Receiver<LeaseStatus>, epoch: u64) {
+    loop {
+        let until = {
+            let s = leases.borrow_and_update();
+            if s.held() != Some(epoch) {
+                return;
+            }
+            s.until()
+        };
+        let end = async {
+            match until {
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = leases.changed() => if changed.is_err() { return },
+            () = end => return,
+        }
     }
 }
 
@@ -420,6 +478,41 @@ mod tests {
         k.asking(Instant::now());
         k.answered(mine(7), Instant::now());
         assert_eq!(k.status().held(), Some(7));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_holder_frozen_past_its_lease_reads_it_as_not_held_before_its_keeper_runs() {
+        let start = Instant::now();
+        let mut k = Keeper::new(UPLINK, "a/1", T, start);
+        k.asking(start);
+        k.answered(mine(9), start);
+        let status = k.status().clone();
+        assert_eq!(status.until(), Some(start + T));
+        assert_eq!(status.held_at(start + ms(999)), Some(9));
+        // The process was stopped for longer than the timeout: the status
+        // it published before says by itself that the lease is over.
+        assert_eq!(status.held_at(start + T), None);
+        assert_eq!(
+            LeaseHandle::always(3)
+                .status()
+                .borrow()
+                .held_at(start + T * 1000),
+            Some(3)
+        );
+
+        // A stream kept while holding ends at the lease's end even if the
+        // keeper never publishes again (it is frozen, or its store is gone).
+        let (tx, mut rx) = watch::channel(status);
+        let moved = tokio::spawn(async move {
+            moved(&mut rx, 9).await;
+            Instant::now()
+        });
+        tokio::time::advance(ms(999)).await;
+        tokio::task::yield_now().await;
+        assert!(!moved.is_finished(), "still held at 999 ms");
+        tokio::time::advance(ms(1)).await;
+        assert_eq!(moved.await.unwrap(), start + T);
+        drop(tx);
     }
 
     #[tokio::test(start_paused = true)]

@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use super::{Alpn, ServerTls, TlsStream};
+use super::{Listener, ServerTls, TlsStream};
 use crate::net::{Admission, ConnectionLimits, Handshake, Incoming};
 
 /// How long a client may take to complete the TLS handshake (and send the
@@ -100,13 +100,17 @@ fn describe_handshake_error(tls: &ServerTls, e: &io::Error) -> (bool, String) {
     use rustls::Error as E;
     let text = match rustls_error {
         E::InvalidMessage(_) | E::InappropriateMessage { .. } => match tls.alpn() {
-            Alpn::Grpc => format!(
+            Listener::Hds => format!(
                 "{rustls_error}: the client does not speak TLS (plaintext gRPC?); configure TLS \
                  on the client (for Envoy: `hdsd bootstrap --ca`) or remove {section}"
             ),
-            Alpn::Http => format!(
+            Listener::Api => format!(
                 "{rustls_error}: the client does not speak TLS (plain http://?); use https:// \
                  or remove {section}"
+            ),
+            Listener::Zones => format!(
+                "{rustls_error}: the zone does not speak TLS (zone.global is http://?); write \
+                 zone.global as https:// with zone.ca, or remove {section}"
             ),
         },
         E::NoApplicationProtocol => format!(
@@ -158,7 +162,7 @@ mod tests {
     async fn listener_skips_failed_and_slow_handshakes() {
         let ca = Ca::new("test CA");
         let f = files(&ca.server("hdsd"), None);
-        let tls = ServerTls::load("hds.tls", &f.config, Alpn::Grpc).unwrap();
+        let tls = ServerTls::load("hds.tls", &f.config, Listener::Hds).unwrap();
         let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut listener =
             TlsListener::tls_with_handshake_timeout(tcp, tls, Duration::from_secs(2)).unwrap();
@@ -206,7 +210,7 @@ mod tests {
         let clients = Ca::new("client CA");
         let other = Ca::new("another CA");
         let f = files(&ca.server("hdsd"), Some(&clients));
-        let tls = ServerTls::load("hds.tls", &f.config, Alpn::Grpc).unwrap();
+        let tls = ServerTls::load("hds.tls", &f.config, Listener::Hds).unwrap();
         let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut listener = TlsListener::tls(tcp, tls).unwrap();
         let addr = listener.local_addr();
@@ -245,7 +249,7 @@ mod tests {
     async fn axum_serves_over_the_tls_listener() {
         let ca = Ca::new("test CA");
         let f = files(&ca.server("hdsd"), None);
-        let tls = ServerTls::load("api.tls", &f.config, Alpn::Http).unwrap();
+        let tls = ServerTls::load("api.tls", &f.config, Listener::Api).unwrap();
         let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let listener = TlsListener::tls(tcp, tls).unwrap();
         let addr = listener.local_addr();
@@ -270,7 +274,7 @@ mod tests {
     fn handshake_errors_say_what_to_do() {
         let ca = Ca::new("test CA");
         let f = files(&ca.server("hdsd"), None);
-        let tls = ServerTls::load("hds.tls", &f.config, Alpn::Grpc).unwrap();
+        let tls = ServerTls::load("hds.tls", &f.config, Listener::Hds).unwrap();
         let wrap = |e: rustls::Error| io::Error::new(io::ErrorKind::InvalidData, e);
 
         let (warn, text) = describe_handshake_error(

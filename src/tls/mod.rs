@@ -13,7 +13,8 @@
 //!   ending the stream of connections.
 //!
 //! With `client_ca` set, clients must present a certificate signed by that CA
-//! (mutual TLS).
+//! (mutual TLS); on the zone listener the certificate is optional, and the
+//! zone sync service takes a zone's name from it when there is no zone token.
 //!
 //! The parts: [`pem`] reads the PEM files and builds a configuration, with a
 //! diagnosis of each mistake; [`reload`] holds the configuration in force and
@@ -43,28 +44,48 @@ pub use reload::{Reload, ServerTls};
 /// `Request::remote_addr()` and `Request::peer_certs()` work in handlers.
 pub type TlsStream = tokio_rustls::server::TlsStream<TcpStream>;
 
-/// Which application protocols a listener offers in ALPN.
+/// Which of hdsd's listeners a TLS configuration is for: what it offers in
+/// ALPN, its name in metrics, and whether client certificates are optional.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Alpn {
-    /// gRPC (the HDS listener): `h2` only. Envoy requires `h2` for gRPC over TLS.
-    Grpc,
+pub enum Listener {
+    /// The HDS listener (gRPC): `h2` only. Envoy requires `h2` for gRPC over TLS.
+    Hds,
     /// The REST API: `h2` and `http/1.1`.
-    Http,
+    Api,
+    /// The global's zone listener (gRPC, `h2`). With `client_ca`, a
+    /// certificate is optional: a zone shows a zone token or a certificate
+    /// naming it (`hdsd://zone/NAME`), and the zone sync service requires one.
+    Zones,
 }
 
-impl Alpn {
+impl Listener {
     /// The protocol identifiers, most preferred first.
     pub fn protocols(self) -> Vec<Vec<u8>> {
         match self {
-            Alpn::Grpc => vec![b"h2".to_vec()],
-            Alpn::Http => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            Listener::Hds | Listener::Zones => vec![b"h2".to_vec()],
+            Listener::Api => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
         }
+    }
+
+    /// The listener's name in metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Listener::Hds => "hds",
+            Listener::Api => "api",
+            Listener::Zones => "zones",
+        }
+    }
+
+    /// Whether a client without a certificate completes the handshake when
+    /// `client_ca` is set (the service then decides).
+    pub fn client_certificate_optional(self) -> bool {
+        self == Listener::Zones
     }
 
     pub(crate) fn describe(self) -> &'static str {
         match self {
-            Alpn::Grpc => "h2",
-            Alpn::Http => "h2, http/1.1",
+            Listener::Hds | Listener::Zones => "h2",
+            Listener::Api => "h2, http/1.1",
         }
     }
 }

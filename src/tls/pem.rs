@@ -10,7 +10,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 
-use super::{provider, Alpn, TlsError};
+use super::{provider, Listener, TlsError};
 use crate::config::TlsConfig;
 
 /// The file contents a configuration was built from, in the order
@@ -94,7 +94,7 @@ pub(super) fn build(
     section: &str,
     files: &TlsConfig,
     contents: &Contents,
-    alpn: Alpn,
+    alpn: Listener,
 ) -> Result<ServerConfig, TlsError> {
     let cert_setting = format!("{section}.cert");
     let key_setting = format!("{section}.key");
@@ -137,9 +137,13 @@ pub(super) fn build(
             for ca in cas {
                 roots.add(ca).map_err(|e| bad(e.to_string()))?;
             }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| bad(e.to_string()))?;
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = if alpn.client_certificate_optional() {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            let verifier = verifier.build().map_err(|e| bad(e.to_string()))?;
             builder.with_client_cert_verifier(verifier)
         }
         _ => builder.with_no_client_auth(),
@@ -177,7 +181,7 @@ pub(super) fn read_files(section: &str, files: &TlsConfig) -> Result<Contents, T
 pub fn server_config(
     section: &str,
     files: &TlsConfig,
-    alpn: Alpn,
+    alpn: Listener,
 ) -> Result<ServerConfig, TlsError> {
     build(section, files, &read_files(section, files)?, alpn)
 }
@@ -191,9 +195,9 @@ mod tests {
     fn valid_files_build_with_alpn() {
         let ca = Ca::new("test CA");
         let f = files(&ca.server("hdsd"), None);
-        let grpc = server_config("hds.tls", &f.config, Alpn::Grpc).unwrap();
+        let grpc = server_config("hds.tls", &f.config, Listener::Hds).unwrap();
         assert_eq!(grpc.alpn_protocols, vec![b"h2".to_vec()]);
-        let api = server_config("api.tls", &f.config, Alpn::Http).unwrap();
+        let api = server_config("api.tls", &f.config, Listener::Api).unwrap();
         assert_eq!(
             api.alpn_protocols,
             vec![b"h2".to_vec(), b"http/1.1".to_vec()]
@@ -201,7 +205,7 @@ mod tests {
 
         let clients = Ca::new("clients");
         let f = files(&ca.server("hdsd"), Some(&clients));
-        server_config("hds.tls", &f.config, Alpn::Grpc).unwrap();
+        server_config("hds.tls", &f.config, Listener::Hds).unwrap();
     }
 
     #[test]
@@ -210,7 +214,7 @@ mod tests {
         let f = files(&ca.server("hdsd"), None);
         let mut config = f.config.clone();
         config.key = f.dir.path().join("nope.pem");
-        let e = server_config("hds.tls", &config, Alpn::Grpc).unwrap_err();
+        let e = server_config("hds.tls", &config, Listener::Hds).unwrap_err();
         let msg = e.to_string();
         assert!(matches!(e, TlsError::Read { .. }), "{e:?}");
         assert!(msg.starts_with("hds.tls.key: cannot read "), "{msg}");
@@ -224,7 +228,7 @@ mod tests {
         let f = files(&leaf, None);
 
         std::fs::write(&f.config.cert, "hello\n").unwrap();
-        let e = server_config("hds.tls", &f.config, Alpn::Grpc).unwrap_err();
+        let e = server_config("hds.tls", &f.config, Listener::Hds).unwrap_err();
         let msg = e.to_string();
         assert!(msg.starts_with("hds.tls.cert: "), "{msg}");
         assert!(
@@ -235,7 +239,7 @@ mod tests {
 
         // Cert and key swapped.
         std::fs::write(&f.config.cert, &leaf.key_pem).unwrap();
-        let msg = server_config("hds.tls", &f.config, Alpn::Grpc)
+        let msg = server_config("hds.tls", &f.config, Listener::Hds)
             .unwrap_err()
             .to_string();
         assert!(msg.contains("are cert and key swapped?"), "{msg}");
@@ -246,7 +250,7 @@ mod tests {
             "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n",
         )
         .unwrap();
-        let e = server_config("hds.tls", &f.config, Alpn::Grpc).unwrap_err();
+        let e = server_config("hds.tls", &f.config, Listener::Hds).unwrap_err();
         assert!(matches!(e, TlsError::Pem { .. }), "{e:?}");
         assert!(e.to_string().contains("is not valid PEM"), "{e}");
 
@@ -256,7 +260,7 @@ mod tests {
             "-----BEGIN CERTIFICATE-----\naGVsbG8gd29ybGQ=\n-----END CERTIFICATE-----\n",
         )
         .unwrap();
-        let e = server_config("hds.tls", &f.config, Alpn::Grpc).unwrap_err();
+        let e = server_config("hds.tls", &f.config, Listener::Hds).unwrap_err();
         assert!(matches!(e, TlsError::BadCertificate { .. }), "{e:?}");
         assert!(
             e.to_string()
@@ -267,7 +271,7 @@ mod tests {
         // A key file without a key.
         std::fs::write(&f.config.cert, &leaf.cert_pem).unwrap();
         std::fs::write(&f.config.key, "").unwrap();
-        let e = server_config("hds.tls", &f.config, Alpn::Grpc).unwrap_err();
+        let e = server_config("hds.tls", &f.config, Listener::Hds).unwrap_err();
         assert!(matches!(e, TlsError::NoKey { .. }), "{e:?}");
         assert!(e.to_string().starts_with("hds.tls.key: "), "{e}");
 
@@ -275,7 +279,7 @@ mod tests {
         let clients = Ca::new("clients");
         let f = files(&leaf, Some(&clients));
         std::fs::write(f.config.client_ca.as_ref().unwrap(), "").unwrap();
-        let msg = server_config("hds.tls", &f.config, Alpn::Grpc)
+        let msg = server_config("hds.tls", &f.config, Listener::Hds)
             .unwrap_err()
             .to_string();
         assert!(
@@ -290,7 +294,7 @@ mod tests {
         let ca = Ca::new("test CA");
         let f = files(&ca.server("hdsd"), None);
         std::fs::write(&f.config.key, ca.server("other").key_pem).unwrap();
-        let e = server_config("api.tls", &f.config, Alpn::Http).unwrap_err();
+        let e = server_config("api.tls", &f.config, Listener::Api).unwrap_err();
         assert!(matches!(e, TlsError::KeyMismatch { .. }), "{e:?}");
         let msg = e.to_string();
         assert!(

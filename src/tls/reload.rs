@@ -9,7 +9,7 @@ use arc_swap::ArcSwap;
 use rustls::ServerConfig;
 
 use super::pem::{build, read_files, Contents};
-use super::{Alpn, TlsError};
+use super::{Listener, TlsError};
 use crate::config::TlsConfig;
 use crate::fswatch;
 
@@ -35,7 +35,7 @@ pub struct ServerTls {
 struct Inner {
     section: String,
     files: TlsConfig,
-    alpn: Alpn,
+    alpn: Listener,
     current: ArcSwap<ServerConfig>,
     /// What `current` was built from.
     loaded: Mutex<Contents>,
@@ -55,7 +55,7 @@ impl std::fmt::Debug for ServerTls {
 
 impl ServerTls {
     /// Loads `files`; fails with a message naming the setting and the file.
-    pub fn load(section: &str, files: &TlsConfig, alpn: Alpn) -> Result<ServerTls, TlsError> {
+    pub fn load(section: &str, files: &TlsConfig, alpn: Listener) -> Result<ServerTls, TlsError> {
         let contents = read_files(section, files)?;
         let config = build(section, files, &contents, alpn)?;
         Ok(ServerTls {
@@ -76,13 +76,17 @@ impl ServerTls {
     pub fn load_and_watch(
         section: &str,
         files: &TlsConfig,
-        alpn: Alpn,
+        alpn: Listener,
     ) -> Result<ServerTls, TlsError> {
         let tls = Self::load(section, files, alpn)?;
         tracing::info!(
             section,
             cert = %files.cert.display(),
-            client_certificates = if files.client_ca.is_some() { "required" } else { "not requested" },
+            client_certificates = match (&files.client_ca, alpn.client_certificate_optional()) {
+                (None, _) => "not requested",
+                (Some(_), false) => "required",
+                (Some(_), true) => "optional",
+            },
             alpn = alpn.describe(),
             "TLS enabled"
         );
@@ -101,14 +105,11 @@ impl ServerTls {
 
     /// The listener's name in metrics: `hds` or `api`.
     pub fn listener(&self) -> &'static str {
-        match self.inner.alpn {
-            Alpn::Grpc => "hds",
-            Alpn::Http => "api",
-        }
+        self.inner.alpn.name()
     }
 
     /// The protocols this listener offers.
-    pub fn alpn(&self) -> Alpn {
+    pub fn alpn(&self) -> Listener {
         self.inner.alpn
     }
 
@@ -218,7 +219,7 @@ mod tests {
         let ca = Ca::new("test CA");
         let first = ca.server("first");
         let f = files(&first, None);
-        let tls = ServerTls::load("hds.tls", &f.config, Alpn::Grpc).unwrap();
+        let tls = ServerTls::load("hds.tls", &f.config, Listener::Hds).unwrap();
         assert_eq!(presented(tls.current(), &ca).await, first.der);
         assert_eq!(tls.reload().unwrap(), Reload::Unchanged);
 
@@ -262,7 +263,7 @@ mod tests {
         let ca = Ca::new("test CA");
         let first = ca.server("first");
         let f = files(&first, None);
-        let tls = ServerTls::load("hds.tls", &f.config, Alpn::Grpc).unwrap();
+        let tls = ServerTls::load("hds.tls", &f.config, Listener::Hds).unwrap();
         tls.watch().unwrap();
         let before = tls.current();
 

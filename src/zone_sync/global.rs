@@ -17,11 +17,14 @@
 //! the shared store's ledger. The hub tells the streams of a zone disabled
 //! or deleted to end ([`Notice::Ending`]).
 //!
-//! A zone is known by its zone token only: the stream's `authorization`
-//! metadata is verified by the [`Gate`] like a dataplane's, and only a
-//! token with a zone opens a stream. When keys or revocations change, every
+//! A zone is known by its credential only: a zone token (the stream's
+//! `authorization` metadata, verified by the [`Gate`] like a dataplane's;
+//! only a token with a zone opens a stream) or, with `global.tls.client_ca`,
+//! the client certificate of its TLS connection, whose one URI names it
+//! ([`crate::zones::certificate`]). When keys or revocations change, every
 //! stream's token is verified again, and a stream whose token no longer
-//! verifies ends with `UNAUTHENTICATED`.
+//! verifies ends with `UNAUTHENTICATED`; a stream ends when its token or
+//! certificate expires.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::pin::Pin;
@@ -40,6 +43,7 @@ use crate::cluster::Cluster;
 use crate::dataplane::DataplaneId;
 use crate::feed::FeedSender;
 use crate::pb;
+use crate::zones::certificate::{self, zone_of};
 use crate::zones::hub::{Ending, Hub, HubSettings, ZoneRecord, ZoneSummary, ZonesView};
 use crate::zones::remote::{Applied, Claim, OwnLink, StreamId};
 use crate::zones::session::{Action, Admission, Event, Session, SessionSettings, ZoneCredential};
@@ -511,6 +515,9 @@ fn applied_id(a: &Applied) -> DataplaneId {
 pub struct ZoneSyncServer {
     hub: HubHandle,
     gate: Arc<Gate>,
+    /// `global.certificate_meshes`: zones known by their certificate, and
+    /// the meshes each may sync.
+    certificate_meshes: Arc<BTreeMap<String, Vec<String>>>,
     settings: Arc<SessionSettings>,
     clock: Arc<dyn Clock>,
     drain: watch::Receiver<bool>,
@@ -528,10 +535,50 @@ impl ZoneSyncServer {
         ZoneSyncServer {
             hub,
             gate,
+            certificate_meshes: Arc::default(),
             settings: Arc::new(settings),
             clock,
             drain,
         }
+    }
+
+    /// Accepts zones known by their client certificate, each syncing the
+    /// meshes `certificate_meshes` gives it (`global.certificate_meshes`).
+    pub fn with_certificate_meshes(
+        mut self,
+        certificate_meshes: BTreeMap<String, Vec<String>>,
+    ) -> ZoneSyncServer {
+        self.certificate_meshes = Arc::new(certificate_meshes);
+        self
+    }
+
+    /// The zone a verified client certificate names, or the status that
+    /// refuses it.
+    fn certificate_credential(
+        &self,
+        der: &[u8],
+    ) -> Result<(ZoneCredential, Option<Timestamp>), Status> {
+        let named = zone_of(der).map_err(|problem| {
+            tracing::warn!("zone stream refused: {problem}");
+            crate::metrics::zone_refused("bad_certificate");
+            Status::permission_denied(problem.to_string())
+        })?;
+        let zone = named.zone;
+        let Some(meshes) = certificate::meshes_for(&self.certificate_meshes, &zone) else {
+            tracing::warn!(zone, "zone stream refused: its certificate names it, but global.certificate_meshes has no entry for it");
+            crate::metrics::zone_refused("no_certificate_meshes");
+            return Err(Status::permission_denied(format!(
+                "the client certificate names zone {zone:?}, but the global's global.certificate_meshes lists no meshes for it: add {zone} = [\"MESH\"] to [global.certificate_meshes] in the global's configuration and restart the global"
+            )));
+        };
+        Ok((
+            ZoneCredential {
+                zone,
+                meshes: Meshes::Only(meshes.iter().cloned().collect()),
+                issued_at: Some(named.not_before),
+            },
+            Some(named.not_after),
+        ))
     }
 
     /// The tonic service, with the message size limit.
@@ -588,11 +635,37 @@ impl pb::zone_sync_service_server::ZoneSyncService for ZoneSyncServer {
         &self,
         request: Request<Streaming<pb::ZoneMessage>>,
     ) -> Result<Response<SyncStream>, Status> {
-        let token = crate::grpc_auth::token_from_metadata(request.metadata()).map_err(|r| {
-            crate::metrics::zone_refused("unauthenticated");
-            crate::grpc_auth::status(&r)
-        })?;
-        let (credential, expires) = self.credential(&token)?;
+        // The TLS handshake verified the chain against global.tls.client_ca.
+        let certificate = request
+            .peer_certs()
+            .and_then(|certs| certs.first().map(|c| c.to_vec()));
+        let (credential, expires, token) = match crate::grpc_auth::token_from_metadata(
+            request.metadata(),
+        ) {
+            Ok(token) => {
+                let (credential, expires) = self.credential(&token)?;
+                if let Some(Ok(named)) = certificate.as_deref().map(zone_of) {
+                    if named.zone != credential.zone {
+                        tracing::warn!(zone = credential.zone, certificate = named.zone, "zone stream refused: its token and its certificate name different zones");
+                        crate::metrics::zone_refused("credentials_disagree");
+                        return Err(Status::permission_denied(format!(
+                                "the zone token names zone {:?} but the client certificate names zone {:?}: a zone shows one identity; fix zone.token_file or zone.cert",
+                                credential.zone, named.zone
+                            )));
+                    }
+                }
+                (credential, expires, Some(token))
+            }
+            Err(crate::auth::Rejection::Missing) if certificate.is_some() => {
+                let der = certificate.as_deref().unwrap_or_default();
+                let (credential, expires) = self.certificate_credential(der)?;
+                (credential, expires, None)
+            }
+            Err(r) => {
+                crate::metrics::zone_refused("unauthenticated");
+                return Err(crate::grpc_auth::status(&r));
+            }
+        };
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let task = StreamTask {
             server: self.clone(),
@@ -610,9 +683,10 @@ impl pb::zone_sync_service_server::ZoneSyncService for ZoneSyncServer {
 /// One zone stream: its session, the transport, the hub.
 struct StreamTask {
     server: ZoneSyncServer,
-    token: String,
+    /// The zone token; `None` for a zone known by its certificate.
+    token: Option<String>,
     credential: ZoneCredential,
-    /// When the zone token expires: the stream ends then.
+    /// When the zone token (or certificate) expires: the stream ends then.
     expires: Option<Timestamp>,
     inbound: Streaming<pb::ZoneMessage>,
     out: mpsc::Sender<Result<pb::GlobalMessage, Status>>,
@@ -665,17 +739,20 @@ impl StreamTask {
                         () = tokio::time::sleep(sleep) => Event::Tick,
                         () = super::drained(&mut drain) => Event::Drain,
                         () = tokio::time::sleep(self.expires.map_or(Duration::from_secs(86_400 * 365), |e| super::until(e, clock.now()))) => {
-                            tracing::warn!(zone, "zone token expired; ending its stream");
-                            crate::metrics::zone_refused("token_expired");
-                            let _ = self.out.send(Err(Status::unauthenticated(format!(
-                                "the zone token expired; issue a new one on the global with `hdsd token issue --zone {zone} --mesh MESH` and write it to zone.token_file (the zone reads it at every connect)"
-                            )))).await;
+                            let message = match self.token {
+                                Some(_) => format!("the zone token expired; issue a new one on the global with `hdsd token issue --zone {zone} --mesh MESH` and write it to zone.token_file (the zone reads it at every connect)"),
+                                None => format!("the zone's client certificate expired; issue a new one (URI SAN {}{zone}) and write it to zone.cert and zone.key (the zone reads them at every connect)", certificate::URI_PREFIX),
+                            };
+                            tracing::warn!(zone, "{message}; ending its stream");
+                            crate::metrics::zone_refused(if self.token.is_some() { "token_expired" } else { "certificate_expired" });
+                            let _ = self.out.send(Err(Status::unauthenticated(message))).await;
                             self.expires = None;
                             pending.push_back(Event::Closed { error: Some("token expired".into()) });
                             continue;
                         }
                         Ok(()) = keys.changed() => {
-                            if let Err(status) = self.server.credential(&self.token) {
+                            let Some(token) = &self.token else { continue };
+                            if let Err(status) = self.server.credential(token) {
                                 tracing::warn!(zone, "zone token no longer verifies; ending its stream");
                                 let _ = self.out.send(Err(status)).await;
                                 pending.push_back(Event::Closed { error: Some("token revoked".into()) });

@@ -29,7 +29,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::clock::{Clock, Timestamp};
 use crate::cluster::lease::{LeaseHandle, LeaseStatus};
@@ -147,10 +147,12 @@ pub struct UplinkOptions {
     pub settings: UplinkSettings,
     /// The global's URLs, tried in turn.
     pub globals: Vec<String>,
-    /// `zone.token_file`.
-    pub token_file: std::path::PathBuf,
+    /// `zone.token_file`: `None` for a zone known by its certificate only.
+    pub token_file: Option<std::path::PathBuf>,
     /// `zone.ca`, for `https://` URLs.
     pub ca: Option<std::path::PathBuf>,
+    /// `zone.cert` and `zone.key`: the client certificate shown over TLS.
+    pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// Reconnect delays.
     pub backoff: Backoff,
 }
@@ -278,7 +280,7 @@ impl Driver {
             });
             let ended = tokio::select! {
                 ended = self.stream(&url, epoch, &mut backoff) => ended,
-                () = lease_moved(&mut leases, epoch) => Ended::retry(
+                () = crate::cluster::lease::moved(&mut leases, epoch) => Ended::retry(
                     LEASE_LOST,
                     format!(
                         "this instance no longer holds the zone's uplink lease (epoch {epoch}); it ended its stream"
@@ -347,7 +349,7 @@ impl Driver {
             // once, a new epoch dials at once.
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
-                () = lease_moved(&mut leases, epoch) => {}
+                () = crate::cluster::lease::moved(&mut leases, epoch) => {}
                 () = super::drained(&mut drain) => break,
             }
         }
@@ -368,7 +370,25 @@ impl Driver {
         let now = self.clock.now();
         let before = self.status.borrow().clone();
         match lease {
-            LeaseStatus::Held { .. } => {}
+            // Held, but past its confirmed end (the process was stopped, or
+            // the store is slow): another instance may hold it by now.
+            LeaseStatus::Held { epoch, .. } => {
+                let problem = format!(
+                    "the uplink lease (epoch {epoch}) reached its end before this instance could confirm it (was the process stopped, or is the store slow?); it does not dial until the store says it still holds it"
+                );
+                if before.problem.as_ref() != Some(&problem) {
+                    tracing::warn!(zone, code = LEASE_UNCONFIRMED, "zone uplink: {problem}");
+                }
+                self.update(|s| {
+                    if s.state != State::Disconnected || s.connected {
+                        s.since = now;
+                    }
+                    s.state = State::Disconnected;
+                    s.connected = false;
+                    s.problem = Some(problem);
+                    s.code = Some(LEASE_UNCONFIRMED.to_string());
+                });
+            }
             LeaseStatus::Unknown => self.update(|s| {
                 if s.state != State::Connecting {
                     s.state = State::Connecting;
@@ -422,26 +442,9 @@ impl Driver {
     /// One stream to `url`, until it ends.
     async fn stream(&mut self, url: &str, epoch: u64, backoff: &mut Backoff) -> Ended {
         let zone = self.options.settings.zone.clone();
-        let token = match std::fs::read_to_string(&self.options.token_file) {
-            Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
-            Ok(_) => {
-                return Ended::retry(
-                    "token_missing",
-                    format!(
-                        "zone.token_file {} is empty; on the global, run `hdsd token issue --zone {zone} --mesh MESH` and write the token there",
-                        self.options.token_file.display()
-                    ),
-                )
-            }
-            Err(e) => {
-                return Ended::retry(
-                    "token_missing",
-                    format!(
-                        "cannot read zone.token_file {}: {e}; on the global, run `hdsd token issue --zone {zone} --mesh MESH` and write the token there",
-                        self.options.token_file.display()
-                    ),
-                )
-            }
+        let token = match self.token() {
+            Ok(token) => token,
+            Err(ended) => return ended,
         };
         let channel = match self.connect(url).await {
             Ok(channel) => channel,
@@ -458,25 +461,16 @@ impl Driver {
             return ended;
         }
         let mut request = tonic::Request::new(ReceiverStream::new(rx));
-        match format!("Bearer {token}").parse() {
-            Ok(value) => {
-                request
-                    .metadata_mut()
-                    .insert(crate::grpc_auth::AUTHORIZATION, value);
-            }
-            Err(_) => {
-                return Ended::retry(
-                    "token_malformed",
-                    format!(
-                        "zone.token_file {} holds characters a token cannot have; issue a new one with `hdsd token issue --zone {zone}`",
-                        self.options.token_file.display()
-                    ),
-                )
-            }
+        if let Some(token) = token {
+            request
+                .metadata_mut()
+                .insert(crate::grpc_auth::AUTHORIZATION, token);
         }
         let mut inbound = match client.sync(request).await {
             Ok(response) => response.into_inner(),
-            Err(status) => return refused_by_transport(&zone, &status),
+            Err(status) => {
+                return refused_by_transport(&zone, self.options.token_file.is_some(), &status)
+            }
         };
         loop {
             let sleep = machine
@@ -489,7 +483,7 @@ impl Driver {
                     Ok(None) => Event::Closed { error: None },
                     Err(status) => {
                         if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) {
-                            return refused_by_transport(&zone, &status);
+                            return refused_by_transport(&zone, self.options.token_file.is_some(), &status);
                         }
                         Event::Closed { error: Some(status.message().to_string()) }
                     }
@@ -507,6 +501,46 @@ impl Driver {
         }
     }
 
+    /// The zone token as metadata, read from `zone.token_file` now (so a
+    /// replaced token is used at the next connect); `None` without a file
+    /// (the zone is known by its certificate).
+    fn token(&self) -> Result<Option<tonic::metadata::AsciiMetadataValue>, Ended> {
+        let zone = &self.options.settings.zone;
+        let Some(file) = &self.options.token_file else {
+            return Ok(None);
+        };
+        let missing = |what: String| {
+            Ended::retry(
+                "token_missing",
+                format!("{what}; on the global, run `hdsd token issue --zone {zone} --mesh MESH` and write the token there"),
+            )
+        };
+        let token = match std::fs::read_to_string(file) {
+            Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+            Ok(_) => {
+                return Err(missing(format!(
+                    "zone.token_file {} is empty",
+                    file.display()
+                )))
+            }
+            Err(e) => {
+                return Err(missing(format!(
+                    "cannot read zone.token_file {}: {e}",
+                    file.display()
+                )))
+            }
+        };
+        format!("Bearer {token}").parse().map(Some).map_err(|_| {
+            Ended::retry(
+                "token_malformed",
+                format!(
+                    "zone.token_file {} holds characters a token cannot have; issue a new one with `hdsd token issue --zone {zone}`",
+                    file.display()
+                ),
+            )
+        })
+    }
+
     async fn connect(&self, url: &str) -> Result<tonic::transport::Channel, String> {
         let mut endpoint = Endpoint::from_shared(url.to_string())
             .map_err(|e| format!("zone.global {url:?} is not a URL ({e}); write it as http://HOST:PORT or https://HOST:PORT"))?
@@ -522,6 +556,17 @@ impl Driver {
                     format!("cannot read zone.ca {}: {e}; point it at the PEM file of the CA that signed the global's certificate", ca.display())
                 })?;
                 tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem));
+            }
+            if let Some((cert, key)) = &self.options.identity {
+                let read = |setting: &str, path: &std::path::Path| {
+                    std::fs::read(path).map_err(|e| {
+                        format!("cannot read {setting} {}: {e}; point it at the zone's client certificate and key (PEM, URI SAN hdsd://zone/NAME)", path.display())
+                    })
+                };
+                tls = tls.identity(Identity::from_pem(
+                    read("zone.cert", cert)?,
+                    read("zone.key", key)?,
+                ));
             }
             endpoint = endpoint
                 .tls_config(tls)
@@ -657,12 +702,6 @@ pub const LEASE_LOST: &str = "lease_lost";
 /// The code of an uplink that waits because the lease cannot be confirmed.
 pub const LEASE_UNCONFIRMED: &str = "lease_unconfirmed";
 
-/// Completes once the lease is no longer held with `epoch` (lost, or held
-/// again with another epoch), or its keeper is gone.
-async fn lease_moved(leases: &mut watch::Receiver<LeaseStatus>, epoch: u64) {
-    let _ = leases.wait_for(|s| s.held() != Some(epoch)).await;
-}
-
 async fn next(feed: &mut Option<mpsc::Receiver<Message>>) -> Option<Message> {
     match feed {
         Some(rx) => rx.recv().await,
@@ -672,14 +711,21 @@ async fn next(feed: &mut Option<mpsc::Receiver<Message>>) -> Option<Message> {
 
 /// A stream the global's gRPC layer refused (before any message): a bad
 /// token cannot be fixed by retrying soon.
-fn refused_by_transport(zone: &str, status: &tonic::Status) -> Ended {
+fn refused_by_transport(zone: &str, by_token: bool, status: &tonic::Status) -> Ended {
     match status.code() {
         tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => Ended {
             code: "unauthenticated".to_string(),
-            reason: format!(
-                "the global refused the zone token: {}; issue a new one on the global with `hdsd token issue --zone {zone} --mesh MESH` and write it to zone.token_file",
-                status.message()
-            ),
+            reason: if by_token {
+                format!(
+                    "the global refused the zone token: {}; issue a new one on the global with `hdsd token issue --zone {zone} --mesh MESH` and write it to zone.token_file",
+                    status.message()
+                )
+            } else {
+                format!(
+                    "the global refused the zone's client certificate (zone.cert): {}",
+                    status.message()
+                )
+            },
             retry: false,
         },
         tonic::Code::Unimplemented => Ended {

@@ -21,6 +21,7 @@
 //! conversions between [`Duration`] and protobuf.
 
 pub mod backoff;
+pub mod certificate;
 pub mod changes;
 pub mod hub;
 pub mod liveness;

@@ -452,8 +452,8 @@ impl Uplink {
             return self.close(
                 Code::ZoneNameMismatch.as_str(),
                 format!(
-                    "the global knows this zone as {:?}, the zone its token names, but zone.name is {:?}: issue a token for {:?} on the global (`hdsd token issue --zone {} --mesh MESH`) and put it in zone.token_file, or set zone.name = {:?}",
-                    a.zone, self.settings.zone, self.settings.zone, self.settings.zone, a.zone
+                    "the global knows this zone as {:?}, the zone its token (or client certificate) names, but zone.name is {:?}: issue a token for {:?} on the global (`hdsd token issue --zone {} --mesh MESH`) and put it in zone.token_file (or a certificate with the URI SAN hdsd://zone/{}), or set zone.name = {:?}",
+                    a.zone, self.settings.zone, self.settings.zone, self.settings.zone, self.settings.zone, a.zone
                 ),
                 false,
                 actions,

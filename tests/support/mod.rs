@@ -115,6 +115,24 @@ pub fn dead_port() -> (u16, socket2::Socket) {
 
 /// Polls `f` every 25 ms until it returns `Some`, or panics after `timeout`
 /// naming what was awaited and the last observation.
+/// Checks `f` every 100 ms for `period`: a state that must hold, not one
+/// waited for. Panics with what broke it and when.
+pub fn hold_for(what: &str, period: Duration, mut f: impl FnMut() -> Result<(), String>) {
+    let start = Instant::now();
+    loop {
+        if let Err(broke) = f() {
+            panic!(
+                "{what} stopped holding after {:?}: {broke}",
+                start.elapsed()
+            );
+        }
+        if start.elapsed() >= period {
+            return;
+        }
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+}
+
 pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
     let deadline = Instant::now() + timeout;
     loop {

@@ -3,9 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
+use rcgen::string::Ia5String;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
+    KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls::pki_types::CertificateDer;
 
@@ -57,7 +58,29 @@ impl Ca {
         names: &[&str],
     ) -> Leaf {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let mut params = CertificateParams::new(names).unwrap();
+        let params = CertificateParams::new(names).unwrap();
+        self.sign(dir, stem, eku, params)
+    }
+
+    /// A client certificate whose subject alternative names are these URIs
+    /// only (a zone's: `hdsd://zone/NAME`).
+    pub fn issue_with_uris(&self, dir: &Path, stem: &str, uris: &[&str]) -> Leaf {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        for uri in uris {
+            params
+                .subject_alt_names
+                .push(SanType::URI(Ia5String::try_from(*uri).unwrap()));
+        }
+        self.sign(dir, stem, ExtendedKeyUsagePurpose::ClientAuth, params)
+    }
+
+    fn sign(
+        &self,
+        dir: &Path,
+        stem: &str,
+        eku: ExtendedKeyUsagePurpose,
+        mut params: CertificateParams,
+    ) -> Leaf {
         params.distinguished_name.push(DnType::CommonName, stem);
         params.extended_key_usages = vec![eku];
         let key = KeyPair::generate().unwrap();
