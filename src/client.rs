@@ -19,6 +19,8 @@ pub enum ClientError {
     Unauthorized,
     #[error("cannot read {url}: {message}; is hdsd running, and is --api its api.listen address (https:// when it has api.tls)?")]
     Read { url: String, message: String },
+    #[error("{url}: no such item (HTTP 404); check the mesh and name (and --zone at a global): `hdsd status` lists them")]
+    NotFound { url: String },
 }
 
 /// An HTTP agent for the API: plain HTTP, or HTTPS verified against the
@@ -53,6 +55,9 @@ pub fn agent(ca: Option<&Path>) -> Result<ureq::Agent, ClientError> {
 fn read_error(url: &str, e: ureq::Error) -> ClientError {
     match e {
         ureq::Error::StatusCode(401) => ClientError::Unauthorized,
+        ureq::Error::StatusCode(404) => ClientError::NotFound {
+            url: url.to_string(),
+        },
         e => ClientError::Read {
             url: url.to_string(),
             message: e.to_string(),
@@ -364,7 +369,7 @@ impl Follower {
                     match get_json::<DataplaneItem>(agent, &options.api, &path, token) {
                         Ok(item) => Some(item),
                         // Deleted since: a DELETED event follows.
-                        Err(ClientError::Read { .. }) => None,
+                        Err(ClientError::Read { .. } | ClientError::NotFound { .. }) => None,
                         Err(e) => return Err(e),
                     }
                 } else {
@@ -586,6 +591,8 @@ mod tests {
                     status: status.into(),
                     since: t,
                     last_report_at: None,
+                    failing_reports: 0,
+                    last_healthy_at: None,
                     changes: vec![],
                     reason: None,
                 },

@@ -92,6 +92,29 @@ enum Command {
         #[arg(long, conflicts_with = "watch")]
         json: bool,
     },
+    /// Explain one dataplane: for each inbound what is checked, by which
+    /// Envoy, the last reports, and why it is not ready.
+    Explain {
+        /// The dataplane's mesh.
+        mesh: String,
+        /// The dataplane's name.
+        name: String,
+        /// On a global: the zone the dataplane belongs to.
+        #[arg(long)]
+        zone: Option<String>,
+        /// hdsd's REST API (https://... when it has api.tls).
+        #[arg(long, default_value = "http://127.0.0.1:5680")]
+        api: String,
+        /// One of the server's api.tokens, when its API requires one.
+        #[arg(long)]
+        api_token: Option<String>,
+        /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// Print the dataplane's API item as JSON instead.
+        #[arg(long)]
+        json: bool,
+    },
     /// Follow readiness changes from a running hdsd: one line per change.
     Watch {
         /// hdsd's REST API (https://... when it has api.tls).
@@ -361,6 +384,29 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             },
             json,
         ),
+        Command::Explain {
+            mesh,
+            name,
+            zone,
+            api,
+            api_token,
+            ca,
+            json,
+        } => {
+            let agent = hdsd::client::agent(ca.as_deref())?;
+            let path = hdsd::status::dataplane_path(&mesh, &name, zone.as_deref());
+            let item: hdsd::view::DataplaneItem =
+                hdsd::client::get_json(&agent, &api, &path, api_token.as_deref())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&item)?);
+            } else {
+                print!(
+                    "{}",
+                    hdsd::status::render_explain(&item, chrono::Utc::now())
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Watch {
             api,
             api_token,

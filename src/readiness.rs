@@ -117,6 +117,11 @@ pub struct InboundHealth {
     /// first check, so an UNHEALTHY within [`hold_window`] of this moment
     /// (or of the first attach after it) is held. Kept in memory only.
     pub recreated_at: Option<Timestamp>,
+    /// Reports in a row that said the check fails (unhealthy or timeout);
+    /// 0 after a healthy one. Kept in memory only (why-not-ready).
+    pub failing_reports: u32,
+    /// The last report that said healthy, since this process started.
+    pub last_healthy_at: Option<Timestamp>,
 }
 
 impl InboundHealth {
@@ -127,6 +132,8 @@ impl InboundHealth {
             since,
             last_report_at: None,
             recreated_at: None,
+            failing_reports: 0,
+            last_healthy_at: None,
         }
     }
 }
@@ -180,6 +187,9 @@ pub struct Health {
     /// The last [`RECENT_CHANGES`] status changes of its inbounds, oldest
     /// first. Kept in memory only (a restart starts an empty log).
     pub recent: VecDeque<StatusChange>,
+    /// Status changes recorded since the process started: the last
+    /// `recorded - before` of `recent` are the ones since `before`.
+    pub recorded: u64,
 }
 
 /// How many status changes [`Health::recent`] keeps per dataplane.
@@ -201,6 +211,14 @@ impl Health {
             self.recent.pop_front();
         }
         self.recent.push_back(change);
+        self.recorded += 1;
+    }
+
+    /// The changes recorded since [`Health::recorded`] read `before` (those
+    /// still kept in [`Health::recent`]), oldest first.
+    pub fn recorded_since(&self, before: u64) -> impl Iterator<Item = &StatusChange> {
+        let n = usize::try_from(self.recorded.saturating_sub(before)).unwrap_or(usize::MAX);
+        self.recent.iter().skip(self.recent.len().saturating_sub(n))
     }
 
     /// The Envoy's own `/ready` check has reported a failure.
@@ -288,6 +306,7 @@ pub fn rebase(
         reattached_at: previous.and_then(|(_, _, h)| h.reattached_at),
         envoy_ready,
         recent,
+        recorded: previous.map_or(0, |(_, _, h)| h.recorded),
     }
 }
 
@@ -312,6 +331,16 @@ fn set_status(
 ) {
     if reported {
         inbound.last_report_at = Some(now);
+        match status {
+            Status::Healthy => {
+                inbound.failing_reports = 0;
+                inbound.last_healthy_at = Some(now);
+            }
+            Status::Unhealthy | Status::Timeout => {
+                inbound.failing_reports = inbound.failing_reports.saturating_add(1);
+            }
+            _ => {}
+        }
     }
     if inbound.status != status {
         match (inbound.status.is_ready(), status.is_ready()) {

@@ -630,10 +630,24 @@ impl DataplaneTask {
             });
             let shown_before = holder_news.then(|| shown_holder(&s.connection));
             let envoy_before = (attach || detach || redefines).then(|| s.envoy.clone());
+            let recorded = s.health.recorded;
+            let stream_before = s.connection.stream;
             applied = apply(s, command, now);
             if let Some(before) = envoy_before {
                 log_envoy_news(&self.id, &before, &s.envoy);
             }
+            if attach && s.connection.stream != stream_before && s.connection.stream.is_some() {
+                let version = s.envoy.version.map(|v| v.to_string());
+                crate::journal::connected(
+                    &self.id,
+                    s.connection.peer,
+                    version.as_ref().map(|v| v as &dyn std::fmt::Display),
+                );
+            }
+            if detach && stream_before.is_some() && s.connection.stream.is_none() {
+                crate::journal::disconnected(&self.id, s.connection.peer);
+            }
+            journal_changes(&self.id, s, recorded);
             if let Some((dataplane, health)) = before {
                 visible = dataplane.as_deref() != s.defined.as_ref().map(|d| &*d.dataplane)
                     || health != s.health;
@@ -684,7 +698,9 @@ impl DataplaneTask {
         let now = self.clock.now();
         let mut outcome = FoldOutcome::default();
         self.state.send_if_modified(|s| {
+            let recorded = s.health.recorded;
             outcome = expire(&mut s.health, now, self.stale_after);
+            journal_changes(&self.id, s, recorded);
             outcome.changed
         });
         if outcome.changed {
@@ -938,6 +954,29 @@ fn shown_holder(c: &Connection) -> (Option<String>, bool) {
 
 /// Logs, once per change, what an Envoy cannot run of its specifier and
 /// that an Envoy began ending its streams after every specifier.
+/// One journal line per inbound status change recorded since `before`
+/// (a [`Health::recorded`] count).
+fn journal_changes(id: &DataplaneId, s: &DataplaneState, before: u64) {
+    if s.health.recorded == before {
+        return;
+    }
+    let Some(defined) = &s.defined else { return };
+    for change in s.health.recorded_since(before) {
+        if change.from.is_ready() == change.to.is_ready() {
+            continue;
+        }
+        if let Some(inbound) = defined.dataplane.inbounds.get(change.inbound) {
+            crate::journal::transition(
+                id,
+                inbound.port,
+                change.from.as_str(),
+                change.to.as_str(),
+                change.to.is_ready(),
+            );
+        }
+    }
+}
+
 fn log_envoy_news(id: &DataplaneId, before: &EnvoyRun, after: &EnvoyRun) {
     let version = after
         .version

@@ -229,6 +229,12 @@ pub struct HealthItem {
     pub status: String,
     pub since: Timestamp,
     pub last_report_at: Option<Timestamp>,
+    /// Reports in a row that said the check fails (0: the last one did not).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failing_reports: u32,
+    /// The last report that said healthy, since this hdsd started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_healthy_at: Option<Timestamp>,
     /// This inbound's recent status changes, oldest first (a few, since hdsd started).
     #[serde(default)]
     pub changes: Vec<StatusChangeItem>,
@@ -297,6 +303,8 @@ impl DataplaneItem {
                         },
                         since: health.since,
                         last_report_at: health.last_report_at,
+                        failing_reports: health.failing_reports,
+                        last_healthy_at: health.last_healthy_at,
                         changes: state
                             .health
                             .recent
@@ -365,6 +373,8 @@ impl DataplaneItem {
                         status: status_word(health.status),
                         since: health.since.as_ref().and_then(time_of).unwrap_or_default(),
                         last_report_at: health.last_report_at.as_ref().and_then(time_of),
+                        failing_reports: 0,
+                        last_healthy_at: None,
                         changes: Vec::new(),
                         reason: withdrawn.clone().or(health.reason.map(Into::into)),
                     },
@@ -403,31 +413,144 @@ fn reason(
     i: usize,
     status: crate::readiness::Status,
 ) -> Option<ReasonItem> {
+    use crate::readiness::Status as S;
     if let Some(r) = state.reason_of_inbound(i) {
         return Some(r.into());
     }
-    if matches!(
-        status,
-        crate::readiness::Status::Unhealthy | crate::readiness::Status::Timeout
-    ) {
-        let target = state.defined.as_ref().and_then(|d| {
-            let t = d.specifier.target_of_inbound.get(i).copied().flatten()?;
-            d.specifier.targets.get(t)
+    let defined = state.defined.as_ref()?;
+    let declared = defined.dataplane.inbounds.get(i).map(|d| d.state);
+    if declared == Some(InboundState::NotReady) {
+        return Some(ReasonItem {
+            code: "declared_not_ready".into(),
+            message: "the dataplane's definition declares this inbound `state: NotReady`: it is not ready whatever Envoy reports; change the definition to make it ready".into(),
         });
-        if let Some(t) = target.filter(|t| t.check.tls_in_force().is_some()) {
-            return Some(tls_failing(&t.cluster));
+    }
+    if declared == Some(InboundState::Ignored) || status.is_ready() {
+        return None;
+    }
+    let target = defined
+        .specifier
+        .target_of_inbound
+        .get(i)
+        .copied()
+        .flatten()
+        .and_then(|t| defined.specifier.targets.get(t));
+    let health = state.health.inbounds.get(i)?;
+    let checked = target.map_or_else(|| "its check".to_string(), checked);
+    let envoy = defined.dataplane.id.to_string();
+    let connected = state.connection.stream.is_some() || state.connection.holder.is_some();
+    let healthy_last = match health.last_healthy_at {
+        Some(t) => format!("last healthy report at {}", t.to_rfc3339()),
+        None => "no healthy report since hdsd started".to_string(),
+    };
+    let item = |code: &str, message: String| {
+        Some(ReasonItem {
+            code: code.into(),
+            message,
+        })
+    };
+    match status {
+        S::Pending if !connected => item(
+            "waiting_for_envoy",
+            format!(
+                "no Envoy is connected as {envoy}: the inbound is pending until that Envoy connects (an HDS bootstrap from `hdsd bootstrap`, node id {envoy}) and reports {checked} healthy"
+            ),
+        ),
+        S::Pending => item(
+            "waiting_for_first_report",
+            format!(
+                "the Envoy {envoy}{version} is connected{at} and has not reported {checked} yet: Envoy reports one report interval after it accepts the specifier, and reads a new endpoint unhealthy until its first successful check",
+                version = state.envoy.version.map_or(String::new(), |v| format!(" ({v})")),
+                at = state.connection.connected_at.map_or(String::new(), |t| format!(" since {}", t.to_rfc3339())),
+            ),
+        ),
+        S::Unhealthy | S::Timeout => {
+            if let Some(t) = target.filter(|t| t.check.tls_in_force().is_some()) {
+                return Some(tls_failing(&t.cluster));
+            }
+            let (code, what) = if status == S::Timeout {
+                ("probe_timeout", "timing out")
+            } else {
+                ("probe_failing", "failing")
+            };
+            item(
+                code,
+                format!(
+                    "Envoy {envoy} reports {checked} {what}: {n} report{s} in a row, {healthy_last}; check the application from the Envoy's machine{timeout}",
+                    n = health.failing_reports.max(1),
+                    s = if health.failing_reports > 1 { "s" } else { "" },
+                    timeout = target.map_or(String::new(), |t| format!(
+                        " (the check allows {} per attempt and needs {} failure{} in a row)",
+                        humantime::format_duration(t.settings.timeout),
+                        t.settings.unhealthy_threshold,
+                        if t.settings.unhealthy_threshold == 1 { "" } else { "s" }
+                    )),
+                ),
+            )
+        }
+        S::Stale => item(
+            "reports_stopped",
+            format!(
+                "no report from Envoy {envoy} since {last} (older than hds.stale_after): {link}; its last verdict cannot be trusted any more",
+                last = health.last_report_at.map_or("hdsd started".to_string(), |t| t.to_rfc3339()),
+                link = if connected {
+                    "its stream is open but silent (a stopped Envoy process, or a network that drops the reports)"
+                } else {
+                    "it is disconnected; check that the Envoy runs and reaches hdsd"
+                },
+            ),
+        ),
+        S::Draining => item(
+            "draining",
+            format!(
+                "Envoy {envoy} drains this endpoint: {}",
+                if state.health.envoy_not_ready() {
+                    "the Envoy's own readiness check fails, so every inbound of this dataplane drains"
+                } else {
+                    "Envoy reported it DRAINING"
+                }
+            ),
+        ),
+        S::Degraded => item(
+            "degraded",
+            format!("Envoy {envoy} reports {checked} DEGRADED ({healthy_last})"),
+        ),
+        S::Unknown => item(
+            "unknown_status",
+            format!("Envoy {envoy} reports {checked} with status UNKNOWN: it has no verdict yet"),
+        ),
+        S::Healthy | S::NotProbed | S::Unsupported => {
+            (status == S::Unsupported).then(|| ReasonItem {
+                code: "envoy_too_old".into(),
+                message: format!(
+                    "the probe needs a newer Envoy than the one connected; {} names both versions",
+                    match &state.connection.holder {
+                        Some(h) => format!("the instance holding the stream ({h})"),
+                        None => "the instance that held the stream".to_string(),
+                    }
+                ),
+            })
         }
     }
-    (status == crate::readiness::Status::Unsupported).then(|| ReasonItem {
-        code: "envoy_too_old".into(),
-        message: format!(
-            "the probe needs a newer Envoy than the one connected; {} names both versions",
-            match &state.connection.holder {
-                Some(h) => format!("the instance holding the stream ({h})"),
-                None => "the instance that held the stream".to_string(),
-            }
-        ),
-    })
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// What a target's check is, in words: `the http check GET /healthz of
+/// 10.0.0.1:8080`.
+fn checked(t: &crate::specifier::ProbeTarget) -> String {
+    use crate::probe::Check;
+    let what = match &t.check {
+        Check::Tcp(_) => "the tcp check".to_string(),
+        Check::Http(h) => format!("the http check GET {}", crate::names::shown(&h.path)),
+        Check::Grpc(g) => match g.service.as_deref().filter(|s| !s.is_empty()) {
+            Some(service) => format!("the grpc check of service {}", crate::names::shown(service)),
+            None => "the grpc check".to_string(),
+        },
+    };
+    format!("{what} of {}", t.endpoint)
 }
 
 /// Why a TLS probe that Envoy reports failing may fail, and where to look:
@@ -615,10 +738,109 @@ mod tests {
                 "{}",
                 reason.message
             );
-            assert_eq!(item.inbounds[1].health.reason, None, "not TLS");
+            let plain = item.inbounds[1].health.reason.clone().unwrap();
+            assert!(plain.code.starts_with("probe_"), "not TLS: {plain:?}");
         }
         let item = DataplaneItem::from_state(&state(crate::readiness::Status::Stale)).unwrap();
-        assert_eq!(item.inbounds[0].health.reason, None, "stale: not the probe");
+        assert_eq!(
+            item.inbounds[0].health.reason.as_ref().unwrap().code,
+            "reports_stopped",
+            "stale: not the probe"
+        );
+    }
+
+    /// Every inbound that is not ready says why, in words a person can act
+    /// on: what is checked, by which Envoy, the last reports.
+    #[test]
+    fn every_not_ready_inbound_says_why() {
+        use crate::readiness::Status as S;
+        let text = "type: Dataplane\nmesh: shop\nname: web-01\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    serviceProbe:\n      http: {path: /healthz}\n      unhealthyThreshold: 3\n  - port: 10002\n    servicePort: 9090\n    state: NotReady\n";
+        let dp = parse_documents(text).unwrap().remove(0);
+        let specifier = build(&dp, &SpecifierSettings::default()).unwrap();
+        let t = |s: i64| chrono::Utc.timestamp_opt(1_700_000_000 + s, 0).unwrap();
+        let mut health = rebase(None, &dp, &specifier, t(0));
+        let state = |health: &crate::readiness::Health, connection: Connection| DataplaneState {
+            defined: Some(Defined {
+                dataplane: Arc::new(dp.clone()),
+                specifier: Arc::new(specifier.clone()),
+                file: "web-01.yaml".into(),
+            }),
+            version: 1,
+            health: health.clone(),
+            connection,
+            envoy: Default::default(),
+        };
+        let why = |state: &DataplaneState, i: usize| {
+            let item = DataplaneItem::from_state(state).unwrap();
+            let r = item.inbounds[i].health.reason.clone().expect("a reason");
+            (r.code, r.message)
+        };
+        let connected = || Connection {
+            stream: Some(7),
+            connected_at: Some(t(1)),
+            ..Connection::default()
+        };
+
+        let (code, message) = why(&state(&health, Connection::default()), 0);
+        assert_eq!(code, "waiting_for_envoy");
+        assert!(
+            message.contains("no Envoy is connected as shop.web-01"),
+            "{message}"
+        );
+        assert!(
+            message.contains("the http check GET \"/healthz\" of 127.0.0.1:8080"),
+            "{message}"
+        );
+        let (code, message) = why(&state(&health, connected()), 0);
+        assert_eq!(code, "waiting_for_first_report");
+        assert!(message.contains("is connected since"), "{message}");
+        let (code, message) = why(&state(&health, connected()), 1);
+        assert_eq!(code, "declared_not_ready");
+        assert!(message.contains("state: NotReady"), "{message}");
+
+        // Healthy, then failing three reports in a row.
+        let fold = |health: &mut crate::readiness::Health, status, at| {
+            crate::readiness::fold_report(health, &specifier, &report(status).into(), t(at));
+        };
+        fold(&mut health, HealthStatus::Healthy, 2);
+        let item = DataplaneItem::from_state(&state(&health, connected())).unwrap();
+        assert_eq!(
+            item.inbounds[0].health.reason, None,
+            "ready: nothing to say"
+        );
+        for at in 3..6 {
+            fold(&mut health, HealthStatus::Unhealthy, at);
+        }
+        let (code, message) = why(&state(&health, connected()), 0);
+        assert_eq!(code, "probe_failing");
+        assert!(message.contains("3 reports in a row"), "{message}");
+        assert!(
+            message.contains(&format!("last healthy report at {}", t(2).to_rfc3339())),
+            "{message}"
+        );
+        assert!(message.contains("needs 3 failures in a row"), "{message}");
+        let item = DataplaneItem::from_state(&state(&health, connected())).unwrap();
+        let json = serde_json::to_value(&item.inbounds[0].health).unwrap();
+        assert_eq!(json["failingReports"], 3);
+        assert_eq!(json["lastHealthyAt"], serde_json::json!(t(2)));
+
+        for (status, code, part) in [
+            (S::Timeout, "probe_timeout", "timing out"),
+            (S::Stale, "reports_stopped", "its stream is open but silent"),
+            (S::Draining, "draining", "Envoy reported it DRAINING"),
+            (S::Degraded, "degraded", "DEGRADED"),
+            (S::Unknown, "unknown_status", "UNKNOWN"),
+        ] {
+            let mut h = health.clone();
+            h.inbounds[0].status = status;
+            let (got, message) = why(&state(&h, connected()), 0);
+            assert_eq!(got, code, "{status:?}");
+            assert!(message.contains(part), "{status:?}: {message}");
+        }
+        let mut h = health.clone();
+        h.inbounds[0].status = S::Stale;
+        let (_, message) = why(&state(&h, Connection::default()), 0);
+        assert!(message.contains("it is disconnected"), "{message}");
     }
 
     /// Any instance answers for the fleet: a stream held by another

@@ -1,5 +1,6 @@
 //! hdsd serving real Envoy 1.40 processes: readiness follows the application.
 
+use std::process::Command;
 use std::time::Duration;
 
 use crate::support::*;
@@ -43,14 +44,64 @@ fn pending_until_first_report_then_ready_and_follows_the_app() {
     assert!(dp.connection.last_report_at.is_some());
     assert!(dp.connection.connected_at.is_some());
 
-    // The app dies: not ready within the detection bound.
+    // The app dies: not ready within the detection bound, and every reader
+    // says why: the API's reason, `hdsd explain`, one log line.
     app.stop();
     let dp = hdsd.wait_inbound("default.web-01", 10001, "unhealthy", DETECTION);
     assert!(!dp.inbounds[0].health.ready);
+    let reason = dp.inbounds[0].health.reason.clone().expect("a reason");
+    assert_eq!(reason.code, "probe_failing", "{reason:?}");
+    assert!(
+        reason
+            .message
+            .contains(&format!("the tcp check of 127.0.0.1:{}", app.port)),
+        "{reason:?}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_hdsd"))
+        .args(["explain", "default", "web-01", "--api", &hdsd.api_url("")])
+        .output()
+        .expect("run hdsd explain");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for part in [
+        "default.web-01: NOT READY (0/1 inbounds ready)",
+        "Envoy: connected since",
+        &format!("checked: tcp of 127.0.0.1:{} every", app.port),
+        "failing in a row, last healthy",
+        "why (probe_failing): Envoy default.web-01 reports the tcp check",
+        "healthy -> unhealthy at",
+    ] {
+        assert!(text.contains(part), "{part}\n---\n{text}");
+    }
+    let missing = Command::new(env!("CARGO_BIN_EXE_hdsd"))
+        .args(["explain", "default", "nope", "--api", &hdsd.api_url("")])
+        .output()
+        .expect("run hdsd explain");
+    assert!(!missing.status.success());
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(err.contains("no such item (HTTP 404)"), "{err}");
 
     // It comes back on the same port: ready again.
     app.resume();
-    hdsd.wait_inbound("default.web-01", 10001, "healthy", DETECTION);
+    let dp = hdsd.wait_inbound("default.web-01", 10001, "healthy", DETECTION);
+    assert_eq!(
+        dp.inbounds[0].health.reason, None,
+        "ready: nothing to explain"
+    );
+    // The journal: a connect and each readiness change, one line each.
+    let log = hdsd.log();
+    for line in [
+        "Envoy connected dataplane=default.web-01",
+        "inbound ready dataplane=default.web-01 port=10001 from=\"pending\" to=\"healthy\"",
+        "inbound not ready dataplane=default.web-01 port=10001 from=\"healthy\" to=\"unhealthy\"",
+        "inbound ready dataplane=default.web-01 port=10001 from=\"unhealthy\" to=\"healthy\"",
+    ] {
+        assert!(log.contains(line), "{line}\n---\n{log}");
+    }
 }
 
 #[test]

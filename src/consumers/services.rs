@@ -174,6 +174,8 @@ mod tests {
                         status: if *ready { "healthy" } else { "unhealthy" }.into(),
                         since: t,
                         last_report_at: None,
+                        failing_reports: 0,
+                        last_healthy_at: None,
                         changes: vec![],
                         reason: None,
                     },
