@@ -578,6 +578,7 @@ mod tests {
                 held_by: None,
                 envoy_version: None,
                 problem: None,
+                token_expires_at: None,
             },
             inbounds: vec![InboundItem {
                 port: 10001,

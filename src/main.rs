@@ -809,6 +809,13 @@ fn token(config_path: Option<&Path>, command: TokenCommand) -> anyhow::Result<Ex
                 }
             };
             println!("{token}");
+            // On stderr: the token alone on stdout can be piped to a file.
+            let expires = now + chrono::Duration::from_std(valid_for).unwrap_or_default();
+            eprintln!(
+                "expires at {} (valid for {}); issue the next one before then: the old one stays valid until it expires",
+                expires.to_rfc3339(),
+                humantime::format_duration(valid_for)
+            );
         }
         TokenCommand::Inspect { token } => {
             let ring = KeyRing::load(state_dir, &config.auth.public_keys)?;

@@ -51,6 +51,7 @@ pub const LIMIT_HITS: &str = "hdsd_limit_hits_total";
 pub const AUTH_RELOADS: &str = "hdsd_auth_reloads_total";
 pub const SPECIFIER_REJECTIONS: &str = "hdsd_specifier_rejections_total";
 pub const DATAPLANES_REJECTING: &str = "hdsd_dataplanes_rejecting_specifier";
+pub const TOKEN_EARLIEST_EXPIRY: &str = "hdsd_token_earliest_expiry_seconds";
 pub const UNSUPPORTED_PROBES: &str = "hdsd_unsupported_probes_total";
 pub const ZONES: &str = "hdsd_zones";
 pub const ZONE_STATE: &str = "hdsd_zone_state";
@@ -604,6 +605,10 @@ fn describe() {
         DATAPLANES_REJECTING,
         "Dataplanes whose Envoy ends its HDS stream after every specifier now (counted at scrape)."
     );
+    describe_gauge!(
+        TOKEN_EARLIEST_EXPIRY,
+        "Seconds until the earliest expiry among the dataplane tokens of the HDS streams this instance holds (at scrape; +Inf when none has an expiring token). A stream ends when its token expires: renew tokens before."
+    );
     describe_counter!(
         UNSUPPORTED_PROBES,
         "Probe targets an Envoy was not sent because its version cannot run them (how=left_out: its inbounds read unsupported; how=fallback: a TCP connect was sent instead, hds.check.fallback), counted when an Envoy attaches or a definition changes."
@@ -757,6 +762,7 @@ fn describe() {
     );
     counter!(AUTH_RELOADS).absolute(0);
     gauge!(DATAPLANES_REJECTING).set(0.0);
+    gauge!(TOKEN_EARLIEST_EXPIRY).set(f64::INFINITY);
     for how in ["left_out", "fallback"] {
         counter!(UNSUPPORTED_PROBES, "how" => how).absolute(0);
     }

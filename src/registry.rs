@@ -47,6 +47,8 @@ pub struct Connection {
     pub holder: Option<String>,
     pub peer: Option<SocketAddr>,
     pub connected_at: Option<Timestamp>,
+    /// When the token of the stream held here expires.
+    pub token_expires_at: Option<Timestamp>,
 }
 
 /// Everything known about one dataplane. Written only by its own task.
@@ -167,6 +169,8 @@ pub enum Command {
         peer: Option<SocketAddr>,
         /// The version the Envoy's node reported, if any.
         envoy: Option<EnvoyVersion>,
+        /// When the stream's token expires (the stream ends then).
+        token_expires: Option<Timestamp>,
     },
     Detach {
         stream: StreamId,
@@ -829,6 +833,7 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
             stream,
             peer,
             envoy,
+            token_expires,
         } => {
             // Stream ids grow: an older stream never takes over from a newer one.
             if s.connection.stream.is_some_and(|owner| owner > stream) {
@@ -840,6 +845,7 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
                 connected_at: Some(now),
                 replaced_on: None,
                 holder: None,
+                token_expires_at: token_expires,
             };
             crate::readiness::reattached(&mut s.health, now);
             let sent_before = s.specifier().cloned();
@@ -1122,6 +1128,7 @@ mod tests {
                 stream: 1,
                 peer: None,
                 envoy: None,
+                token_expires: None,
             },
             t(1),
         );
@@ -1131,6 +1138,7 @@ mod tests {
                 stream: 2,
                 peer: None,
                 envoy: None,
+                token_expires: None,
             },
             t(2),
         );
@@ -1253,6 +1261,7 @@ mod tests {
             stream,
             peer: None,
             envoy: None,
+            token_expires: None,
         };
         let mut old_holder = state(d.clone());
         apply(&mut old_holder, attach(1), t(0));
@@ -1286,6 +1295,7 @@ mod tests {
                 stream: 1,
                 peer: None,
                 envoy: None,
+                token_expires: None,
             },
             t(1),
         );
@@ -1330,6 +1340,7 @@ mod tests {
                 stream: 7,
                 peer: None,
                 envoy: None,
+                token_expires: None,
             },
             t(5),
         );
@@ -1368,6 +1379,7 @@ mod tests {
                 stream: 3,
                 peer: None,
                 envoy: None,
+                token_expires: None,
             },
             t(2),
         );
@@ -1398,6 +1410,7 @@ mod tests {
                 stream: 4,
                 peer: None,
                 envoy: None,
+                token_expires: None,
             },
             t(5),
         );
@@ -1464,6 +1477,7 @@ mod tests {
                 stream: 1,
                 peer: None,
                 envoy: None,
+                token_expires: None,
             })
             .await;
         handle.send(healthy_report(1, 8080)).await;
@@ -1499,6 +1513,7 @@ mod tests {
                 stream: 5,
                 peer: None,
                 envoy: None,
+                token_expires: None,
             },
             t(1),
         );
@@ -1509,6 +1524,7 @@ mod tests {
                     stream: 3,
                     peer: None,
                     envoy: None,
+                    token_expires: None,
                 },
                 t(2)
             )
@@ -1527,6 +1543,7 @@ mod tests {
                 stream: 1,
                 peer: None,
                 envoy: None,
+                token_expires: None,
             },
             t(1),
         );
@@ -1571,6 +1588,7 @@ mod tests {
             stream,
             peer: None,
             envoy: envoy.map(|v| v.parse().unwrap()),
+            token_expires: None,
         }
     }
 

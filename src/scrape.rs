@@ -10,7 +10,9 @@ use std::sync::Arc;
 use metrics::gauge;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::metrics::{DATAPLANES, DATAPLANES_REJECTING, INBOUNDS, SOURCE_ERRORS};
+use crate::metrics::{
+    DATAPLANES, DATAPLANES_REJECTING, INBOUNDS, SOURCE_ERRORS, TOKEN_EARLIEST_EXPIRY,
+};
 use crate::readiness::Status;
 use crate::registry::Registry;
 use crate::source::Loaded;
@@ -41,6 +43,7 @@ impl Scrape {
         let mut disconnected = 0u64;
         let mut by_status = [0u64; Status::ALL.len()];
         let mut rejecting = 0u64;
+        let mut earliest: Option<crate::clock::Timestamp> = None;
         for handle in self.registry.catalog().values() {
             let state = handle.subscribe();
             let state = state.borrow();
@@ -49,6 +52,9 @@ impl Scrape {
             }
             if state.connection.stream.is_some() {
                 connected += 1;
+                if let Some(at) = state.connection.token_expires_at {
+                    earliest = Some(earliest.map_or(at, |e| e.min(at)));
+                }
             } else {
                 disconnected += 1;
             }
@@ -67,6 +73,9 @@ impl Scrape {
             gauge!(INBOUNDS, "status" => status.as_str()).set(n as f64);
         }
         gauge!(DATAPLANES_REJECTING).set(rejecting as f64);
+        gauge!(TOKEN_EARLIEST_EXPIRY).set(earliest.map_or(f64::INFINITY, |at| {
+            (at - chrono::Utc::now()).num_milliseconds().max(0) as f64 / 1000.0
+        }));
         gauge!(SOURCE_ERRORS).set(self.sources.borrow().error_count() as f64);
         self.process.collect();
         let mut out = self.handle.render();

@@ -273,6 +273,20 @@ pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
         0 => writeln!(out),
         n => writeln!(out, " ({n} ignored)"),
     };
+    let earliest = items
+        .iter()
+        .filter_map(|d| Some((d.connection.token_expires_at?, d)))
+        .min_by_key(|(at, _)| *at);
+    if let Some((at, d)) = earliest {
+        let _ = writeln!(
+            out,
+            "Earliest token expiry: {}.{} at {} ({}); renew it before (docs/security.md, Rotating tokens)",
+            d.mesh,
+            d.name,
+            at.to_rfc3339(),
+            until(at, now)
+        );
+    }
     // Reasons: what is wrong and what to do, one line each.
     let mut why = Vec::new();
     for d in items {
@@ -343,6 +357,14 @@ pub fn render_explain(d: &DataplaneItem, now: Timestamp) -> String {
             .map_or(String::new(), |v| format!(", version {v}")),
         ago(c.last_report_at, now),
     );
+    if let Some(at) = c.token_expires_at {
+        let _ = writeln!(
+            out,
+            "  token expires at {} ({})",
+            at.to_rfc3339(),
+            until(at, now)
+        );
+    }
     if let Some(p) = &c.problem {
         let _ = writeln!(out, "  problem ({}): {}", p.code, p.message);
     }
@@ -482,6 +504,22 @@ fn ago(t: Option<Timestamp>, now: Timestamp) -> String {
     }
 }
 
+/// How long until `t`: `in 3d 4h`, or `expired` once past.
+fn until(t: Timestamp, now: Timestamp) -> String {
+    match (t - now).to_std() {
+        Ok(d) if !d.is_zero() => {
+            let secs = d.as_secs();
+            let (days, hours, minutes) = (secs / 86_400, secs % 86_400 / 3600, secs % 3600 / 60);
+            match (days, hours) {
+                (0, 0) => format!("in {minutes}m"),
+                (0, h) => format!("in {h}h {minutes}m"),
+                (d, h) => format!("in {d}d {h}h"),
+            }
+        }
+        _ => "expired".to_string(),
+    }
+}
+
 /// `render` and [`render_zones`] at the current time.
 pub fn render_now(items: &[DataplaneItem], zones: &ZonesAnswer) -> String {
     let now = Utc::now();
@@ -520,7 +558,7 @@ mod tests {
             "mesh": "shop", "name": "web-01", "address": "10.0.0.5",
             "connection": {"connected": true, "connectedAt": "2023-11-14T22:13:00Z",
                            "lastReportAt": "2023-11-14T22:14:58Z", "envoyVersion": "1.38.2",
-                           "heldBy": "hdsd-b/77"},
+                           "heldBy": "hdsd-b/77", "tokenExpiresAt": "2023-11-17T23:15:00Z"},
             "inbounds": [
                 {"port": 10001, "servicePort": 8080, "serviceAddress": "127.0.0.1",
                  "tags": {"kuma.io/service": "web"},
@@ -547,6 +585,7 @@ mod tests {
             "inbound 10001 service web, app 127.0.0.1:8080: NOT READY, unhealthy since",
             "checked: http of 127.0.0.1:8080 every 2s, timeout 1s, unhealthy after 3 failure(s), healthy after 1 success(es), over TLS (verify ca, SNI web.internal)",
             "reports: last 2s ago, 4 failing in a row, last healthy 70s ago",
+            "token expires at 2023-11-17T23:15:00+00:00 (in 3d 1h)",
             "why (probe_failing): Envoy shop.web-01 reports the http check failing",
             "healthy -> unhealthy at 2023-11-14T22:14:00+00:00 (60s ago)",
             "inbound 10002 app 127.0.0.1:9090: ready, ignored",
@@ -554,6 +593,15 @@ mod tests {
         ] {
             assert!(text.contains(part), "{part}\n---\n{text}");
         }
+        let table = render(std::slice::from_ref(&item), now);
+        assert!(
+            table.contains(
+                "Earliest token expiry: shop.web-01 at 2023-11-17T23:15:00+00:00 (in 3d 1h)"
+            ),
+            "{table}"
+        );
+        assert_eq!(until(now, now), "expired");
+        assert_eq!(until(now + chrono::Duration::seconds(125), now), "in 2m");
         assert_eq!(
             dataplane_path("shop", "web 01", None),
             "/api/v1/dataplanes/shop/web%2001"
@@ -636,6 +684,7 @@ mod tests {
                 held_by: None,
                 envoy_version: None,
                 problem: None,
+                token_expires_at: None,
             },
             inbounds: vec![inbound(
                 10001,
@@ -703,6 +752,7 @@ mod tests {
                 held_by: None,
                 envoy_version: None,
                 problem: None,
+                token_expires_at: None,
             },
             inbounds,
             listeners,
@@ -786,6 +836,7 @@ mod tests {
                     code: "specifier_rejected".into(),
                     message: "Envoy ends the stream after every specifier".into(),
                 }),
+                token_expires_at: None,
             },
             inbounds: vec![grpc],
             listeners: Vec::new(),
@@ -846,6 +897,7 @@ mod tests {
                 held_by: None,
                 envoy_version: None,
                 problem: None,
+                token_expires_at: None,
             },
             inbounds: vec![web, plain],
             listeners: Vec::new(),

@@ -125,6 +125,10 @@ pub struct ConnectionItem {
     /// `specifier_rejected`: it ends the stream after every specifier).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<ReasonItem>,
+    /// When the token of the Envoy's stream expires (the stream ends then:
+    /// renew it before); known on the instance holding the stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_expires_at: Option<Timestamp>,
 }
 
 /// A reason: a stable code for programs and a sentence for people.
@@ -277,6 +281,10 @@ impl DataplaneItem {
                     .filter(|_| state.connection.stream.is_none()),
                 envoy_version: state.envoy.version.map(|v| v.to_string()),
                 problem: state.envoy.problem().map(Into::into),
+                token_expires_at: state
+                    .connection
+                    .token_expires_at
+                    .filter(|_| state.connection.stream.is_some()),
             },
             zone: None,
             inbounds: dp
@@ -394,6 +402,7 @@ impl DataplaneItem {
                 held_by: Some(connection.held_by).filter(|h| !h.is_empty()),
                 envoy_version: Some(connection.envoy_version).filter(|v| !v.is_empty()),
                 problem: connection.problem.map(Into::into),
+                token_expires_at: None,
             },
             inbounds,
             listeners: Vec::new(),

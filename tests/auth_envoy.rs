@@ -285,3 +285,78 @@ fn a_revocation_ends_a_stream_that_is_busy_forwarding_reports() {
         Some(1.0)
     );
 }
+
+/// A token's expiry is shown before it is an outage (the API, `hdsd
+/// status`, the metric), and tokens overlap: a new one is accepted while
+/// the old one still serves, and the old one stays valid after the switch.
+#[test]
+fn token_expiry_is_shown_and_a_rotation_overlaps() {
+    let hdsd = token_server();
+    let issued = Utc::now();
+    let (_app, old_envoy, old_token) = served(&hdsd, "web", "48h");
+    let dp = hdsd.dataplane("default.web").unwrap();
+    let expires = dp.connection.token_expires_at.expect("tokenExpiresAt");
+    let off = (expires - (issued + chrono::Duration::hours(48)))
+        .num_seconds()
+        .abs();
+    assert!(off < 60, "expires {expires}, issued {issued}");
+    let left = hdsd.metric("hdsd_token_earliest_expiry_seconds").unwrap();
+    assert!(
+        (48.0 * 3600.0 - 120.0..=48.0 * 3600.0).contains(&left),
+        "{left} s left"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hdsd"))
+        .args(["status", "--api", &hdsd.api_url("")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Earliest token expiry: default.web at") && text.contains("(in 1d 23h)"),
+        "{text}"
+    );
+
+    // The next token, issued while the old one serves: both verify.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hdsd"))
+        .args([
+            "token",
+            "issue",
+            "--mesh",
+            "default",
+            "--name",
+            "web",
+            "--valid-for",
+            "72h",
+        ])
+        .arg("--config")
+        .arg(hdsd.config_path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let new_token = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("expires at ") && said.contains("valid for 3days"),
+        "{said}"
+    );
+    for token in [&old_token, &new_token] {
+        let inspection = hdsd.cli(&["token", "inspect", token]);
+        assert!(inspection.contains("verdict: accepted"), "{inspection}");
+    }
+    assert!(hdsd.dataplane("default.web").unwrap().connection.connected);
+
+    // The Envoy restarts with the new token: served, the new expiry shown;
+    // the old token still verifies until it expires or is revoked.
+    drop(old_envoy);
+    let _envoy = Envoy::start(hdsd.hds, "default.web", Some(&new_token));
+    let dp = wait_for("the new token's stream", CONNECT, || {
+        let dp = hdsd.dataplane("default.web")?;
+        match dp.connection.token_expires_at {
+            Some(at) if at > expires + chrono::Duration::hours(23) => Ok(dp),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    assert!(dp.connection.connected);
+    hdsd.wait_inbound("default.web", 10001, "healthy", CONNECT);
+    let inspection = hdsd.cli(&["token", "inspect", &old_token]);
+    assert!(inspection.contains("verdict: accepted"), "{inspection}");
+}

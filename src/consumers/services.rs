@@ -158,6 +158,7 @@ mod tests {
                 held_by: None,
                 envoy_version: None,
                 problem: None,
+                token_expires_at: None,
             },
             inbounds: inbounds
                 .iter()

@@ -611,6 +611,7 @@ impl Driver {
                         stream: self.id,
                         peer: self.peer,
                         envoy,
+                        token_expires: self.token.as_ref().and_then(|t| t.claims.expires_at()),
                     })
                     .await;
                 self.attached = Some(Attachment { handle, state });

@@ -110,6 +110,9 @@
   function relative(ts, now) {
     if (!ts) return 'never';
     const s = Math.round((now - Date.parse(ts)) / 1000);
+    if (s < -86400) return `in ${Math.floor(-s / 86400)}d ${Math.floor((-s % 86400) / 3600)}h`;
+    if (s < -3600) return `in ${Math.floor(-s / 3600)}h ${Math.floor((-s % 3600) / 60)}m`;
+    if (s < -60) return `in ${Math.floor(-s / 60)}m`;
     if (s < 1) return 'just now';
     if (s < 60) return `${s}s ago`;
     if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s ago`;
@@ -681,6 +684,7 @@
           c.connectedAt ? [' (since ', time(c.connectedAt), ')'] : ''),
         h('dt', {}, 'Envoy'), h('dd', {}, c.envoyVersion || 'version not reported'),
         c.problem ? [h('dt', {}, 'Problem'), h('dd', { 'data-problem': c.problem.code }, c.problem.message)] : null,
+        c.tokenExpiresAt ? [h('dt', {}, 'Token expires'), h('dd', { 'data-token-expires': c.tokenExpiresAt }, time(c.tokenExpiresAt))] : null,
         h('dt', {}, 'Last report'), h('dd', {}, time(c.lastReportAt)),
         h('dt', {}, 'Ready'), h('dd', {}, isReady(item) ? 'Yes: every inbound is ready' : 'No')),
       ...item.inbounds.map((i) => inboundDetail(i)),
@@ -695,7 +699,9 @@
       h('dl', { class: 'facts' },
         h('dt', {}, 'Tags'), h('dd', {}, tags),
         h('dt', {}, 'Status'), h('dd', {}, `${i.health.status.replace('_', ' ')} (${i.health.ready ? 'ready' : 'not ready'}), since `, time(i.health.since)),
-        h('dt', {}, 'Last report'), h('dd', {}, time(i.health.lastReportAt)),
+        h('dt', {}, 'Last report'), h('dd', {}, time(i.health.lastReportAt),
+          i.health.failingReports ? `, ${i.health.failingReports} failing in a row` : '',
+          i.health.lastHealthyAt ? [', last healthy ', time(i.health.lastHealthyAt)] : ''),
         i.health.reason ? [h('dt', {}, 'Why'), h('dd', { 'data-reason': i.health.reason.code }, i.health.reason.message)] : null,
         h('dt', {}, 'Specifier target'), h('dd', {}, p ? [h('code', {}, p.target), ' in cluster ', h('code', {}, p.cluster)] : 'not probed (no serviceProbe and hds.probe_all_inbounds = false)'),
         p ? [h('dt', {}, 'Probe'), h('dd', {}, probeWords(p))] : null),
