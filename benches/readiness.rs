@@ -64,6 +64,7 @@ fn registry_apply(c: &mut Criterion) {
                 connected_at: Some(now),
                 replaced_on: None,
                 holder: None,
+                token_expires_at: None,
             },
             envoy: Default::default(),
         };
