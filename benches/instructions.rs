@@ -203,6 +203,7 @@ fn connected_state(k: u16) -> DataplaneState {
             connected_at: Some(now()),
             replaced_on: None,
             holder: None,
+            token_expires_at: None,
         },
         // As the dataplane's task left it after the stream's attach: it
         // knows the Envoy's version, which runs the whole specifier.
