@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
+    commit();
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     let mut files: Vec<PathBuf> = std::fs::read_dir("proto/hdsd/v1")?
         .map(|entry| entry.map(|e| e.path()))
@@ -33,4 +34,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .compile_fds(protox::compile(&files, ["proto"])?)?;
     Ok(())
+}
+
+/// `HDSD_COMMIT`: the commit built (`git rev-parse`), `unknown` outside a
+/// git checkout; `hdsd --version` prints it.
+fn commit() {
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".to_string());
+    println!("cargo:rustc-env=HDSD_COMMIT={commit}");
+    // A new commit moves HEAD's branch (or HEAD itself, detached).
+    for path in [".git/HEAD", ".git/refs/heads"] {
+        if std::path::Path::new(path).exists() {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
 }

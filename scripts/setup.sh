@@ -85,6 +85,10 @@ fi
 if ! command -v valgrind >/dev/null 2>&1; then
   missing+=(valgrind)
 fi
+# systemd-analyze: tests/packaging.rs verifies the systemd units.
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+  missing+=(systemd)
+fi
 # PostgreSQL: tests/store_postgres.rs runs initdb and pg_ctl from
 # /usr/lib/postgresql/<version>/bin in a temporary directory.
 if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then

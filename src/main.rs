@@ -29,7 +29,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[derive(Parser)]
 #[command(
     name = "hdsd",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("HDSD_COMMIT"), ")"),
     about = "A management server for Envoy's Health Discovery Service"
 )]
 struct Cli {
@@ -92,6 +92,13 @@ enum Command {
         #[arg(long, conflicts_with = "watch")]
         json: bool,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) of hdsd and its commands.
+    Man,
     /// Explain one dataplane: for each inbound what is checked, by which
     /// Envoy, the last reports, and why it is not ready.
     Explain {
@@ -384,6 +391,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             },
             json,
         ),
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "hdsd", &mut script);
+            std::io::stdout().write_all(&script)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man => {
+            use clap::CommandFactory as _;
+            let command = Cli::command();
+            let mut out = Vec::new();
+            clap_mangen::Man::new(command.clone()).render(&mut out)?;
+            // One section per command, as `hdsd help COMMAND` shows it.
+            for sub in command.get_subcommands() {
+                let name = format!("hdsd-{}", sub.get_name());
+                let sub = sub.clone().display_name(name);
+                writeln!(out)?;
+                clap_mangen::Man::new(sub).render(&mut out)?;
+            }
+            std::io::stdout().write_all(&out)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Explain {
             mesh,
             name,

@@ -19,6 +19,7 @@ mod kuma_files;
 mod liveness;
 mod loadgen_smoke;
 mod observability;
+mod packaging;
 mod probes_envoy;
 mod probes_tls;
 mod probes_validate;
