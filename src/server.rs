@@ -329,6 +329,7 @@ pub async fn run(
             admin: zone_admin,
         },
         tokens: api::ApiTokens(Arc::new(config.api.tokens.clone())),
+        watches: crate::consumers::watch::Watches::new((&config.api.limits).into()),
         bootstraps: api::Bootstraps {
             gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
             hds_port: listeners.hds_addr.port(),
@@ -872,7 +873,8 @@ fn serve_hds(
         },
         drain.clone(),
     )
-    .refreshing(config.eds.endpoint_stale_after);
+    .refreshing(config.eds.endpoint_stale_after)
+    .max_resource_names(config.eds.max_resource_names);
     let limits = &config.hds.limits;
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(config.hds.keepalive.interval))
@@ -934,6 +936,7 @@ async fn serve_api(
             registry: state.fleet.registry.clone(),
             feed: state.feed.clone(),
             zones: state.zones.hub.as_ref().map(|h| h.subscribe()),
+            watches: state.watches.clone(),
         },
         state.tokens.0.clone(),
     )
