@@ -931,6 +931,13 @@ async fn serve_api(
         .map(|t| crate::tls::ServerTls::load_and_watch("api.tls", t, crate::tls::Listener::Api))
         .transpose()
         .map_err(tls_error)?;
+    if config.api.tokens.is_empty() {
+        // Beyond loopback, `validate` refused this already.
+        tracing::info!(
+            listen = %config.api.listen,
+            "the API is open (api.tokens is empty): every process of this machine can read the fleet and open watches; set api.tokens when other users share it"
+        );
+    }
     let grpc = crate::consumers::grpc::router(
         crate::consumers::grpc::ReadinessApi {
             registry: state.fleet.registry.clone(),
