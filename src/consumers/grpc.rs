@@ -394,14 +394,15 @@ impl pb::readiness_service_server::ReadinessService for ReadinessApi {
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let r = request.into_inner();
+        // Before the filter is built from them.
+        let slot = self
+            .watches
+            .admit_naming(r.names.len().saturating_add(r.selector.len()))
+            .map_err(|refused| Status::resource_exhausted(refused.message))?;
         let f = Filter {
             zones: Zones::from_param(Some(&r.zone)),
             ..filter(r.mesh, r.names, r.selector.into_iter().collect())
         };
-        let slot = self
-            .watches
-            .admit(&f)
-            .map_err(|refused| Status::resource_exhausted(refused.message))?;
         let rx = self.watches.start(
             slot,
             self.feed.clone(),

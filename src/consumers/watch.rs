@@ -90,7 +90,12 @@ impl Watches {
 
     /// A slot for a watch with `filter`, or why not (counted and logged).
     pub fn admit(&self, filter: &Filter) -> Result<WatchSlot, WatchRefused> {
-        let named = filter.names.len().saturating_add(filter.selector.len());
+        self.admit_naming(filter.names.len().saturating_add(filter.selector.len()))
+    }
+
+    /// [`Watches::admit`] for a watch naming `named` dataplanes and
+    /// selector tags, before its filter is built.
+    pub fn admit_naming(&self, named: usize) -> Result<WatchSlot, WatchRefused> {
         let refused = if named > self.limits.max_names {
             WatchRefused {
                 limit: "max_watch_names",
