@@ -153,6 +153,8 @@ fn watches_past_their_limits_are_refused() {
         .metric("hdsd_limit_hits_total{limit=\"max_watches\"}")
         .unwrap();
     assert!(slot_hits >= 2.0, "{slot_hits}");
+    // The default without api.tokens is said for what it is, once.
+    assert_eq!(log_lines(&hdsd, "the API is open (api.tokens is empty)"), 1);
     // Logged once (at most a line a minute), not once per refusal.
     assert_eq!(log_lines(&hdsd, "watch refused"), 1, "{}", hdsd.log());
     let after = rss_kib(hdsd.pid());
