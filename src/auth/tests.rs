@@ -970,3 +970,20 @@ fn keys_others_can_write_are_refused() {
     let message = KeyRing::load(dir.path(), &extras).unwrap_err().to_string();
     assert!(message.contains(&link.display().to_string()), "{message}");
 }
+
+/// A revocation list others can write could take a revocation back: it is
+/// refused like a loose key file.
+#[cfg(unix)]
+#[test]
+fn a_revocation_list_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("revoked-tokens");
+    fs::write(&path, "0123abcd\n").unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(Revocations::load(&path).unwrap().len(), 1);
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o662)).unwrap();
+    let message = Revocations::load(&path).unwrap_err().to_string();
+    assert!(message.contains(&path.display().to_string()), "{message}");
+    assert!(message.contains("chmod go-w"), "{message}");
+}
