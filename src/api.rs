@@ -43,6 +43,8 @@ pub struct ApiState {
     pub metrics: Metrics,
     /// The change feed, for `/api/v1/watch`.
     pub feed: crate::feed::FeedHandle,
+    /// The watches open (SSE and gRPC share them), within `api.limits`.
+    pub watches: crate::consumers::watch::Watches,
     /// Where definitions come from: the write calls answer 409 for files.
     pub definitions: definitions::Definitions,
     /// What a global holds of its zones, and a zone's link to its global.
@@ -113,6 +115,7 @@ substate!(
     bootstraps: Bootstraps,
     metrics: Metrics,
     feed: crate::feed::FeedHandle,
+    watches: crate::consumers::watch::Watches,
     definitions: definitions::Definitions,
     zones: Zones,
 );

@@ -260,6 +260,9 @@ pub struct EdsConfig {
     /// at 1, 2, ... and every zone not listed after them. Without an entry,
     /// every other zone is at priority 1.
     pub zone_priorities: BTreeMap<String, Vec<String>>,
+    /// Resource names one EDS request may name (a request past it ends its
+    /// stream with `RESOURCE_EXHAUSTED`).
+    pub max_resource_names: usize,
 }
 
 impl Default for EdsConfig {
@@ -272,6 +275,7 @@ impl Default for EdsConfig {
             offline_zone: OfflineZone::default(),
             endpoint_stale_after: None,
             zone_priorities: BTreeMap::new(),
+            max_resource_names: 4096,
         }
     }
 }
@@ -476,6 +480,10 @@ pub struct ApiLimits {
     /// (event streams send a keep-alive every 15 s, HTTP/2 a ping every 30 s).
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// Watches (gRPC `Watch` and `GET /api/v1/watch`) open at once, in total.
+    pub max_watches: usize,
+    /// Dataplane names plus selector tags one watch may name.
+    pub max_watch_names: usize,
 }
 
 impl Default for ApiLimits {
@@ -486,6 +494,8 @@ impl Default for ApiLimits {
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            max_watches: 512,
+            max_watch_names: 256,
         }
     }
 }
@@ -643,6 +653,10 @@ pub struct DataplanesConfig {
     pub max_inbounds: usize,
     /// Tags an inbound may have.
     pub max_tags: usize,
+    /// Documents a dataplane file may have, empty ones included.
+    pub max_documents: usize,
+    /// Bytes the parse of one file may keep for its next version.
+    pub max_kept_bytes: u64,
 }
 
 impl DataplanesConfig {
@@ -654,6 +668,8 @@ impl DataplanesConfig {
             max_aliases: self.max_aliases,
             max_inbounds: self.max_inbounds,
             max_tags: self.max_tags,
+            max_documents: self.max_documents,
+            max_kept_bytes: self.max_kept_bytes,
         }
     }
 }
@@ -779,6 +795,8 @@ impl Default for DataplanesConfig {
             max_aliases: limits.max_aliases,
             max_inbounds: limits.max_inbounds,
             max_tags: limits.max_tags,
+            max_documents: limits.max_documents,
+            max_kept_bytes: limits.max_kept_bytes,
         }
     }
 }
@@ -836,6 +854,9 @@ pub enum ConfigError {
     Extension { path: PathBuf },
     #[error("invalid configuration: {0}")]
     Parse(String),
+    /// The file is writable by users other than its owner.
+    #[error(transparent)]
+    Untrusted(#[from] permissions::Untrusted),
 }
 
 /// How long the change feed keeps a change (its history's age limit): a
@@ -899,6 +920,8 @@ impl Config {
                     path: path.to_path_buf(),
                 });
             }
+            // It names the keys and tokens hdsd trusts.
+            permissions::check_writable("config file", path)?;
             figment = match path.extension().and_then(|e| e.to_str()) {
                 Some("toml") => figment.merge(Toml::file(path)),
                 Some("yaml" | "yml") => figment.merge(Yaml::file(path)),
@@ -1084,6 +1107,12 @@ impl Config {
                 default.max_inbounds as u64,
             ),
             ("max_tags", d.max_tags as u64, default.max_tags as u64),
+            (
+                "max_documents",
+                d.max_documents as u64,
+                default.max_documents as u64,
+            ),
+            ("max_kept_bytes", d.max_kept_bytes, default.max_kept_bytes),
         ] {
             if value == 0 {
                 problems.push(format!(
@@ -1121,6 +1150,8 @@ impl Config {
                 "api.limits.max_connections_per_ip",
                 self.api.limits.max_connections_per_ip,
             ),
+            ("api.limits.max_watches", self.api.limits.max_watches),
+            ("eds.max_resource_names", self.eds.max_resource_names),
         ] {
             if value == 0 {
                 problems.push(format!("{key} must be > 0: with 0 nothing could connect; remove the setting to use its default"));
@@ -1210,6 +1241,51 @@ impl Config {
     /// The files the configuration names that cannot be read (TLS
     /// certificates, keys and CAs): I/O, for the edges that validate a
     /// configuration before using it.
+    /// Warnings about the files of this configuration that hold secrets
+    /// other users can read (the config file itself when it holds tokens or
+    /// a connection string, TLS private keys, the zone token) and about a
+    /// state directory others can write: for `hdsd serve` to log once.
+    pub fn secret_file_warnings(&self, config_file: Option<&Path>) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let holds_secrets = !self.api.tokens.is_empty()
+            || !self.eds.tokens.is_empty()
+            || !self.store.postgres.url.is_empty();
+        if let Some(path) = config_file.filter(|_| holds_secrets) {
+            if let Some(mode) = permissions::readable_by_others(path) {
+                warnings.push(permissions::readable_warning(
+                    "config file (it holds api.tokens, eds.tokens or store.postgres.url)",
+                    path,
+                    mode,
+                ));
+            }
+        }
+        let mut secrets: Vec<(String, &Path)> = Vec::new();
+        for (key, tls) in [
+            ("hds.tls.key", &self.hds.tls),
+            ("api.tls.key", &self.api.tls),
+            ("global.tls.key", &self.global.tls),
+        ] {
+            if let Some(tls) = tls {
+                secrets.push((key.to_string(), &tls.key));
+            }
+        }
+        if let Some(zone) = &self.zone {
+            if let Some(path) = &zone.token_file {
+                secrets.push(("zone.token_file".to_string(), path));
+            }
+            if let Some(path) = &zone.key {
+                secrets.push(("zone.key".to_string(), path));
+            }
+        }
+        for (key, path) in secrets {
+            if let Some(mode) = permissions::readable_by_others(path) {
+                warnings.push(permissions::readable_warning(&key, path, mode));
+            }
+        }
+        warnings.extend(permissions::state_dir_warning(&self.state_dir));
+        warnings
+    }
+
     pub fn file_problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         for (key, tls) in [
@@ -1376,6 +1452,13 @@ header_read_timeout = "10s"
 # A connection with no byte either way for this long is closed (event streams send a
 # keep-alive every 15s).
 idle_timeout = "60s"
+# Watches (gRPC Watch and GET /api/v1/watch) open at once, in total; one more is refused
+# (RESOURCE_EXHAUSTED, HTTP 429) and counted in hdsd_limit_hits_total{limit="max_watches"}.
+max_watches = 512
+# Dataplane names plus selector tags one watch may name; more is refused (RESOURCE_EXHAUSTED,
+# HTTP 400) and counted in hdsd_limit_hits_total{limit="max_watch_names"}. 0: names and
+# selectors are refused, a watch by mesh still works.
+max_watch_names = 256
 
 # TLS for the REST API, same keys as [hds.tls].
 # [api.tls]
@@ -1400,6 +1483,11 @@ max_aliases = 64
 max_inbounds = 4096
 # Tags per inbound.
 max_tags = 64
+# YAML documents (or JSON values) per file, empty ones included.
+max_documents = 10000
+# Bytes the parse of one file may keep for its next version (its text, and per document
+# what it parsed to): 4 MiB. The sum over files is hdsd_dataplane_document_cache_bytes.
+max_kept_bytes = 4194304
 
 [store]
 # Where definitions of dataplanes.source = "api" are kept: "redb" (a file under state_dir,
@@ -1455,6 +1543,9 @@ offline_zone = "degraded"
 # this long drops the assignment's endpoints and answers 503); hdsd then re-sends every
 # assignment every third of it. At least 1s.
 # endpoint_stale_after = "30s"
+# Resource names one EDS request may name; a request with more ends its stream with
+# RESOURCE_EXHAUSTED, counted in hdsd_limit_hits_total{limit="max_eds_resource_names"}.
+max_resource_names = 4096
 
 [eds.zone_priorities]
 # Per front zone, the zones that take over in order (the front's own zone is always priority 0;
@@ -1467,6 +1558,8 @@ level = "info"
 # text or json.
 format = "text"
 "#;
+
+pub mod permissions;
 
 #[cfg(test)]
 mod tests {

@@ -606,6 +606,9 @@ fn init_logging(config: &Config) {
 fn serve(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     let config = Config::load(config_path)?;
     init_logging(&config);
+    for warning in config.secret_file_warnings(config_path) {
+        tracing::warn!("{warning}");
+    }
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     match runtime.block_on(server::run(config, shutdown_signal())) {
         Ok(()) => Ok(ExitCode::SUCCESS),

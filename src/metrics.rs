@@ -26,6 +26,8 @@ pub const READINESS_TRANSITIONS: &str = "hdsd_readiness_transitions_total";
 pub const AUTH_FAILURES: &str = "hdsd_auth_failures_total";
 pub const SOURCE_ERRORS: &str = "hdsd_dataplane_source_errors";
 pub const FILE_LIMIT_HITS: &str = "hdsd_dataplane_file_limit_hits_total";
+pub const DOCUMENT_CACHE_BYTES: &str = "hdsd_dataplane_document_cache_bytes";
+pub const DOCUMENT_CACHE_DOCUMENTS: &str = "hdsd_dataplane_document_cache_documents";
 pub const BUILD_INFO: &str = "hdsd_build_info";
 pub const STREAMS_WAITING: &str = "hdsd_streams_waiting";
 pub const AUTH_SIGNING_KEYS: &str = "hdsd_auth_signing_keys";
@@ -72,12 +74,15 @@ pub const LISTENERS: [&str; 3] = ["hds", "api", "zones"];
 
 /// The limits of HDS streams and reports, the `limit` label of
 /// `hdsd_limit_hits_total`.
-pub const STREAM_LIMITS: [&str; 5] = [
+pub const STREAM_LIMITS: [&str; 8] = [
     "first_request_timeout",
     "max_streams_per_dataplane",
     "max_waiting_streams",
     "max_message_bytes",
     "max_report_endpoints",
+    "max_eds_resource_names",
+    "max_watches",
+    "max_watch_names",
 ];
 
 /// Counts one admitted connection (`hdsd_connections_open`).
@@ -274,6 +279,12 @@ pub fn specifier_built(ok: bool, took: std::time::Duration) {
     if !ok {
         counter!(SPECIFIER_GENERATION_ERRORS).increment(1);
     }
+}
+
+/// What the dataplane files' kept parses hold: bytes and documents.
+pub fn document_cache(bytes: u64, documents: usize) {
+    gauge!(DOCUMENT_CACHE_BYTES).set(bytes as f64);
+    gauge!(DOCUMENT_CACHE_DOCUMENTS).set(documents as f64);
 }
 
 /// Counts a dataplane file rejected for going past a limit (`limit`: see
@@ -754,7 +765,7 @@ fn describe() {
     );
     describe_counter!(
         LIMIT_HITS,
-        "HDS streams ended or reports dropped by a limit of hds.limits, by limit."
+        "Streams ended, reports dropped or watches refused by a limit, by limit: hds.limits (also EDS streams: max_message_bytes), eds.max_resource_names (max_eds_resource_names), api.limits.max_watches and api.limits.max_watch_names."
     );
     describe_counter!(
         AUTH_RELOADS,
@@ -774,8 +785,18 @@ fn describe() {
     }
     describe_counter!(
         FILE_LIMIT_HITS,
-        "Dataplane files rejected for going past a limit, by limit (not_regular_file, file_size, nesting, aliases, alias_expansion, inbounds, tags: the dataplanes.max_* settings); counted when the rejection is logged."
+        "Dataplane files rejected for going past a limit, by limit (not_regular_file, file_size, nesting, aliases, alias_expansion, inbounds, tags, documents, kept_bytes: the dataplanes.max_* settings); counted when the rejection is logged."
     );
+    describe_gauge!(
+        DOCUMENT_CACHE_BYTES,
+        "Bytes the dataplane files' kept parses hold (their text and, per document, what it parsed to), over all files; each file's at most dataplanes.max_kept_bytes."
+    );
+    describe_gauge!(
+        DOCUMENT_CACHE_DOCUMENTS,
+        "Documents whose parse is kept for the next version of their file, over all files; each file's at most dataplanes.max_documents."
+    );
+    gauge!(DOCUMENT_CACHE_BYTES).set(0.0);
+    gauge!(DOCUMENT_CACHE_DOCUMENTS).set(0.0);
     // The label values of FILE_LIMIT_HITS, EDS_ENDPOINTS and WATCH_RESYNCS
     // belong to their owners, which zero them where they start
     // (`zero_counters`, `zero_gauges`).

@@ -329,6 +329,7 @@ pub async fn run(
             admin: zone_admin,
         },
         tokens: api::ApiTokens(Arc::new(config.api.tokens.clone())),
+        watches: crate::consumers::watch::Watches::new((&config.api.limits).into()),
         bootstraps: api::Bootstraps {
             gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
             hds_port: listeners.hds_addr.port(),
@@ -872,7 +873,8 @@ fn serve_hds(
         },
         drain.clone(),
     )
-    .refreshing(config.eds.endpoint_stale_after);
+    .refreshing(config.eds.endpoint_stale_after)
+    .max_resource_names(config.eds.max_resource_names);
     let limits = &config.hds.limits;
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(config.hds.keepalive.interval))
@@ -929,11 +931,19 @@ async fn serve_api(
         .map(|t| crate::tls::ServerTls::load_and_watch("api.tls", t, crate::tls::Listener::Api))
         .transpose()
         .map_err(tls_error)?;
+    if config.api.tokens.is_empty() {
+        // Beyond loopback, `validate` refused this already.
+        tracing::info!(
+            listen = %config.api.listen,
+            "the API is open (api.tokens is empty): every process of this machine can read the fleet and open watches; set api.tokens when other users share it"
+        );
+    }
     let grpc = crate::consumers::grpc::router(
         crate::consumers::grpc::ReadinessApi {
             registry: state.fleet.registry.clone(),
             feed: state.feed.clone(),
             zones: state.zones.hub.as_ref().map(|h| h.subscribe()),
+            watches: state.watches.clone(),
         },
         state.tokens.0.clone(),
     )

@@ -780,7 +780,14 @@ fn read_files(paths: Vec<PathBuf>, max_size: u64) -> BTreeMap<PathBuf, Option<Fi
 
 /// Logs each file error once, when it appears or changes, and counts the
 /// limits hit in `hdsd_dataplane_file_limit_hits_total`.
+/// Also sets `hdsd_dataplane_document_cache_bytes` and
+/// `hdsd_dataplane_document_cache_documents`: what the files' kept parses
+/// hold now.
 pub fn log_problems(loaded: &Loaded, before: &Loaded) {
+    let (bytes, documents) = loaded.files.values().fold((0u64, 0usize), |(b, d), f| {
+        (b + f.documents.kept_bytes(), d + f.documents.len())
+    });
+    crate::metrics::document_cache(bytes, documents);
     for (path, state) in &loaded.files {
         let Some(error) = &state.error else { continue };
         if before.files.get(path).and_then(|f| f.error.as_ref()) == Some(error) {

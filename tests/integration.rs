@@ -7,6 +7,7 @@ mod support;
 
 mod abuse_files;
 mod abuse_network;
+mod abuse_trust;
 mod api_tls;
 mod auth_envoy;
 mod bootstrap;

@@ -27,6 +27,8 @@ fuzz_target!(|data: &[u8]| {
         max_aliases: 4,
         max_inbounds: 4,
         max_tags: 4,
+        max_documents: 16,
+        max_kept_bytes: 1 << 20,
     };
     let whole = parse_file_with(text, format, &limits);
     if let Ok(parsed) = &whole {

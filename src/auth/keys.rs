@@ -42,6 +42,8 @@ use ed25519_dalek::{SigningKey, VerifyingKey};
 use jsonwebtoken::{DecodingKey, EncodingKey};
 use rand::RngCore;
 
+use crate::config::permissions::{check_owner, check_writable, Untrusted};
+
 /// Name of the key directory inside the state directory.
 pub const KEYS_DIR: &str = "keys";
 /// File-name suffix of a private key (`<kid>.key.pem`).
@@ -127,6 +129,10 @@ pub enum KeyError {
         /// The key file it names.
         path: PathBuf,
     },
+    /// The keys directory or a key file could be changed by another user
+    /// (writable by group or others, or owned by someone else).
+    #[error(transparent)]
+    Untrusted(#[from] Untrusted),
     /// PEM/DER encoding of a freshly generated key failed (should not happen).
     #[error("cannot encode the new key: {0}")]
     Encode(String),
@@ -249,6 +255,7 @@ impl KeyRing {
                     path: extra.path.clone(),
                 });
             }
+            check_writable("public key file (auth.public_keys)", &extra.path)?;
             let key = read_public(&extra.path)?;
             ring.insert_verifier(&extra.kid, key, &extra.path)?;
         }
@@ -469,7 +476,9 @@ pub(super) fn generate_with_kid(state_dir: &Path, kid: &str) -> Result<Generated
 }
 
 /// `(private kid -> path, public kid -> path)` in `dir`; both empty if `dir`
-/// does not exist.
+/// does not exist. The directory and every key file in it must be hdsd's
+/// own (its user's or root's) and writable by no one else: another user who
+/// can add a file there could plant a key hdsd would trust.
 #[allow(clippy::type_complexity)]
 fn list_key_files(
     dir: &Path,
@@ -487,6 +496,8 @@ fn list_key_files(
             })
         }
     };
+    check_writable("the keys directory", dir)?;
+    check_owner("the keys directory", dir)?;
     for entry in entries {
         let entry = entry.map_err(|source| KeyError::Io {
             action: "read directory",
@@ -500,15 +511,19 @@ fn list_key_files(
         if !path.is_file() {
             continue;
         }
-        if let Some(kid) = name.strip_suffix(PRIVATE_SUFFIX) {
-            if !kid.is_empty() {
-                privates.insert(kid.to_string(), path);
-            }
+        let (kid, into) = if let Some(kid) = name.strip_suffix(PRIVATE_SUFFIX) {
+            (kid, &mut privates)
         } else if let Some(kid) = name.strip_suffix(PUBLIC_SUFFIX) {
-            if !kid.is_empty() {
-                publics.insert(kid.to_string(), path);
-            }
+            (kid, &mut publics)
+        } else {
+            continue;
+        };
+        if kid.is_empty() {
+            continue;
         }
+        check_writable("key file", &path)?;
+        check_owner("key file", &path)?;
+        into.insert(kid.to_string(), path);
     }
     Ok((privates, publics))
 }

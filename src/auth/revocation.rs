@@ -40,6 +40,9 @@ pub enum RevocationError {
     /// [`Revocations::revoke`] was given an empty id or one with spaces or `#`.
     #[error("{0:?} is not a token id: a jti is one word (hex or uuid), as printed by `hdsd token inspect`")]
     BadJti(String),
+    /// Another user could change the list (take a revocation back).
+    #[error(transparent)]
+    Untrusted(#[from] crate::config::permissions::Untrusted),
 }
 
 /// A set of revoked token ids.
@@ -51,6 +54,8 @@ pub struct Revocations {
 impl Revocations {
     /// Reads the list at `path`. A missing file is an empty list.
     pub fn load(path: &Path) -> Result<Revocations, RevocationError> {
+        // Whoever can write it can take a revocation back.
+        crate::config::permissions::check_writable("revocation list", path)?;
         let text = match fs::read_to_string(path) {
             Ok(text) => text,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Revocations::default()),

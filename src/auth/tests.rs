@@ -909,3 +909,81 @@ fn a_zone_token_for_a_bad_name_is_refused_with_the_rule() {
         "{err}"
     );
 }
+
+/// Issue 33, finding 6: a keys directory others could write let another
+/// user plant a public key whose tokens were accepted. Now the directory,
+/// and any key file, that group or others can write is refused, with the
+/// path and the fix; the modes are set explicitly, whoever runs the test.
+#[cfg(unix)]
+#[test]
+fn keys_others_can_write_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let chmod =
+        |p: &Path, mode: u32| fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+    let (dir, _, key) = setup();
+    let keys = dir.path().join("keys");
+    // Planted by "another user": a key pair of its own in the keys dir.
+    let planter = tempfile::tempdir().unwrap();
+    let planted = KeyRing::generate(planter.path(), t0()).unwrap();
+    fs::copy(&planted.public_path, keys.join("planted.pub.pem")).unwrap();
+    chmod(&keys.join("planted.pub.pem"), 0o644);
+    for mode in [0o777, 0o770, 0o733, 0o1777] {
+        chmod(&keys, mode);
+        let err = KeyRing::load(dir.path(), &[]).unwrap_err();
+        assert!(matches!(err, KeyError::Untrusted(_)), "{err:?}");
+        let message = err.to_string();
+        assert!(message.contains(&keys.display().to_string()), "{message}");
+        assert!(message.contains("chmod go-w"), "{message}");
+        // `hdsd token keygen` refuses to write there too.
+        assert!(KeyRing::generate(dir.path(), t0()).is_err());
+    }
+    chmod(&keys, 0o700);
+    let ring = KeyRing::load(dir.path(), &[]).unwrap();
+    assert!(ring.kids().contains(&"planted".to_string()));
+
+    // A key file others can write: the private key, a public key.
+    for (path, mode) in [
+        (key.private_path.clone(), 0o666),
+        (key.private_path.clone(), 0o620),
+        (keys.join("planted.pub.pem"), 0o646),
+    ] {
+        chmod(&path, mode);
+        let message = KeyRing::load(dir.path(), &[]).unwrap_err().to_string();
+        assert!(message.contains(&path.display().to_string()), "{message}");
+        assert!(message.contains(&format!("{mode:04o}")), "{message}");
+        chmod(&path, 0o600);
+    }
+    KeyRing::load(dir.path(), &[]).unwrap();
+
+    // Another issuer's key (auth.public_keys), through a symlink to it.
+    let extra = planter.path().join("extra.pub.pem");
+    fs::copy(&planted.public_path, &extra).unwrap();
+    let link = planter.path().join("link.pub.pem");
+    std::os::unix::fs::symlink(&extra, &link).unwrap();
+    let extras = [ExtraPublicKey {
+        kid: "other".into(),
+        path: link.clone(),
+    }];
+    chmod(&extra, 0o644);
+    KeyRing::load(dir.path(), &extras).unwrap();
+    chmod(&extra, 0o666);
+    let message = KeyRing::load(dir.path(), &extras).unwrap_err().to_string();
+    assert!(message.contains(&link.display().to_string()), "{message}");
+}
+
+/// A revocation list others can write could take a revocation back: it is
+/// refused like a loose key file.
+#[cfg(unix)]
+#[test]
+fn a_revocation_list_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("revoked-tokens");
+    fs::write(&path, "0123abcd\n").unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(Revocations::load(&path).unwrap().len(), 1);
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o662)).unwrap();
+    let message = Revocations::load(&path).unwrap_err().to_string();
+    assert!(message.contains(&path.display().to_string()), "{message}");
+    assert!(message.contains("chmod go-w"), "{message}");
+}

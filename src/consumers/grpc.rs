@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 
 use super::pb;
 use super::services::{services, ServiceStatus};
-use super::watch::{watch, CONSUMER_BUFFER};
+use super::watch::{Watches, CONSUMER_BUFFER};
 use crate::dataplane::DataplaneId;
 use crate::feed::{
     selects_remote, ChangeKind, Event, FeedHandle, Filter, Message, ResyncReason, Subject, Zones,
@@ -28,6 +28,8 @@ pub struct ReadinessApi {
     pub feed: FeedHandle,
     /// On a global: its zones as the hub publishes them.
     pub zones: Option<ZonesRx>,
+    /// The API's watches, within `api.limits`.
+    pub watches: Watches,
 }
 
 /// What a global's hub publishes of its zones.
@@ -392,11 +394,22 @@ impl pb::readiness_service_server::ReadinessService for ReadinessApi {
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let r = request.into_inner();
+        // Before the filter is built from them.
+        let slot = self
+            .watches
+            .admit_naming(r.names.len().saturating_add(r.selector.len()))
+            .map_err(|refused| Status::resource_exhausted(refused.message))?;
         let f = Filter {
             zones: Zones::from_param(Some(&r.zone)),
             ..filter(r.mesh, r.names, r.selector.into_iter().collect())
         };
-        let rx = watch(self.feed.clone(), f, r.since_revision, CONSUMER_BUFFER);
+        let rx = self.watches.start(
+            slot,
+            self.feed.clone(),
+            f,
+            r.since_revision,
+            CONSUMER_BUFFER,
+        );
         let stream = ReceiverStream::new(rx).map(|m| Ok(to_event(&m)));
         Ok(Response::new(Box::pin(stream)))
     }

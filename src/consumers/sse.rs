@@ -13,7 +13,7 @@ use serde::Deserialize;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt as _;
 
-use super::watch::{watch as start_watch, CONSUMER_BUFFER};
+use super::watch::{Watches, CONSUMER_BUFFER};
 use crate::feed::{ChangeKind, Event, FeedHandle, Filter, Message, Revision, Subject, Zones};
 
 /// The query of `GET /api/v1/watch`.
@@ -122,6 +122,7 @@ pub fn to_sse(message: &Message) -> SseEvent {
 /// `GET /api/v1/watch?mesh=&names=a,b&selector=k=v&since=N`.
 pub async fn handler(
     State(feed): State<FeedHandle>,
+    State(watches): State<Watches>,
     headers: HeaderMap,
     Query(q): Query<WatchQuery>,
 ) -> Response {
@@ -152,7 +153,21 @@ pub async fn handler(
         selector,
         zones: Zones::from_param(q.zone.as_deref()),
     };
-    let rx = start_watch(feed.clone(), filter, since, CONSUMER_BUFFER);
+    let slot = match watches.admit(&filter) {
+        Ok(slot) => slot,
+        Err(refused) => {
+            let status = match refused.limit {
+                "max_watches" => StatusCode::TOO_MANY_REQUESTS,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            return (
+                status,
+                axum::Json(serde_json::json!({ "error": refused.message })),
+            )
+                .into_response();
+        }
+    };
+    let rx = watches.start(slot, feed.clone(), filter, since, CONSUMER_BUFFER);
     let stream = ReceiverStream::new(rx).map(|m| Ok::<_, Infallible>(to_sse(&m)));
     Sse::new(stream)
         .keep_alive(KeepAlive::default())

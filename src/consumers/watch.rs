@@ -5,12 +5,157 @@
 //! reading the feed's broadcast, falls behind it and, instead of slowing hdsd
 //! down, tells the consumer RESYNC and starts over with a fresh snapshot.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use tokio::sync::{broadcast, mpsc};
 
 use crate::feed::{FeedHandle, Filter, Message, ResyncReason, Revision};
 
 /// Messages a consumer's buffer holds before the pump waits for it.
 pub const CONSUMER_BUFFER: usize = 256;
+
+/// What the watches of the API (gRPC `Watch` and `GET /api/v1/watch`)
+/// may hold: `api.limits.max_watches` and `api.limits.max_watch_names`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchLimits {
+    /// Watches open at once, in total.
+    pub max_watches: usize,
+    /// Dataplane names plus selector tags one watch may name.
+    pub max_names: usize,
+}
+
+impl Default for WatchLimits {
+    fn default() -> Self {
+        WatchLimits {
+            max_watches: 512,
+            max_names: 256,
+        }
+    }
+}
+
+impl From<&crate::config::ApiLimits> for WatchLimits {
+    fn from(l: &crate::config::ApiLimits) -> Self {
+        WatchLimits {
+            max_watches: l.max_watches,
+            max_names: l.max_watch_names,
+        }
+    }
+}
+
+/// Why a watch was refused: the limit (the `limit` label of
+/// `hdsd_limit_hits_total`) and a message that names the setting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchRefused {
+    pub limit: &'static str,
+    pub message: String,
+}
+
+/// The watches open now, within [`WatchLimits`]: one per API listener,
+/// shared by the gRPC service and the SSE handler.
+#[derive(Debug, Clone)]
+pub struct Watches {
+    limits: WatchLimits,
+    open: Arc<AtomicUsize>,
+    /// When a refusal was last logged, in seconds since `started`: at most
+    /// one line a minute (the counter counts every refusal).
+    logged: Arc<AtomicU64>,
+    started: std::time::Instant,
+}
+
+/// A watch's slot among [`WatchLimits::max_watches`], given back on drop.
+#[derive(Debug)]
+pub struct WatchSlot(Arc<AtomicUsize>);
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Watches {
+    pub fn new(limits: WatchLimits) -> Watches {
+        Watches {
+            limits,
+            open: Arc::new(AtomicUsize::new(0)),
+            logged: Arc::new(AtomicU64::new(u64::MAX)),
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Watches open now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// A slot for a watch with `filter`, or why not (counted and logged).
+    pub fn admit(&self, filter: &Filter) -> Result<WatchSlot, WatchRefused> {
+        self.admit_naming(filter.names.len().saturating_add(filter.selector.len()))
+    }
+
+    /// [`Watches::admit`] for a watch naming `named` dataplanes and
+    /// selector tags, before its filter is built.
+    pub fn admit_naming(&self, named: usize) -> Result<WatchSlot, WatchRefused> {
+        let refused = if named > self.limits.max_names {
+            WatchRefused {
+                limit: "max_watch_names",
+                message: format!(
+                    "the watch names {named} dataplanes and selector tags, more than api.limits.max_watch_names ({}); watch by mesh or selector instead, or raise the limit",
+                    self.limits.max_names
+                ),
+            }
+        } else {
+            let taken = self
+                .open
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < self.limits.max_watches).then_some(n + 1)
+                });
+            match taken {
+                Ok(_) => return Ok(WatchSlot(Arc::clone(&self.open))),
+                Err(_) => WatchRefused {
+                    limit: "max_watches",
+                    message: format!(
+                        "{} watches are open, the most api.limits.max_watches allows; retry later, or raise the limit",
+                        self.limits.max_watches
+                    ),
+                },
+            }
+        };
+        crate::metrics::limit_hit(refused.limit);
+        let now = self.started.elapsed().as_secs();
+        let last = self.logged.load(Ordering::Acquire);
+        if (last == u64::MAX || now >= last.saturating_add(60))
+            && self
+                .logged
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            tracing::warn!(
+                limit = refused.limit,
+                "watch refused: {} (logged at most once a minute; hdsd_limit_hits_total counts every refusal)",
+                refused.message
+            );
+        }
+        Err(refused)
+    }
+
+    /// [`watch`], holding `slot` until the watch ends.
+    pub fn start(
+        &self,
+        slot: WatchSlot,
+        feed: FeedHandle,
+        filter: Filter,
+        since: Option<Revision>,
+        buffer: usize,
+    ) -> mpsc::Receiver<Message> {
+        let (tx, rx) = mpsc::channel(buffer.max(1));
+        tokio::spawn(async move {
+            let _slot = slot;
+            pump(feed, filter, since, tx).await;
+        });
+        rx
+    }
+}
 
 /// Starts a watch: the receiver yields its messages until it is dropped or
 /// the feed stops.
@@ -115,6 +260,56 @@ mod tests {
 
     fn revisions(messages: &[Message]) -> Vec<Option<Revision>> {
         messages.iter().map(Message::revision).collect()
+    }
+
+    /// Issue 33, finding 4: a watch naming more than `max_names`
+    /// dataplanes, or one past `max_watches`, is refused with a message
+    /// naming the setting; a slot comes back when its watch ends.
+    #[tokio::test]
+    async fn watches_are_bounded_in_names_and_number() {
+        let feed = feed::spawn(HistoryLimits::default(), 2);
+        let watches = Watches::new(WatchLimits {
+            max_watches: 2,
+            max_names: 3,
+        });
+        let named = |n: usize| Filter {
+            names: (0..n).map(|i| format!("dp-{i}")).collect(),
+            ..Filter::default()
+        };
+        let e = watches.admit(&named(4)).unwrap_err();
+        assert_eq!(e.limit, "max_watch_names");
+        assert!(
+            e.message.contains("api.limits.max_watch_names (3)"),
+            "{}",
+            e.message
+        );
+        let mut tagged = named(2);
+        tagged.selector.insert("a".into(), "b".into());
+        tagged.selector.insert("c".into(), "d".into());
+        assert_eq!(watches.admit(&tagged).unwrap_err().limit, "max_watch_names");
+        let first = watches.admit(&named(3)).unwrap();
+        let second = watches.admit(&named(0)).unwrap();
+        let e = watches.admit(&named(0)).unwrap_err();
+        assert_eq!(e.limit, "max_watches");
+        assert!(
+            e.message.contains("api.limits.max_watches"),
+            "{}",
+            e.message
+        );
+        assert_eq!(watches.open(), 2);
+        drop(first);
+        let mut rx = watches.start(second, feed.clone(), named(0), None, 4);
+        let third = watches.admit(&named(0)).unwrap();
+        assert!(rx.recv().await.is_some(), "the watch runs");
+        drop(rx);
+        // The pump gives its slot back once its consumer is gone.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while watches.open() != 1 {
+            assert!(tokio::time::Instant::now() < deadline, "slot not returned");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        drop(third);
+        assert_eq!(watches.open(), 0);
     }
 
     /// A consumer that does not read loses its place and is told so; one

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::error::ParseError;
+use super::error::{Limit, ParseError};
 use super::kuma::{DataplaneDoc, Header};
 use super::limits::{check_sizes, scan_yaml, FileLimits, YamlSize};
 use super::model::Dataplane;
@@ -62,10 +62,49 @@ enum Item {
 }
 
 impl Documents {
-    /// Bytes of file text held (the bound of this cache: one copy of each
-    /// dataplane file, at most `dataplanes.max_file_size` each).
+    /// Bytes of file text held.
     pub fn text_len(&self) -> usize {
         self.0.as_ref().map_or(0, |k| k.text.len())
+    }
+
+    /// Documents whose parse is kept.
+    pub fn len(&self) -> usize {
+        self.0
+            .as_ref()
+            .map_or(0, |k| k.pieces.iter().map(|p| p.items.len()).sum())
+    }
+
+    /// Whether no document is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes this cache holds for its file, the dataplanes (shared with
+    /// the parse's result) left out: the text, and per document its piece,
+    /// its item and the names of an ignored one. At most
+    /// `dataplanes.max_kept_bytes`, or the file is refused.
+    pub fn kept_bytes(&self) -> u64 {
+        self.0.as_deref().map_or(0, Kept::bytes)
+    }
+}
+
+impl Kept {
+    fn bytes(&self) -> u64 {
+        let item = |i: &Item| {
+            std::mem::size_of::<Item>()
+                + match i {
+                    Item::Ignored { kind, name } => {
+                        kind.len() + name.as_ref().map_or(0, String::len)
+                    }
+                    _ => 0,
+                }
+        };
+        let pieces: usize = self
+            .pieces
+            .iter()
+            .map(|p| std::mem::size_of::<Piece>() + p.items.iter().map(item).sum::<usize>())
+            .sum();
+        (std::mem::size_of::<Kept>() + self.text.len() + pieces) as u64
     }
 }
 
@@ -102,6 +141,18 @@ pub fn reparse_file(
 ) -> Result<Reparsed, ParseError> {
     if format == Format::Yaml {
         if let Some(reparsed) = by_pieces(text, limits, previous) {
+            let kept = reparsed.documents.kept_bytes();
+            if kept > limits.max_kept_bytes {
+                return Err(ParseError::limit(
+                    Limit::KeptBytes,
+                    None,
+                    format!(
+                        "the parse of this file would keep {kept} bytes (its text and {} documents), more than dataplanes.max_kept_bytes ({}); split it into several files or raise the limit",
+                        reparsed.documents.len(),
+                        limits.max_kept_bytes
+                    ),
+                ));
+            }
             return Ok(reparsed);
         }
     }
@@ -134,7 +185,10 @@ fn by_pieces(text: &str, limits: &FileLimits, previous: &Documents) -> Option<Re
         let (kept, piece) = (kept?, old.get(j)?);
         (&kept.text[piece.range.clone()] == new).then_some(piece)
     };
-    let ranges = split(text);
+    // A piece holds one document, or none (comments before the first
+    // `---`): past this many, the whole-file parser refuses the file, after
+    // reading no more than `max_documents` + 1 of them.
+    let ranges = split(text, limits.max_documents.saturating_add(1))?;
     let mut pieces = Vec::with_capacity(ranges.len());
     let mut reused = 0;
     // The old pieces are matched in order, as a diff would: a document
@@ -182,6 +236,7 @@ fn by_pieces(text: &str, limits: &FileLimits, previous: &Documents) -> Option<Re
     for piece in &pieces {
         size.aliases = size.aliases.saturating_add(piece.size.aliases);
         size.expanded = size.expanded.saturating_add(piece.size.expanded);
+        size.documents = size.documents.saturating_add(piece.size.documents);
         for item in &piece.items {
             index += 1;
             match item {
@@ -197,6 +252,7 @@ fn by_pieces(text: &str, limits: &FileLimits, previous: &Documents) -> Option<Re
     }
     let mut ids = HashSet::with_capacity(out.dataplanes.len());
     if size.aliases > limits.max_aliases
+        || size.documents > limits.max_documents
         || size.expanded > limits.max_file_size
         || !out.dataplanes.iter().all(|d| ids.insert(&d.id))
     {
@@ -214,17 +270,23 @@ fn by_pieces(text: &str, limits: &FileLimits, previous: &Documents) -> Option<Re
 /// text's start and at each line that starts with `---` followed by a blank
 /// or a line break. A piece may hold no document (comments before the first
 /// `---`) or several (after a `...`): it is parsed as a stream of its own.
-fn split(text: &str) -> Vec<Range<usize>> {
+/// `None` when there are more than `max` pieces (what is collected stays
+/// within `max`).
+fn split(text: &str, max: usize) -> Option<Vec<Range<usize>>> {
     let bytes = text.as_bytes();
     let mut starts = vec![0];
     starts.extend(
         memchr::memmem::find_iter(bytes, b"\n---")
             .map(|at| at + 1)
-            .filter(|&at| matches!(bytes.get(at + 3), None | Some(b' ' | b'\t' | b'\r' | b'\n'))),
+            .filter(|&at| matches!(bytes.get(at + 3), None | Some(b' ' | b'\t' | b'\r' | b'\n')))
+            .take(max),
     );
+    if starts.len() > max {
+        return None;
+    }
     let mut ends = starts[1..].to_vec();
     ends.push(text.len());
-    starts.into_iter().zip(ends).map(|(s, e)| s..e).collect()
+    Some(starts.into_iter().zip(ends).map(|(s, e)| s..e).collect())
 }
 
 /// Whether the text breaks its lines with `\n` or `\r\n` only, with no
@@ -459,6 +521,76 @@ mod tests {
         };
         let e = reparse_file(&text, Format::Yaml, &tighter, &first.documents).unwrap_err();
         assert_eq!(e.limit, Some(super::super::Limit::Inbounds), "{e}");
+    }
+
+    /// Issue 33, finding 7: 262,000 empty documents (1 MiB of `---`) kept
+    /// 38 MB per file in this cache. Past `max_documents` the file is
+    /// refused, by either parser, after reading no more than the limit.
+    #[test]
+    fn files_with_too_many_documents_are_refused() {
+        let limits = FileLimits::default();
+        let text = "---\n".repeat(262_000);
+        assert!(text.len() as u64 <= limits.max_file_size);
+        let started = std::time::Instant::now();
+        let e = reparse_file(&text, Format::Yaml, &limits, &Documents::default()).unwrap_err();
+        assert_eq!(e.limit, Some(Limit::Documents), "{e}");
+        assert!(
+            e.message
+                .contains("more than 10000 documents (dataplanes.max_documents)"),
+            "{e}"
+        );
+        // Debug build: the whole-file parser stops at the limit.
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // Just past it: the pieces defer to the whole-file parser.
+        let text = "---\n".repeat(10_001);
+        let whole = parse_file_with(&text, Format::Yaml, &limits).unwrap_err();
+        let pieces = reparse_file(&text, Format::Yaml, &limits, &Documents::default()).unwrap_err();
+        assert_eq!(whole, pieces);
+        assert_eq!(pieces.limit, Some(Limit::Documents));
+        // At the limit: read, and what is kept is counted.
+        let ok = reparse_file(
+            &"---\n".repeat(10_000),
+            Format::Yaml,
+            &limits,
+            &Documents::default(),
+        )
+        .unwrap();
+        assert_eq!(ok.documents.len(), 10_000);
+        assert!(
+            ok.documents.kept_bytes() > 40_000,
+            "{}",
+            ok.documents.kept_bytes()
+        );
+        // JSON: a stream of values, the same limit.
+        let json = "{\"type\": \"Mesh\", \"name\": \"m\"}\n".repeat(10_001);
+        let e = reparse_file(&json, Format::Json, &limits, &Documents::default()).unwrap_err();
+        assert_eq!(e.limit, Some(Limit::Documents), "{e}");
+        assert_eq!(e.line, Some(10_001), "{e}");
+    }
+
+    /// What a file's parse keeps is bounded too: past `max_kept_bytes` the
+    /// file is refused with the setting's name.
+    #[test]
+    fn a_parse_that_would_keep_too_much_is_refused() {
+        let text = fleet(20, None);
+        let loose = FileLimits::default();
+        let kept = reparse_file(&text, Format::Yaml, &loose, &Documents::default())
+            .unwrap()
+            .documents
+            .kept_bytes();
+        assert!(kept > text.len() as u64, "{kept}");
+        let tight = FileLimits {
+            max_kept_bytes: kept - 1,
+            ..loose
+        };
+        let e = reparse_file(&text, Format::Yaml, &tight, &Documents::default()).unwrap_err();
+        assert_eq!(e.limit, Some(Limit::KeptBytes), "{e}");
+        assert!(e.message.contains("dataplanes.max_kept_bytes"), "{e}");
+        let exact = FileLimits {
+            max_kept_bytes: kept,
+            ..loose
+        };
+        reparse_file(&text, Format::Yaml, &exact, &Documents::default()).unwrap();
     }
 
     #[test]

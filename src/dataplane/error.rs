@@ -52,10 +52,14 @@ pub enum Limit {
     Inbounds,
     /// An inbound with more tags than `dataplanes.max_tags`.
     Tags,
+    /// More documents than `dataplanes.max_documents`.
+    Documents,
+    /// A parse that would keep more than `dataplanes.max_kept_bytes`.
+    KeptBytes,
 }
 
 impl Limit {
-    pub const ALL: [Limit; 7] = [
+    pub const ALL: [Limit; 9] = [
         Limit::NotRegularFile,
         Limit::FileSize,
         Limit::Nesting,
@@ -63,6 +67,8 @@ impl Limit {
         Limit::Expansion,
         Limit::Inbounds,
         Limit::Tags,
+        Limit::Documents,
+        Limit::KeptBytes,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -74,6 +80,8 @@ impl Limit {
             Limit::Expansion => "alias_expansion",
             Limit::Inbounds => "inbounds",
             Limit::Tags => "tags",
+            Limit::Documents => "documents",
+            Limit::KeptBytes => "kept_bytes",
         }
     }
 }

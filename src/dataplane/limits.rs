@@ -20,6 +20,11 @@ pub struct FileLimits {
     pub max_inbounds: usize,
     /// Tags per inbound.
     pub max_tags: usize,
+    /// YAML documents (or JSON values) per file, empty ones included.
+    pub max_documents: usize,
+    /// Bytes the parse of one file may keep for the file's next version
+    /// (its text and what each of its documents parsed to).
+    pub max_kept_bytes: u64,
 }
 
 impl Default for FileLimits {
@@ -30,8 +35,22 @@ impl Default for FileLimits {
             max_aliases: 64,
             max_inbounds: 4096,
             max_tags: 64,
+            max_documents: 10_000,
+            max_kept_bytes: 4 * 1024 * 1024,
         }
     }
+}
+
+/// The error of a file with more documents than `max_documents`.
+pub(super) fn too_many_documents(line: Option<usize>, limits: &FileLimits) -> ParseError {
+    ParseError::limit(
+        Limit::Documents,
+        line,
+        format!(
+            "the file has more than {} documents (dataplanes.max_documents), empty ones included; split it into several files or raise the limit",
+            limits.max_documents
+        ),
+    )
 }
 
 /// The file size limit: checked first, on the text as read.
@@ -122,6 +141,9 @@ pub(super) fn scan_yaml(text: &str, limits: &FileLimits) -> Result<YamlSize, Par
             }
             Event::DocumentStart => {
                 documents += 1;
+                if documents > limits.max_documents {
+                    return Err(too_many_documents(line, limits));
+                }
                 None
             }
             Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
@@ -221,6 +243,8 @@ mod tests {
             max_aliases: 3,
             max_inbounds: 2,
             max_tags: 2,
+            max_documents: 8,
+            max_kept_bytes: 1 << 20,
         }
     }
 

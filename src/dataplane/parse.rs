@@ -83,7 +83,7 @@ pub fn parse_file_with(
             check_yaml(text, limits)?;
             parse_yaml(text, &mut out)?
         }
-        Format::Json => parse_json(text, &mut out)?,
+        Format::Json => parse_json(text, limits, &mut out)?,
     }
     for dp in &out.dataplanes {
         check_sizes(dp, limits)?;
@@ -121,7 +121,7 @@ fn parse_yaml(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
     Ok(())
 }
 
-fn parse_json(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
+fn parse_json(text: &str, limits: &FileLimits, out: &mut ParsedFile) -> Result<(), ParseError> {
     let json_error =
         |index: usize, first_line: usize, e: &serde_json::Error, path: String| ParseError {
             limit: None,
@@ -135,11 +135,20 @@ fn parse_json(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
     let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Header>();
     let mut start = 0;
     let mut index = 0;
+    // Counted as the stream goes (from the file's start each time, a file
+    // of many small values took quadratic time).
+    let mut first_line = 1;
     while let Some(header) = stream.next() {
+        if index >= limits.max_documents {
+            // The line the next value starts on.
+            let rest = &text[start..];
+            let blank = &rest[..rest.len() - rest.trim_start().len()];
+            let line = first_line + blank.matches('\n').count();
+            return Err(super::limits::too_many_documents(Some(line), limits));
+        }
         let header = header.map_err(|e| json_error(index, 1, &e, String::new()))?;
         let end = stream.byte_offset();
         let slice = &text[start..end];
-        let first_line = 1 + text[..start].matches('\n').count();
         start = end;
         if classify(index, Some(header), out)? {
             let mut de = serde_json::Deserializer::from_str(slice);
@@ -154,6 +163,7 @@ fn parse_json(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
             })?;
             add(index, doc, out)?;
         }
+        first_line += slice.matches('\n').count();
         index += 1;
     }
     Ok(())

@@ -77,7 +77,12 @@ pub struct EdsService {
     /// Re-send every assignment this often (a third of
     /// `eds.endpoint_stale_after`), if set.
     refresh: Option<Duration>,
+    /// Resource names one request may name (`eds.max_resource_names`).
+    max_names: usize,
 }
+
+/// `eds.max_resource_names`'s default.
+pub const MAX_RESOURCE_NAMES: usize = 4096;
 
 impl EdsService {
     pub fn new(assignments: AssignmentsRx, auth: EdsAuth, drain: watch::Receiver<bool>) -> Self {
@@ -86,7 +91,19 @@ impl EdsService {
             auth,
             drain,
             refresh: None,
+            max_names: MAX_RESOURCE_NAMES,
         }
+    }
+
+    /// At most `max` resource names per request (`eds.max_resource_names`).
+    pub fn max_resource_names(mut self, max: usize) -> Self {
+        self.max_names = max;
+        self
+    }
+
+    /// Resource names one request may name.
+    pub fn max_names(&self) -> usize {
+        self.max_names
     }
 
     /// Re-sends every assignment on every stream a third of `stale_after`
@@ -163,6 +180,13 @@ impl EndpointDiscoveryService for EdsService {
         if !synced {
             return Err(Status::unavailable("hdsd is shutting down; retry"));
         }
+        if request.get_ref().resource_names.len() > self.max_names {
+            return Err(too_many_names(
+                request.get_ref().resource_names.len(),
+                self.max_names,
+                request.remote_addr(),
+            ));
+        }
         let current = assignments.borrow().clone();
         let actions = EdsStream::new()
             .on_request(&request.into_inner(), &current)
@@ -186,6 +210,51 @@ impl EndpointDiscoveryService for EdsService {
             "hdsd serves state-of-the-world EDS only: set api_config_source.api_type to GRPC (not DELTA_GRPC)",
         ))
     }
+}
+
+/// The status of a request naming `count` resources, more than `max`.
+pub(super) fn too_many_names_status(count: usize, max: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "the request names {count} resources, more than eds.max_resource_names ({max}); split the clusters over several EDS streams or raise the limit"
+    ))
+}
+
+/// Counts and logs a request with too many names (a fetch; a stream's is
+/// counted when it ends).
+fn too_many_names(count: usize, max: usize, peer: Option<SocketAddr>) -> Status {
+    let status = too_many_names_status(count, max);
+    m::limit_hit(MAX_NAMES_LIMIT);
+    tracing::warn!(
+        peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
+        "EDS request refused: {}",
+        status.message()
+    );
+    status
+}
+
+/// The `limit` label of `hdsd_limit_hits_total` for `eds.max_resource_names`.
+pub const MAX_NAMES_LIMIT: &str = "max_eds_resource_names";
+
+/// How a stream whose request went past a limit ends: the limit counted,
+/// one log line, `RESOURCE_EXHAUSTED` naming the setting. `None` for any
+/// other error (the client went away).
+fn over_limit(status: &Status, peer: &str, node: &str) -> Option<Status> {
+    let (limit, status) = match status.code() {
+        // tonic's answer to a message past max_decoding_message_size.
+        tonic::Code::OutOfRange => (
+            "max_message_bytes",
+            Status::resource_exhausted(format!(
+                "{}; an EDS request may have at most hds.limits.max_message_bytes: raise it, or split the clusters over several EDS streams",
+                status.message()
+            )),
+        ),
+        // The decoder's refusal of too many names.
+        tonic::Code::ResourceExhausted => (MAX_NAMES_LIMIT, status.clone()),
+        _ => return None,
+    };
+    m::limit_hit(limit);
+    tracing::warn!(peer, node, limit, "EDS stream ended: {}", status.message());
+    Some(status)
 }
 
 /// Logs and counts a refused subscriber.
@@ -243,6 +312,9 @@ async fn pump(
                     Some(Ok(r)) => r,
                     None => return Ok(()),
                     Some(Err(status)) => {
+                        if let Some(status) = over_limit(&status, &peer, &node) {
+                            return Err(status);
+                        }
                         tracing::debug!(peer, node, "EDS stream ended by the client: {}", status.message());
                         return Ok(());
                     }

@@ -37,9 +37,12 @@ use tonic::{Request, Response, Status, Streaming};
 use super::protocol::{EdsRequest, Push};
 use super::server::{EdsService, ResponseStream};
 
-/// The codec of one `StreamEndpoints` stream.
-#[derive(Debug, Default)]
-struct EdsCodec;
+/// The codec of one `StreamEndpoints` stream: at most `max_names`
+/// resource names per request.
+#[derive(Debug)]
+struct EdsCodec {
+    max_names: usize,
+}
 
 impl Codec for EdsCodec {
     type Encode = Push;
@@ -52,7 +55,12 @@ impl Codec for EdsCodec {
     }
 
     fn decoder(&mut self) -> Decode {
-        Decode::default()
+        Decode {
+            names: Names {
+                last: None,
+                max: self.max_names,
+            },
+        }
     }
 }
 
@@ -70,7 +78,7 @@ impl Encoder for Encode {
 }
 
 /// Decodes a stream's requests, remembering the last names it saw.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Decode {
     names: Names,
 }
@@ -82,11 +90,13 @@ impl Decoder for Decode {
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<EdsRequest>, Status> {
         // One contiguous message (tonic buffers it whole: no copy).
         let message = buf.copy_to_bytes(buf.remaining());
-        // As tonic-prost reports a message that does not decode.
-        self.names
-            .next(&message)
-            .map(Some)
-            .map_err(|e| Status::internal(e.to_string()))
+        self.names.next(&message).map(Some).map_err(|e| match e {
+            NamesError::TooMany(count) => {
+                super::server::too_many_names_status(count, self.names.max)
+            }
+            // As tonic-prost reports a message that does not decode.
+            NamesError::Decode(e) => Status::internal(e.to_string()),
+        })
     }
 }
 
@@ -95,15 +105,49 @@ const RESOURCE_NAMES: u32 = 3;
 
 /// The resource names of a stream's last request, as received: each name's
 /// whole field (key, length, bytes), in order, one after the other.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Names {
     last: Option<Vec<u8>>,
+    /// Names a request may have (`eds.max_resource_names`).
+    max: usize,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Names {
+            last: None,
+            max: super::server::MAX_RESOURCE_NAMES,
+        }
+    }
+}
+
+impl std::fmt::Display for NamesError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NamesError::TooMany(n) => write!(f, "{n} resource names"),
+            NamesError::Decode(e) => e.fmt(f),
+        }
+    }
+}
+
+/// Why a request was not read.
+#[derive(Debug)]
+enum NamesError {
+    /// It names more resources than the limit (how many it names).
+    TooMany(usize),
+    Decode(DecodeError),
+}
+
+impl From<DecodeError> for NamesError {
+    fn from(e: DecodeError) -> Self {
+        NamesError::Decode(e)
+    }
 }
 
 impl Names {
     /// Decodes one request. Its name fields are compared in place with the
     /// last request's, and decoded only when they differ.
-    fn next(&mut self, message: &[u8]) -> Result<EdsRequest, DecodeError> {
+    fn next(&mut self, message: &[u8]) -> Result<EdsRequest, NamesError> {
         let (same_names, fields) = self.compare(message)?;
         let mut names = Vec::new();
         if !same_names {
@@ -156,8 +200,10 @@ impl Names {
 
     /// Whether `message`'s name fields are the last request's, byte for
     /// byte and in order; and, when they are not, where they are.
-    fn compare(&self, message: &[u8]) -> Result<(bool, Vec<Range<usize>>), DecodeError> {
+    /// More names than the limit: counted, not kept.
+    fn compare(&self, message: &[u8]) -> Result<(bool, Vec<Range<usize>>), NamesError> {
         let mut fields = Vec::new();
+        let mut count = 0usize;
         let mut same = self.last.is_some();
         let last = self.last.as_deref().unwrap_or_default();
         let mut at = 0;
@@ -169,6 +215,10 @@ impl Names {
             if tag != RESOURCE_NAMES {
                 continue;
             }
+            count += 1;
+            if count > self.max {
+                continue;
+            }
             let field = start..message.len() - rest.len();
             if same {
                 let n = field.len();
@@ -176,6 +226,9 @@ impl Names {
                 at += n;
             }
             fields.push(field);
+        }
+        if count > self.max {
+            return Err(NamesError::TooMany(count));
         }
         if same && at == last.len() {
             return Ok((true, Vec::new()));
@@ -239,8 +292,9 @@ where
         {
             let service = self.service.clone();
             let max = self.max_message_bytes;
+            let max_names = service.max_names();
             return Box::pin(async move {
-                let mut grpc = Grpc::new(EdsCodec).max_decoding_message_size(max);
+                let mut grpc = Grpc::new(EdsCodec { max_names }).max_decoding_message_size(max);
                 Ok(grpc.streaming(StreamEndpoints(service), request).await)
             });
         }
@@ -390,6 +444,23 @@ mod tests {
             names.next(&[0x1a, 0x80]).is_err(),
             "a length that never ends"
         );
+    }
+
+    /// A request with more names than `eds.max_resource_names` is refused
+    /// before its names are decoded; one at the limit is read.
+    #[test]
+    fn too_many_names_are_refused() {
+        let mut names = Names { last: None, max: 3 };
+        let at_limit = decode(&mut names, &request(&["a/1", "a/2", "a/3"], ""));
+        assert_eq!(at_limit.request.resource_names.len(), 3);
+        let over = request(&["a/1", "a/2", "a/3", "a/4"], "");
+        match names.next(&over.encode_to_vec()) {
+            Err(NamesError::TooMany(4)) => {}
+            other => panic!("{other:?}"),
+        }
+        let status = super::super::server::too_many_names_status(4, 3);
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert!(status.message().contains("eds.max_resource_names (3)"));
     }
 
     /// A name that is not UTF-8 is refused, as the generated server would.
