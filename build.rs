@@ -36,7 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// `HDSD_COMMIT`: the commit built (`git rev-parse`), `unknown` outside a
+/// `BUILD_GIT_COMMIT`: the commit built (`git rev-parse`), `unknown` outside a
 /// git checkout; `hdsd --version` prints it.
 fn commit() {
     let commit = std::process::Command::new("git")
@@ -48,7 +48,7 @@ fn commit() {
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "unknown".to_string());
-    println!("cargo:rustc-env=HDSD_COMMIT={commit}");
+    println!("cargo:rustc-env=BUILD_GIT_COMMIT={commit}");
     // A new commit moves HEAD's branch (or HEAD itself, detached).
     for path in [".git/HEAD", ".git/refs/heads"] {
         if std::path::Path::new(path).exists() {

@@ -29,7 +29,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[derive(Parser)]
 #[command(
     name = "hdsd",
-    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("HDSD_COMMIT"), ")"),
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("BUILD_GIT_COMMIT"), ")"),
     about = "A management server for Envoy's Health Discovery Service"
 )]
 struct Cli {
