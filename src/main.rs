@@ -37,6 +37,20 @@ struct Cli {
     command: Command,
 }
 
+/// How the CLI reaches a running hdsd's REST API.
+#[derive(clap::Args)]
+struct ApiArgs {
+    /// hdsd's REST API (https://... when it has api.tls).
+    #[arg(long, default_value = "http://127.0.0.1:5680")]
+    api: String,
+    /// One of the server's api.tokens, when its API requires one.
+    #[arg(long)]
+    api_token: Option<String>,
+    /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
+    #[arg(long)]
+    ca: Option<PathBuf>,
+}
+
 #[derive(Subcommand)]
 // Parsed once per process: the size of its largest variant does not matter.
 #[allow(clippy::large_enum_variant)]
@@ -67,18 +81,11 @@ enum Command {
     },
     /// Print the readiness table from a running hdsd.
     Status {
-        /// hdsd's REST API.
-        #[arg(long, default_value = "http://127.0.0.1:5680")]
-        api: String,
+        #[command(flatten)]
+        api: ApiArgs,
         /// Refresh the table in place every second.
         #[arg(long)]
         watch: bool,
-        /// One of the server's api.tokens, when its API requires one.
-        #[arg(long)]
-        api_token: Option<String>,
-        /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
-        #[arg(long)]
-        ca: Option<PathBuf>,
         /// Only dataplanes of this mesh.
         #[arg(long)]
         mesh: Option<String>,
@@ -109,27 +116,16 @@ enum Command {
         /// On a global: the zone the dataplane belongs to.
         #[arg(long)]
         zone: Option<String>,
-        /// hdsd's REST API (https://... when it has api.tls).
-        #[arg(long, default_value = "http://127.0.0.1:5680")]
-        api: String,
-        /// One of the server's api.tokens, when its API requires one.
-        #[arg(long)]
-        api_token: Option<String>,
-        /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
-        #[arg(long)]
-        ca: Option<PathBuf>,
+        #[command(flatten)]
+        api: ApiArgs,
         /// Print the dataplane's API item as JSON instead.
         #[arg(long)]
         json: bool,
     },
     /// Follow readiness changes from a running hdsd: one line per change.
     Watch {
-        /// hdsd's REST API (https://... when it has api.tls).
-        #[arg(long, default_value = "http://127.0.0.1:5680")]
-        api: String,
-        /// One of the server's api.tokens, when its API requires one.
-        #[arg(long)]
-        api_token: Option<String>,
+        #[command(flatten)]
+        api: ApiArgs,
         /// Only dataplanes of this mesh.
         #[arg(long)]
         mesh: Option<String>,
@@ -139,38 +135,21 @@ enum Command {
         /// One JSON object per line instead of text.
         #[arg(long)]
         json: bool,
-        /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
-        #[arg(long)]
-        ca: Option<PathBuf>,
     },
     /// Send Dataplane definitions to a running hdsd (dataplanes.source = "api"), like `kumactl apply`.
     Apply {
         /// A file (YAML documents separated by ---, or JSON), or a directory of them.
         #[arg(long, short = 'f')]
         file: PathBuf,
-        /// hdsd's REST API (https://... when it has api.tls).
-        #[arg(long, default_value = "http://127.0.0.1:5680")]
-        api: String,
-        /// One of the server's api.tokens, when its API requires one.
-        #[arg(long)]
-        api_token: Option<String>,
-        /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
-        #[arg(long)]
-        ca: Option<PathBuf>,
+        #[command(flatten)]
+        api: ApiArgs,
     },
     /// Delete a dataplane's definition from a running hdsd (dataplanes.source = "api").
     Delete {
         mesh: String,
         name: String,
-        /// hdsd's REST API (https://... when it has api.tls).
-        #[arg(long, default_value = "http://127.0.0.1:5680")]
-        api: String,
-        /// One of the server's api.tokens, when its API requires one.
-        #[arg(long)]
-        api_token: Option<String>,
-        /// CA certificate (PEM) that signed the API's TLS certificate (api.tls).
-        #[arg(long)]
-        ca: Option<PathBuf>,
+        #[command(flatten)]
+        api: ApiArgs,
     },
     /// A global's zones, through its REST API: register, delete, disable, enable
     /// (no restart of the global).
@@ -371,10 +350,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Status {
-            api,
+            api: ApiArgs { api, api_token, ca },
             watch,
-            api_token,
-            ca,
             mesh,
             zone,
             not_ready,
@@ -417,9 +394,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             mesh,
             name,
             zone,
-            api,
-            api_token,
-            ca,
+            api: ApiArgs { api, api_token, ca },
             json,
         } => {
             let agent = hdsd::client::agent(ca.as_deref())?;
@@ -437,12 +412,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Watch {
-            api,
-            api_token,
+            api: ApiArgs { api, api_token, ca },
             mesh,
             selector,
             json,
-            ca,
         } => {
             let agent = hdsd::client::agent(ca.as_deref())?;
             hdsd::client::watch(
@@ -460,9 +433,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Token { config, command } => token(config.as_deref(), command),
         Command::Apply {
             file,
-            api,
-            api_token,
-            ca,
+            api: ApiArgs { api, api_token, ca },
         } => {
             let agent = hdsd::client::agent(ca.as_deref())?;
             let target = hdsd::apply::Target {
@@ -487,9 +458,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Delete {
             mesh,
             name,
-            api,
-            api_token,
-            ca,
+            api: ApiArgs { api, api_token, ca },
         } => {
             let id = DataplaneId::try_new(&mesh, &name).map_err(|e| {
                 anyhow::anyhow!("{mesh:?} {name:?} is not a dataplane identity: {e}")

@@ -372,23 +372,13 @@ impl Driver {
         match lease {
             // Held, but past its confirmed end (the process was stopped, or
             // the store is slow): another instance may hold it by now.
-            LeaseStatus::Held { epoch, .. } => {
-                let problem = format!(
+            LeaseStatus::Held { epoch, .. } => self.lease_unconfirmed(
+                &before,
+                &format!(
                     "the uplink lease (epoch {epoch}) reached its end before this instance could confirm it (was the process stopped, or is the store slow?); it does not dial until the store says it still holds it"
-                );
-                if before.problem.as_ref() != Some(&problem) {
-                    tracing::warn!(zone, code = LEASE_UNCONFIRMED, "zone uplink: {problem}");
-                }
-                self.update(|s| {
-                    if s.state != State::Disconnected || s.connected {
-                        s.since = now;
-                    }
-                    s.state = State::Disconnected;
-                    s.connected = false;
-                    s.problem = Some(problem);
-                    s.code = Some(LEASE_UNCONFIRMED.to_string());
-                });
-            }
+                ),
+                now,
+            ),
             LeaseStatus::Unknown => self.update(|s| {
                 if s.state != State::Connecting {
                     s.state = State::Connecting;
@@ -419,24 +409,29 @@ impl Driver {
                     s.code = None;
                 });
             }
-            LeaseStatus::Unconfirmed { problem } => {
-                if before.problem.as_ref() != Some(problem) {
-                    tracing::warn!(zone, code = LEASE_UNCONFIRMED, "zone uplink: {problem}");
-                }
-                self.update(|s| {
-                    if s.state != State::Disconnected || s.connected {
-                        s.since = now;
-                    }
-                    s.state = State::Disconnected;
-                    s.connected = false;
-                    s.holder = None;
-                    s.epoch = None;
-                    s.global = None;
-                    s.problem = Some(problem.clone());
-                    s.code = Some(LEASE_UNCONFIRMED.to_string());
-                });
-            }
+            LeaseStatus::Unconfirmed { problem } => self.lease_unconfirmed(&before, problem, now),
         }
+    }
+
+    /// The lease cannot be confirmed (`problem` says why): disconnected,
+    /// nobody known to hold the uplink; one log line per problem.
+    fn lease_unconfirmed(&self, before: &UplinkStatus, problem: &str, now: Timestamp) {
+        let zone = &self.options.settings.zone;
+        if before.problem.as_deref() != Some(problem) {
+            tracing::warn!(zone, code = LEASE_UNCONFIRMED, "zone uplink: {problem}");
+        }
+        self.update(|s| {
+            if s.state != State::Disconnected || s.connected {
+                s.since = now;
+            }
+            s.state = State::Disconnected;
+            s.connected = false;
+            s.holder = None;
+            s.epoch = None;
+            s.global = None;
+            s.problem = Some(problem.to_string());
+            s.code = Some(LEASE_UNCONFIRMED.to_string());
+        });
     }
 
     /// One stream to `url`, until it ends.
