@@ -432,6 +432,16 @@ pub struct HdsLimits {
     /// From accept to the end of the TLS handshake and the HTTP/2 preface.
     #[serde(with = "humantime_serde")]
     pub handshake_timeout: Duration,
+    /// From accept to the first stream hdsd accepts (with a valid token
+    /// when auth requires one); a connection without one by then is
+    /// closed, and until then it is the first to give its slot to a
+    /// newcomer when a cap is reached.
+    #[serde(with = "humantime_serde")]
+    pub unauthenticated_timeout: Duration,
+    /// A connection with no stream or request open for this long is closed
+    /// (HTTP/2 PINGs do not count; an open stream, however quiet, does).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
     /// Concurrent HTTP/2 streams per connection (an Envoy uses one for HDS).
     pub max_streams_per_connection: u32,
     /// The largest gRPC message hdsd decodes (a report), in bytes.
@@ -452,6 +462,8 @@ impl Default for HdsLimits {
             max_connections: 10_000,
             max_connections_per_ip: 128,
             handshake_timeout: Duration::from_secs(10),
+            unauthenticated_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
             max_streams_per_connection: 8,
             max_message_bytes: 512 * 1024,
             first_request_timeout: Duration::from_secs(10),
@@ -476,8 +488,19 @@ pub struct ApiLimits {
     /// the connection's start or the end of the previous response.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
-    /// A connection with no byte in either direction for this long is closed
-    /// (event streams send a keep-alive every 15 s, HTTP/2 a ping every 30 s).
+    /// How long a request's body may take to arrive, from the end of its
+    /// headers (not gRPC requests, whose bodies are streams).
+    #[serde(with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    /// From accept to the first request answered with success (with a
+    /// valid token where one is required); a connection without one by then
+    /// is closed, and until then it is the first to give its slot to a
+    /// newcomer when a cap is reached.
+    #[serde(with = "humantime_serde")]
+    pub unauthenticated_timeout: Duration,
+    /// A connection with no request open for this long is closed (HTTP/2
+    /// PINGs do not count; an open event stream or Watch, however quiet,
+    /// does).
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
     /// Watches (gRPC `Watch` and `GET /api/v1/watch`) open at once, in total.
@@ -493,6 +516,8 @@ impl Default for ApiLimits {
             max_connections_per_ip: 64,
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            unauthenticated_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_watches: 512,
             max_watch_names: 256,
@@ -1167,12 +1192,25 @@ impl Config {
             ("hds.limits.handshake_timeout", l.handshake_timeout),
             ("hds.limits.first_request_timeout", l.first_request_timeout),
             (
+                "hds.limits.unauthenticated_timeout",
+                l.unauthenticated_timeout,
+            ),
+            ("hds.limits.idle_timeout", l.idle_timeout),
+            (
                 "api.limits.handshake_timeout",
                 self.api.limits.handshake_timeout,
             ),
             (
                 "api.limits.header_read_timeout",
                 self.api.limits.header_read_timeout,
+            ),
+            (
+                "api.limits.body_read_timeout",
+                self.api.limits.body_read_timeout,
+            ),
+            (
+                "api.limits.unauthenticated_timeout",
+                self.api.limits.unauthenticated_timeout,
             ),
             ("api.limits.idle_timeout", self.api.limits.idle_timeout),
         ] {
@@ -1365,11 +1403,18 @@ timeout = "10s"
 [hds.limits]
 # What one client may hold of the HDS listener; each limit counts its hits in a metric
 # (docs/security.md: "Limits and hardening").
-# Connections open at once (HDS and EDS clients), and from one source IP address.
+# Connections open at once (HDS and EDS clients), and from one source IP address. When one
+# is reached, a newcomer takes the slot of a connection that has not authenticated (the
+# oldest of its own address at the per-address cap, else of the address holding the most);
+# it is refused only when all in the way have.
 max_connections = 10000
 max_connections_per_ip = 128
 # From accept to the end of the TLS handshake and the HTTP/2 preface; a silent client is closed.
 handshake_timeout = "10s"
+# From accept to the first stream accepted (with a valid token under auth.mode = "token").
+unauthenticated_timeout = "10s"
+# A connection with no stream open for this long is closed (PINGs do not count).
+idle_timeout = "60s"
 # Concurrent HTTP/2 streams per connection (an Envoy opens one HDS stream).
 max_streams_per_connection = 8
 # The largest gRPC message hdsd decodes (a health report), in bytes.
@@ -1441,7 +1486,8 @@ listen = "127.0.0.1:5680"
 tokens = []
 
 [api.limits]
-# Connections open at once, and from one source IP address.
+# Connections open at once, and from one source IP address; at a cap, a newcomer takes the
+# slot of a connection that has not authenticated, as on the HDS listener.
 max_connections = 512
 max_connections_per_ip = 64
 # From accept to the end of the TLS handshake and the first bytes of a request.
@@ -1449,8 +1495,13 @@ handshake_timeout = "10s"
 # How long an HTTP/1 request's headers may take, from the connection's start or the
 # previous response (so it is also how long a kept-alive connection may sit idle).
 header_read_timeout = "10s"
-# A connection with no byte either way for this long is closed (event streams send a
-# keep-alive every 15s).
+# How long a request's body may take, from the end of its headers (not gRPC).
+body_read_timeout = "30s"
+# From accept to the first request answered with success (with one of api.tokens where
+# the endpoint needs one).
+unauthenticated_timeout = "10s"
+# A connection with no request open for this long is closed (PINGs do not count; an
+# open event stream or Watch does).
 idle_timeout = "60s"
 # Watches (gRPC Watch and GET /api/v1/watch) open at once, in total; one more is refused
 # (RESOURCE_EXHAUSTED, HTTP 429) and counted in hdsd_limit_hits_total{limit="max_watches"}.

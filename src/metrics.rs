@@ -48,6 +48,7 @@ pub const EDS_REFRESHES: &str = "hdsd_eds_refreshes_total";
 pub const CONNECTIONS_OPEN: &str = "hdsd_connections_open";
 pub const CONNECTIONS_REFUSED: &str = "hdsd_connections_refused_total";
 pub const CONNECTIONS_TIMED_OUT: &str = "hdsd_connections_timed_out_total";
+pub const CONNECTIONS_EVICTED: &str = "hdsd_connections_evicted_total";
 pub const ACCEPT_ERRORS: &str = "hdsd_accept_errors_total";
 pub const LIMIT_HITS: &str = "hdsd_limit_hits_total";
 pub const AUTH_RELOADS: &str = "hdsd_auth_reloads_total";
@@ -100,7 +101,13 @@ pub fn connection_refused(listener: &'static str, reason: &'static str) {
     counter!(CONNECTIONS_REFUSED, "listener" => listener, "reason" => reason).increment(1);
 }
 
-/// Counts a connection closed by a deadline (`phase`: handshake or idle).
+/// Counts a connection closed to admit a newcomer (`reason`: the cap reached).
+pub fn connection_evicted(listener: &'static str, reason: &'static str) {
+    counter!(CONNECTIONS_EVICTED, "listener" => listener, "reason" => reason).increment(1);
+}
+
+/// Counts a connection closed by a deadline (`phase`: handshake,
+/// unauthenticated, idle or body).
 pub fn connection_timed_out(listener: &'static str, phase: &'static str) {
     counter!(CONNECTIONS_TIMED_OUT, "listener" => listener, "phase" => phase).increment(1);
 }
@@ -757,7 +764,11 @@ fn describe() {
     );
     describe_counter!(
         CONNECTIONS_TIMED_OUT,
-        "Connections closed by a deadline, by listener and phase (handshake: no TLS handshake or HTTP start within handshake_timeout; idle: api.limits.idle_timeout)."
+        "Connections closed by a deadline, by listener and phase (handshake: no TLS handshake or HTTP start within handshake_timeout; unauthenticated: no request answered with success within unauthenticated_timeout; idle: no request open for idle_timeout; body: a request body not in within api.limits.body_read_timeout)."
+    );
+    describe_counter!(
+        CONNECTIONS_EVICTED,
+        "Connections closed to give their slot to a newcomer, by listener and reason (max_connections, max_connections_per_ip): one that had not authenticated yet (the oldest of the newcomer's address at the per-address cap, else the oldest of the address holding the most)."
     );
     describe_counter!(
         ACCEPT_ERRORS,
@@ -779,6 +790,9 @@ fn describe() {
     }
     for listener in LISTENERS {
         gauge!(CONNECTIONS_OPEN, "listener" => listener).set(0.0);
+        for reason in ["max_connections", "max_connections_per_ip"] {
+            counter!(CONNECTIONS_EVICTED, "listener" => listener, "reason" => reason).absolute(0);
+        }
     }
     for limit in STREAM_LIMITS {
         counter!(LIMIT_HITS, "limit" => limit).absolute(0);

@@ -494,11 +494,12 @@ fn start_zones(
         return Err(ServeError::Stopped("the zone listener (not bound)"));
     };
     let addr = listener.local_addr().map_err(ServeError::Api)?;
+    let admission = Admission::new("zones", (&config.hds.limits).into());
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(config.hds.keepalive.interval))
         .http2_keepalive_timeout(Some(config.hds.keepalive.timeout))
+        .layer(crate::net::TrackLayer(admission.clone()))
         .add_service(sync.into_server());
-    let admission = Admission::new("zones", (&config.hds.limits).into());
     let serving = serve_grpc(server, listener, admission, tls, drain)?;
     Ok(Zones {
         hub: Some(hub),
@@ -876,6 +877,7 @@ fn serve_hds(
     .refreshing(config.eds.endpoint_stale_after)
     .max_resource_names(config.eds.max_resource_names);
     let limits = &config.hds.limits;
+    let admission = Admission::new("hds", limits.into());
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(config.hds.keepalive.interval))
         .http2_keepalive_timeout(Some(config.hds.keepalive.timeout))
@@ -885,19 +887,21 @@ fn serve_hds(
         .http2_max_pending_accept_reset_streams(Some(crate::net::H2_MAX_PENDING_RESETS))
         .http2_max_local_error_reset_streams(Some(crate::net::H2_MAX_LOCAL_RESETS))
         .http2_max_header_list_size(HDS_MAX_HEADER_LIST)
+        .layer(crate::net::TrackLayer(admission.clone()))
         .add_service(service.into_server())
         .add_service(crate::consumers::eds::transport::EdsServer::new(
             eds,
             limits.max_message_bytes,
         ));
-    let admission = Admission::new("hds", limits.into());
     serve_grpc(server, listener, admission, tls, drain)
 }
 
 /// A tonic router on `listener` (TLS when `tls`), admitted by `admission`,
 /// until `drain`.
 fn serve_grpc(
-    server: tonic::transport::server::Router,
+    server: tonic::transport::server::Router<
+        tower::layer::util::Stack<crate::net::TrackLayer, tower::layer::util::Identity>,
+    >,
     listener: TcpListener,
     admission: Arc<Admission>,
     tls: Option<crate::tls::ServerTls>,
@@ -957,6 +961,7 @@ async fn serve_api(
     let admission = Admission::new("api", limits.into());
     let options = crate::net::HttpOptions {
         header_read_timeout: limits.header_read_timeout,
+        body_read_timeout: limits.body_read_timeout,
         max_streams_per_connection: API_MAX_STREAMS,
         keepalive_interval: config.hds.keepalive.interval,
         keepalive_timeout: config.hds.keepalive.timeout,

@@ -122,8 +122,8 @@ fn valid_client_is_served(hdsd: &Hdsd) -> Duration {
 }
 
 /// Finding 1: idle TCP connections without a token. One address holds at most
-/// `max_connections_per_ip`; the rest are closed at accept; the held ones are
-/// closed at the handshake deadline; a valid client (another address) is
+/// `max_connections_per_ip`; each newcomer past it evicts the oldest (none
+/// has authenticated); the held ones are closed at the handshake deadline; a valid client (another address) is
 /// served at once throughout; memory stays flat.
 #[test]
 fn idle_connections_neither_lock_out_envoys_nor_stay_open() {
@@ -139,9 +139,11 @@ fn idle_connections_neither_lock_out_envoys_nor_stay_open() {
     let mut idle: Vec<TcpStream> = (0..300)
         .map(|_| connect_from([127, 0, 0, 2], hdsd.hds))
         .collect();
+    // Past its cap, each newcomer of the address takes the slot of the
+    // oldest of its own connections (none has authenticated).
     wait_metric_at_least(
         &hdsd,
-        r#"hdsd_connections_refused_total{listener="hds",reason="max_connections_per_ip"}"#,
+        r#"hdsd_connections_evicted_total{listener="hds",reason="max_connections_per_ip"}"#,
         250.0,
         SOON,
     );
@@ -629,7 +631,8 @@ fn fetch_for_another_node_is_refused_before_lookup() {
 }
 
 /// Finding 6: the API closes a client that sends no request, one that sends
-/// half a header, and refuses connections over its per-address cap.
+/// half a header, and evicts the oldest silent connection of an address at
+/// its per-address cap.
 #[test]
 fn the_api_bounds_slow_and_excess_clients() {
     let hdsd = Hdsd::start(HdsdOptions {
@@ -663,16 +666,18 @@ fn the_api_bounds_slow_and_excess_clients() {
         "idle keep-alive kept open"
     );
 
-    // Four silent connections from one address are held; the fifth is closed at once.
+    // Four silent connections from one address are held; the fifth takes
+    // the slot of the oldest (none has authenticated), which is closed at once.
     let mut held: Vec<TcpStream> = (0..4)
         .map(|_| connect_from([127, 0, 0, 3], hdsd.api))
         .collect();
     std::thread::sleep(Duration::from_millis(200));
-    let mut fifth = connect_from([127, 0, 0, 3], hdsd.api);
+    let fifth = connect_from([127, 0, 0, 3], hdsd.api);
     assert!(
-        closed_within(&mut fifth, Duration::from_millis(800)),
-        "the fifth connection was admitted"
+        closed_within(&mut held[0], Duration::from_millis(800)),
+        "the oldest silent connection kept its slot"
     );
+    held[0] = fifth;
     // Others are served meanwhile.
     ureq::get(&hdsd.api_url("/readyz"))
         .call()
@@ -686,7 +691,7 @@ fn the_api_bounds_slow_and_excess_clients() {
     }
     assert!(
         hdsd.metric(
-            r#"hdsd_connections_refused_total{listener="api",reason="max_connections_per_ip"}"#
+            r#"hdsd_connections_evicted_total{listener="api",reason="max_connections_per_ip"}"#
         )
         .unwrap()
             >= 1.0
@@ -767,4 +772,366 @@ fn a_reset_flood_ends_the_connection() {
     eprintln!("{outcome}");
     served_web(&hdsd);
     valid_client_is_served(&hdsd);
+}
+
+/// A flood of hostile connections run on the test's own runtime: every
+/// connection is opened again as soon as hdsd closes it (an attacker that
+/// keeps the pressure on). Dropping it stops the flood.
+struct Flood {
+    /// Runs the flood's tasks; dropped, they end and their sockets close.
+    _rt: tokio::runtime::Runtime,
+    /// Open now (admitted or not yet closed), with the time each was opened.
+    live: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u64, Instant>>>,
+    /// Connections that hdsd kept open, then closed: how long each lived.
+    lifetimes: std::sync::Arc<std::sync::Mutex<Vec<Duration>>>,
+}
+
+/// What one attacking connection does once connected.
+#[derive(Clone, Copy)]
+enum Attack {
+    /// Completes the HTTP/2 preface and answers every PING (h2's client
+    /// does), never opens a stream.
+    IdleH2,
+    /// Sends the start of an HTTP/1 request, then one header line every
+    /// 100 ms, never the blank line that ends the headers.
+    Slowloris,
+}
+
+impl Flood {
+    fn start(attack: Attack, to: SocketAddr, from: &[[u8; 4]], per_address: usize) -> Flood {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let live = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
+        let lifetimes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let ids = std::sync::Arc::new(AtomicU64::new(0));
+        for &addr in from {
+            for _ in 0..per_address {
+                let (live, lifetimes, ids) = (live.clone(), lifetimes.clone(), ids.clone());
+                rt.spawn(async move {
+                    loop {
+                        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                        socket.bind(SocketAddr::from((addr, 0))).unwrap();
+                        let Ok(tcp) = socket.connect(to).await else {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        };
+                        let id = ids.fetch_add(1, Ordering::Relaxed);
+                        let opened = Instant::now();
+                        live.lock().unwrap().insert(id, opened);
+                        let served = match attack {
+                            Attack::IdleH2 => idle_h2(tcp).await,
+                            Attack::Slowloris => slowloris(tcp).await,
+                        };
+                        live.lock().unwrap().remove(&id);
+                        if served {
+                            lifetimes.lock().unwrap().push(opened.elapsed());
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                });
+            }
+        }
+        Flood {
+            _rt: rt,
+            live,
+            lifetimes,
+        }
+    }
+
+    /// Waits until `n` of the flood's connections have been open for 300 ms.
+    fn wait_holding(&self, n: usize) {
+        wait_for(&format!("{n} attacking connections held"), SOON, || {
+            let held = self
+                .live
+                .lock()
+                .unwrap()
+                .values()
+                .filter(|t| t.elapsed() > Duration::from_millis(300))
+                .count();
+            if held >= n {
+                Ok(())
+            } else {
+                Err(format!("{held} held"))
+            }
+        });
+    }
+
+    /// How long the oldest open attacking connection has been open.
+    fn oldest(&self) -> Duration {
+        self.live
+            .lock()
+            .unwrap()
+            .values()
+            .map(|t| t.elapsed())
+            .max()
+            .unwrap_or_default()
+    }
+
+    fn longest_lifetime(&self) -> Duration {
+        self.lifetimes
+            .lock()
+            .unwrap()
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+/// An HTTP/2 client that answers PINGs and never opens a stream; true when
+/// hdsd admitted it (it stayed open past its first 100 ms).
+async fn idle_h2(tcp: tokio::net::TcpStream) -> bool {
+    let opened = Instant::now();
+    let Ok((send, connection)) = h2::client::handshake(tcp).await else {
+        return false;
+    };
+    let _ = connection.await;
+    drop(send);
+    opened.elapsed() > Duration::from_millis(100)
+}
+
+/// Headers trickled forever; true when hdsd admitted it.
+async fn slowloris(tcp: tokio::net::TcpStream) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let opened = Instant::now();
+    let (mut read, mut write) = tcp.into_split();
+    let trickle = async move {
+        if write
+            .write_all(b"GET /api/v1/dataplanes HTTP/1.1\r\nHost: hdsd\r\n")
+            .await
+            .is_err()
+        {
+            return;
+        }
+        for i in 0u64.. {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if write
+                .write_all(format!("X-Trickle-{i}: 1\r\n").as_bytes())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    };
+    let mut buf = [0u8; 1024];
+    tokio::select! {
+        () = trickle => {}
+        _ = async { while matches!(read.read(&mut buf).await, Ok(n) if n > 0) {} } => {}
+    }
+    opened.elapsed() > Duration::from_millis(100)
+}
+
+/// How long hdsd keeps one idle HTTP/2 connection (preface done, every PING
+/// answered, no stream) open.
+fn idle_h2_kept_for(to: SocketAddr) -> Duration {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(to).await.unwrap();
+        let opened = Instant::now();
+        let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(10), connection).await;
+        assert!(ended.is_ok(), "an idle HTTP/2 connection open after 10 s");
+        drop(send);
+        opened.elapsed()
+    })
+}
+
+/// A legitimate API client: a fresh connection, an answer within 1 s.
+fn api_answers_within_a_second(hdsd: &Hdsd, path: &str) -> Result<Duration, String> {
+    let started = Instant::now();
+    ureq::get(&hdsd.api_url(path))
+        .config()
+        .timeout_global(Some(Duration::from_secs(1)))
+        .build()
+        .call()
+        .map_err(|e| format!("GET {path}: {e} after {:?}", started.elapsed()))?;
+    Ok(started.elapsed())
+}
+
+/// Issue 33, finding 1 (HDS): idle HTTP/2 connections that complete the
+/// preface, answer PINGs and never open a stream fill `max_connections`
+/// (from several addresses, each under its per-address cap). A real Envoy
+/// and a gRPC client are still served within 2 s: a newcomer evicts the
+/// oldest connection that has not authenticated. Each idle connection is
+/// closed at `unauthenticated_timeout`, whatever PINGs hdsd's keepalive
+/// sends, while the Envoy's quiet, authenticated stream stays.
+#[test]
+fn idle_http2_connections_neither_fill_the_hds_slots_nor_stay() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        extra: "[hds.keepalive]\ninterval = \"300ms\"\ntimeout = \"5s\"\n\n[hds.limits]\nmax_connections = 20\nmax_connections_per_ip = 10\nunauthenticated_timeout = \"2s\"\nidle_timeout = \"2s\"\n".into(),
+        ..Default::default()
+    });
+    served_web(&hdsd);
+    let flood = Flood::start(
+        Attack::IdleH2,
+        hdsd.hds,
+        &[[127, 0, 0, 2], [127, 0, 0, 3]],
+        10,
+    );
+    flood.wait_holding(15);
+
+    // A real Envoy, from another address, while every slot is wanted.
+    let started = Instant::now();
+    let _envoy = crate::support::Envoy::start(hdsd.hds, "default.web", None);
+    hdsd.wait_connected("default.web", true, Duration::from_secs(2));
+    eprintln!("Envoy served {:?} after its start", started.elapsed());
+    // A gRPC client too.
+    let took = valid_client_is_served(&hdsd);
+    eprintln!("gRPC client served in {took:?}");
+    assert!(took < Duration::from_secs(2), "gRPC client waited {took:?}");
+
+    // The flood's connections go at the grace, PINGs or not; the Envoy's
+    // stream (authenticated, quiet between reports) stays past idle_timeout.
+    std::thread::sleep(Duration::from_secs(3));
+    let oldest = flood.oldest();
+    assert!(
+        oldest < Duration::from_millis(3500),
+        "an idle connection has been open for {oldest:?}"
+    );
+    assert!(flood.longest_lifetime() < Duration::from_millis(3500));
+    hdsd.wait_connected("default.web", true, Duration::from_millis(10));
+    assert!(
+        hdsd.metric(r#"hdsd_connections_evicted_total{listener="hds",reason="max_connections"}"#)
+            .unwrap_or(0.0)
+            >= 1.0,
+        "{}",
+        hdsd.metrics()
+    );
+    drop(flood);
+
+    // Alone (no newcomer evicts it), an idle connection is closed at the
+    // grace although it answers hdsd's PINGs (every 300 ms).
+    let kept = idle_h2_kept_for(hdsd.hds);
+    eprintln!("a lone idle HTTP/2 connection kept {kept:?}");
+    assert!(
+        kept >= Duration::from_millis(1500) && kept < Duration::from_millis(3500),
+        "kept {kept:?}"
+    );
+    assert!(
+        hdsd.metric(r#"hdsd_connections_timed_out_total{listener="hds",phase="unauthenticated"}"#)
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    // The Envoy's quiet stream is still there, past idle_timeout.
+    hdsd.wait_connected("default.web", true, Duration::from_millis(10));
+}
+
+/// Issue 33, finding 1 (API): idle HTTP/2 connections fill the API's
+/// slots; a GET and `/readyz` are answered within 1 s throughout, and the
+/// idle connections are closed at `unauthenticated_timeout` although hdsd's
+/// own keepalive PINGs flow on them (they used to reset the idle timer:
+/// none was ever closed). The HDS listener's slots are not the API's.
+#[test]
+fn idle_http2_connections_neither_fill_the_api_slots_nor_stay() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        extra: "[hds.keepalive]\ninterval = \"300ms\"\ntimeout = \"5s\"\n\n[api.limits]\nmax_connections = 20\nmax_connections_per_ip = 10\nunauthenticated_timeout = \"2s\"\nidle_timeout = \"2s\"\n".into(),
+        ..Default::default()
+    });
+    served_web(&hdsd);
+    let flood = Flood::start(
+        Attack::IdleH2,
+        hdsd.api,
+        &[[127, 0, 0, 2], [127, 0, 0, 3]],
+        10,
+    );
+    flood.wait_holding(15);
+    let until = Instant::now() + Duration::from_secs(4);
+    let mut slowest = Duration::ZERO;
+    while Instant::now() < until {
+        for path in ["/api/v1/dataplanes", "/readyz", "/healthz"] {
+            let took = api_answers_within_a_second(&hdsd, path).unwrap();
+            slowest = slowest.max(took);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("API under an idle HTTP/2 flood: slowest answer {slowest:?}");
+    // The HDS listener has its own slots.
+    valid_client_is_served(&hdsd);
+    let oldest = flood.oldest();
+    assert!(
+        oldest < Duration::from_millis(3500),
+        "an idle API connection has been open for {oldest:?}"
+    );
+    assert!(flood.longest_lifetime() < Duration::from_millis(3500));
+    drop(flood);
+
+    // Alone, an idle connection is closed at the grace although hdsd's own
+    // PINGs flow every 300 ms (they used to reset the idle timer).
+    let kept = idle_h2_kept_for(hdsd.api);
+    eprintln!("a lone idle HTTP/2 API connection kept {kept:?}");
+    assert!(
+        kept >= Duration::from_millis(1500) && kept < Duration::from_millis(3500),
+        "kept {kept:?}"
+    );
+    assert!(
+        hdsd.metric(r#"hdsd_connections_timed_out_total{listener="api",phase="unauthenticated"}"#)
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+}
+
+/// Issue 33, finding 2: slowloris on the API (HTTP/1 connections trickling
+/// header lines, reconnecting as soon as they are closed, from several
+/// addresses up to each one's cap). A GET and `/readyz` are answered within
+/// 1 s throughout; a trickling client is cut at `header_read_timeout`, and
+/// one trickling a body at `body_read_timeout`.
+#[test]
+fn slowloris_on_the_api_neither_locks_out_clients_nor_stays() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        extra: "[api.limits]\nmax_connections = 20\nmax_connections_per_ip = 10\nheader_read_timeout = \"2s\"\nbody_read_timeout = \"2s\"\nunauthenticated_timeout = \"5s\"\n".into(),
+        ..Default::default()
+    });
+    let flood = Flood::start(
+        Attack::Slowloris,
+        hdsd.api,
+        &[[127, 0, 0, 2], [127, 0, 0, 3]],
+        10,
+    );
+    flood.wait_holding(15);
+    let until = Instant::now() + Duration::from_secs(4);
+    let mut slowest = Duration::ZERO;
+    while Instant::now() < until {
+        for path in ["/api/v1/dataplanes", "/readyz", "/healthz"] {
+            let took = api_answers_within_a_second(&hdsd, path).unwrap();
+            slowest = slowest.max(took);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("API under slowloris: slowest answer {slowest:?}");
+    let oldest = flood.oldest();
+    assert!(
+        oldest < Duration::from_millis(3500),
+        "a trickling connection has been open for {oldest:?}"
+    );
+    assert!(flood.longest_lifetime() < Duration::from_millis(3500));
+    drop(flood);
+
+    // A body trickled after complete headers: cut at body_read_timeout.
+    let mut body = TcpStream::connect(hdsd.api).unwrap();
+    body.write_all(
+        b"PUT /api/v1/dataplanes/default/web HTTP/1.1\r\nHost: x\r\nContent-Type: application/yaml\r\nContent-Length: 100000\r\n\r\n",
+    )
+    .unwrap();
+    let started = Instant::now();
+    let mut cut = false;
+    while started.elapsed() < Duration::from_secs(6) {
+        if body.write_all(b"x").is_err() || closed_within(&mut body, Duration::from_millis(100)) {
+            cut = true;
+            break;
+        }
+    }
+    let took = started.elapsed();
+    assert!(cut, "a trickled body kept open for {took:?}");
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_millis(3500),
+        "a trickled body cut after {took:?}"
+    );
 }

@@ -75,6 +75,7 @@ impl Incoming<TlsStream> {
                 max_connections: usize::MAX,
                 max_connections_per_ip: usize::MAX,
                 handshake_timeout: timeout,
+                unauthenticated_timeout: None,
                 idle_timeout: None,
             },
         );

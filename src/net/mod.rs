@@ -1,20 +1,31 @@
 //! Connection admission for hdsd's listeners: the one accept loop behind the
 //! HDS and the API listeners, plaintext or TLS.
 //!
-//! - [`Admission`] counts open connections, in total and per source IP, and
-//!   refuses one over either cap (it is closed at once, counted in
-//!   `hdsd_connections_refused_total`).
+//! - [`Admission`] holds the listener's slots ([`slots::Slots`]): connections
+//!   in total and per source IP. A newcomer that finds a cap reached evicts
+//!   a connection that has not authenticated (the rule: [`slots`]); it is
+//!   refused (closed at once, counted in
+//!   `hdsd_connections_refused_total`) only when every connection in the way
+//!   has authenticated.
 //! - Every admitted connection is an [`Admitted`]: it holds its [`Permit`]
-//!   (the counts go down when the connection is dropped) and a deadline by
-//!   which the client must have completed the TLS handshake and sent the
-//!   HTTP/2 preface (or the first bytes of an HTTP/1 request): a TCP
-//!   connection that sends nothing is closed. It may also carry an idle
-//!   timeout (no byte in either direction for that long: closed).
+//!   (the slot is freed when the connection is dropped or evicted) and its
+//!   [`usage::ConnUse`], and is closed: when the client has not completed the
+//!   TLS handshake and sent the HTTP/2 preface (or the first bytes of an
+//!   HTTP/1 request) by the handshake deadline; when it has not
+//!   authenticated within `unauthenticated_timeout` of its accept; when no
+//!   request has been open on it for `idle_timeout` (PINGs do not count);
+//!   when it is evicted.
+//! - [`usage::Track`] marks a connection authenticated and its requests open;
+//!   [`serve_http`] puts it around the API's router, [`usage::TrackLayer`]
+//!   around a tonic server's routes.
 //! - The accept loop backs off when the process runs out of file
 //!   descriptors (`EMFILE`/`ENFILE`) instead of retrying at once, which would
 //!   spin a core while the backlog cannot be drained.
 //! - [`LogLimiter`] keeps a flood of refusals from one peer from flooding the
 //!   log: metrics count every refusal, the log says a few of them.
+
+pub mod slots;
+pub mod usage;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -32,6 +43,9 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 
 use crate::metrics as m;
+pub use slots::Refusal;
+use slots::{SlotId, Slots};
+pub use usage::{ConnUse, TrackLayer};
 
 /// The limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,33 +57,12 @@ pub struct ConnectionLimits {
     /// From accept to the end of the TLS handshake and the HTTP/2 preface
     /// (or the first bytes of an HTTP/1 request).
     pub handshake_timeout: Duration,
-    /// A connection with no byte read or written for this long is closed.
+    /// From accept to the first request answered with success (see
+    /// [`usage`]); a connection that has not authenticated by then is
+    /// closed. `None`: never (a listener whose routes are not tracked).
+    pub unauthenticated_timeout: Option<Duration>,
+    /// A connection with no request open for this long is closed.
     pub idle_timeout: Option<Duration>,
-}
-
-/// Why a connection was refused at accept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// The listener's `max_connections` are open.
-    Total,
-    /// The source address has `max_connections_per_ip` open.
-    PerIp,
-}
-
-impl Refusal {
-    /// The `reason` label of `hdsd_connections_refused_total`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Refusal::Total => "max_connections",
-            Refusal::PerIp => "max_connections_per_ip",
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct Counts {
-    total: usize,
-    per_ip: HashMap<IpAddr, usize>,
 }
 
 /// The open connections of one listener, against its caps.
@@ -77,7 +70,21 @@ struct Counts {
 pub struct Admission {
     listener: &'static str,
     limits: ConnectionLimits,
-    counts: Mutex<Counts>,
+    inner: Mutex<Held>,
+}
+
+#[derive(Debug)]
+struct Held {
+    slots: Slots,
+    conns: HashMap<SlotId, (SocketAddr, Arc<ConnUse>)>,
+    by_peer: HashMap<SocketAddr, SlotId>,
+}
+
+/// A connection evicted to admit a newcomer.
+#[derive(Debug, Clone, Copy)]
+pub struct Eviction {
+    pub peer: SocketAddr,
+    pub reason: Refusal,
 }
 
 impl Admission {
@@ -86,7 +93,11 @@ impl Admission {
         Arc::new(Admission {
             listener,
             limits,
-            counts: Mutex::new(Counts::default()),
+            inner: Mutex::new(Held {
+                slots: Slots::new(limits.max_connections, limits.max_connections_per_ip),
+                conns: HashMap::new(),
+                by_peer: HashMap::new(),
+            }),
         })
     }
 
@@ -94,44 +105,70 @@ impl Admission {
         self.limits
     }
 
-    /// A permit for one more connection from `ip`, unless a cap is reached.
-    pub fn try_admit(self: &Arc<Self>, ip: IpAddr) -> Result<Permit, Refusal> {
-        let ip = canonical(ip);
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if counts.total >= self.limits.max_connections {
-            return Err(Refusal::Total);
-        }
-        let from_ip = counts.per_ip.entry(ip).or_insert(0);
-        if *from_ip >= self.limits.max_connections_per_ip {
-            return Err(Refusal::PerIp);
-        }
-        *from_ip += 1;
-        counts.total += 1;
-        drop(counts);
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A permit for one more connection from `peer`: a free slot, or one
+    /// taken from a connection that has not authenticated ([`slots`]; it
+    /// is closed); refused when every connection in the way has.
+    pub fn try_admit(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+    ) -> Result<(Permit, Option<Eviction>), Refusal> {
+        let ip = canonical(peer.ip());
+        let mut held = self.lock();
+        let admitted = held.slots.admit(ip)?;
+        let conn = Arc::new(ConnUse::new(admitted.id, Arc::downgrade(self)));
+        held.conns.insert(admitted.id, (peer, conn.clone()));
+        held.by_peer.insert(peer, admitted.id);
+        let evicted = admitted.evicted.and_then(|(victim, reason)| {
+            let (peer, conn) = held.conns.remove(&victim)?;
+            held.by_peer.remove(&peer);
+            Some((peer, conn, reason))
+        });
+        drop(held);
         m::connection_opened(self.listener);
-        Ok(Permit {
-            admission: self.clone(),
-            ip,
-        })
+        let eviction = evicted.map(|(peer, conn, reason)| {
+            m::connection_closed(self.listener);
+            m::connection_evicted(self.listener, reason.as_str());
+            conn.evict(reason);
+            Eviction { peer, reason }
+        });
+        Ok((
+            Permit {
+                admission: self.clone(),
+                conn,
+            },
+            eviction,
+        ))
     }
 
     /// Connections open now (total, and from `ip`).
     pub fn open(&self, ip: IpAddr) -> (usize, usize) {
-        let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        let from_ip = counts.per_ip.get(&canonical(ip)).copied().unwrap_or(0);
-        (counts.total, from_ip)
+        self.lock().slots.open(canonical(ip))
     }
 
-    fn release(&self, ip: IpAddr) {
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        counts.total = counts.total.saturating_sub(1);
-        if let Some(n) = counts.per_ip.get_mut(&ip) {
-            *n -= 1;
-            if *n == 0 {
-                counts.per_ip.remove(&ip);
-            }
+    /// The use of the connection from `peer`, while it holds a slot.
+    pub fn conn_of(&self, peer: SocketAddr) -> Option<Arc<ConnUse>> {
+        let held = self.lock();
+        let id = held.by_peer.get(&peer)?;
+        held.conns.get(id).map(|(_, c)| c.clone())
+    }
+
+    fn authenticated(&self, slot: SlotId) {
+        self.lock().slots.authenticated(slot);
+    }
+
+    fn release(&self, slot: SlotId) {
+        let mut held = self.lock();
+        if !held.slots.release(slot) {
+            return; // evicted: released then
         }
-        drop(counts);
+        if let Some((peer, _)) = held.conns.remove(&slot) {
+            held.by_peer.remove(&peer);
+        }
+        drop(held);
         m::connection_closed(self.listener);
     }
 }
@@ -144,16 +181,23 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// One admitted connection's place in the counts; released on drop.
+/// One admitted connection's slot; freed on drop.
 #[derive(Debug)]
 pub struct Permit {
     admission: Arc<Admission>,
-    ip: IpAddr,
+    conn: Arc<ConnUse>,
+}
+
+impl Permit {
+    /// The connection's use.
+    pub fn conn(&self) -> &Arc<ConnUse> {
+        &self.conn
+    }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.admission.release(self.ip);
+        self.admission.release(self.conn.slot);
     }
 }
 
@@ -187,11 +231,15 @@ impl PrefaceProgress {
 /// An admitted connection: the stream, its permit, and its deadlines.
 pub struct Admitted<IO> {
     io: IO,
-    _permit: Permit,
+    permit: Permit,
     listener: &'static str,
+    limits: ConnectionLimits,
     /// Until the protocol's start is read.
     preface: Option<(PrefaceProgress, Pin<Box<Sleep>>)>,
-    idle: Option<(Duration, Pin<Box<Sleep>>)>,
+    /// The next time the connection's use is checked against its deadlines.
+    check: Pin<Box<Sleep>>,
+    /// Why it was closed, once it was (every later read or write fails too).
+    closed: Option<&'static str>,
 }
 
 impl<IO> std::fmt::Debug for Admitted<IO> {
@@ -199,8 +247,45 @@ impl<IO> std::fmt::Debug for Admitted<IO> {
         f.debug_struct("Admitted")
             .field("listener", &self.listener)
             .field("awaiting_preface", &self.preface.is_some())
+            .field("closed", &self.closed)
             .finish_non_exhaustive()
     }
+}
+
+/// What the use of a connection says now: closed (and why), or the next
+/// time to look again (none while a request is open on an authenticated
+/// connection: the end of a request wakes the connection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UseCheck {
+    Close(&'static str),
+    Next(Option<Instant>),
+}
+
+fn check_use(
+    state: &usage::UseState,
+    accepted: Instant,
+    limits: &ConnectionLimits,
+    now: Instant,
+) -> UseCheck {
+    if state.evicted.is_some() {
+        return UseCheck::Close("evicted");
+    }
+    let mut next = None;
+    if let (false, Some(timeout)) = (state.authenticated, limits.unauthenticated_timeout) {
+        let grace = accepted + timeout;
+        if now >= grace {
+            return UseCheck::Close("unauthenticated");
+        }
+        next = Some(grace);
+    }
+    if let (0, Some(idle)) = (state.open_requests, limits.idle_timeout) {
+        let at = state.quiet_since + idle;
+        if now >= at {
+            return UseCheck::Close("idle");
+        }
+        next = Some(next.map_or(at, |n: Instant| n.min(at)));
+    }
+    UseCheck::Next(next)
 }
 
 impl<IO> Admitted<IO> {
@@ -209,17 +294,19 @@ impl<IO> Admitted<IO> {
         permit: Permit,
         listener: &'static str,
         deadline: Instant,
-        idle: Option<Duration>,
+        limits: ConnectionLimits,
     ) -> Self {
         Admitted {
             io,
-            _permit: permit,
+            permit,
             listener,
+            limits,
             preface: Some((
                 PrefaceProgress::default(),
                 Box::pin(tokio::time::sleep_until(deadline)),
             )),
-            idle: idle.map(|d| (d, Box::pin(tokio::time::sleep(d)))),
+            check: Box::pin(tokio::time::sleep_until(deadline)),
+            closed: None,
         }
     }
 
@@ -228,15 +315,59 @@ impl<IO> Admitted<IO> {
         &self.io
     }
 
-    fn touched(&mut self) {
-        if let Some((d, sleep)) = &mut self.idle {
-            sleep.as_mut().reset(Instant::now() + *d);
+    /// The connection's use (what [`usage::Track`] marks).
+    pub fn conn(&self) -> &Arc<ConnUse> {
+        self.permit.conn()
+    }
+
+    /// Err once the connection must close: evicted, not authenticated in
+    /// time, or idle; otherwise arms the timer (and the wake on a change).
+    fn poll_use(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        if let Some(why) = self.closed {
+            return Err(closed_error(why));
+        }
+        loop {
+            let conn = self.permit.conn().clone();
+            let verdict = conn.watch(cx, |state| {
+                check_use(state, conn.accepted, &self.limits, Instant::now())
+            });
+            match verdict {
+                UseCheck::Close(why) => {
+                    self.closed = Some(why);
+                    if why != "evicted" {
+                        m::connection_timed_out(self.listener, why);
+                    }
+                    return Err(closed_error(why));
+                }
+                UseCheck::Next(None) => return Ok(()),
+                UseCheck::Next(Some(at)) => {
+                    if self.check.deadline() != at {
+                        self.check.as_mut().reset(at);
+                    }
+                    if self.check.as_mut().poll(cx).is_pending() {
+                        return Ok(());
+                    }
+                }
+            }
         }
     }
 }
 
 fn timed_out(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, what.to_string())
+}
+
+fn closed_error(why: &str) -> io::Error {
+    match why {
+        "evicted" => io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "evicted: a newcomer needed the slot of this connection, which had not authenticated",
+        ),
+        "unauthenticated" => {
+            timed_out("no request with a valid credential within unauthenticated_timeout")
+        }
+        _ => timed_out("no request open within idle_timeout"),
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Admitted<IO> {
@@ -246,6 +377,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Admitted<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if let Err(e) = this.poll_use(cx) {
+            return Poll::Ready(Err(e));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
@@ -254,9 +388,6 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Admitted<IO> {
                     if new.is_empty() || progress.feed(new) {
                         this.preface = None;
                     }
-                }
-                if !new.is_empty() {
-                    this.touched();
                 }
                 Poll::Ready(Ok(()))
             }
@@ -271,12 +402,6 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Admitted<IO> {
                         )));
                     }
                 }
-                if let Some((_, idle)) = &mut this.idle {
-                    if idle.as_mut().poll(cx).is_ready() {
-                        m::connection_timed_out(this.listener, "idle");
-                        return Poll::Ready(Err(timed_out("the connection was idle too long")));
-                    }
-                }
                 Poll::Pending
             }
         }
@@ -289,11 +414,10 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.io).poll_write(cx, buf);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.touched();
+        if let Err(e) = self.poll_use(cx) {
+            return Poll::Ready(Err(e));
         }
-        r
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -301,11 +425,10 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.touched();
+        if let Err(e) = self.poll_use(cx) {
+            return Poll::Ready(Err(e));
         }
-        r
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -504,8 +627,8 @@ async fn accept_loop<H: Handshake>(
             accepted = listener.accept() => match accepted {
                 Ok((tcp, peer)) => {
                     backoff.reset();
-                    let permit = match admission.try_admit(peer.ip()) {
-                        Ok(permit) => permit,
+                    let (permit, eviction) = match admission.try_admit(peer) {
+                        Ok(admitted) => admitted,
                         Err(refusal) => {
                             m::connection_refused(name, refusal.as_str());
                             if let Some(suppressed) = refusals.allow(peer.ip(), Instant::now()) {
@@ -516,7 +639,7 @@ async fn accept_loop<H: Handshake>(
                                     open,
                                     from_this_ip = from_ip,
                                     suppressed,
-                                    "connection refused: {} reached ({}); raise {name}.limits.{} if this client is legitimate",
+                                    "connection refused: {} reached ({}) and every connection in the way has authenticated; raise {name}.limits.{} if this client is legitimate",
                                     refusal.as_str(),
                                     match refusal {
                                         Refusal::Total => limits.max_connections,
@@ -528,6 +651,18 @@ async fn accept_loop<H: Handshake>(
                             continue;
                         }
                     };
+                    if let Some(evicted) = eviction {
+                        if let Some(suppressed) = refusals.allow(evicted.peer.ip(), Instant::now()) {
+                            tracing::info!(
+                                listener = name,
+                                evicted = %evicted.peer,
+                                for_peer = %peer,
+                                suppressed,
+                                "closed a connection that had not authenticated to admit a newcomer: {name}.limits.{} reached",
+                                evicted.reason.as_str(),
+                            );
+                        }
+                    }
                     if let Err(e) = tcp.set_nodelay(true) {
                         tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
                     }
@@ -535,8 +670,13 @@ async fn accept_loop<H: Handshake>(
                     let ready = ready.clone();
                     let handshake = handshake.clone();
                     handshakes.spawn(async move {
-                        if let Some(io) = handshake.handshake(tcp, peer, deadline).await {
-                            let admitted = Admitted::new(io, permit, name, deadline, limits.idle_timeout);
+                        let conn = permit.conn().clone();
+                        let io = tokio::select! {
+                            io = handshake.handshake(tcp, peer, deadline) => io,
+                            () = conn.evicted() => None,
+                        };
+                        if let Some(io) = io {
+                            let admitted = Admitted::new(io, permit, name, deadline, limits);
                             let _ = ready.send((admitted, peer)).await;
                         }
                     });
@@ -582,6 +722,10 @@ pub struct HttpOptions {
     /// HTTP/1: how long a request's headers may take, from the connection's
     /// start or the end of the previous response.
     pub header_read_timeout: Duration,
+    /// How long a request's body may take to arrive, from the end of its
+    /// headers (HTTP/1 and HTTP/2; not gRPC, whose request bodies are
+    /// streams).
+    pub body_read_timeout: Duration,
     /// HTTP/2: concurrent streams per connection.
     pub max_streams_per_connection: u32,
     /// HTTP/2: pings on an idle connection, and how long one may go unanswered.
@@ -591,7 +735,9 @@ pub struct HttpOptions {
 
 /// Serves `router` on every connection of `incoming` (HTTP/1.1 and HTTP/2)
 /// until `signal`, then lets the open connections finish their requests.
-/// axum's own `serve` sets no header-read timeout; this does.
+/// axum's own `serve` sets no header-read timeout; this does, and a
+/// deadline on each request's body, and tracks each connection's use
+/// ([`usage::Track`]).
 pub async fn serve_http<IO>(
     mut incoming: Incoming<IO>,
     router: axum::Router,
@@ -628,7 +774,21 @@ where
             conn = incoming.accept() => conn,
             () = &mut signal => break,
         };
-        let service = TowerToHyperService::new(router.clone());
+        let body_timeout = options.body_read_timeout;
+        let routes = tower::ServiceExt::map_request(
+            router.clone(),
+            move |request: http::Request<hyper::body::Incoming>| {
+                let grpc = request
+                    .headers()
+                    .get(http::header::CONTENT_TYPE)
+                    .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+                request.map(|body| match grpc {
+                    true => axum::body::Body::new(body),
+                    false => axum::body::Body::new(usage::Deadline::new(body, body_timeout, "api")),
+                })
+            },
+        );
+        let service = TowerToHyperService::new(usage::Track::conn(routes, io.conn().clone()));
         let builder = builder.clone();
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
@@ -762,7 +922,8 @@ impl From<&crate::config::HdsLimits> for ConnectionLimits {
             max_connections: l.max_connections,
             max_connections_per_ip: l.max_connections_per_ip,
             handshake_timeout: l.handshake_timeout,
-            idle_timeout: None,
+            unauthenticated_timeout: Some(l.unauthenticated_timeout),
+            idle_timeout: Some(l.idle_timeout),
         }
     }
 }
@@ -773,6 +934,7 @@ impl From<&crate::config::ApiLimits> for ConnectionLimits {
             max_connections: l.max_connections,
             max_connections_per_ip: l.max_connections_per_ip,
             handshake_timeout: l.handshake_timeout,
+            unauthenticated_timeout: Some(l.unauthenticated_timeout),
             idle_timeout: Some(l.idle_timeout),
         }
     }
@@ -788,35 +950,108 @@ mod tests {
             max_connections: total,
             max_connections_per_ip: per_ip,
             handshake_timeout: Duration::from_secs(10),
+            unauthenticated_timeout: None,
             idle_timeout: None,
         }
     }
 
-    #[test]
-    fn admission_caps_total_and_per_ip_and_releases_on_drop() {
+    fn peer(ip: &str, port: u16) -> SocketAddr {
+        SocketAddr::new(ip.parse().unwrap(), port)
+    }
+
+    #[tokio::test]
+    async fn admission_evicts_the_oldest_unauthenticated_and_releases_on_drop() {
         let a = Admission::new("test", limits(3, 2));
         let one: IpAddr = "10.0.0.1".parse().unwrap();
-        let two: IpAddr = "10.0.0.2".parse().unwrap();
-        let p1 = a.try_admit(one).unwrap();
-        let p2 = a.try_admit(one).unwrap();
-        assert_eq!(a.try_admit(one).unwrap_err(), Refusal::PerIp);
-        let p3 = a.try_admit(two).unwrap();
-        assert_eq!(a.try_admit(two).unwrap_err(), Refusal::Total);
-        assert_eq!(a.open(one), (3, 2));
+        let (p1, none) = a.try_admit(peer("10.0.0.1", 1)).unwrap();
+        assert!(none.is_none());
+        let (p2, _) = a.try_admit(peer("10.0.0.1", 2)).unwrap();
+        // The per-address cap: the oldest of that address gives its slot.
+        let (p3, evicted) = a.try_admit(peer("10.0.0.1", 3)).unwrap();
+        let evicted = evicted.unwrap();
+        assert_eq!(
+            (evicted.peer, evicted.reason),
+            (peer("10.0.0.1", 1), Refusal::PerIp)
+        );
+        assert!(p1.conn().lock_state_evicted());
+        assert!(a.conn_of(peer("10.0.0.1", 1)).is_none());
+        assert_eq!(a.open(one), (2, 2));
         drop(p1);
-        assert_eq!(a.open(one), (2, 1));
-        let p4 = a.try_admit(two).unwrap();
+        assert_eq!(a.open(one), (2, 2), "an evicted slot is not released twice");
+        // Authenticated connections are not evicted.
+        a.authenticated(p2.conn().slot);
+        a.authenticated(p3.conn().slot);
+        assert_eq!(
+            a.try_admit(peer("10.0.0.1", 4)).unwrap_err(),
+            Refusal::PerIp
+        );
+        let (p4, _) = a.try_admit(peer("10.0.0.2", 1)).unwrap();
+        a.authenticated(p4.conn().slot);
+        assert_eq!(
+            a.try_admit(peer("10.0.0.3", 1)).unwrap_err(),
+            Refusal::Total
+        );
         drop((p2, p3, p4));
         assert_eq!(a.open(one), (0, 0));
-        assert!(a.counts.lock().unwrap().per_ip.is_empty(), "no entry kept");
+        assert!(
+            a.lock().conns.is_empty() && a.lock().by_peer.is_empty(),
+            "no entry kept"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_v4_mapped_address_counts_as_its_v4_address() {
+        let a = Admission::new("test", limits(10, 1));
+        let (p, _) = a.try_admit(peer("10.0.0.1", 1)).unwrap();
+        a.authenticated(p.conn().slot);
+        assert_eq!(
+            a.try_admit(peer("::ffff:10.0.0.1", 2)).unwrap_err(),
+            Refusal::PerIp
+        );
     }
 
     #[test]
-    fn a_v4_mapped_address_counts_as_its_v4_address() {
-        let a = Admission::new("test", limits(10, 1));
-        let _p = a.try_admit("10.0.0.1".parse().unwrap()).unwrap();
-        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
-        assert_eq!(a.try_admit(mapped).unwrap_err(), Refusal::PerIp);
+    fn use_checks_close_unauthenticated_and_idle_connections_only() {
+        let t0 = Instant::now();
+        let limits = ConnectionLimits {
+            unauthenticated_timeout: Some(Duration::from_secs(2)),
+            idle_timeout: Some(Duration::from_secs(5)),
+            ..limits(10, 10)
+        };
+        let mut state = usage::UseState::new(t0);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(
+            check_use(&state, t0, &limits, at(1)),
+            UseCheck::Next(Some(at(2)))
+        );
+        // A request open does not extend the grace.
+        state.open_requests = 1;
+        assert_eq!(
+            check_use(&state, t0, &limits, at(2)),
+            UseCheck::Close("unauthenticated")
+        );
+        // Authenticated with a request open (a quiet stream): never closed.
+        state.authenticated = true;
+        assert_eq!(
+            check_use(&state, t0, &limits, at(3600)),
+            UseCheck::Next(None)
+        );
+        // The request ended at 10 s: idle from then.
+        state.open_requests = 0;
+        state.quiet_since = at(10);
+        assert_eq!(
+            check_use(&state, t0, &limits, at(11)),
+            UseCheck::Next(Some(at(15)))
+        );
+        assert_eq!(
+            check_use(&state, t0, &limits, at(15)),
+            UseCheck::Close("idle")
+        );
+        state.evicted = Some(Refusal::Total);
+        assert_eq!(
+            check_use(&state, t0, &limits, at(11)),
+            UseCheck::Close("evicted")
+        );
     }
 
     #[test]
@@ -915,19 +1150,31 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn connections_over_the_cap_are_closed_at_once() {
+    async fn a_newcomer_evicts_an_unauthenticated_connection_and_is_refused_by_authenticated_ones()
+    {
         let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admission = Admission::new("test", limits(10, 1));
-        let mut incoming = Incoming::new(tcp, admission, Plain).unwrap();
+        let mut incoming = Incoming::new(tcp, admission.clone(), Plain).unwrap();
         let addr = incoming.local_addr();
         let _first = TcpStream::connect(addr).await.unwrap();
-        let (_held, _) = incoming.accept().await;
-        let mut second = TcpStream::connect(addr).await.unwrap();
+        let (mut held, _) = incoming.accept().await;
+        let _second = TcpStream::connect(addr).await.unwrap();
+        let (mut newcomer, _) = incoming.accept().await;
         let mut buf = [0u8; 1];
-        let n = tokio::time::timeout(Duration::from_secs(5), second.read(&mut buf))
+        let e = tokio::time::timeout(Duration::from_secs(5), held.read(&mut buf))
+            .await
+            .expect("evicted promptly")
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+        // The newcomer authenticates: a third is refused (closed at once).
+        admission.authenticated(newcomer.conn().slot);
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(5), third.read(&mut buf))
             .await
             .expect("closed promptly")
             .unwrap_or(0);
         assert_eq!(n, 0);
+        let quiet = tokio::time::timeout(Duration::from_millis(200), newcomer.read(&mut buf));
+        assert!(quiet.await.is_err(), "the authenticated one stays");
     }
 }
