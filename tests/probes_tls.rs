@@ -163,7 +163,8 @@ fn https_probe_follows_the_certificate_and_a_plaintext_probe_never_passes() {
         started.elapsed()
     );
     assert_eq!(dp.inbounds[0].probe.as_ref().unwrap().tls, None);
-    assert_eq!(dp.inbounds[0].health.reason, None, "not a TLS probe");
+    let reason = dp.inbounds[0].health.reason.clone().expect("a reason");
+    assert_eq!(reason.code, "probe_failing", "not a TLS probe: {reason:?}");
     through_reports(&hdsd, "default.web", 5, |dp| {
         assert!(!dp.inbounds[0].health.ready, "{:?}", dp.inbounds[0].health);
     });

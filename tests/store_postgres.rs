@@ -1507,6 +1507,14 @@ fn names_that_break_the_rules_are_refused_at_the_api_with_the_rule() {
         assert!(error.contains(why), "{name}: {body}");
         assert!(error.contains("a dataplane name is"), "{body}");
     }
-    let listed = hdsd.get_json("/api/v1/dataplanes").unwrap();
+    // The definition store's watcher hands the good one to the registry
+    // on its own schedule: wait for it, then nothing else is there.
+    let listed = wait_for("web-01 listed", Duration::from_secs(10), || {
+        let listed = hdsd.get_json("/api/v1/dataplanes")?;
+        match listed["items"].as_array().map(Vec::len) {
+            Some(0) | None => Err(format!("{listed}")),
+            Some(_) => Ok(listed),
+        }
+    });
     assert_eq!(listed["items"].as_array().unwrap().len(), 1, "{listed}");
 }
