@@ -1024,6 +1024,22 @@ fn idle_http2_connections_neither_fill_the_hds_slots_nor_stay() {
     hdsd.wait_connected("default.web", true, Duration::from_millis(10));
 }
 
+/// Asks the API for the fleet, `/readyz` and `/healthz` in a loop for
+/// `period` (every one within a second, or the test fails): the slowest
+/// answer.
+fn api_keeps_answering(hdsd: &Hdsd, period: Duration) -> Duration {
+    let until = Instant::now() + period;
+    let mut slowest = Duration::ZERO;
+    while Instant::now() < until {
+        for path in ["/api/v1/dataplanes", "/readyz", "/healthz"] {
+            let took = api_answers_within_a_second(hdsd, path).unwrap();
+            slowest = slowest.max(took);
+        }
+        std::thread::park_timeout(Duration::from_millis(50)); // between rounds
+    }
+    slowest
+}
+
 /// Issue 33, finding 1 (API): idle HTTP/2 connections fill the API's
 /// slots; a GET and `/readyz` are answered within 1 s throughout, and the
 /// idle connections are closed at `unauthenticated_timeout` although hdsd's
@@ -1043,15 +1059,7 @@ fn idle_http2_connections_neither_fill_the_api_slots_nor_stay() {
         10,
     );
     flood.wait_holding(15);
-    let until = Instant::now() + Duration::from_secs(4);
-    let mut slowest = Duration::ZERO;
-    while Instant::now() < until {
-        for path in ["/api/v1/dataplanes", "/readyz", "/healthz"] {
-            let took = api_answers_within_a_second(&hdsd, path).unwrap();
-            slowest = slowest.max(took);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let slowest = api_keeps_answering(&hdsd, Duration::from_secs(4));
     eprintln!("API under an idle HTTP/2 flood: slowest answer {slowest:?}");
     // The HDS listener has its own slots.
     valid_client_is_served(&hdsd);
@@ -1096,15 +1104,7 @@ fn slowloris_on_the_api_neither_locks_out_clients_nor_stays() {
         10,
     );
     flood.wait_holding(15);
-    let until = Instant::now() + Duration::from_secs(4);
-    let mut slowest = Duration::ZERO;
-    while Instant::now() < until {
-        for path in ["/api/v1/dataplanes", "/readyz", "/healthz"] {
-            let took = api_answers_within_a_second(&hdsd, path).unwrap();
-            slowest = slowest.max(took);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let slowest = api_keeps_answering(&hdsd, Duration::from_secs(4));
     eprintln!("API under slowloris: slowest answer {slowest:?}");
     let oldest = flood.oldest();
     assert!(
