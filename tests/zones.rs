@@ -1745,6 +1745,10 @@ fn a_zone_known_by_its_client_certificate_connects_without_a_token() {
     );
     println!("a certificate of another CA: {status}");
     assert_eq!(status["connected"], false, "{status}");
+    assert!(
+        problem_of(&status).contains("does not trust the certificate"),
+        "{status}"
+    );
     let ap = zone_state(&global, "ap-1").unwrap();
     assert_eq!(ap["state"], "never_connected", "{ap}");
     let z = zone_state(&global, "eu-1").unwrap();

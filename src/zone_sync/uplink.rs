@@ -443,7 +443,12 @@ impl Driver {
         };
         let channel = match self.connect(url).await {
             Ok(channel) => channel,
-            Err(reason) => return Ended::retry("connect_failed", reason),
+            Err(mut reason) => {
+                if self.options.identity.is_some() {
+                    reason.push_str(CERTIFICATE_HINT);
+                }
+                return Ended::retry("connect_failed", reason);
+            }
         };
         let mut client = pb::zone_sync_service_client::ZoneSyncServiceClient::new(channel)
             .max_decoding_message_size(super::global::MAX_MESSAGE_BYTES);
@@ -464,7 +469,14 @@ impl Driver {
         let mut inbound = match client.sync(request).await {
             Ok(response) => response.into_inner(),
             Err(status) => {
-                return refused_by_transport(&zone, self.options.token_file.is_some(), &status)
+                let mut ended =
+                    refused_by_transport(&zone, self.options.token_file.is_some(), &status);
+                if self.options.identity.is_some() && ended.code == "stream_failed" {
+                    // TLS 1.3: a refused client certificate shows here, after
+                    // the handshake seemed to complete.
+                    ended.reason.push_str(CERTIFICATE_HINT);
+                }
+                return ended;
             }
         };
         loop {
@@ -690,6 +702,9 @@ impl Driver {
         Some(dp)
     }
 }
+
+/// Added to a failed connect or stream of a zone with `zone.cert`.
+const CERTIFICATE_HINT: &str = "; zone.cert is set: a global that does not trust the certificate (not signed by the CA in its global.tls.client_ca) ends the connection this way, and its log says `TLS handshake failed`";
 
 /// The code of a stream this instance ended because it lost the uplink lease.
 pub const LEASE_LOST: &str = "lease_lost";
