@@ -24,6 +24,7 @@ mod packaging;
 mod probes_envoy;
 mod probes_tls;
 mod probes_validate;
+mod quickstart;
 mod readiness_api;
 mod startup;
 mod store_postgres;
