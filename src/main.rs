@@ -733,24 +733,34 @@ fn status(
     let zones = || -> hdsd::status::ZonesAnswer {
         hdsd::client::get_json(&agent, api, "/api/v1/zones", api_token).unwrap_or_default()
     };
+    // Definitions through the API have no files: nothing to list then.
+    let sources = || -> Option<hdsd::api::SourcesView> {
+        hdsd::client::get_json(&agent, api, "/api/v1/sources", api_token).ok()
+    };
     let list = || -> Result<Vec<hdsd::view::DataplaneItem>, hdsd::client::ClientError> {
         let list: hdsd::view::List<hdsd::view::DataplaneItem> =
             hdsd::client::get_json(&agent, api, &filter.path(), api_token)?;
         Ok(list.items)
     };
     if json {
-        let out = serde_json::json!({ "items": list()?, "zones": zones() });
+        let broken: Vec<_> = sources()
+            .map(|s| s.files.into_iter().filter(|f| f.error.is_some()).collect())
+            .unwrap_or_default();
+        let out = serde_json::json!({ "items": list()?, "zones": zones(), "brokenFiles": broken });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
     }
     if !watch {
-        print!("{}", hdsd::status::render_now(&list()?, &zones()));
+        print!(
+            "{}",
+            hdsd::status::render_now(&list()?, sources().as_ref(), &zones())
+        );
         return Ok(ExitCode::SUCCESS);
     }
     let mut stdout = std::io::stdout();
     loop {
         let screen = match list() {
-            Ok(items) => hdsd::status::render_now(&items, &zones()),
+            Ok(items) => hdsd::status::render_now(&items, sources().as_ref(), &zones()),
             Err(e) => format!("{e}\n"),
         };
         // Home the cursor and clear the screen, then draw: refresh in place.

@@ -520,10 +520,43 @@ fn until(t: Timestamp, now: Timestamp) -> String {
     }
 }
 
-/// `render` and [`render_zones`] at the current time.
-pub fn render_now(items: &[DataplaneItem], zones: &ZonesAnswer) -> String {
+/// The dataplane files that fail to load, as the page's banner lists them
+/// (`GET /api/v1/sources`); empty when none does.
+pub fn render_broken_files(sources: &crate::api::SourcesView) -> String {
+    let broken: Vec<_> = sources
+        .files
+        .iter()
+        .filter_map(|f| Some((f, f.error.as_ref()?)))
+        .collect();
+    if broken.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "\nBroken dataplane files ({}; each keeps its last good definitions; `hdsd validate` says more):\n",
+        broken.len()
+    );
+    for (file, error) in broken {
+        let _ = writeln!(
+            out,
+            "  {}{}: {}",
+            file.path,
+            error.line.map_or(String::new(), |l| format!(" line {l}")),
+            error.message
+        );
+    }
+    out
+}
+
+/// `render`, the broken files and [`render_zones`] at the current time.
+pub fn render_now(
+    items: &[DataplaneItem],
+    sources: Option<&crate::api::SourcesView>,
+    zones: &ZonesAnswer,
+) -> String {
     let now = Utc::now();
-    render(items, now) + &render_zones(zones, now)
+    render(items, now)
+        + &sources.map(render_broken_files).unwrap_or_default()
+        + &render_zones(zones, now)
 }
 
 #[cfg(test)]
@@ -614,6 +647,31 @@ mod tests {
             dataplane_path("shop", "web-01", Some("local")),
             "/api/v1/dataplanes/shop/web-01"
         );
+    }
+
+    /// Broken dataplane files are listed as the page's banner lists them.
+    #[test]
+    fn broken_files_are_listed_with_their_line_and_problem() {
+        let sources: crate::api::SourcesView = serde_json::from_value(serde_json::json!({
+            "dir": "./dataplanes", "errors": 1,
+            "files": [
+                {"path": "web.yaml", "dataplanes": ["default.web"], "error": null},
+                {"path": "db.yaml", "dataplanes": [],
+                 "error": {"line": 7, "message": "address \"db.local\" is not an IP literal"}}
+            ]
+        }))
+        .unwrap();
+        let text = render_broken_files(&sources);
+        assert!(text.contains("Broken dataplane files (1;"), "{text}");
+        assert!(
+            text.contains("  db.yaml line 7: address \"db.local\" is not an IP literal"),
+            "{text}"
+        );
+        assert!(!text.contains("web.yaml"), "{text}");
+        let fine: crate::api::SourcesView =
+            serde_json::from_value(serde_json::json!({"dir": "d", "errors": 0, "files": []}))
+                .unwrap();
+        assert_eq!(render_broken_files(&fine), "");
     }
 
     /// A global lists its zones; a zone shows its link and its problem;

@@ -299,6 +299,18 @@ fn broken_file_next_to_good_ones() {
     let dp = hdsd.wait_inbound("default.good", 10001, "healthy", DETECTION);
     assert!(dp.connection.connected);
     assert!(hdsd.log().contains("dataplane file rejected"));
+    // `hdsd status` lists them as the page's banner does.
+    let out = Command::new(env!("CARGO_BIN_EXE_hdsd"))
+        .args(["status", "--api", &hdsd.api_url("")])
+        .output()
+        .expect("run hdsd status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Broken dataplane files (2;"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("broken.yaml line") && l.contains("not an IP literal")),
+        "{text}"
+    );
 }
 
 #[test]
