@@ -990,7 +990,17 @@ fn idle_http2_connections_neither_fill_the_hds_slots_nor_stay() {
 
     // The flood's connections go at the grace, PINGs or not; the Envoy's
     // stream (authenticated, quiet between reports) stays past idle_timeout.
-    std::thread::sleep(Duration::from_secs(3));
+    // (The gRPC client above spoke as default.web and replaced the Envoy's
+    // stream: wait for the Envoy to be back first.)
+    hdsd.wait_connected("default.web", true, Duration::from_secs(20));
+    crate::support::hold_for("the Envoy's stream", Duration::from_secs(3), || match hdsd
+        .dataplane("default.web")?
+        .connection
+        .connected
+    {
+        true => Ok(()),
+        false => Err("the Envoy was disconnected".to_string()),
+    });
     let oldest = flood.oldest();
     assert!(
         oldest < Duration::from_millis(3500),
