@@ -148,12 +148,7 @@ impl Watches {
         since: Option<Revision>,
         buffer: usize,
     ) -> mpsc::Receiver<Message> {
-        let (tx, rx) = mpsc::channel(buffer.max(1));
-        tokio::spawn(async move {
-            let _slot = slot;
-            pump(feed, filter, since, tx).await;
-        });
-        rx
+        spawn_pump(slot, feed, filter, since, buffer)
     }
 }
 
@@ -165,8 +160,23 @@ pub fn watch(
     since: Option<Revision>,
     buffer: usize,
 ) -> mpsc::Receiver<Message> {
+    spawn_pump((), feed, filter, since, buffer)
+}
+
+/// Spawns the pump of one watch, which holds `guard` (a watch slot, or
+/// nothing) until it ends.
+fn spawn_pump<G: Send + 'static>(
+    guard: G,
+    feed: FeedHandle,
+    filter: Filter,
+    since: Option<Revision>,
+    buffer: usize,
+) -> mpsc::Receiver<Message> {
     let (tx, rx) = mpsc::channel(buffer.max(1));
-    tokio::spawn(pump(feed, filter, since, tx));
+    tokio::spawn(async move {
+        let _guard = guard;
+        pump(feed, filter, since, tx).await;
+    });
     rx
 }
 
