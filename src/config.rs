@@ -890,6 +890,8 @@ pub const FEED_HISTORY_AGE: Duration = Duration::from_secs(300);
 
 /// The smallest report interval hdsd accepts: Envoy would flood the server below it.
 pub const MIN_REPORT_INTERVAL: Duration = Duration::from_millis(100);
+/// The largest report interval hdsd accepts, as for every check duration.
+pub const MAX_REPORT_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// `HDSD_*` variables that belong to the project's tests and scripts, not to
 /// the server: `HDSD_REQUIRE_DOCKER` (CI: the compose test must run),
@@ -934,11 +936,13 @@ impl Config {
         };
         figment
             .extract()
-            .map_err(|e| ConfigError::Parse(describe_figment_error(e)))
+            .map_err(|e| ConfigError::Parse(explain::describe(e, None, DEFAULTS_TOML)))
     }
 
     fn load_with_env(file: Option<&Path>, env: Env) -> Result<Config, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        // The file's text, to say on which line a bad key is.
+        let mut text = None;
         if let Some(path) = file {
             if !path.exists() {
                 return Err(ConfigError::Missing {
@@ -947,6 +951,7 @@ impl Config {
             }
             // It names the keys and tokens hdsd trusts.
             permissions::check_writable("config file", path)?;
+            text = std::fs::read_to_string(path).ok();
             figment = match path.extension().and_then(|e| e.to_str()) {
                 Some("toml") => figment.merge(Toml::file(path)),
                 Some("yaml" | "yml") => figment.merge(Yaml::file(path)),
@@ -957,10 +962,34 @@ impl Config {
                 }
             };
         }
-        figment
-            .merge(env)
-            .extract()
-            .map_err(|e| ConfigError::Parse(describe_figment_error(e)))
+        figment.merge(env).extract().map_err(|e| {
+            let file = file
+                .zip(text.as_deref())
+                .map(|(path, text)| explain::FileText {
+                    path,
+                    text,
+                    yaml: path.extension().is_some_and(|e| e != "toml"),
+                });
+            ConfigError::Parse(explain::describe(e, file, DEFAULTS_TOML))
+        })
+    }
+
+    /// `problems` (from [`Config::validate`]) with the line of the key each
+    /// is about, when the file `path` sets it.
+    pub fn locate(problems: Vec<String>, path: Option<&Path>) -> Vec<String> {
+        let Some(path) = path else { return problems };
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return problems;
+        };
+        let file = explain::FileText {
+            path,
+            text: &text,
+            yaml: path.extension().is_some_and(|e| e != "toml"),
+        };
+        problems
+            .into_iter()
+            .map(|p| explain::with_line(p, file))
+            .collect()
     }
 
     /// Every problem with the values, each with its own message. Pure: it
@@ -1076,6 +1105,11 @@ impl Config {
         if self.hds.report_interval < MIN_REPORT_INTERVAL {
             problems.push(format!(
                 "hds.report_interval is {}, below the minimum of 100ms; Envoy reports at this rate, so raise it",
+                humantime::format_duration(self.hds.report_interval)
+            ));
+        } else if self.hds.report_interval > MAX_REPORT_INTERVAL {
+            problems.push(format!(
+                "hds.report_interval is {}, above the maximum of 1h: readiness would be as old as that and a dead Envoy noticed only after 3 of them; lower it (the default is 5s)",
                 humantime::format_duration(self.hds.report_interval)
             ));
         }
@@ -1233,7 +1267,7 @@ impl Config {
         let history_age = FEED_HISTORY_AGE;
         if self.cluster.resume_slack.is_zero() || self.cluster.resume_slack >= history_age {
             problems.push(format!(
-                "cluster.resume_slack is {}: it must be above 0 and below the change feed's history of {} (e.g. 10s); set cluster.resume_slack (or HDSD_CLUSTER__RESUME_SLACK): a watch resumed on another instance replays the changes of the last resume_slack, and that history must still hold them",
+                "cluster.resume_slack is {}: it must be at least 2s and below the change feed's history of {} (e.g. 10s); set cluster.resume_slack (or HDSD_CLUSTER__RESUME_SLACK): a watch resumed on another instance replays the changes of the last resume_slack, and that history must still hold them",
                 humantime::format_duration(self.cluster.resume_slack),
                 humantime::format_duration(history_age)
             ));
@@ -1351,22 +1385,6 @@ impl Config {
     }
 }
 
-fn describe_figment_error(e: figment::Error) -> String {
-    e.into_iter()
-        .map(|e| {
-            let mut s = e.to_string();
-            if !e.path.is_empty() && !s.contains(&e.path.join(".")) {
-                s = format!("{}: {s}", e.path.join("."));
-            }
-            if let Some(src) = &e.metadata.and_then(|m| m.source.map(|s| s.to_string())) {
-                s.push_str(&format!(" (from {src})"));
-            }
-            s
-        })
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
 /// The complete default configuration, with a comment for every key.
 pub const DEFAULTS_TOML: &str = r#"# hdsd configuration. Every key is shown with its default.
 # Environment variables override the file: HDSD_<SECTION>__<KEY>, e.g.
@@ -1380,7 +1398,7 @@ shutdown_timeout = "10s"
 [hds]
 # Address of the gRPC HDS listener Envoys connect to.
 listen = "0.0.0.0:5678"
-# How often Envoy sends its health reports (HealthCheckSpecifier.interval). >= 100ms.
+# How often Envoy sends its health reports (HealthCheckSpecifier.interval). 100ms to 1h.
 report_interval = "5s"
 # How long a stream from an unknown dataplane waits for its file before NOT_FOUND.
 unknown_dataplane_grace = "30s"
@@ -1569,7 +1587,7 @@ instance_timeout = "10s"
 # Watch revisions are valid on every instance (cluster time, in microseconds): a watch
 # resumed on another instance at revision R replays every dataplane that changed after
 # R minus this, and R may be ahead of that instance by up to this (further ahead: RESYNC).
-# Above 0 and below 5m (the change feed's history).
+# At least 2s and below 5m (the change feed's history).
 resume_slack = "10s"
 
 [eds]
@@ -1610,6 +1628,7 @@ level = "info"
 format = "text"
 "#;
 
+pub mod explain;
 pub mod permissions;
 
 #[cfg(test)]
@@ -1815,7 +1834,7 @@ mod tests {
             let c = load_str(".toml", &format!("[cluster]\nresume_slack = \"{bad}\"\n")).unwrap();
             let problems = c.validate().join("\n");
             assert!(
-                problems.contains(&format!("cluster.resume_slack is {bad}: it must be above 0 and below the change feed's history of 5m")),
+                problems.contains(&format!("cluster.resume_slack is {bad}: it must be at least 2s and below the change feed's history of 5m")),
                 "{problems}"
             );
             assert!(
@@ -2011,14 +2030,43 @@ mod tests {
     }
 
     #[test]
+    fn the_report_interval_is_within_100ms_and_1h_as_the_defaults_say() {
+        assert!(DEFAULTS_TOML.contains("HealthCheckSpecifier.interval). 100ms to 1h."));
+        for (value, ok) in [
+            ("100ms", true),
+            ("1h", true),
+            ("99ms", false),
+            ("2h", false),
+        ] {
+            let c = load_str(
+                ".toml",
+                &format!("[hds]\nreport_interval = \"{value}\"\nstale_after = \"3h\"\n"),
+            )
+            .unwrap();
+            let problems = c.validate();
+            assert_eq!(
+                problems
+                    .iter()
+                    .any(|p| p.starts_with("hds.report_interval is")),
+                !ok,
+                "{value}: {problems:?}"
+            );
+        }
+    }
+
+    #[test]
     fn validation_lists_every_problem() {
         let mut c = Config::default();
         c.hds.report_interval = Duration::from_millis(50);
         c.hds.check.timeout = Duration::from_secs(5);
         c.hds.check.unhealthy_threshold = 0;
         let problems = c.validate();
-        // timeout breaks two rules (> interval, > no_traffic_interval).
-        assert_eq!(problems.len(), 4, "{problems:#?}");
+        // timeout above interval: one problem, not a second one about the
+        // no_traffic_interval that was never set (it is the interval).
+        assert_eq!(problems.len(), 3, "{problems:#?}");
+        assert!(!problems.iter().any(|p| p.contains("no_traffic_interval")));
+        c.hds.check.no_traffic_interval = Some(Duration::from_secs(2));
+        assert_eq!(c.validate().len(), 4, "{:#?}", c.validate());
         assert!(problems[0].contains("report_interval"));
         assert!(problems.iter().any(|p| p.contains("timeout")));
         assert!(problems.iter().any(|p| p.contains("unhealthy_threshold")));

@@ -579,7 +579,14 @@ fn serve(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
         tracing::warn!("{warning}");
     }
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    match runtime.block_on(server::run(config, shutdown_signal())) {
+    match runtime
+        .block_on(server::run(config, shutdown_signal()))
+        .map_err(|e| match e {
+            server::ServeError::Config(problems) => {
+                server::ServeError::Config(Config::locate(problems, config_path))
+            }
+            e => e,
+        }) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {
             // Logging is set up by now: the log (stderr) carries the message once.
@@ -608,6 +615,7 @@ fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     let config = Config::load(config_path)?;
     let mut problems = config.validate();
     problems.extend(config.file_problems());
+    let mut problems = Config::locate(problems, config_path);
     let settings = server::specifier_settings(&config);
     let mut dataplanes = 0;
     let mut ignored = String::new();

@@ -613,7 +613,10 @@ impl ProbeSettings {
             ("interval", self.interval),
             ("no_traffic_interval", self.no_traffic_interval),
         ] {
-            if self.timeout > other {
+            // An unset no_traffic_interval is the interval: one rule broken,
+            // one message.
+            let same_rule = field == "no_traffic_interval" && other == self.interval;
+            if self.timeout > other && !same_rule {
                 errors.push(ValidationError::TimeoutTooLong {
                     timeout: Fmt(self.timeout),
                     field,

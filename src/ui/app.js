@@ -52,6 +52,7 @@
   const state = {
     config: { tokenRequired: false },
     dataplanes: new Map(), // "mesh/name" -> the API item
+    loaded: false, // the list has been fetched once: until then the table says Loading...
     services: [],
     zones: [], // GET /api/v1/zones items (a global's)
     zoneFilter: '',
@@ -217,6 +218,7 @@
     const list = await json('/api/v1/dataplanes');
     const fresh = new Map(list.items.map((item) => [key(item), item]));
     state.dataplanes = fresh;
+    state.loaded = true;
     renderAll();
   }
 
@@ -578,8 +580,9 @@
       : `Showing ${matching.length} of ${all.length} dataplanes.`;
     setText($('shown'), note);
     const empty = $('empty');
-    empty.hidden = matching.length > 0;
-    setText(empty, all.length === 0 ? 'No dataplanes are defined yet.' : 'No dataplane matches the filter.');
+    empty.hidden = state.loaded && matching.length > 0;
+    setText(empty, !state.loaded ? 'Loading...'
+      : all.length === 0 ? 'No dataplanes are defined yet.' : 'No dataplane matches the filter.');
   }
 
   function stack(values) {

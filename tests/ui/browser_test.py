@@ -84,7 +84,21 @@ def expect_counts(page, dataplanes, connected, ready, not_ready, timeout=10_000)
 def live(page, args, checks):
     console = Console(page)
     names = ["api-1", "web-1", "web-2"]
+    # The list is held back once: until its first data the table says
+    # Loading..., never an empty table or "No dataplanes".
+    held = []
+    page.route(re.compile(r".*/api/v1/dataplanes$"), lambda route: held.append(route))
     page.goto(args.url)
+    expect(page.locator("#empty")).to_have_text("Loading...", timeout=15_000)
+    deadline = time.monotonic() + 15
+    while not held and time.monotonic() < deadline:
+        page.wait_for_timeout(50)
+    checks.that(len(held) == 1 and page.locator("#dataplanes tbody tr").count() == 0,
+                "until the list arrives the table is empty and says Loading...")
+    page.unroute(re.compile(r".*/api/v1/dataplanes$"))
+    held[0].continue_()
+    expect(page.locator("#empty")).to_be_hidden(timeout=10_000)
+    checks.ok("the page says Loading... until its first data")
     page.evaluate("window.__noReload = true")
     expect(page.locator("#live")).to_have_text("Live", timeout=15_000)
     checks.ok("the page connects to the watch and says Live")
