@@ -6,6 +6,8 @@
 #     probe kind on every release (tests/probes_envoy.rs)
 #   - docker-compose 1.29.2 (Python) into ./.venv, to check docker-compose.yml
 #   - grpcio and grpcio-tools into ./.venv, for the Python client of hdsd's API
+#   - kubernetes-validate (Python, with the Kubernetes schemas) into
+#     ./.venv/kubernetes-validate, to check packaging/kubernetes/ offline
 #   - Prometheus and promtool (Debian's prometheus package), when missing
 #   - debootstrap (Debian's package), when missing: the compose test's stand-in images
 #   - Playwright (Python) into ./.venv and Debian's chromium, for the browser
@@ -88,6 +90,17 @@ fi
 if ! .venv/bin/python -c "import grpc, grpc_tools" 2>/dev/null; then
   echo "setup: installing grpcio and grpcio-tools (PyPI) into .venv" >&2
   quietly .venv/bin/pip install --quiet --disable-pip-version-check grpcio grpcio-tools
+fi
+
+# kubernetes-validate checks packaging/kubernetes/ against the Kubernetes schemas it
+# ships (tests/packaging.rs). It needs jsonschema >= 4 and PyYAML 6, docker-compose above
+# wants both older, so it gets a directory of its own in the venv, put on PYTHONPATH only
+# when it runs: PYTHONPATH=.venv/kubernetes-validate .venv/bin/python -m kubernetes_validate
+KUBERNETES_VALIDATE_VERSION=1.37.0
+if ! PYTHONPATH=.venv/kubernetes-validate .venv/bin/python -c "import importlib.metadata as m, kubernetes_validate; assert m.version('kubernetes-validate') == '$KUBERNETES_VALIDATE_VERSION'" 2>/dev/null; then
+  rm -rf .venv/kubernetes-validate
+  quietly .venv/bin/pip install --quiet --disable-pip-version-check \
+    --target .venv/kubernetes-validate "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
 fi
 
 # Debian packages: Prometheus and promtool (tests/observability.rs and the
