@@ -254,21 +254,20 @@ impl Tracks {
             .and_then(|t| t.changes.back().map(|(_, t)| *t))
     }
 
+    /// Keeps a change; room is made first, so no buffer grows past its cap.
     fn push(&mut self, key: &Key, transition: Transition) {
+        while self.order.len() >= self.total && self.pop_order(None) {}
         let key = match self.by_key.get_key_value(key) {
             Some((k, _)) => k.clone(),
             None => Arc::new(key.clone()),
         };
         self.seq += 1;
         let track = self.by_key.entry(key.clone()).or_default();
-        track.changes.push_back((self.seq, transition));
-        if track.changes.len() > self.per_subject {
+        if track.changes.len() >= self.per_subject {
             drop_front(track, true);
         }
+        track.changes.push_back((self.seq, transition));
         self.order.push_back((self.seq, key));
-        while self.order.len() > self.total {
-            self.pop_order(None);
-        }
     }
 
     /// Pops the oldest entry of `order`; with `cutoff`, only if its change

@@ -727,6 +727,7 @@
   // ------------------------------------------------------------ the last hour
 
   const W = 1000; // the charts' width in SVG units (scaled to the page)
+  const MIN_SPAN_MS = 10 * 60 * 1000;
 
   /** Segments of a status band: [{from, to, status}] from the window's start to its end. */
   function segments(history) {
@@ -775,7 +776,8 @@
     if (!hist) return;
     const from = Date.parse(hist.from);
     const to = Date.parse(hist.to);
-    const start = to - hist.spanSeconds * 1000; // the chart always spans the full hour
+    // The hour, or (while hdsd is younger) since it started, at least MIN_SPAN_MS.
+    const start = Math.max(to - hist.spanSeconds * 1000, Math.min(from, to - MIN_SPAN_MS));
     const x = (t) => ((Math.max(start, t) - start) / (to - start)) * W;
     const bucket = hist.bucketSeconds * 1000;
     const samples = hist.samples.filter((s) => Date.parse(s.at) + bucket > from);
@@ -801,13 +803,13 @@
     for (const r of runs) {
       const end = Math.min(r.to, to);
       parts.push(svg('rect', {
-        class: 'nr-interval', x: x(r.from), y: 0, width: Math.max(1, x(end) - x(r.from)), height: chartH,
+        class: 'nr-interval', x: x(Math.max(r.from, from)), y: 0, width: Math.max(1, x(end) - x(Math.max(r.from, from))), height: chartH,
         'data-from': new Date(r.from).toISOString(), 'data-to': new Date(end).toISOString(), 'data-max': r.max,
       }, svg('title', {}, `${clock(r.from)} – ${clock(end)}: up to ${r.max} inbound${r.max === 1 ? '' : 's'} not ready`)));
     }
     for (const s of samples) {
       const t = Date.parse(s.at);
-      const bx = x(t);
+      const bx = x(Math.max(t, from)); // nothing is known before hdsd started
       const bw = Math.max(1, x(Math.min(t + bucket, to)) - bx);
       let y = chartH;
       const by = s.notReadyMaxByClass || {};
@@ -830,16 +832,17 @@
     const chart = svg('svg', {
       class: 'timeline-chart', viewBox: `0 0 ${W} ${height}`, preserveAspectRatio: 'none', role: 'img',
       'aria-label': `Inbounds not ready over the last hour: ${runs.length} interval${runs.length === 1 ? '' : 's'} with some not ready, peak ${runs.length ? peak : 0}; ${notReadyNow} not ready now.`,
-      'data-peak': runs.length ? peak : 0, 'data-buckets-not-ready': total,
+      'data-peak': runs.length ? peak : 0, 'data-buckets-not-ready': total, 'data-not-ready-now': notReadyNow,
     }, parts);
     box.replaceChildren(
       chart,
       h('div', { class: 'timeline-axis muted', 'aria-hidden': 'true' },
         h('span', {}, clock(start)), h('span', {}, clock(start + (to - start) / 2)), h('span', {}, `${clock(to)} (now)`)),
       h('p', { class: 'legend muted' },
+        from > start ? `Grey: before ${clock(from)}, when this hdsd started (it keeps the history in memory). ` : '',
         runs.length ? `Peak: ${peak} inbound${peak === 1 ? '' : 's'} not ready (full height). ` : 'No inbound was not ready. ',
         `Bars: the most inbounds not ready within each ${hist.bucketSeconds} s, by why: `,
-        CLASSES.map((c) => h('span', { class: `legend-item k-${BAND[c].kind}` }, h('span', { class: 'swatch', 'aria-hidden': 'true' }), ` ${BAND[c].text} `)),
+        CLASSES.flatMap((c) => [h('span', { class: `legend-item k-${BAND[c].kind}` }, h('span', { class: 'swatch', 'aria-hidden': 'true' }), ` ${BAND[c].text}`), ' ']),
         zones.length ? ` Rows below the bars, top to bottom: zones ${zones.map((z) => z.zone).join(', ')} (green online, red offline, grey disabled).` : ''),
     );
   }
