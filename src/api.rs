@@ -8,6 +8,7 @@
 //! hub, its one writer).
 
 pub mod definitions;
+mod history;
 mod zones;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,6 +50,8 @@ pub struct ApiState {
     pub definitions: definitions::Definitions,
     /// What a global holds of its zones, and a zone's link to its global.
     pub zones: Zones,
+    /// The last hour of the fleet (`/api/v1/history`).
+    pub history: crate::history::HistoryHandle,
 }
 
 /// Zones as this instance sees them: as a global (every zone it holds), as
@@ -118,6 +121,7 @@ substate!(
     watches: crate::consumers::watch::Watches,
     definitions: definitions::Definitions,
     zones: Zones,
+    history: crate::history::HistoryHandle,
 );
 
 impl axum::extract::FromRef<ApiState> for crate::ui::PageSettings {
@@ -137,6 +141,11 @@ pub fn router(state: ApiState) -> Router {
                 .put(definitions::put)
                 .delete(definitions::delete),
         )
+        .route(
+            "/api/v1/dataplanes/{mesh}/{name}/history",
+            get(history::local),
+        )
+        .route("/api/v1/history", get(history::fleet))
         .route("/api/v1/sources", get(sources))
         .route("/api/v1/zones", get(zones::list))
         .route(
@@ -154,6 +163,10 @@ pub fn router(state: ApiState) -> Router {
         .route(
             "/api/v1/zones/{zone}/dataplanes/{mesh}/{name}",
             get(zones::get_dataplane),
+        )
+        .route(
+            "/api/v1/zones/{zone}/dataplanes/{mesh}/{name}/history",
+            get(history::remote),
         )
         .route("/api/v1/services", get(list_services))
         .route("/api/v1/watch", get(crate::consumers::sse::handler))

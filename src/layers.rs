@@ -53,8 +53,8 @@ pub const LAYERS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "consumers",
-        "readers of the feed and the view: gRPC watch, SSE, EDS, services, the metrics scrape",
-        &["consumers", "scrape"],
+        "readers of the feed and the view: gRPC watch, SSE, EDS, services, the metrics scrape, the last hour's history",
+        &["consumers", "scrape", "history"],
     ),
     (
         "edges",

@@ -25,6 +25,7 @@ pub mod feed;
 pub mod fswatch;
 pub mod grpc_auth;
 pub mod hds;
+pub mod history;
 pub mod journal;
 pub mod layers;
 pub mod metrics;

@@ -337,6 +337,13 @@ pub async fn run(
         metrics: api::Metrics(Some(scrape)),
         feed: state.feed.clone().until(drain_rx.clone()),
         definitions: sources.definitions,
+        history: crate::history::spawn(
+            state.registry.clone(),
+            state.feed.clone(),
+            zones.hub.as_ref().map(|h| h.subscribe()),
+            clock_for_zones.clone(),
+            crate::history::Limits::default(),
+        ),
     };
     let api = serve_api(&config, api_state, listeners.api, drain_rx.clone()).await?;
 

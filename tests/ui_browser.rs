@@ -187,6 +187,67 @@ fn the_fleet_page_follows_the_fleet_live_in_chromium() {
     drop(envoys);
 }
 
+/// The last hour: an app stops and comes back; the page's timeline shows
+/// the interval its inbound was not ready, and the dataplane's detail the
+/// band of its status changes. Saves `timeline.png` (the picture in the
+/// README and docs/operating.md).
+#[test]
+fn the_page_draws_the_last_hour_in_chromium() {
+    let _one = one_browser();
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let mut apps = [App::start(), App::start()];
+    let dataplanes = [("web-1", 23001, "web"), ("api-1", 23002, "api")];
+    let mut envoys = Vec::new();
+    for ((name, port, service), app) in dataplanes.iter().zip(&apps) {
+        hdsd.write_dataplane(
+            &format!("{name}.yaml"),
+            &dataplane(name, *port, service, app.port),
+        );
+        envoys.push(Envoy::start(hdsd.hds, &format!("default.{name}"), None));
+    }
+    for (name, port, _) in &dataplanes {
+        hdsd.wait_inbound(
+            &format!("default.{name}"),
+            *port,
+            "healthy",
+            Duration::from_secs(30),
+        );
+    }
+    let shot = screenshot_path().with_file_name("timeline.png");
+    let args = vec![
+        "--scenario".to_string(),
+        "timeline".to_string(),
+        "--url".to_string(),
+        hdsd.api_url("/ui/"),
+        "--screenshot".to_string(),
+        shot.display().to_string(),
+    ];
+    let lines = run_browser(&args, |action| match action {
+        "stop_app web-1" => apps[0].stop(),
+        "start_app web-1" => apps[0].resume(),
+        other => panic!("unknown action {other:?}"),
+    });
+    let checks = lines.iter().filter(|l| l.starts_with("CHECK")).count();
+    assert!(checks >= 10, "{lines:?}");
+    // The REST side of the same story: web-1's changes end unhealthy, ready.
+    let history = ureq::get(&hdsd.api_url("/api/v1/dataplanes/default/web-1/history"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_json::<serde_json::Value>()
+        .unwrap();
+    let statuses: Vec<&str> = history["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["status"].as_str())
+        .collect();
+    assert!(statuses.ends_with(&["unhealthy", "ready"]), "{history}");
+    assert!(shot.exists(), "no screenshot at {}", shot.display());
+    eprintln!("screenshot: {}", shot.display());
+    drop(envoys);
+}
+
 /// An HTTPS probe on the page: marked TLS, its setup in words, and the
 /// reason once its certificate is refused.
 #[test]

@@ -10,6 +10,10 @@
 // dataplanes too (fetched from /api/v1/zones/{zone}/dataplanes/...), and a
 // zone's state change (zone_changed, zone_deleted) reloads the list, whose
 // rows show each dataplane's zone state.
+// The last hour (GET /api/v1/history every HISTORY_EVERY_MS, and a
+// dataplane's .../history while its detail is open) is drawn as inline SVG:
+// the fleet's inbounds not ready per bucket, each zone's states, and in the
+// detail the band of the dataplane's status changes. hdsd bounds it.
 'use strict';
 
 (() => {
@@ -18,6 +22,8 @@
   const BATCH_REFETCH = 25; // more changed dataplanes than this: reload the list
   const SOURCES_EVERY_MS = 2000;
   const ZONES_EVERY_MS = 1000;
+  const HISTORY_EVERY_MS = 5000;
+  const SVG = 'http://www.w3.org/2000/svg';
   const ZONE_STATE = {
     online: { text: 'Online', kind: 'ok', mark: '●' },
     offline: { text: 'Offline', kind: 'bad', mark: '○' },
@@ -43,6 +49,24 @@
     unhealthy: { kind: 'bad', mark: '✕', rank: 6 },
     unsupported: { kind: 'bad', mark: '✕', rank: 6 },
   };
+  // A dataplane's word in its history: ready, its worst class, or deleted.
+  const BAND = {
+    ready: { kind: 'ok', text: 'ready' },
+    pending: { kind: 'wait', text: 'pending' },
+    draining: { kind: 'warn', text: 'draining' },
+    stale: { kind: 'warn', text: 'stale' },
+    not_ready: { kind: 'warn', text: 'not ready' },
+    unhealthy: { kind: 'bad', text: 'unhealthy' },
+    unsupported: { kind: 'bad', text: 'unsupported' },
+    zone_withdrawn: { kind: 'bad', text: 'zone withdrawn' },
+    deleted: { kind: 'idle', text: 'deleted' },
+    online: { kind: 'ok', text: 'online' },
+    offline: { kind: 'bad', text: 'offline' },
+    disabled: { kind: 'idle', text: 'disabled' },
+    never_connected: { kind: 'warn', text: 'never connected' },
+  };
+  // Classes of not ready, stacked worst at the bottom (as hdsd orders them).
+  const CLASSES = ['unhealthy', 'unsupported', 'zone_withdrawn', 'stale', 'not_ready', 'draining', 'pending'];
   const SERVICE_STATUS = {
     online: { text: 'Online', kind: 'ok', mark: '✓' },
     partially_degraded: { text: 'Partially degraded', kind: 'warn', mark: '!' },
@@ -66,6 +90,8 @@
     watch: null, // the AbortController of the open stream
     generation: 0, // bumped on every restart (new token): older loops stop
     detailKey: null,
+    history: null, // GET /api/v1/history
+    detailHistory: null, // {key, history} of the open detail
   };
   const rows = new Map(); // "mesh/name" -> <tr>
 
@@ -103,6 +129,23 @@
     }
     return el;
   }
+
+  /** Creates an SVG element: svg('rect', {x: 1}, child, ...). */
+  function svg(tag, attrs, ...children) {
+    const el = document.createElementNS(SVG, tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === false || value === null || value === undefined) continue;
+      if (name === 'class') el.setAttribute('class', value);
+      else el.setAttribute(name, String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return el;
+  }
+
+  const clock = (ms) => new Date(ms).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
 
   function setText(el, text) {
     if (el.textContent !== text) el.textContent = text;
@@ -276,15 +319,41 @@
   }
 
   async function pollSources(generation) {
+    let historyAt = 0;
     while (generation === state.generation) {
       try {
         renderBanner(await json('/api/v1/sources'));
+        if (Date.now() - historyAt >= HISTORY_EVERY_MS) {
+          historyAt = Date.now();
+          await loadHistory();
+        }
       } catch (e) {
         if (e instanceof Unauthorized) { onUnauthorized(e); return; }
         // The watch loop reports connection trouble; try again later.
       }
       await sleep(SOURCES_EVERY_MS);
     }
+  }
+
+  /** The fleet's last hour, and the open detail's band. */
+  async function loadHistory() {
+    state.history = await json('/api/v1/history');
+    renderTimeline();
+    await loadDetailHistory();
+  }
+
+  async function loadDetailHistory() {
+    const k = state.detailKey;
+    if (!k) return;
+    let history = null;
+    try {
+      history = await json(`${pathOf(k)}/history`);
+    } catch (e) {
+      if (e.status !== 404) throw e;
+    }
+    if (state.detailKey !== k) return;
+    state.detailHistory = { key: k, history };
+    renderBand();
   }
 
   /** On a global: the zones panel, and the list again when a zone moved. */
@@ -658,11 +727,166 @@
         h('code', {}, f.path), f.error.line ? ` line ${f.error.line}` : '', ': ', f.error.message)));
   }
 
+  // ------------------------------------------------------------ the last hour
+
+  const W = 1000; // the charts' width in SVG units (scaled to the page)
+  const MIN_SPAN_MS = 10 * 60 * 1000;
+
+  /** Segments of a status band: [{from, to, status}] from the window's start to its end. */
+  function segments(history) {
+    const from = Date.parse(history.from);
+    const to = Date.parse(history.to);
+    const out = [];
+    let at = from;
+    let status = history.before || null; // null: not seen yet
+    const dropped = history.droppedUntil ? Date.parse(history.droppedUntil) : null;
+    if (dropped && dropped > at) {
+      out.push({ from: at, to: dropped, status: 'dropped' });
+      at = dropped;
+    }
+    for (const c of history.changes) {
+      const t = Math.max(from, Math.min(to, Date.parse(c.at)));
+      if (t > at) out.push({ from: at, to: t, status });
+      at = Math.max(at, t);
+      status = c.status;
+    }
+    if (to > at) out.push({ from: at, to, status });
+    return out;
+  }
+
+  function bandWords(status) {
+    if (status === null) return 'not seen yet';
+    if (status === 'dropped') return 'changes dropped (over the history\'s cap)';
+    return (BAND[status] || { text: status }).text;
+  }
+
+  /** One band (a dataplane's or a zone's) as an SVG group of rects. */
+  function band(history, y, height, x, attrs) {
+    return segments(history).map((seg) => {
+      const kind = seg.status === null || seg.status === 'dropped' ? 'none' : (BAND[seg.status] || { kind: 'warn' }).kind;
+      return svg('rect', {
+        class: `seg k-${kind}`, x: x(seg.from), y, width: Math.max(0.5, x(seg.to) - x(seg.from)), height,
+        'data-status': seg.status === null ? 'unseen' : seg.status,
+        'data-from': new Date(seg.from).toISOString(), 'data-to': new Date(seg.to).toISOString(), ...attrs,
+      }, svg('title', {}, `${clock(seg.from)} – ${clock(seg.to)}: ${bandWords(seg.status)}`));
+    });
+  }
+
+  /** The fleet's timeline: inbounds not ready per bucket, stacked by class, and a band per zone. */
+  function renderTimeline() {
+    const hist = state.history;
+    const box = $('timeline');
+    if (!hist) return;
+    const from = Date.parse(hist.from);
+    const to = Date.parse(hist.to);
+    // The hour, or (while hdsd is younger) since it started, at least MIN_SPAN_MS.
+    const start = Math.max(to - hist.spanSeconds * 1000, Math.min(from, to - MIN_SPAN_MS));
+    const x = (t) => ((Math.max(start, t) - start) / (to - start)) * W;
+    const bucket = hist.bucketSeconds * 1000;
+    const samples = hist.samples.filter((s) => Date.parse(s.at) + bucket > from);
+    const peak = Math.max(1, ...samples.map((s) => s.notReadyMax));
+    const chartH = 80;
+    const zoneH = 14;
+    const zones = hist.zones || [];
+    const height = chartH + zones.length * (zoneH + 4) + 2;
+    const parts = [];
+    // Before hdsd started: nothing is known.
+    if (from > start) parts.push(svg('rect', { class: 'unknown', x: 0, y: 0, width: x(from), height: chartH },
+      svg('title', {}, `before ${clock(from)}: hdsd was not running (its history is kept in memory)`)));
+    // Runs of buckets with any inbound not ready: the intervals.
+    let run = null;
+    const runs = [];
+    for (const s of samples) {
+      const t = Date.parse(s.at);
+      if (s.notReadyMax > 0) {
+        if (run && run.to === t) { run.to = t + bucket; run.max = Math.max(run.max, s.notReadyMax); }
+        else { run = { from: t, to: t + bucket, max: s.notReadyMax }; runs.push(run); }
+      }
+    }
+    for (const r of runs) {
+      const end = Math.min(r.to, to);
+      parts.push(svg('rect', {
+        class: 'nr-interval', x: x(Math.max(r.from, from)), y: 0, width: Math.max(1, x(end) - x(Math.max(r.from, from))), height: chartH,
+        'data-from': new Date(r.from).toISOString(), 'data-to': new Date(end).toISOString(), 'data-max': r.max,
+      }, svg('title', {}, `${clock(r.from)} – ${clock(end)}: up to ${r.max} inbound${r.max === 1 ? '' : 's'} not ready`)));
+    }
+    for (const s of samples) {
+      const t = Date.parse(s.at);
+      const bx = x(Math.max(t, from)); // nothing is known before hdsd started
+      const bw = Math.max(1, x(Math.min(t + bucket, to)) - bx);
+      let y = chartH;
+      const by = s.notReadyMaxByClass || {};
+      const words = CLASSES.filter((c) => by[c]).map((c) => `${by[c]} ${c.replace('_', ' ')}`).join(', ');
+      for (const c of CLASSES) {
+        if (!by[c]) continue;
+        const bh = (by[c] / peak) * (chartH - 4);
+        y -= bh;
+        parts.push(svg('rect', { class: `bar k-${(BAND[c] || { kind: 'warn' }).kind}`, x: bx, y, width: bw, height: bh, 'data-class': c, 'data-at': s.at },
+          svg('title', {}, `${clock(t)} – ${clock(t + bucket)}: at most ${s.notReadyMax} not ready (${words}); ${s.ready}/${s.inbounds} ready at its end`)));
+      }
+    }
+    parts.push(svg('line', { class: 'baseline', x1: 0, x2: W, y1: chartH, y2: chartH }));
+    zones.forEach((z, i) => {
+      const y = chartH + 4 + i * (zoneH + 4);
+      parts.push(svg('g', { 'data-zone': z.zone }, band({ ...z, from: hist.from, to: hist.to }, y, zoneH, x, { 'data-zone': z.zone })));
+    });
+    const notReadyNow = samples.length ? samples[samples.length - 1].notReady : 0;
+    const total = samples.filter((s) => s.notReadyMax > 0).length;
+    const chart = svg('svg', {
+      class: 'timeline-chart', viewBox: `0 0 ${W} ${height}`, preserveAspectRatio: 'none', role: 'img',
+      'aria-label': `Inbounds not ready over the last hour: ${runs.length} interval${runs.length === 1 ? '' : 's'} with some not ready, peak ${runs.length ? peak : 0}; ${notReadyNow} not ready now.`,
+      'data-peak': runs.length ? peak : 0, 'data-buckets-not-ready': total, 'data-not-ready-now': notReadyNow,
+    }, parts);
+    box.replaceChildren(
+      chart,
+      h('div', { class: 'timeline-axis muted', 'aria-hidden': 'true' },
+        h('span', {}, clock(start)), h('span', {}, clock(start + (to - start) / 2)), h('span', {}, `${clock(to)} (now)`)),
+      h('p', { class: 'legend muted' },
+        from > start ? `Grey: before ${clock(from)}, when this hdsd started (it keeps the history in memory). ` : '',
+        runs.length ? `Peak: ${peak} inbound${peak === 1 ? '' : 's'} not ready (full height). ` : 'No inbound was not ready. ',
+        `Bars: the most inbounds not ready within each ${hist.bucketSeconds} s, by why: `,
+        CLASSES.flatMap((c) => [h('span', { class: `legend-item k-${BAND[c].kind}` }, h('span', { class: 'swatch', 'aria-hidden': 'true' }), ` ${BAND[c].text}`), ' ']),
+        zones.length ? ` Rows below the bars, top to bottom: zones ${zones.map((z) => z.zone).join(', ')} (green online, red offline, grey disabled).` : ''),
+    );
+  }
+
+  /** The open detail's band of status changes. */
+  function renderBand() {
+    const box = document.getElementById('detail-band');
+    const d = state.detailHistory;
+    if (!box || !d || d.key !== state.detailKey) return;
+    const hist = d.history;
+    if (!hist) {
+      box.replaceChildren(h('p', { class: 'muted' }, 'No history of this dataplane here.'));
+      return;
+    }
+    const from = Date.parse(hist.from);
+    const to = Date.parse(hist.to);
+    const x = (t) => ((t - from) / Math.max(1, to - from)) * W;
+    const changes = hist.changes.filter((c) => Date.parse(c.at) >= from);
+    box.replaceChildren(
+      svg('svg', { class: 'band', viewBox: `0 0 ${W} 20`, preserveAspectRatio: 'none', role: 'img',
+        'aria-label': `Status over the last ${Math.round((to - from) / 60000)} minutes: ${changes.length} change${changes.length === 1 ? '' : 's'}` },
+      band(hist, 0, 20, x, {})),
+      h('div', { class: 'timeline-axis muted', 'aria-hidden': 'true' },
+        h('span', {}, clock(from)), h('span', {}, `${clock(to)} (now)`)),
+      changes.length === 0 ? h('p', { class: 'muted' }, `No change since ${clock(from)}.`)
+        : h('ol', { class: 'changes band-changes', reversed: true }, [...changes].reverse().map((c) => {
+          const b = BAND[c.status] || { kind: 'warn', text: c.status };
+          return h('li', { 'data-status': c.status },
+            h('span', { class: `badge k-${b.kind}` }, b.text),
+            c.inbounds > 1 ? ` (${c.notReady}/${c.inbounds} not ready)` : '', ' at ',
+            h('time', { datetime: c.at, title: new Date(c.at).toLocaleString() }, clock(Date.parse(c.at))));
+        })));
+  }
+
   // ------------------------------------------------------------ detail
 
   function openDetail(k) {
     state.detailKey = k;
+    state.detailHistory = null;
     renderDetail();
+    loadDetailHistory().catch(handleError);
     const dialog = $('detail');
     if (!dialog.open) dialog.showModal();
   }
@@ -690,8 +914,23 @@
         c.tokenExpiresAt ? [h('dt', {}, 'Token expires'), h('dd', { 'data-token-expires': c.tokenExpiresAt }, time(c.tokenExpiresAt))] : null,
         h('dt', {}, 'Last report'), h('dd', {}, time(c.lastReportAt)),
         h('dt', {}, 'Ready'), h('dd', {}, isReady(item) ? 'Yes: every inbound is ready' : 'No')),
+      h('section', { class: 'history', 'aria-labelledby': 'detail-band-title' },
+        h('h3', { id: 'detail-band-title' }, 'Last hour'),
+        h('div', { id: 'detail-band' }, h('p', { class: 'muted' }, 'Loading…'))),
       ...item.inbounds.map((i) => inboundDetail(i)),
     );
+    renderBand();
+    scheduleDetailHistory();
+  }
+
+  // A changed dataplane: its band again, soon (one request per burst).
+  let detailTimer = null;
+  function scheduleDetailHistory() {
+    if (detailTimer) return;
+    detailTimer = setTimeout(() => {
+      detailTimer = null;
+      loadDetailHistory().catch(handleError);
+    }, 300);
   }
 
   function inboundDetail(i) {
@@ -747,6 +986,7 @@
     $('detail').addEventListener('close', () => {
       const k = state.detailKey;
       state.detailKey = null;
+      state.detailHistory = null;
       $('detail-body').item = null;
       const opener = k && document.querySelector(`button[data-open="${CSS.escape(k)}"]`);
       if (opener) opener.focus();

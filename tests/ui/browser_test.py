@@ -6,7 +6,7 @@ script needs the world to change it prints `ACTION <name>` and waits for
 `DONE` on its standard input. Every assertion prints `CHECK <what>`; the last
 line is `PASSED <n> checks`. Any failed check exits non-zero with the reason.
 
-    browser_test.py --url http://127.0.0.1:PORT/ui/[,URL...] --scenario live|token|soak|fleet|zones
+    browser_test.py --url http://127.0.0.1:PORT/ui/[,URL...] --scenario live|token|soak|fleet|zones|tls|timeline
                     [--chromium /usr/bin/chromium] [--screenshot out.png]
                     [--detection SECONDS] [--token T]
 """
@@ -373,6 +373,92 @@ def zones(page, args, checks):
     expect(us_item).to_have_attribute("data-zone-state", "online", timeout=30_000)
     expect(us.locator("td.zone-col")).to_have_text(re.compile(r"us-1.*Online"), timeout=5_000)
     checks.ok("us-1 thawed: Online again in the panel and on its row")
+    # The last hour: us-1's band in the timeline went offline and back.
+    zone_band = page.locator('#timeline g[data-zone="us-1"]')
+    expect(zone_band.locator('rect.seg[data-status="offline"]')).to_have_count(1, timeout=12_000)
+    expect(zone_band.locator('rect.seg[data-status="online"]').last).to_be_attached()
+    checks.that(page.locator('#timeline g[data-zone="eu-1"] rect.seg[data-status="offline"]').count() == 0,
+                "the timeline's zone rows: us-1 offline then online, eu-1 never offline")
+    us.locator("button[data-open]").click()
+    expect(page.locator('#detail-band rect.seg[data-status="ready"]').last).to_be_attached(timeout=5_000)
+    checks.ok("a zone's dataplane has its band in its detail (from the global's history)")
+    page.locator("#detail-close").click()
+    unexpected = console.unexpected({})
+    checks.that(not unexpected, f"no console error or failed API call: {unexpected}")
+
+
+def timeline(page, args, checks):
+    """The last hour: an app stops and comes back; the fleet timeline shows
+    the interval its inbound was not ready (an SVG rect with its times), and
+    web-1's detail shows the band of its status changes in the page's colours."""
+    console = Console(page)
+    page.goto(args.url)
+    expect(page.locator("#live")).to_have_text("Live", timeout=15_000)
+    chart = page.locator("#timeline svg.timeline-chart")
+    expect(chart).to_be_visible(timeout=10_000)
+    expect(chart).to_have_attribute("data-not-ready-now", "0")
+    unhealthy = page.locator('#timeline rect.bar[data-class="unhealthy"]')
+    checks.that(unhealthy.count() == 0, "the timeline is drawn (inline SVG) with nothing unhealthy yet")
+    checks.that(page.locator("#timeline-section").evaluate(
+        "s => s.compareDocumentPosition(document.getElementById('dataplanes')) & Node.DOCUMENT_POSITION_FOLLOWING") > 0,
+        "the timeline is above the dataplanes table")
+
+    # The start's pending stretch over first, and a clear bucket after it,
+    # so the outage below is an interval of its own.
+    page.wait_for_function("""() => [...document.querySelectorAll('#timeline rect.nr-interval')]
+        .every(r => Date.parse(r.dataset.to) % 10000 === 0 && Date.parse(r.dataset.to) + 10000 < Date.now())""", timeout=30_000)
+    stopped = page.evaluate("Date.now()")
+    action("stop_app web-1")
+    web1 = row(page, "web-1")
+    expect(web1).to_have_attribute("data-ready", "false", timeout=10_000)
+    page.wait_for_timeout(1_500)  # a visible stretch of not ready
+    action("start_app web-1")
+    expect(web1).to_have_attribute("data-ready", "true", timeout=15_000)
+    back = page.evaluate("Date.now()")
+    # The page polls the history every 5 s.
+    expect(unhealthy.first).to_be_attached(timeout=12_000)
+    expect(chart).to_have_attribute("data-not-ready-now", "0", timeout=12_000)
+    intervals = page.locator("#timeline rect.nr-interval").evaluate_all(
+        "rs => rs.map(r => ({from: Date.parse(r.dataset.from), to: Date.parse(r.dataset.to), max: +r.dataset.max, title: r.textContent}))")
+    bucket = 10_000
+    hit = [i for i in intervals if i["from"] <= stopped + bucket and i["to"] >= stopped and i["max"] == 1]
+    checks.that(hit, f"an interval of not ready covers the stop ({stopped}): {intervals}")
+    bars = unhealthy.evaluate_all("rs => rs.map(r => Date.parse(r.dataset.at))")
+    checks.that(all(stopped - bucket < t <= back for t in bars),
+                f"the unhealthy bars lie in the buckets of the outage ({stopped}..{back}): {bars}")
+    checks.that("not ready" in hit[-1]["title"], f"hovering it says when and how many: {hit[-1]['title']!r}")
+    legend = page.locator("#timeline .legend")
+    checks.that("object" not in legend.inner_text() and legend.locator(".legend-item").count() == 7,
+                f"the legend names the 7 classes: {legend.inner_text()!r}")
+    colour = unhealthy.first.evaluate("b => getComputedStyle(b).fill")
+    checks.that(colour == BAD, f"the unhealthy bar is drawn in the page's 'bad' colour ({colour})")
+    if args.screenshot:
+        page.locator("#timeline-section").scroll_into_view_if_needed()
+        page.screenshot(path=args.screenshot)
+        checks.ok(f"screenshot: {args.screenshot}")
+
+    web1.locator("button[data-open]").click()
+    dialog = page.locator("#detail")
+    expect(dialog).to_be_visible()
+    band = dialog.locator("#detail-band svg.band")
+    expect(band).to_be_visible(timeout=5_000)
+    expect(band.locator('rect.seg[data-status="unhealthy"]')).to_have_count(1, timeout=5_000)
+    segs = band.locator("rect.seg").evaluate_all(
+        "rs => rs.map(r => ({status: r.dataset.status, from: Date.parse(r.dataset.from), to: Date.parse(r.dataset.to), fill: getComputedStyle(r).fill, title: r.textContent}))")
+    statuses = [s["status"] for s in segs]
+    checks.that(statuses[-2:] == ["unhealthy", "ready"], f"the band ends unhealthy, then ready: {statuses}")
+    bad = segs[-2]
+    checks.that(stopped - 1_000 <= bad["from"] <= back and bad["from"] < bad["to"] <= back + 1_000,
+                f"the unhealthy stretch lies between the stop and the recovery: {bad} ({stopped}..{back})")
+    checks.that(bad["fill"] == BAD and segs[-1]["fill"] == OK, f"colours: unhealthy {bad['fill']}, ready {segs[-1]['fill']}")
+    checks.that("unhealthy" in bad["title"] and ":" in bad["title"], f"its title gives the times and the status: {bad['title']!r}")
+    changes = dialog.locator(".band-changes li")
+    expect(changes.first).to_have_attribute("data-status", "ready")
+    expect(changes.nth(1)).to_have_attribute("data-status", "unhealthy")
+    checks.ok("the detail lists the changes, newest first: ready, unhealthy")
+    if args.screenshot:
+        page.screenshot(path=args.screenshot.replace(".png", "-detail.png"))
+    page.locator("#detail-close").click()
     unexpected = console.unexpected({})
     checks.that(not unexpected, f"no console error or failed API call: {unexpected}")
 
@@ -423,7 +509,7 @@ def tls(page, args, checks):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
-    parser.add_argument("--scenario", choices=["live", "token", "soak", "fleet", "zones", "tls"], required=True)
+    parser.add_argument("--scenario", choices=["live", "token", "soak", "fleet", "zones", "tls", "timeline"], required=True)
     parser.add_argument("--flaps", type=int, default=60)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--screenshot")
@@ -437,7 +523,7 @@ def main():
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.set_default_timeout(10_000)
-            {"live": live, "token": token, "soak": soak, "fleet": fleet, "zones": zones, "tls": tls}[args.scenario](page, args, checks)
+            {"live": live, "token": token, "soak": soak, "fleet": fleet, "zones": zones, "tls": tls, "timeline": timeline}[args.scenario](page, args, checks)
         finally:
             browser.close()
     print(f"PASSED {checks.count} checks", flush=True)
