@@ -15,6 +15,7 @@ mod compose;
 mod compose_up;
 mod eds_envoy;
 mod envoy_core;
+mod envoy_matrix;
 mod hds_protocol;
 mod kuma_files;
 mod liveness;

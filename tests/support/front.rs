@@ -113,6 +113,11 @@ pub struct FrontOptions {
 impl Front {
     /// A front for service `web` of mesh `default`, fed by hdsd's EDS at `server`.
     pub fn start(server: &str, options: FrontOptions) -> Front {
+        Self::start_release(&envoy_bin(), server, options)
+    }
+
+    /// [`Front::start`] with the Envoy binary `bin` (see [`envoy_release`]).
+    pub fn start_release(bin: &std::path::Path, server: &str, options: FrontOptions) -> Front {
         let dir = tempfile::tempdir().unwrap();
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_hdsd"));
         command.args([
@@ -141,7 +146,7 @@ impl Front {
         );
         let yaml = String::from_utf8(out.stdout).unwrap();
         // The harness passes --admin-address-path; Envoy::admin reads it back.
-        let envoy = Envoy::start_with_bootstrap(dir, "front", &yaml);
+        let envoy = Envoy::start_release_with_bootstrap(bin, dir, "front", &yaml);
         let admin = envoy.admin().to_string();
         let listener = wait_for("the front's listener port", Duration::from_secs(20), || {
             let v: serde_json::Value = ureq::get(&format!("http://{admin}/listeners?format=json"))

@@ -486,6 +486,22 @@ impl Envoy {
         Self::start_with_args(dir, id, bootstrap, &[])
     }
 
+    /// [`Envoy::start_with_bootstrap`] with the Envoy binary `bin`.
+    pub fn start_release_with_bootstrap(
+        bin: &Path,
+        dir: tempfile::TempDir,
+        id: &str,
+        bootstrap: &str,
+    ) -> Envoy {
+        Self::spawn(
+            bin,
+            dir,
+            id,
+            bootstrap,
+            &["--component-log-level", "hc:debug"],
+        )
+    }
+
     /// Starts Envoy with `bootstrap` and extra command-line arguments.
     pub fn start_with_args(
         dir: tempfile::TempDir,
