@@ -250,14 +250,30 @@ pub struct WatchOptions {
     pub mesh: Option<String>,
     /// `k=v` tags an inbound must carry.
     pub selector: Vec<(String, String)>,
+    /// On a global: only this zone's dataplanes (`local`: the global's own).
+    pub zone: Option<String>,
+    /// Only changes of dataplanes that are not ready, or were before the
+    /// change (so that a recovery shows too).
+    pub not_ready: bool,
     pub json: bool,
 }
 
 impl WatchOptions {
+    /// Whether a change from `before` to `after` is shown.
+    fn shows(&self, before: Option<&DataplaneItem>, after: Option<&DataplaneItem>) -> bool {
+        let not_ready = |d: Option<&DataplaneItem>| {
+            d.is_some_and(|d| d.inbounds.iter().any(|i| !i.health.ready))
+        };
+        !self.not_ready || not_ready(before) || not_ready(after)
+    }
+
     fn url(&self) -> String {
         let mut query = Vec::new();
         if let Some(m) = &self.mesh {
             query.push(format!("mesh={m}"));
+        }
+        if let Some(z) = &self.zone {
+            query.push(format!("zone={z}"));
         }
         if !self.selector.is_empty() {
             let s: Vec<String> = self
@@ -347,13 +363,13 @@ impl Follower {
                         continue;
                     }
                     let what = describe(old.get(&key), Some(&item));
-                    if old.get(&key) != Some(&item) {
+                    if old.get(&key) != Some(&item) && options.shows(old.get(&key), Some(&item)) {
                         lines.push((key.to_string(), what));
                     }
                     self.known.insert(key, item);
                 }
                 for (key, item) in &old {
-                    if !self.known.contains_key(key) {
+                    if !self.known.contains_key(key) && options.shows(Some(item), None) {
                         lines.push((key.to_string(), describe(Some(item), None)));
                     }
                 }
@@ -376,7 +392,7 @@ impl Follower {
                     None
                 };
                 let before = self.known.get(&key);
-                if before != after.as_ref() {
+                if before != after.as_ref() && options.shows(before, after.as_ref()) {
                     lines.push((key.to_string(), describe(before, after.as_ref())));
                 }
                 match after {
@@ -600,6 +616,32 @@ mod tests {
                 probe: None,
             }],
         }
+    }
+
+    #[test]
+    fn watch_filters_reach_the_url_and_not_ready_keeps_recoveries() {
+        let mut o = WatchOptions {
+            api: "http://h:1/".into(),
+            token: None,
+            mesh: Some("default".into()),
+            selector: Vec::new(),
+            zone: Some("eu-1".into()),
+            not_ready: false,
+            json: false,
+        };
+        assert_eq!(o.url(), "http://h:1/api/v1/watch?mesh=default&zone=eu-1");
+        let (ready, down) = (item("healthy", true), item("unhealthy", true));
+        let reconnected = item("healthy", false);
+        assert!(o.shows(Some(&ready), Some(&reconnected)));
+        o.not_ready = true;
+        // Ready before and after: not shown.
+        assert!(!o.shows(Some(&ready), Some(&reconnected)));
+        assert!(!o.shows(None, Some(&ready)));
+        assert!(!o.shows(Some(&ready), None));
+        // Going not ready, recovering, and a not-ready one deleted: shown.
+        assert!(o.shows(Some(&ready), Some(&down)));
+        assert!(o.shows(Some(&down), Some(&ready)));
+        assert!(o.shows(Some(&down), None));
     }
 
     #[test]

@@ -132,6 +132,13 @@ enum Command {
         /// Only dataplanes with an inbound carrying this tag (repeatable): k=v.
         #[arg(long = "selector", value_parser = parse_tag)]
         selector: Vec<(String, String)>,
+        /// On a global: only this zone's dataplanes (`local`: the global's own).
+        #[arg(long)]
+        zone: Option<String>,
+        /// Only changes of dataplanes with an inbound not ready (before or
+        /// after the change, so that recoveries show too); zone lines always.
+        #[arg(long)]
+        not_ready: bool,
         /// One JSON object per line instead of text.
         #[arg(long)]
         json: bool,
@@ -415,6 +422,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             api: ApiArgs { api, api_token, ca },
             mesh,
             selector,
+            zone,
+            not_ready,
             json,
         } => {
             let agent = hdsd::client::agent(ca.as_deref())?;
@@ -425,6 +434,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     token: api_token,
                     mesh,
                     selector,
+                    zone,
+                    not_ready,
                     json,
                 },
             )?;
