@@ -103,8 +103,8 @@ fn core_story(minor: &str) {
     hdsd.wait_connected(id, true, CONNECT);
     let dp = wait_for("a report from the restarted Envoy", CONNECT, || {
         let dp = hdsd.dataplane(id)?;
-        let at = dp.connection.connected_at.clone();
-        let report = dp.connection.last_report_at.clone();
+        let at = dp.connection.connected_at;
+        let report = dp.connection.last_report_at;
         match (at, report) {
             (Some(at), Some(report)) if report > at => Ok(dp),
             other => Err(format!("{other:?}")),
