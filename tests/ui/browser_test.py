@@ -95,8 +95,8 @@ def live(page, args, checks):
         page.wait_for_timeout(50)
     checks.that(len(held) == 1 and page.locator("#dataplanes tbody tr").count() == 0,
                 "until the list arrives the table is empty and says Loading...")
-    page.unroute(re.compile(r".*/api/v1/dataplanes$"))
     held[0].continue_()
+    page.unroute(re.compile(r".*/api/v1/dataplanes$"))
     expect(page.locator("#empty")).to_be_hidden(timeout=10_000)
     checks.ok("the page says Loading... until its first data")
     page.evaluate("window.__noReload = true")
