@@ -127,6 +127,25 @@ fn screenshot_path() -> PathBuf {
     dir.join("ui.png")
 }
 
+/// Writes each dataplane's file, starts its Envoy and waits until its
+/// inbound is healthy; returns the Envoys.
+fn serve_all(hdsd: &Hdsd, dataplanes: &[(&str, u16, &str)], yaml: &[String]) -> Vec<Envoy> {
+    let mut envoys = Vec::new();
+    for ((name, _, _), yaml) in dataplanes.iter().zip(yaml) {
+        hdsd.write_dataplane(&format!("{name}.yaml"), yaml);
+        envoys.push(Envoy::start(hdsd.hds, &format!("default.{name}"), None));
+    }
+    for (name, port, _) in dataplanes {
+        hdsd.wait_inbound(
+            &format!("default.{name}"),
+            *port,
+            "healthy",
+            Duration::from_secs(30),
+        );
+    }
+    envoys
+}
+
 #[test]
 fn the_fleet_page_follows_the_fleet_live_in_chromium() {
     let _one = one_browser();
@@ -145,19 +164,7 @@ fn the_fleet_page_follows_the_fleet_live_in_chromium() {
         .zip(&apps)
         .map(|((name, port, service), app)| dataplane(name, *port, service, app.port))
         .collect();
-    let mut envoys = Vec::new();
-    for ((name, _, _), yaml) in dataplanes.iter().zip(&yaml) {
-        hdsd.write_dataplane(&format!("{name}.yaml"), yaml);
-        envoys.push(Envoy::start(hdsd.hds, &format!("default.{name}"), None));
-    }
-    for (name, port, _) in &dataplanes {
-        hdsd.wait_inbound(
-            &format!("default.{name}"),
-            *port,
-            "healthy",
-            Duration::from_secs(30),
-        );
-    }
+    let envoys = serve_all(&hdsd, &dataplanes, &yaml);
     let shot = screenshot_path();
     let args = vec![
         "--scenario".to_string(),
@@ -197,22 +204,12 @@ fn the_page_draws_the_last_hour_in_chromium() {
     let hdsd = Hdsd::start(HdsdOptions::default());
     let mut apps = [App::start(), App::start()];
     let dataplanes = [("web-1", 23001, "web"), ("api-1", 23002, "api")];
-    let mut envoys = Vec::new();
-    for ((name, port, service), app) in dataplanes.iter().zip(&apps) {
-        hdsd.write_dataplane(
-            &format!("{name}.yaml"),
-            &dataplane(name, *port, service, app.port),
-        );
-        envoys.push(Envoy::start(hdsd.hds, &format!("default.{name}"), None));
-    }
-    for (name, port, _) in &dataplanes {
-        hdsd.wait_inbound(
-            &format!("default.{name}"),
-            *port,
-            "healthy",
-            Duration::from_secs(30),
-        );
-    }
+    let yaml: Vec<String> = dataplanes
+        .iter()
+        .zip(&apps)
+        .map(|((name, port, service), app)| dataplane(name, *port, service, app.port))
+        .collect();
+    let envoys = serve_all(&hdsd, &dataplanes, &yaml);
     let shot = screenshot_path().with_file_name("timeline.png");
     let args = vec![
         "--scenario".to_string(),

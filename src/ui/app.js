@@ -270,14 +270,19 @@
     renderServices();
   }
 
-  let servicesTimer = null;
-  function scheduleServices() {
-    if (servicesTimer) return;
-    servicesTimer = setTimeout(() => {
-      servicesTimer = null;
-      loadServices().catch(handleError);
-    }, 150);
+  /** `load` once, `ms` after the first of a burst of calls. */
+  function coalesced(load, ms) {
+    let timer = null;
+    return () => {
+      if (timer) return;
+      timer = setTimeout(() => {
+        timer = null;
+        load().catch(handleError);
+      }, ms);
+    };
   }
+
+  const scheduleServices = coalesced(() => loadServices(), 150);
 
   /**
    * Brings the map up to date: the whole list after a snapshot (or many
@@ -924,14 +929,7 @@
   }
 
   // A changed dataplane: its band again, soon (one request per burst).
-  let detailTimer = null;
-  function scheduleDetailHistory() {
-    if (detailTimer) return;
-    detailTimer = setTimeout(() => {
-      detailTimer = null;
-      loadDetailHistory().catch(handleError);
-    }, 300);
-  }
+  const scheduleDetailHistory = coalesced(() => loadDetailHistory(), 300);
 
   function inboundDetail(i) {
     const p = i.probe;
