@@ -1760,6 +1760,26 @@ mod tests {
     }
 
     #[test]
+    fn unknown_fields_are_refused_by_default_and_can_be_warnings() {
+        use crate::dataplane::UnknownFields;
+        let c = Config::default();
+        assert_eq!(c.dataplanes.unknown_fields, UnknownFields::Refuse);
+        assert_eq!(c.dataplanes.limits().unknown_fields, UnknownFields::Refuse);
+        // `hdsd config defaults` prints DEFAULTS_TOML.
+        assert!(
+            DEFAULTS_TOML.contains("\nunknown_fields = \"refuse\"\n"),
+            "{DEFAULTS_TOML}"
+        );
+        let c = load_str(".toml", "[dataplanes]\nunknown_fields = \"warn\"\n").unwrap();
+        assert_eq!(c.dataplanes.limits().unknown_fields, UnknownFields::Warn);
+        let e = load_str(".toml", "[dataplanes]\nunknown_fields = \"ignore\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dataplanes.unknown_fields"), "{e}");
+        assert!(e.contains("refuse") && e.contains("warn"), "{e}");
+    }
+
+    #[test]
     fn defaults_text_is_the_defaults() {
         let c = load_str(".toml", DEFAULTS_TOML).unwrap();
         assert_eq!(c, Config::default());
