@@ -254,7 +254,9 @@ pub fn apply(target: &Target<'_>, path: &Path) -> Result<Applied, String> {
                 ));
             }
             for w in &parsed.warnings {
-                applied.lines.push(format!("{place}: warning: {}", w.message));
+                applied
+                    .lines
+                    .push(format!("{place}: warning: {}", w.message));
             }
             for dp in &parsed.dataplanes {
                 match put(target, &dp.id, &doc.text, format) {

@@ -115,9 +115,7 @@ pub fn parse_file_with(
 /// without a `kuma.io/service` tag (Kuma refuses one) is checked, but it
 /// counts in no service and no EDS cluster. Inbounds of state `Ignored` are
 /// not checked and are left out.
-pub fn dataplane_warnings<'a>(
-    dataplanes: impl IntoIterator<Item = &'a Dataplane>,
-) -> Vec<Warning> {
+pub fn dataplane_warnings<'a>(dataplanes: impl IntoIterator<Item = &'a Dataplane>) -> Vec<Warning> {
     let mut warnings = Vec::new();
     for dp in dataplanes {
         for (i, inbound) in dp.inbounds.iter().enumerate() {
@@ -176,26 +174,36 @@ fn parse_yaml(text: &str, limits: &FileLimits, out: &mut ParsedFile) -> Result<(
                 let (Some(document), Some(unknown)) = (as_value, unknown_field(&e)) else {
                     return Err(error);
                 };
-                let value = serde_yaml_ng::Value::deserialize(document).map_err(|_| error.clone())?;
+                let value =
+                    serde_yaml_ng::Value::deserialize(document).map_err(|_| error.clone())?;
                 let line = e.inner().location().map(|l| l.line());
-                without_unknown(index, value, unknown, line, error, out, |value, path, field| {
-                    let mut at = value;
-                    for segment in path {
-                        at = match (segment, at) {
-                            (Segment::Map { key }, serde_yaml_ng::Value::Mapping(m)) => {
-                                m.get_mut(key.as_str())?
-                            }
-                            (Segment::Seq { index }, serde_yaml_ng::Value::Sequence(s)) => {
-                                s.get_mut(*index)?
-                            }
-                            _ => return None,
-                        };
-                    }
-                    at.as_mapping_mut()?.remove(field).map(|_| ())
-                }, |value| {
-                    serde_path_to_error::deserialize::<_, DataplaneDoc>(value)
-                        .map_err(|e| (e.path().clone(), e.inner().to_string()))
-                })?
+                without_unknown(
+                    index,
+                    value,
+                    unknown,
+                    line,
+                    error,
+                    out,
+                    |value, path, field| {
+                        let mut at = value;
+                        for segment in path {
+                            at = match (segment, at) {
+                                (Segment::Map { key }, serde_yaml_ng::Value::Mapping(m)) => {
+                                    m.get_mut(key.as_str())?
+                                }
+                                (Segment::Seq { index }, serde_yaml_ng::Value::Sequence(s)) => {
+                                    s.get_mut(*index)?
+                                }
+                                _ => return None,
+                            };
+                        }
+                        at.as_mapping_mut()?.remove(field).map(|_| ())
+                    },
+                    |value| {
+                        serde_path_to_error::deserialize::<_, DataplaneDoc>(value)
+                            .map_err(|e| (e.path().clone(), e.inner().to_string()))
+                    },
+                )?
             }
         };
         add(index, doc, out)?;
@@ -205,9 +213,7 @@ fn parse_yaml(text: &str, limits: &FileLimits, out: &mut ParsedFile) -> Result<(
 
 /// The unknown field a strict deserialization stopped at: the path of its
 /// mapping and its name. `None` for any other error.
-fn unknown_field<E: std::fmt::Display>(
-    e: &serde_path_to_error::Error<E>,
-) -> Option<Unknown> {
+fn unknown_field<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> Option<Unknown> {
     unknown_in(&e.inner().to_string()).map(|field| Unknown::new(e.path(), field))
 }
 
@@ -376,27 +382,36 @@ fn parse_json(text: &str, limits: &FileLimits, out: &mut ParsedFile) -> Result<(
                         format!("{path}: ")
                     };
                     let error = json_error(index, first_line, e.inner(), path);
-                    let unknown = unknown_field(&e)
-                        .filter(|_| limits.unknown_fields == UnknownFields::Warn);
+                    let unknown =
+                        unknown_field(&e).filter(|_| limits.unknown_fields == UnknownFields::Warn);
                     let value = serde_json::from_str::<serde_json::Value>(slice).ok();
                     let (Some(unknown), Some(value)) = (unknown, value) else {
                         return Err(error);
                     };
                     let line = error.line;
-                    without_unknown(index, value, unknown, line, error, out, |value, path, field| {
-                        let mut at = value;
-                        for segment in path {
-                            at = match segment {
-                                Segment::Map { key } => at.as_object_mut()?.get_mut(key)?,
-                                Segment::Seq { index } => at.as_array_mut()?.get_mut(*index)?,
-                                _ => return None,
-                            };
-                        }
-                        at.as_object_mut()?.remove(field).map(|_| ())
-                    }, |value| {
-                        serde_path_to_error::deserialize::<_, DataplaneDoc>(value)
-                            .map_err(|e| (e.path().clone(), e.inner().to_string()))
-                    })?
+                    without_unknown(
+                        index,
+                        value,
+                        unknown,
+                        line,
+                        error,
+                        out,
+                        |value, path, field| {
+                            let mut at = value;
+                            for segment in path {
+                                at = match segment {
+                                    Segment::Map { key } => at.as_object_mut()?.get_mut(key)?,
+                                    Segment::Seq { index } => at.as_array_mut()?.get_mut(*index)?,
+                                    _ => return None,
+                                };
+                            }
+                            at.as_object_mut()?.remove(field).map(|_| ())
+                        },
+                        |value| {
+                            serde_path_to_error::deserialize::<_, DataplaneDoc>(value)
+                                .map_err(|e| (e.path().clone(), e.inner().to_string()))
+                        },
+                    )?
                 }
             };
             add(index, doc, out)?;
@@ -526,7 +541,8 @@ mod tests {
         assert!(e.message.contains("networking.transparentProxying"), "{e}");
         assert_eq!(e.line, Some(15), "{e}");
 
-        let parsed = parse_file_with(STALE, Format::Yaml, &warn()).unwrap_or_else(|e| panic!("{e}"));
+        let parsed =
+            parse_file_with(STALE, Format::Yaml, &warn()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(parsed.dataplanes[0].id.to_string(), "default.stale-01");
         assert_eq!(
             messages(&parsed),
@@ -558,7 +574,8 @@ mod tests {
             "{TYPO}\n---\n{}",
             STALE.replace("mesh: default\n", "mesh: default\nstatus: {a: 1}\n")
         );
-        let parsed = parse_file_with(&text, Format::Yaml, &warn()).unwrap_or_else(|e| panic!("{e}"));
+        let parsed =
+            parse_file_with(&text, Format::Yaml, &warn()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(parsed.dataplanes.len(), 2);
         let fields: Vec<(Option<usize>, &str)> = messages(&parsed)
             .into_iter()
@@ -567,9 +584,15 @@ mod tests {
         assert_eq!(
             fields,
             [
-                (Some(12), "document 2: unknown field networking.inbound[0].protocl"),
+                (
+                    Some(12),
+                    "document 2: unknown field networking.inbound[0].protocl"
+                ),
                 (Some(22), "document 3: unknown field status"),
-                (None, "document 3: unknown field networking.transparentProxying.redirectPort"),
+                (
+                    None,
+                    "document 3: unknown field networking.transparentProxying.redirectPort"
+                ),
             ]
         );
         // Any other problem stays an error, named after the fields are gone.
@@ -584,8 +607,12 @@ mod tests {
         let json = JSON.replace("\"servicePort\"", "\"oldPort\": 1, \"servicePort\"");
         let e = parse_file(&json, Format::Json).unwrap_err();
         assert!(e.message.contains("unknown field `oldPort`"), "{e}");
-        let parsed = parse_file_with(&json, Format::Json, &warn()).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(parsed.dataplanes, parse_file(JSON, Format::Json).unwrap().dataplanes);
+        let parsed =
+            parse_file_with(&json, Format::Json, &warn()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            parsed.dataplanes,
+            parse_file(JSON, Format::Json).unwrap().dataplanes
+        );
         let (line, message) = messages(&parsed)[0];
         assert_eq!(line, e.line);
         assert!(
@@ -593,11 +620,15 @@ mod tests {
             "{message}"
         );
         // Past the cap, the document is refused.
-        let many: String = (0..=MAX_UNKNOWN_FIELDS).map(|i| format!("x{i}: 1\n")).collect();
+        let many: String = (0..=MAX_UNKNOWN_FIELDS)
+            .map(|i| format!("x{i}: 1\n"))
+            .collect();
         let text = format!("{many}{}", STALE.replace("# ", "#"));
         let e = parse_file_with(&text, Format::Yaml, &warn()).unwrap_err();
         assert!(e.message.contains("more than 32 unknown fields"), "{e}");
-        let fewer: String = (0..MAX_UNKNOWN_FIELDS - 1).map(|i| format!("x{i}: 1\n")).collect();
+        let fewer: String = (0..MAX_UNKNOWN_FIELDS - 1)
+            .map(|i| format!("x{i}: 1\n"))
+            .collect();
         let parsed = parse_file_with(&format!("{fewer}{STALE}"), Format::Yaml, &warn()).unwrap();
         assert_eq!(parsed.warnings.len(), MAX_UNKNOWN_FIELDS);
     }
