@@ -28,7 +28,7 @@ pub use crate::view::{
 };
 
 use crate::auth::{bearer, BearerError};
-use crate::dataplane::{DataplaneId, IgnoredDocument};
+use crate::dataplane::{DataplaneId, IgnoredDocument, Warning};
 use crate::registry::Registry;
 use crate::source::{FileError, Loaded};
 
@@ -297,6 +297,9 @@ pub struct SourcesView {
     /// Documents of other resource types skipped, over all files.
     #[serde(default)]
     pub ignored: usize,
+    /// Warnings, over all files.
+    #[serde(default)]
+    pub warnings: usize,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -308,6 +311,10 @@ pub struct SourceFile {
     /// Documents that are not Dataplanes (`Mesh`, policies...): skipped.
     #[serde(default)]
     pub ignored: Vec<IgnoredDocument>,
+    /// What does not stop the file from loading: fields ignored
+    /// (`dataplanes.unknown_fields = "warn"`), inbounds in no service.
+    #[serde(default)]
+    pub warnings: Vec<Warning>,
     pub error: Option<FileErrorItem>,
 }
 
@@ -332,6 +339,7 @@ async fn sources(State(s): State<Fleet>) -> Json<SourcesView> {
         dir: loaded.dir.display().to_string(),
         errors: loaded.error_count(),
         ignored: loaded.ignored_by_type().values().sum(),
+        warnings: loaded.files.values().map(|f| f.warnings.len()).sum(),
         files: loaded
             .files
             .iter()
@@ -343,6 +351,7 @@ async fn sources(State(s): State<Fleet>) -> Json<SourcesView> {
                     .map(|d| d.dataplane.id.to_string())
                     .collect(),
                 ignored: f.ignored.clone(),
+                warnings: f.warnings.clone(),
                 error: f.error.as_ref().map(FileErrorItem::from),
             })
             .collect(),

@@ -253,6 +253,11 @@ pub fn apply(target: &Target<'_>, path: &Path) -> Result<Applied, String> {
                         .unwrap_or_default()
                 ));
             }
+            for w in &parsed.warnings {
+                applied
+                    .lines
+                    .push(format!("{place}: warning: {}", w.message));
+            }
             for dp in &parsed.dataplanes {
                 match put(target, &dp.id, &doc.text, format) {
                     Ok(revision) => applied

@@ -682,6 +682,9 @@ pub struct DataplanesConfig {
     pub max_documents: usize,
     /// Bytes the parse of one file may keep for its next version.
     pub max_kept_bytes: u64,
+    /// A key the Dataplane resource does not define: `refuse` (the file is
+    /// refused) or `warn` (the key is ignored, with a warning).
+    pub unknown_fields: crate::dataplane::UnknownFields,
 }
 
 impl DataplanesConfig {
@@ -695,6 +698,7 @@ impl DataplanesConfig {
             max_tags: self.max_tags,
             max_documents: self.max_documents,
             max_kept_bytes: self.max_kept_bytes,
+            unknown_fields: self.unknown_fields,
         }
     }
 }
@@ -822,6 +826,7 @@ impl Default for DataplanesConfig {
             max_tags: limits.max_tags,
             max_documents: limits.max_documents,
             max_kept_bytes: limits.max_kept_bytes,
+            unknown_fields: limits.unknown_fields,
         }
     }
 }
@@ -1557,6 +1562,10 @@ max_documents = 10000
 # Bytes the parse of one file may keep for its next version (its text, and per document
 # what it parsed to): 4 MiB. The sum over files is hdsd_dataplane_document_cache_bytes.
 max_kept_bytes = 4194304
+# A key the Dataplane resource does not define (a typo, or a field of another Kuma version):
+# "refuse" refuses the file, naming the key and its line; "warn" ignores the key and lists a
+# warning with the file (hdsd validate, GET /api/v1/sources, hdsd status, the page).
+unknown_fields = "refuse"
 
 [store]
 # Where definitions of dataplanes.source = "api" are kept: "redb" (a file under state_dir,
@@ -1748,6 +1757,26 @@ mod tests {
             problems.contains("global.certificate_meshes is set, but global.tls.client_ca is not"),
             "{problems}"
         );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_default_and_can_be_warnings() {
+        use crate::dataplane::UnknownFields;
+        let c = Config::default();
+        assert_eq!(c.dataplanes.unknown_fields, UnknownFields::Refuse);
+        assert_eq!(c.dataplanes.limits().unknown_fields, UnknownFields::Refuse);
+        // `hdsd config defaults` prints DEFAULTS_TOML.
+        assert!(
+            DEFAULTS_TOML.contains("\nunknown_fields = \"refuse\"\n"),
+            "{DEFAULTS_TOML}"
+        );
+        let c = load_str(".toml", "[dataplanes]\nunknown_fields = \"warn\"\n").unwrap();
+        assert_eq!(c.dataplanes.limits().unknown_fields, UnknownFields::Warn);
+        let e = load_str(".toml", "[dataplanes]\nunknown_fields = \"ignore\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dataplanes.unknown_fields"), "{e}");
+        assert!(e.contains("refuse") && e.contains("warn"), "{e}");
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! A file may hold several resources (`kumactl apply -f` style): documents
 //! whose `type` is not `Dataplane` are skipped and listed as ignored. Fields
 //! Kuma defines but hdsd does not use are accepted and ignored; any other key
-//! is an error that names the key and its line. Addresses must be IP literals:
+//! is an error that names the key and its line, or, with
+//! `dataplanes.unknown_fields = "warn"`, a [`Warning`] listed with the file. Addresses must be IP literals:
 //! Envoy may crash on a hostname in an HDS endpoint.
 //!
 //! One file per job:
@@ -28,11 +29,11 @@ mod parse;
 
 pub use documents::{reparse_file, Documents, Reparsed};
 pub use error::{Limit, ParseError};
-pub use limits::{check_yaml, FileLimits};
+pub use limits::{check_yaml, FileLimits, UnknownFields};
 pub use model::{
     BadIdentity, BadNodeId, Dataplane, DataplaneId, DataplaneKind, GatewayType, Inbound,
-    InboundState, Listener, ProbeOverrides,
+    InboundState, Listener, ProbeOverrides, SERVICE_TAG,
 };
 pub use parse::{
-    parse_documents, parse_file, parse_file_with, Format, IgnoredDocument, ParsedFile,
+    parse_documents, parse_file, parse_file_with, Format, IgnoredDocument, ParsedFile, Warning,
 };

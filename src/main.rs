@@ -652,6 +652,9 @@ fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
                 dataplanes = loaded.dataplanes.len();
                 problems.extend(loaded.problems());
                 ignored = ignored_summary(&loaded);
+                for w in loaded.warnings() {
+                    eprintln!("{w}");
+                }
                 for w in version_warnings(&loaded, &config) {
                     eprintln!("{w}");
                 }
@@ -762,10 +765,19 @@ fn status(
         Ok(list.items)
     };
     if json {
-        let broken: Vec<_> = sources()
-            .map(|s| s.files.into_iter().filter(|f| f.error.is_some()).collect())
-            .unwrap_or_default();
-        let out = serde_json::json!({ "items": list()?, "zones": zones(), "brokenFiles": broken });
+        let files = sources().map(|s| s.files).unwrap_or_default();
+        let warned: Vec<_> = files
+            .iter()
+            .filter(|f| !f.warnings.is_empty())
+            .map(|f| serde_json::json!({ "path": f.path, "warnings": f.warnings }))
+            .collect();
+        let broken: Vec<_> = files.into_iter().filter(|f| f.error.is_some()).collect();
+        let out = serde_json::json!({
+            "items": list()?,
+            "zones": zones(),
+            "brokenFiles": broken,
+            "fileWarnings": warned,
+        });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
     }

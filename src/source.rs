@@ -27,7 +27,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::dataplane::{
-    self, Dataplane, DataplaneId, Documents, FileLimits, Format, IgnoredDocument, Limit,
+    self, Dataplane, DataplaneId, Documents, FileLimits, Format, IgnoredDocument, Limit, Warning,
 };
 use crate::fswatch;
 use crate::specifier::{build, Specifier, SpecifierError, SpecifierSettings};
@@ -58,6 +58,9 @@ pub struct FileState {
     /// Documents of other resource types (`Mesh`, policies...), skipped; the
     /// last good parse's when the file is broken now.
     pub ignored: Vec<IgnoredDocument>,
+    /// What the file's reader should know (fields ignored, inbounds in no
+    /// service); the last good parse's when the file is broken now.
+    pub warnings: Vec<Warning>,
     /// Why the file cannot be used now: its own problem, or a conflict with
     /// another file.
     pub error: Option<FileError>,
@@ -205,6 +208,20 @@ impl Loaded {
             .collect()
     }
 
+    /// Every warning, one line each (`path:line: warning: ...`), as
+    /// `validate` and the log print them.
+    pub fn warnings(&self) -> Vec<String> {
+        self.files
+            .iter()
+            .flat_map(|(path, f)| {
+                f.warnings.iter().map(move |w| match w.line {
+                    Some(line) => format!("{}:{line}: warning: {}", path.display(), w.message),
+                    None => format!("{}: warning: {}", path.display(), w.message),
+                })
+            })
+            .collect()
+    }
+
     pub fn error_count(&self) -> usize {
         self.files.values().filter(|f| f.error.is_some()).count()
     }
@@ -282,7 +299,10 @@ pub fn reassemble_with(
 /// The same parse: definitions, skipped documents, own problem (a conflict
 /// is worked out afterwards).
 fn same_parse(a: &FileState, b: &FileState) -> bool {
-    a.parse_error == b.parse_error && a.dataplanes == b.dataplanes && a.ignored == b.ignored
+    a.parse_error == b.parse_error
+        && a.dataplanes == b.dataplanes
+        && a.ignored == b.ignored
+        && a.warnings == b.warnings
 }
 
 /// The previous snapshot with `changed` applied; costs what the changed files
@@ -481,9 +501,15 @@ fn file_state(
 ) -> FileState {
     let result = read.and_then(|text| parse_file(path, &text, previous, limits, build));
     match result {
-        Ok((dataplanes, ignored, documents)) => FileState {
+        Ok(Parsed {
             dataplanes,
             ignored,
+            warnings,
+            documents,
+        }) => FileState {
+            dataplanes,
+            ignored,
+            warnings,
             error: None,
             parse_error: None,
             documents,
@@ -491,11 +517,20 @@ fn file_state(
         Err(error) => FileState {
             dataplanes: previous.map(|f| f.dataplanes.clone()).unwrap_or_default(),
             ignored: previous.map(|f| f.ignored.clone()).unwrap_or_default(),
+            warnings: previous.map(|f| f.warnings.clone()).unwrap_or_default(),
             error: Some(error.clone()),
             parse_error: Some(error),
             documents: previous.map(|f| f.documents.clone()).unwrap_or_default(),
         },
     }
+}
+
+/// What [`parse_file`] made of a file.
+struct Parsed {
+    dataplanes: Vec<Defined>,
+    ignored: Vec<IgnoredDocument>,
+    warnings: Vec<Warning>,
+    documents: Documents,
 }
 
 /// Parses a file, reusing the previous parse of each of its documents whose
@@ -508,7 +543,7 @@ fn parse_file(
     previous: Option<&FileState>,
     limits: &FileLimits,
     build: &mut Build<'_>,
-) -> Result<(Vec<Defined>, Vec<IgnoredDocument>, Documents), FileError> {
+) -> Result<Parsed, FileError> {
     let before: HashMap<&DataplaneId, &Defined> = previous
         .map(|f| f.dataplanes.iter().map(|d| (&d.dataplane.id, d)).collect())
         .unwrap_or_default();
@@ -536,7 +571,21 @@ fn parse_file(
             })
         })
         .collect::<Result<_, _>>()?;
-    Ok((defined, parsed.ignored, parsed.documents))
+    // Messages that may quote the file are cut as its errors are.
+    let warnings = parsed
+        .warnings
+        .into_iter()
+        .map(|w| Warning {
+            line: w.line,
+            message: excerpted(&w.message),
+        })
+        .collect();
+    Ok(Parsed {
+        dataplanes: defined,
+        ignored: parsed.ignored,
+        warnings,
+        documents: parsed.documents,
+    })
 }
 
 /// Why the directory itself cannot be read.
@@ -778,7 +827,8 @@ fn read_files(paths: Vec<PathBuf>, max_size: u64) -> BTreeMap<PathBuf, Option<Fi
         .collect()
 }
 
-/// Logs each file error once, when it appears or changes, and counts the
+/// Logs each file error once, when it appears or changes, and a file's
+/// warnings when they change; counts the
 /// limits hit in `hdsd_dataplane_file_limit_hits_total`.
 /// Also sets `hdsd_dataplane_document_cache_bytes` and
 /// `hdsd_dataplane_document_cache_documents`: what the files' kept parses
@@ -789,6 +839,11 @@ pub fn log_problems(loaded: &Loaded, before: &Loaded) {
     });
     crate::metrics::document_cache(bytes, documents);
     for (path, state) in &loaded.files {
+        if before.files.get(path).map(|f| &f.warnings) != Some(&state.warnings) {
+            for w in &state.warnings {
+                tracing::warn!(file = %path.display(), line = w.line, "{}", w.message);
+            }
+        }
         let Some(error) = &state.error else { continue };
         if before.files.get(path).and_then(|f| f.error.as_ref()) == Some(error) {
             continue;

@@ -547,7 +547,35 @@ pub fn render_broken_files(sources: &crate::api::SourcesView) -> String {
     out
 }
 
-/// `render`, the broken files and [`render_zones`] at the current time.
+/// The dataplane files' warnings (fields ignored, inbounds in no service),
+/// as the page's banner lists them; empty when there are none.
+pub fn render_file_warnings(sources: &crate::api::SourcesView) -> String {
+    let warnings: Vec<_> = sources
+        .files
+        .iter()
+        .flat_map(|f| f.warnings.iter().map(move |w| (f, w)))
+        .collect();
+    if warnings.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "\nDataplane file warnings ({}; the files load, `hdsd validate` lists them too):\n",
+        warnings.len()
+    );
+    for (file, w) in warnings {
+        let _ = writeln!(
+            out,
+            "  {}{}: {}",
+            file.path,
+            w.line.map_or(String::new(), |l| format!(" line {l}")),
+            w.message
+        );
+    }
+    out
+}
+
+/// `render`, the broken files, their warnings and [`render_zones`] at the
+/// current time.
 pub fn render_now(
     items: &[DataplaneItem],
     sources: Option<&crate::api::SourcesView>,
@@ -556,6 +584,7 @@ pub fn render_now(
     let now = Utc::now();
     render(items, now)
         + &sources.map(render_broken_files).unwrap_or_default()
+        + &sources.map(render_file_warnings).unwrap_or_default()
         + &render_zones(zones, now)
 }
 
@@ -672,6 +701,35 @@ mod tests {
             serde_json::from_value(serde_json::json!({"dir": "d", "errors": 0, "files": []}))
                 .unwrap();
         assert_eq!(render_broken_files(&fine), "");
+        assert_eq!(render_file_warnings(&fine), "");
+    }
+
+    /// Warnings are listed per file, with their line when known.
+    #[test]
+    fn file_warnings_are_listed_with_their_line() {
+        let sources: crate::api::SourcesView = serde_json::from_value(serde_json::json!({
+            "dir": "./dataplanes", "errors": 0, "warnings": 2,
+            "files": [
+                {"path": "web.yaml", "dataplanes": ["default.web"], "error": null,
+                 "warnings": [
+                     {"line": 9, "message": "document 1: unknown field networking.transparentProxying.redirectPort ignored"},
+                     {"message": "dataplane default.web: networking.inbound[0] (port 1) has no kuma.io/service tag"}
+                 ]},
+                {"path": "db.yaml", "dataplanes": ["default.db"], "error": null}
+            ]
+        }))
+        .unwrap();
+        let text = render_file_warnings(&sources);
+        assert!(text.contains("Dataplane file warnings (2;"), "{text}");
+        assert!(
+            text.contains("  web.yaml line 9: document 1: unknown field networking.transparentProxying.redirectPort ignored"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  web.yaml: dataplane default.web: networking.inbound[0]"),
+            "{text}"
+        );
+        assert!(!text.contains("db.yaml"), "{text}");
     }
 
     /// A global lists its zones; a zone shows its link and its problem;

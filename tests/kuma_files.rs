@@ -213,3 +213,68 @@ fn declared_states_with_a_real_envoy() {
     let listed = hdsd.get_json("/api/v1/dataplanes?ready=true").unwrap();
     assert_eq!(listed["items"][0]["name"], "web-01", "{listed}");
 }
+
+/// `hdsd validate` over a dataplanes directory holding `name` (from
+/// testdata/kuma-invalid), with `extra` in the `[dataplanes]` table:
+/// (success, stdout, stderr).
+fn validate_dir(name: &str, extra: &str) -> (bool, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let dps = dir.path().join("dataplanes");
+    std::fs::create_dir_all(&dps).unwrap();
+    std::fs::write(dps.join(name), fixture("kuma-invalid", name)).unwrap();
+    let config = dir.path().join("hdsd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = {:?}\n[dataplanes]\ndir = {:?}\n{extra}",
+            dir.path().join("state").display().to_string(),
+            dps.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hdsd"))
+        .args(["validate", "--config"])
+        .arg(&config)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run hdsd validate");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_stale_field_is_refused_by_default_and_a_warning_when_unknown_fields_warn() {
+    // The default, as `hdsd config defaults` prints it: refused, naming the
+    // field and its line.
+    let out = Command::new(env!("CARGO_BIN_EXE_hdsd"))
+        .args(["config", "defaults"])
+        .output()
+        .expect("run hdsd config defaults");
+    let defaults = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        defaults.contains("\nunknown_fields = \"refuse\"\n"),
+        "{defaults}"
+    );
+    let (ok, stdout, stderr) = validate_dir("stale-field.yaml", "");
+    assert!(!ok, "{stdout}{stderr}");
+    assert!(
+        stderr.contains("stale-field.yaml:15: document 1: networking.transparentProxying: unknown field `redirectPort`"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("1 problem(s) found"), "{stderr}");
+
+    // Lenient: the file loads, the field is listed as ignored.
+    let (ok, stdout, stderr) = validate_dir("stale-field.yaml", "unknown_fields = \"warn\"\n");
+    assert!(ok, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("ok: configuration valid, 1 dataplanes"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("stale-field.yaml:15: warning: document 1: unknown field networking.transparentProxying.redirectPort ignored (dataplanes.unknown_fields = \"warn\"); remove it, or set dataplanes.unknown_fields = \"refuse\" to make it an error"),
+        "{stderr}"
+    );
+}

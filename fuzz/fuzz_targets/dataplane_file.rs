@@ -5,7 +5,9 @@
 //! earlier version of it, gives the whole-file parser's answer.
 #![no_main]
 
-use hdsd::dataplane::{parse_file_with, reparse_file, Documents, FileLimits, Format};
+use hdsd::dataplane::{
+    parse_file_with, reparse_file, Documents, FileLimits, Format, UnknownFields,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -29,6 +31,12 @@ fuzz_target!(|data: &[u8]| {
         max_tags: 4,
         max_documents: 16,
         max_kept_bytes: 1 << 20,
+        // Both modes: the pieces must agree with the whole file in each.
+        unknown_fields: if selector & 2 == 0 {
+            UnknownFields::Refuse
+        } else {
+            UnknownFields::Warn
+        },
     };
     let whole = parse_file_with(text, format, &limits);
     if let Ok(parsed) = &whole {
@@ -53,6 +61,7 @@ fuzz_target!(|data: &[u8]| {
             (Ok(w), Ok(p)) => {
                 assert!(w.dataplanes.iter().eq(p.dataplanes.iter().map(|d| &**d)));
                 assert_eq!(w.ignored, p.ignored);
+                assert_eq!(w.warnings, p.warnings);
             }
             (Err(w), Err(p)) => assert_eq!(w, p),
             _ => panic!("whole file: {whole:?}; by documents: {pieces:?}"),

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::view::DataplaneItem;
 
 /// The tag that names an inbound's service.
-pub const SERVICE_TAG: &str = "kuma.io/service";
+pub use crate::dataplane::SERVICE_TAG;
 
 /// A service's health, by Kuma's rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

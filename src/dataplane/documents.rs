@@ -26,7 +26,10 @@ use super::error::{Limit, ParseError};
 use super::kuma::{DataplaneDoc, Header};
 use super::limits::{check_sizes, scan_yaml, FileLimits, YamlSize};
 use super::model::Dataplane;
-use super::parse::{classify, find_template, parse_file_with, Format, IgnoredDocument, ParsedFile};
+use super::parse::{
+    classify, dataplane_warnings, find_template, parse_file_with, Format, IgnoredDocument,
+    ParsedFile, Warning,
+};
 
 /// A file's documents as of its last good parse, for the next version of the
 /// file to reuse. It holds the file's text once; its dataplanes are shared
@@ -123,6 +126,8 @@ impl PartialEq for Documents {
 pub struct Reparsed {
     pub dataplanes: Vec<Arc<Dataplane>>,
     pub ignored: Vec<IgnoredDocument>,
+    /// As [`ParsedFile::warnings`].
+    pub warnings: Vec<Warning>,
     /// What the next version of the file can reuse.
     pub documents: Documents,
     /// How many pieces of the file kept their previous parse (0 when the
@@ -159,10 +164,12 @@ pub fn reparse_file(
     let ParsedFile {
         dataplanes,
         ignored,
+        warnings,
     } = parse_file_with(text, format, limits)?;
     Ok(Reparsed {
         dataplanes: dataplanes.into_iter().map(Arc::new).collect(),
         ignored,
+        warnings,
         documents: Documents::default(),
         reused: 0,
     })
@@ -258,6 +265,9 @@ fn by_pieces(text: &str, limits: &FileLimits, previous: &Documents) -> Option<Re
     {
         return None;
     }
+    // A piece with an unknown field went to the whole-file parser: only the
+    // dataplanes' own warnings are left.
+    out.warnings = dataplane_warnings(out.dataplanes.iter().map(|d| &**d));
     out.documents = Documents(Some(Arc::new(Kept {
         text: text.into(),
         limits: *limits,
@@ -386,6 +396,7 @@ mod tests {
                     let dps: Vec<Dataplane> = g.dataplanes.iter().map(|d| (**d).clone()).collect();
                     assert_eq!(w.dataplanes, dps, "{text:?}");
                     assert_eq!(w.ignored, g.ignored, "{text:?}");
+                    assert_eq!(w.warnings, g.warnings, "{text:?}");
                 }
                 (Err(w), Err(g)) => assert_eq!(w, g, "{text:?}"),
                 _ => panic!("{text:?}: whole {whole:?}, pieces {got:?}"),

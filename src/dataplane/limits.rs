@@ -25,6 +25,22 @@ pub struct FileLimits {
     /// Bytes the parse of one file may keep for the file's next version
     /// (its text and what each of its documents parsed to).
     pub max_kept_bytes: u64,
+    /// What a key the Dataplane resource does not define is: an error (the
+    /// default), or a warning and the key ignored.
+    pub unknown_fields: UnknownFields,
+}
+
+/// `dataplanes.unknown_fields`: what a key that Kuma's `Dataplane` does not
+/// define (or that hdsd does not know) makes of its file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownFields {
+    /// The file is refused, naming the key and its line: a typo fails.
+    #[default]
+    Refuse,
+    /// The key is ignored and a warning listed with the file (as Kuma,
+    /// which reads its resources with unknown fields allowed, does).
+    Warn,
 }
 
 impl Default for FileLimits {
@@ -37,6 +53,7 @@ impl Default for FileLimits {
             max_tags: 64,
             max_documents: 10_000,
             max_kept_bytes: 4 * 1024 * 1024,
+            unknown_fields: UnknownFields::Refuse,
         }
     }
 }
@@ -245,6 +262,7 @@ mod tests {
             max_tags: 2,
             max_documents: 8,
             max_kept_bytes: 1 << 20,
+            unknown_fields: UnknownFields::Refuse,
         }
     }
 

@@ -11,6 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::probe::{Check, ProbeSettings};
 
+/// The tag that names an inbound's service: services and EDS clusters group
+/// inbounds by it.
+pub const SERVICE_TAG: &str = "kuma.io/service";
+
 /// `<mesh>.<name>`: the identity of a dataplane, and Envoy's `node.id`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct DataplaneId {

@@ -3,11 +3,12 @@
 //! file's limits.
 
 use serde::{Deserialize, Serialize};
+use serde_path_to_error::{Path, Segment};
 
 use super::error::ParseError;
 use super::kuma::{DataplaneDoc, Header};
-use super::limits::{check_file_size, check_sizes, check_yaml, FileLimits};
-use super::model::Dataplane;
+use super::limits::{check_file_size, check_sizes, check_yaml, FileLimits, UnknownFields};
+use super::model::{Dataplane, InboundState, SERVICE_TAG};
 
 /// The two forms Kuma reads a resource in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,12 +40,30 @@ pub struct IgnoredDocument {
     pub name: Option<String>,
 }
 
+/// Something about a file that does not stop it from loading: a field
+/// ignored (`dataplanes.unknown_fields = "warn"`), an inbound in no service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Warning {
+    /// The line it is about, when known.
+    #[serde(default)]
+    pub line: Option<usize>,
+    pub message: String,
+}
+
 /// Everything one file holds.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ParsedFile {
     pub dataplanes: Vec<Dataplane>,
     pub ignored: Vec<IgnoredDocument>,
+    /// In file order: the unknown fields ignored, then the dataplanes'
+    /// warnings ([`dataplane_warnings`]).
+    pub warnings: Vec<Warning>,
 }
+
+/// The most unknown fields one document may have with
+/// `dataplanes.unknown_fields = "warn"`: each costs a deserialization of
+/// the document, and a document with more is hardly a Dataplane.
+pub const MAX_UNKNOWN_FIELDS: usize = 32;
 
 /// Parses every `---`-separated YAML document of one file and keeps the
 /// dataplanes. Empty documents and other resource types are skipped.
@@ -81,17 +100,41 @@ pub fn parse_file_with(
     match format {
         Format::Yaml => {
             check_yaml(text, limits)?;
-            parse_yaml(text, &mut out)?
+            parse_yaml(text, limits, &mut out)?
         }
         Format::Json => parse_json(text, limits, &mut out)?,
     }
     for dp in &out.dataplanes {
         check_sizes(dp, limits)?;
     }
+    out.warnings.extend(dataplane_warnings(&out.dataplanes));
     Ok(out)
 }
 
-fn parse_yaml(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
+/// What a file's reader should know about its dataplanes: an inbound
+/// without a `kuma.io/service` tag (Kuma refuses one) is checked, but it
+/// counts in no service and no EDS cluster. Inbounds of state `Ignored` are
+/// not checked and are left out.
+pub fn dataplane_warnings<'a>(dataplanes: impl IntoIterator<Item = &'a Dataplane>) -> Vec<Warning> {
+    let mut warnings = Vec::new();
+    for dp in dataplanes {
+        for (i, inbound) in dp.inbounds.iter().enumerate() {
+            if inbound.state == InboundState::Ignored || inbound.tags.contains_key(SERVICE_TAG) {
+                continue;
+            }
+            warnings.push(Warning {
+                line: None,
+                message: format!(
+                    "dataplane {}: networking.inbound[{i}] (port {}) has no {SERVICE_TAG} tag: it counts in no service (GET /api/v1/services) and in no EDS cluster, whatever its health; add tags: {{{SERVICE_TAG}: <service name>}}",
+                    dp.id, inbound.port
+                ),
+            });
+        }
+    }
+    warnings
+}
+
+fn parse_yaml(text: &str, limits: &FileLimits, out: &mut ParsedFile) -> Result<(), ParseError> {
     // First pass: what each document is. Second pass: the dataplanes, with
     // the parser's line numbers for their errors.
     let mut headers = Vec::new();
@@ -104,21 +147,198 @@ fn parse_yaml(text: &str, out: &mut ParsedFile) -> Result<(), ParseError> {
             })?,
         );
     }
+    // With unknown fields allowed, a third pass reads a document with one
+    // as a value, to take the fields out.
+    let mut values = (limits.unknown_fields == UnknownFields::Warn)
+        .then(|| serde_yaml_ng::Deserializer::from_str(text));
     for (index, (document, header)) in serde_yaml_ng::Deserializer::from_str(text)
         .zip(headers)
         .enumerate()
     {
+        let as_value = values.as_mut().and_then(Iterator::next);
         if !classify(index, header, out)? {
             continue;
         }
-        let doc = DataplaneDoc::deserialize(document).map_err(|e| ParseError {
-            limit: None,
-            line: e.location().map(|l| l.line()),
-            message: format!("document {}: {}", index + 1, strip_location(&e.to_string())),
-        })?;
+        let doc = match serde_path_to_error::deserialize::<_, DataplaneDoc>(document) {
+            Ok(doc) => doc,
+            Err(e) => {
+                let error = ParseError {
+                    limit: None,
+                    line: e.inner().location().map(|l| l.line()),
+                    message: format!(
+                        "document {}: {}",
+                        index + 1,
+                        strip_location(&e.inner().to_string())
+                    ),
+                };
+                let (Some(document), Some(unknown)) = (as_value, unknown_field(&e)) else {
+                    return Err(error);
+                };
+                let value =
+                    serde_yaml_ng::Value::deserialize(document).map_err(|_| error.clone())?;
+                let line = e.inner().location().map(|l| l.line());
+                without_unknown(
+                    index,
+                    value,
+                    unknown,
+                    line,
+                    error,
+                    out,
+                    |value, path, field| {
+                        let mut at = value;
+                        for segment in path {
+                            at = match (segment, at) {
+                                (Segment::Map { key }, serde_yaml_ng::Value::Mapping(m)) => {
+                                    m.get_mut(key.as_str())?
+                                }
+                                (Segment::Seq { index }, serde_yaml_ng::Value::Sequence(s)) => {
+                                    s.get_mut(*index)?
+                                }
+                                _ => return None,
+                            };
+                        }
+                        at.as_mapping_mut()?.remove(field).map(|_| ())
+                    },
+                    |value| {
+                        serde_path_to_error::deserialize::<_, DataplaneDoc>(value)
+                            .map_err(|e| (e.path().clone(), e.inner().to_string()))
+                    },
+                )?
+            }
+        };
         add(index, doc, out)?;
     }
     Ok(())
+}
+
+/// The unknown field a strict deserialization stopped at: the path of its
+/// mapping and its name. `None` for any other error.
+fn unknown_field<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> Option<Unknown> {
+    unknown_in(&e.inner().to_string()).map(|field| Unknown::new(e.path(), field))
+}
+
+/// An unknown field: the path of the mapping that holds it, and its name.
+struct Unknown {
+    mapping: Vec<Segment>,
+    field: String,
+}
+
+impl Unknown {
+    /// The error's path may end with the field's own key (JSON's does).
+    fn new(path: &Path, field: String) -> Unknown {
+        let mut mapping: Vec<Segment> = path.iter().cloned().collect();
+        if matches!(mapping.last(), Some(Segment::Map { key }) if *key == field) {
+            mapping.pop();
+        }
+        Unknown { mapping, field }
+    }
+
+    /// `networking.inbound[0].field`.
+    fn path(&self) -> String {
+        let mut out = String::new();
+        for segment in &self.mapping {
+            match segment {
+                Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+                Segment::Map { key } => {
+                    if !out.is_empty() {
+                        out.push('.');
+                    }
+                    out.push_str(key);
+                }
+                _ => out.push_str(".?"),
+            }
+        }
+        if !out.is_empty() {
+            out.push('.');
+        }
+        out + &self.field
+    }
+}
+
+/// The field named by serde's `unknown field `NAME`, expected ...` (after
+/// the parser's own path, if any).
+fn unknown_in(message: &str) -> Option<String> {
+    const START: &str = "unknown field `";
+    let at = message.find(START)?;
+    if at > 0 && !message[..at].ends_with(": ") {
+        return None;
+    }
+    let rest = &message[at + START.len()..];
+    let end = ["`, expected", "`, there are no fields"]
+        .iter()
+        .filter_map(|t| rest.find(t))
+        .min()?;
+    Some(rest[..end].to_string())
+}
+
+/// Document `index` (its value) read without its unknown fields, each one
+/// taken out and listed as a warning, the first being `unknown` (found at
+/// `line`). Any other problem is an error: `strict` (the strict parse's)
+/// when an unknown field cannot be taken out, else the problem left once
+/// they are.
+#[allow(clippy::too_many_arguments)]
+fn without_unknown<V>(
+    index: usize,
+    mut value: V,
+    mut unknown: Unknown,
+    mut line: Option<usize>,
+    strict: ParseError,
+    out: &mut ParsedFile,
+    remove: impl Fn(&mut V, &[Segment], &str) -> Option<()>,
+    read: impl Fn(&V) -> Result<DataplaneDoc, (Path, String)>,
+) -> Result<DataplaneDoc, ParseError> {
+    let mut warnings = Vec::new();
+    loop {
+        if warnings.len() == MAX_UNKNOWN_FIELDS {
+            return Err(ParseError {
+                message: format!(
+                    "document {}: more than {MAX_UNKNOWN_FIELDS} unknown fields (dataplanes.unknown_fields = \"warn\" ignores at most {MAX_UNKNOWN_FIELDS} per document), the last {}; is it a Dataplane? remove them",
+                    index + 1,
+                    unknown.path()
+                ),
+                ..strict
+            });
+        }
+        if remove(&mut value, &unknown.mapping, &unknown.field).is_none() {
+            return Err(strict);
+        }
+        warnings.push(Warning {
+            line,
+            message: format!(
+                "document {}: unknown field {} ignored (dataplanes.unknown_fields = \"warn\"); remove it, or set dataplanes.unknown_fields = \"refuse\" to make it an error",
+                index + 1,
+                unknown.path()
+            ),
+        });
+        match read(&value) {
+            Ok(doc) => {
+                out.warnings.append(&mut warnings);
+                return Ok(doc);
+            }
+            Err((path, message)) => match unknown_in(&message) {
+                // Read from a value: no line.
+                Some(field) => {
+                    unknown = Unknown::new(&path, field);
+                    line = None;
+                }
+                None => {
+                    let path = match path.to_string().as_str() {
+                        "." => String::new(),
+                        p => format!("{p}: "),
+                    };
+                    return Err(ParseError {
+                        limit: None,
+                        line: None,
+                        message: format!(
+                            "document {}: {path}{}",
+                            index + 1,
+                            strip_location(&message)
+                        ),
+                    });
+                }
+            },
+        }
+    }
 }
 
 fn parse_json(text: &str, limits: &FileLimits, out: &mut ParsedFile) -> Result<(), ParseError> {
@@ -152,15 +372,48 @@ fn parse_json(text: &str, limits: &FileLimits, out: &mut ParsedFile) -> Result<(
         start = end;
         if classify(index, Some(header), out)? {
             let mut de = serde_json::Deserializer::from_str(slice);
-            let doc: DataplaneDoc = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-                let path = e.path().to_string();
-                let path = if path == "." {
-                    String::new()
-                } else {
-                    format!("{path}: ")
-                };
-                json_error(index, first_line, e.inner(), path)
-            })?;
+            let doc = match serde_path_to_error::deserialize::<_, DataplaneDoc>(&mut de) {
+                Ok(doc) => doc,
+                Err(e) => {
+                    let path = e.path().to_string();
+                    let path = if path == "." {
+                        String::new()
+                    } else {
+                        format!("{path}: ")
+                    };
+                    let error = json_error(index, first_line, e.inner(), path);
+                    let unknown =
+                        unknown_field(&e).filter(|_| limits.unknown_fields == UnknownFields::Warn);
+                    let value = serde_json::from_str::<serde_json::Value>(slice).ok();
+                    let (Some(unknown), Some(value)) = (unknown, value) else {
+                        return Err(error);
+                    };
+                    let line = error.line;
+                    without_unknown(
+                        index,
+                        value,
+                        unknown,
+                        line,
+                        error,
+                        out,
+                        |value, path, field| {
+                            let mut at = value;
+                            for segment in path {
+                                at = match segment {
+                                    Segment::Map { key } => at.as_object_mut()?.get_mut(key)?,
+                                    Segment::Seq { index } => at.as_array_mut()?.get_mut(*index)?,
+                                    _ => return None,
+                                };
+                            }
+                            at.as_object_mut()?.remove(field).map(|_| ())
+                        },
+                        |value| {
+                            serde_path_to_error::deserialize::<_, DataplaneDoc>(value)
+                                .map_err(|e| (e.path().clone(), e.inner().to_string()))
+                        },
+                    )?
+                }
+            };
             add(index, doc, out)?;
         }
         first_line += slice.matches('\n').count();
@@ -264,6 +517,133 @@ mod tests {
     const TEMPLATE: &str = include_str!("../../testdata/kuma-invalid/template.yaml");
     const TYPO: &str = include_str!("../../testdata/kuma-invalid/typo.yaml");
     const NO_TYPE: &str = include_str!("../../testdata/kuma-invalid/no-type.yaml");
+    const STALE: &str = include_str!("../../testdata/kuma-invalid/stale-field.yaml");
+
+    fn warn() -> FileLimits {
+        FileLimits {
+            unknown_fields: UnknownFields::Warn,
+            ..FileLimits::default()
+        }
+    }
+
+    fn messages(parsed: &ParsedFile) -> Vec<(Option<usize>, &str)> {
+        parsed
+            .warnings
+            .iter()
+            .map(|w| (w.line, w.message.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn a_stale_field_is_refused_by_default_and_ignored_with_a_warning() {
+        let e = parse_file(STALE, Format::Yaml).unwrap_err();
+        assert!(e.message.contains("unknown field `redirectPort`"), "{e}");
+        assert!(e.message.contains("networking.transparentProxying"), "{e}");
+        assert_eq!(e.line, Some(15), "{e}");
+
+        let parsed =
+            parse_file_with(STALE, Format::Yaml, &warn()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(parsed.dataplanes[0].id.to_string(), "default.stale-01");
+        assert_eq!(
+            messages(&parsed),
+            [(
+                Some(15),
+                "document 1: unknown field networking.transparentProxying.redirectPort ignored (dataplanes.unknown_fields = \"warn\"); remove it, or set dataplanes.unknown_fields = \"refuse\" to make it an error"
+            )]
+        );
+        // The dataplane is the one without the field.
+        let without = STALE.replace("    redirectPort: 15001\n", "");
+        let clean = parse_file(&without, Format::Yaml).unwrap();
+        assert_eq!(clean.dataplanes, parsed.dataplanes);
+        assert!(clean.warnings.is_empty());
+    }
+
+    #[test]
+    fn a_typo_is_still_refused_by_default_and_every_unknown_field_listed_in_warn_mode() {
+        // Today's error, unchanged.
+        let e = parse_file_with(TYPO, Format::Yaml, &FileLimits::default()).unwrap_err();
+        assert_eq!(e.line, Some(12), "{e}");
+        assert!(
+            e.message
+                .starts_with("document 2: networking.inbound[0]: unknown field `protocl`"),
+            "{e}"
+        );
+        // Warn mode: nested and top-level fields, several in a document,
+        // in several documents; the first of each document has its line.
+        let text = format!(
+            "{TYPO}\n---\n{}",
+            STALE.replace("mesh: default\n", "mesh: default\nstatus: {a: 1}\n")
+        );
+        let parsed =
+            parse_file_with(&text, Format::Yaml, &warn()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(parsed.dataplanes.len(), 2);
+        let fields: Vec<(Option<usize>, &str)> = messages(&parsed)
+            .into_iter()
+            .map(|(l, m)| (l, m.split(" ignored").next().unwrap()))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                (
+                    Some(12),
+                    "document 2: unknown field networking.inbound[0].protocl"
+                ),
+                (Some(22), "document 3: unknown field status"),
+                (
+                    None,
+                    "document 3: unknown field networking.transparentProxying.redirectPort"
+                ),
+            ]
+        );
+        // Any other problem stays an error, named after the fields are gone.
+        let bad = STALE.replace("127.0.0.1", "web.local");
+        let e = parse_file_with(&bad, Format::Yaml, &warn()).unwrap_err();
+        assert!(e.message.contains("not an IP literal"), "{e}");
+        assert!(!e.message.contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn unknown_fields_in_json_and_the_cap() {
+        let json = JSON.replace("\"servicePort\"", "\"oldPort\": 1, \"servicePort\"");
+        let e = parse_file(&json, Format::Json).unwrap_err();
+        assert!(e.message.contains("unknown field `oldPort`"), "{e}");
+        let parsed =
+            parse_file_with(&json, Format::Json, &warn()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            parsed.dataplanes,
+            parse_file(JSON, Format::Json).unwrap().dataplanes
+        );
+        let (line, message) = messages(&parsed)[0];
+        assert_eq!(line, e.line);
+        assert!(
+            message.starts_with("document 1: unknown field networking.inbound[0].oldPort ignored"),
+            "{message}"
+        );
+        // Past the cap, the document is refused.
+        let many: String = (0..=MAX_UNKNOWN_FIELDS)
+            .map(|i| format!("x{i}: 1\n"))
+            .collect();
+        let text = format!("{many}{}", STALE.replace("# ", "#"));
+        let e = parse_file_with(&text, Format::Yaml, &warn()).unwrap_err();
+        assert!(e.message.contains("more than 32 unknown fields"), "{e}");
+        let fewer: String = (0..MAX_UNKNOWN_FIELDS - 1)
+            .map(|i| format!("x{i}: 1\n"))
+            .collect();
+        let parsed = parse_file_with(&format!("{fewer}{STALE}"), Format::Yaml, &warn()).unwrap();
+        assert_eq!(parsed.warnings.len(), MAX_UNKNOWN_FIELDS);
+    }
+
+    #[test]
+    fn an_inbound_without_a_service_tag_is_a_warning() {
+        let text = "type: Dataplane\nmesh: shop\nname: web-01\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    tags: {kuma.io/service: web}\n  - port: 10002\n    servicePort: 8081\n    tags: {version: v1}\n  - port: 10003\n    servicePort: 8082\n    state: Ignored\n";
+        let parsed = parse_file(text, Format::Yaml).unwrap();
+        assert_eq!(
+            messages(&parsed),
+            [(None, "dataplane shop.web-01: networking.inbound[1] (port 10002) has no kuma.io/service tag: it counts in no service (GET /api/v1/services) and in no EDS cluster, whatever its health; add tags: {kuma.io/service: <service name>}")]
+        );
+        // The fixtures all have one.
+        assert!(yaml(MIXED).warnings.is_empty());
+    }
 
     #[test]
     fn several_documents_and_empty_ones() {

@@ -721,6 +721,7 @@
   }
 
   function renderBanner(sources) {
+    renderNotices(sources);
     const banner = $('banner');
     const broken = sources.files.filter((f) => f.error);
     banner.hidden = broken.length === 0;
@@ -730,6 +731,19 @@
     $('banner-list').replaceChildren(...broken.map((f) =>
       h('li', { 'data-file': f.path },
         h('code', {}, f.path), f.error.line ? ` line ${f.error.line}` : '', ': ', f.error.message)));
+  }
+
+  // The files' warnings (fields ignored, inbounds in no service): they load.
+  function renderNotices(sources) {
+    const notices = $('notices');
+    const warned = sources.files.flatMap((f) => (f.warnings || []).map((w) => ({ path: f.path, w })));
+    notices.hidden = warned.length === 0;
+    const signature = JSON.stringify(warned);
+    if (notices.dataset.signature === signature) return;
+    notices.dataset.signature = signature;
+    $('notices-list').replaceChildren(...warned.map(({ path, w }) =>
+      h('li', { 'data-file': path },
+        h('code', {}, path), w.line ? ` line ${w.line}` : '', ': ', w.message)));
   }
 
   // ------------------------------------------------------------ the last hour
