@@ -99,6 +99,7 @@ fi
 KUBERNETES_VALIDATE_VERSION=1.37.0
 if ! PYTHONPATH=.venv/kubernetes-validate .venv/bin/python -c "import importlib.metadata as m, kubernetes_validate; assert m.version('kubernetes-validate') == '$KUBERNETES_VALIDATE_VERSION'" 2>/dev/null; then
   rm -rf .venv/kubernetes-validate
+  echo "setup: installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION (PyPI) into .venv/kubernetes-validate" >&2
   quietly .venv/bin/pip install --quiet --disable-pip-version-check \
     --target .venv/kubernetes-validate "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
 fi
