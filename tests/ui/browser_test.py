@@ -88,11 +88,9 @@ def live(page, args, checks):
     # Loading..., never an empty table or "No dataplanes".
     held = []
     page.route(re.compile(r".*/api/v1/dataplanes$"), lambda route: held.append(route))
-    page.goto(args.url)
+    with page.expect_request(re.compile(r".*/api/v1/dataplanes$"), timeout=15_000):
+        page.goto(args.url)
     expect(page.locator("#empty")).to_have_text("Loading...", timeout=15_000)
-    deadline = time.monotonic() + 15
-    while not held and time.monotonic() < deadline:
-        page.wait_for_timeout(50)
     checks.that(len(held) == 1 and page.locator("#dataplanes tbody tr").count() == 0,
                 "until the list arrives the table is empty and says Loading...")
     held[0].continue_()
@@ -411,7 +409,8 @@ def timeline(page, args, checks):
     action("stop_app web-1")
     web1 = row(page, "web-1")
     expect(web1).to_have_attribute("data-ready", "false", timeout=10_000)
-    page.wait_for_timeout(1_500)  # a visible stretch of not ready
+    # A visible stretch of not ready: until the history the page polls has it.
+    expect(chart).to_have_attribute("data-not-ready-now", "1", timeout=12_000)
     action("start_app web-1")
     expect(web1).to_have_attribute("data-ready", "true", timeout=15_000)
     back = page.evaluate("Date.now()")
