@@ -127,11 +127,21 @@ fn screenshot_path() -> PathBuf {
     dir.join("ui.png")
 }
 
-/// Writes each dataplane's file, starts its Envoy and waits until its
-/// inbound is healthy; returns the Envoys.
-fn serve_all(hdsd: &Hdsd, dataplanes: &[(&str, u16, &str)], yaml: &[String]) -> Vec<Envoy> {
+/// Writes each dataplane's file (one inbound, probing its app), starts its
+/// Envoy and waits until its inbound is healthy; returns the Envoys and the
+/// files' texts.
+fn serve_all(
+    hdsd: &Hdsd,
+    dataplanes: &[(&str, u16, &str)],
+    apps: &[App],
+) -> (Vec<Envoy>, Vec<String>) {
+    let yaml: Vec<String> = dataplanes
+        .iter()
+        .zip(apps)
+        .map(|((name, port, service), app)| dataplane(name, *port, service, app.port))
+        .collect();
     let mut envoys = Vec::new();
-    for ((name, _, _), yaml) in dataplanes.iter().zip(yaml) {
+    for ((name, _, _), yaml) in dataplanes.iter().zip(&yaml) {
         hdsd.write_dataplane(&format!("{name}.yaml"), yaml);
         envoys.push(Envoy::start(hdsd.hds, &format!("default.{name}"), None));
     }
@@ -143,7 +153,7 @@ fn serve_all(hdsd: &Hdsd, dataplanes: &[(&str, u16, &str)], yaml: &[String]) -> 
             Duration::from_secs(30),
         );
     }
-    envoys
+    (envoys, yaml)
 }
 
 #[test]
@@ -159,12 +169,7 @@ fn the_fleet_page_follows_the_fleet_live_in_chromium() {
         ("web-2", 21002, "web"),
         ("api-1", 21003, "api"),
     ];
-    let yaml: Vec<String> = dataplanes
-        .iter()
-        .zip(&apps)
-        .map(|((name, port, service), app)| dataplane(name, *port, service, app.port))
-        .collect();
-    let envoys = serve_all(&hdsd, &dataplanes, &yaml);
+    let (envoys, yaml) = serve_all(&hdsd, &dataplanes, &apps);
     let shot = screenshot_path();
     let args = vec![
         "--scenario".to_string(),
@@ -204,12 +209,7 @@ fn the_page_draws_the_last_hour_in_chromium() {
     let hdsd = Hdsd::start(HdsdOptions::default());
     let mut apps = [App::start(), App::start()];
     let dataplanes = [("web-1", 23001, "web"), ("api-1", 23002, "api")];
-    let yaml: Vec<String> = dataplanes
-        .iter()
-        .zip(&apps)
-        .map(|((name, port, service), app)| dataplane(name, *port, service, app.port))
-        .collect();
-    let envoys = serve_all(&hdsd, &dataplanes, &yaml);
+    let (envoys, _) = serve_all(&hdsd, &dataplanes, &apps);
     let shot = screenshot_path().with_file_name("timeline.png");
     let args = vec![
         "--scenario".to_string(),
