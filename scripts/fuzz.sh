@@ -14,7 +14,8 @@
 # Targets (fuzz/fuzz_targets/): dataplane_file (the Dataplane YAML/JSON parser
 # and its limits), token_verify (the token verifier), config_load (the
 # configuration loader and validation), report_fold (Envoy's health reports
-# folded into readiness). Default: every target, 30 s each (what CI runs).
+# folded into readiness), lean_codecs (hdsd's own readers of HDS and EDS
+# requests, against prost's). Default: every target, 30 s each (what CI runs).
 # Each target's corpus (fuzz/corpus/<target>/) is seeded from the test
 # fixtures (testdata/, examples/, docker/) and grows across runs; a crash
 # ends the run with a non-zero exit and leaves its input in
@@ -30,7 +31,7 @@ seconds="${1:-30}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(dataplane_file token_verify config_load report_fold)
+    targets=(dataplane_file token_verify config_load report_fold lean_codecs)
 fi
 export RUSTC_BOOTSTRAP=1
 

@@ -29,6 +29,7 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     pub auth: AuthConfig,
     pub log: LogConfig,
+    pub limits: Limits,
     pub eds: EdsConfig,
     pub store: StoreConfig,
     pub cluster: ClusterConfig,
@@ -507,6 +508,9 @@ pub struct ApiLimits {
     pub max_watches: usize,
     /// Dataplane names plus selector tags one watch may name.
     pub max_watch_names: usize,
+    /// Concurrent HTTP/2 streams per API connection: the watches (and a
+    /// browser's requests) one connection may have open at once.
+    pub max_streams_per_connection: u32,
 }
 
 impl Default for ApiLimits {
@@ -521,6 +525,7 @@ impl Default for ApiLimits {
             idle_timeout: Duration::from_secs(60),
             max_watches: 512,
             max_watch_names: 256,
+            max_streams_per_connection: 64,
         }
     }
 }
@@ -720,6 +725,27 @@ pub struct LogConfig {
     /// A tracing filter (`info`, `hdsd=debug`); `RUST_LOG` wins when set.
     pub level: String,
     pub format: LogFormat,
+    /// Bytes of log written per second at most, over the whole process
+    /// (0: no limit); past it, lines are left out and the next line
+    /// written says how many.
+    pub max_bytes_per_second: u64,
+}
+
+/// `[limits]`: what all clients together may make hdsd hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Bytes held at once on behalf of clients, over every listener: gRPC
+    /// messages and HTTP request bodies that have not arrived whole.
+    pub client_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            client_bytes: 128 * 1024 * 1024,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -739,6 +765,7 @@ impl Default for Config {
             shutdown_timeout: Duration::from_secs(10),
             auth: AuthConfig::default(),
             log: LogConfig::default(),
+            limits: Limits::default(),
             eds: EdsConfig::default(),
             store: StoreConfig::default(),
             cluster: ClusterConfig::default(),
@@ -836,6 +863,7 @@ impl Default for LogConfig {
         LogConfig {
             level: "info".to_string(),
             format: LogFormat::Text,
+            max_bytes_per_second: 256 * 1024,
         }
     }
 }
@@ -1215,11 +1243,21 @@ impl Config {
                 self.api.limits.max_connections_per_ip,
             ),
             ("api.limits.max_watches", self.api.limits.max_watches),
+            (
+                "api.limits.max_streams_per_connection",
+                self.api.limits.max_streams_per_connection as usize,
+            ),
             ("eds.max_resource_names", self.eds.max_resource_names),
         ] {
             if value == 0 {
                 problems.push(format!("{key} must be > 0: with 0 nothing could connect; remove the setting to use its default"));
             }
+        }
+        if self.limits.client_bytes < l.max_message_bytes {
+            problems.push(format!(
+                "limits.client_bytes is {}, below hds.limits.max_message_bytes ({}): one large message would be refused even with nothing else held; use the default (134217728) or at least max_message_bytes",
+                self.limits.client_bytes, l.max_message_bytes
+            ));
         }
         if l.max_message_bytes < 4096 {
             problems.push(format!(
@@ -1533,6 +1571,9 @@ max_watches = 512
 # HTTP 400) and counted in hdsd_limit_hits_total{limit="max_watch_names"}. 0: names and
 # selectors are refused, a watch by mesh still works.
 max_watch_names = 256
+# Concurrent HTTP/2 streams per API connection: the watches one connection may have open
+# at once (and a browser's requests); one more waits or gets REFUSED_STREAM. HTTP/1: one.
+max_streams_per_connection = 64
 
 # TLS for the REST API, same keys as [hds.tls].
 # [api.tls]
@@ -1635,6 +1676,16 @@ max_resource_names = 4096
 level = "info"
 # text or json.
 format = "text"
+# Bytes of log written per second at most, over the whole process (0: no limit). Past it,
+# lines are left out, and the next line written says how many lines and bytes were.
+max_bytes_per_second = 262144
+
+[limits]
+# Bytes hdsd holds at once on behalf of all its clients, over every listener: gRPC messages
+# and HTTP request bodies that have not arrived whole (a report in one piece holds nothing).
+# Past it the largest holders give way first: the stream is reset with RESOURCE_EXHAUSTED
+# (an HTTP request fails), never the process. Metric: hdsd_client_bytes.
+client_bytes = 134217728
 "#;
 
 pub mod explain;

@@ -28,6 +28,7 @@ pub mod hds;
 pub mod history;
 pub mod journal;
 pub mod layers;
+pub mod logging;
 pub mod metrics;
 pub mod names;
 pub mod net;

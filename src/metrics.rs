@@ -51,6 +51,7 @@ pub const CONNECTIONS_TIMED_OUT: &str = "hdsd_connections_timed_out_total";
 pub const CONNECTIONS_EVICTED: &str = "hdsd_connections_evicted_total";
 pub const ACCEPT_ERRORS: &str = "hdsd_accept_errors_total";
 pub const LIMIT_HITS: &str = "hdsd_limit_hits_total";
+pub const CLIENT_BYTES: &str = "hdsd_client_bytes";
 pub const AUTH_RELOADS: &str = "hdsd_auth_reloads_total";
 pub const SPECIFIER_REJECTIONS: &str = "hdsd_specifier_rejections_total";
 pub const DATAPLANES_REJECTING: &str = "hdsd_dataplanes_rejecting_specifier";
@@ -75,7 +76,7 @@ pub const LISTENERS: [&str; 3] = ["hds", "api", "zones"];
 
 /// The limits of HDS streams and reports, the `limit` label of
 /// `hdsd_limit_hits_total`.
-pub const STREAM_LIMITS: [&str; 8] = [
+pub const STREAM_LIMITS: [&str; 9] = [
     "first_request_timeout",
     "max_streams_per_dataplane",
     "max_waiting_streams",
@@ -84,6 +85,7 @@ pub const STREAM_LIMITS: [&str; 8] = [
     "max_eds_resource_names",
     "max_watches",
     "max_watch_names",
+    "client_bytes",
 ];
 
 /// Counts one admitted connection (`hdsd_connections_open`).
@@ -115,6 +117,12 @@ pub fn connection_timed_out(listener: &'static str, phase: &'static str) {
 /// Counts a failed accept (`kind`: out_of_file_descriptors or other).
 pub fn accept_error(listener: &'static str, kind: &'static str) {
     counter!(ACCEPT_ERRORS, "listener" => listener, "kind" => kind).increment(1);
+}
+
+/// The memory budget for clients: bytes held now and the limit.
+pub fn client_bytes(used: usize, limit: usize) {
+    gauge!(CLIENT_BYTES, "state" => "held").set(used as f64);
+    gauge!(CLIENT_BYTES, "state" => "limit").set(limit as f64);
 }
 
 /// Counts a stream or report stopped by one of [`STREAM_LIMITS`].
@@ -776,7 +784,12 @@ fn describe() {
     );
     describe_counter!(
         LIMIT_HITS,
-        "Streams ended, reports dropped or watches refused by a limit, by limit: hds.limits (also EDS streams: max_message_bytes), eds.max_resource_names (max_eds_resource_names), api.limits.max_watches and api.limits.max_watch_names."
+        "Streams ended, reports dropped or watches refused by a limit, by limit: hds.limits (also EDS streams: max_message_bytes), eds.max_resource_names (max_eds_resource_names), api.limits.max_watches and api.limits.max_watch_names, limits.client_bytes (client_bytes: a stream or request reset or refused by the memory budget)."
+    );
+    describe_gauge!(
+        CLIENT_BYTES,
+        Unit::Bytes,
+        "The memory budget for clients (limits.client_bytes): bytes hdsd holds on their behalf now (state=held: messages and request bodies that have not arrived whole) and the budget (state=limit)."
     );
     describe_counter!(
         AUTH_RELOADS,

@@ -101,9 +101,6 @@ const HDS_STREAM_WINDOW: u32 = 65_535;
 /// and gRPC's headers take about 1 KiB.
 const HDS_MAX_HEADER_LIST: u32 = 16 * 1024;
 
-/// Concurrent HTTP/2 streams per API connection (gRPC watches, a browser's
-/// requests).
-const API_MAX_STREAMS: u32 = 64;
 const HDS_CONNECTION_WINDOW: u32 = 65_535;
 
 fn bind_with_backlog(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
@@ -266,6 +263,7 @@ pub async fn run(
         clock.clone(),
     )
     .await?;
+    let budget = state.budget.clone();
     if let Some(hub) = &hub {
         // The global's watchers hear every zone's changes too.
         crate::zone_sync::global::feed_zones(hub, state.feed.sender());
@@ -345,7 +343,13 @@ pub async fn run(
             crate::history::Limits::default(),
         ),
     };
-    let api = serve_api(&config, api_state, listeners.api, drain_rx.clone()).await?;
+    let api = serve_api(
+        &config,
+        api_state,
+        (listeners.api, budget),
+        drain_rx.clone(),
+    )
+    .await?;
 
     ready.store(true, Ordering::Release);
     match zones.addr {
@@ -506,6 +510,7 @@ fn start_zones(
         .http2_keepalive_interval(Some(config.hds.keepalive.interval))
         .http2_keepalive_timeout(Some(config.hds.keepalive.timeout))
         .layer(crate::net::TrackLayer(admission.clone()))
+        .layer(crate::net::budget::BudgetLayer(state.budget.clone()))
         .add_service(sync.into_server());
     let serving = serve_grpc(server, listener, admission, tls, drain)?;
     Ok(Zones {
@@ -674,6 +679,8 @@ async fn start_sources(
 /// The state every reader follows: the readiness store's writer, the
 /// change feed, the registry, and the EDS assignments built from them.
 struct State {
+    /// The memory budget every listener's clients share (`limits.client_bytes`).
+    budget: Arc<crate::net::budget::MemoryBudget>,
     store: StoreHandle,
     feed: crate::feed::FeedHandle,
     registry: Registry,
@@ -730,6 +737,7 @@ async fn start_state(
         crate::consumers::eds::Policy::from(&config.eds),
     );
     Ok(State {
+        budget: crate::net::budget::MemoryBudget::new(config.limits.client_bytes),
         store,
         feed,
         registry,
@@ -895,6 +903,7 @@ fn serve_hds(
         .http2_max_local_error_reset_streams(Some(crate::net::H2_MAX_LOCAL_RESETS))
         .http2_max_header_list_size(HDS_MAX_HEADER_LIST)
         .layer(crate::net::TrackLayer(admission.clone()))
+        .layer(crate::net::budget::BudgetLayer(state.budget.clone()))
         .add_service(service.into_server())
         .add_service(crate::consumers::eds::transport::EdsServer::new(
             eds,
@@ -907,7 +916,10 @@ fn serve_hds(
 /// until `drain`.
 fn serve_grpc(
     server: tonic::transport::server::Router<
-        tower::layer::util::Stack<crate::net::TrackLayer, tower::layer::util::Identity>,
+        tower::layer::util::Stack<
+            crate::net::budget::BudgetLayer,
+            tower::layer::util::Stack<crate::net::TrackLayer, tower::layer::util::Identity>,
+        >,
     >,
     listener: TcpListener,
     admission: Arc<Admission>,
@@ -935,7 +947,7 @@ fn serve_grpc(
 async fn serve_api(
     config: &Config,
     state: ApiState,
-    listener: TcpListener,
+    (listener, budget): (TcpListener, Arc<crate::net::budget::MemoryBudget>),
     drain: watch::Receiver<bool>,
 ) -> Result<Serving<std::io::Error>, ServeError> {
     let tls = (config.api.tls.as_ref())
@@ -969,9 +981,10 @@ async fn serve_api(
     let options = crate::net::HttpOptions {
         header_read_timeout: limits.header_read_timeout,
         body_read_timeout: limits.body_read_timeout,
-        max_streams_per_connection: API_MAX_STREAMS,
+        max_streams_per_connection: limits.max_streams_per_connection,
         keepalive_interval: config.hds.keepalive.interval,
         keepalive_timeout: config.hds.keepalive.timeout,
+        budget,
     };
     Ok(match tls {
         Some(tls) => {

@@ -259,3 +259,64 @@ fn hostile_files_are_refused_and_the_others_stay_served() {
     eprintln!("shutdown took {:?}", started.elapsed());
     assert!(status.success(), "{status}");
 }
+
+/// Finding 5's bound on the sum: whatever writes the lines, the log grows by
+/// at most `log.max_bytes_per_second` per second (here 4 KiB: 400 broken
+/// files logged at once would write about 100 KB), and the next line written
+/// says how many lines and bytes were left out.
+#[test]
+fn the_log_grows_by_at_most_its_bytes_per_second() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        env: vec![("HDSD_LOG__MAX_BYTES_PER_SECOND".into(), "4096".into())],
+        ..HdsdOptions::default()
+    });
+    wait_for("hdsd to log its start", Duration::from_secs(10), || {
+        let log = hdsd.log();
+        log.contains("hdsd listening")
+            .then_some(log.len())
+            .ok_or_else(|| "not yet".to_string())
+    });
+    let before = hdsd.log().len();
+    let started = std::time::Instant::now();
+    for i in 0..400 {
+        hdsd.write_dataplane(
+            &format!("broken-{i:03}.yaml"),
+            "type: Dataplane\nmesh: default\nname: [not, a, name]\n",
+        );
+    }
+    wait_for("the broken files counted", Duration::from_secs(20), || {
+        let sources = hdsd.get_json("/api/v1/sources")?;
+        let broken = sources["errors"].as_u64().unwrap_or_default();
+        (broken >= 400)
+            .then_some(())
+            .ok_or(format!("{broken} of 400"))
+    });
+    // One more line after a window has passed carries the count.
+    wait_for(
+        "a line saying what was left out",
+        Duration::from_secs(10),
+        || {
+            hdsd.write_dataplane("broken-last.yaml", "type: Dataplane\n");
+            let log = hdsd.log();
+            log.contains("log.max_bytes_per_second reached")
+                .then_some(())
+                .ok_or_else(|| "no line says what was left out".to_string())
+        },
+    );
+    let grown = hdsd.log().len() - before;
+    let seconds = started.elapsed().as_secs_f64().ceil() + 1.0;
+    eprintln!("the log grew {grown} bytes in {seconds} s under 4096 bytes/s");
+    // Each window may end with one line that starts within it, and each
+    // count line is extra: a line at most 1 KiB each.
+    assert!(
+        (grown as f64) <= seconds * (4096.0 + 2.0 * 1024.0),
+        "{grown} bytes in {seconds} s"
+    );
+    let line = hdsd
+        .log()
+        .lines()
+        .find(|l| l.contains("log.max_bytes_per_second reached"))
+        .unwrap()
+        .to_string();
+    assert!(line.contains("lines ("), "{line}");
+}

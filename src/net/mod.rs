@@ -24,6 +24,7 @@
 //! - [`LogLimiter`] keeps a flood of refusals from one peer from flooding the
 //!   log: metrics count every refusal, the log says a few of them.
 
+pub mod budget;
 pub mod slots;
 pub mod usage;
 
@@ -717,7 +718,7 @@ async fn accept_loop<H: Handshake>(
 }
 
 /// How the API listener serves HTTP on its admitted connections.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct HttpOptions {
     /// HTTP/1: how long a request's headers may take, from the connection's
     /// start or the end of the previous response.
@@ -731,6 +732,8 @@ pub struct HttpOptions {
     /// HTTP/2: pings on an idle connection, and how long one may go unanswered.
     pub keepalive_interval: Duration,
     pub keepalive_timeout: Duration,
+    /// What the request bodies count against.
+    pub budget: Arc<budget::MemoryBudget>,
 }
 
 /// Serves `router` on every connection of `incoming` (HTTP/1.1 and HTTP/2)
@@ -775,6 +778,7 @@ where
             () = &mut signal => break,
         };
         let body_timeout = options.body_read_timeout;
+        let client_budget = options.budget.clone();
         let routes = tower::ServiceExt::map_request(
             router.clone(),
             move |request: http::Request<hyper::body::Incoming>| {
@@ -783,8 +787,11 @@ where
                     .get(http::header::CONTENT_TYPE)
                     .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
                 request.map(|body| match grpc {
-                    true => axum::body::Body::new(body),
-                    false => axum::body::Body::new(usage::Deadline::new(body, body_timeout, "api")),
+                    true => axum::body::Body::new(budget::Held::grpc(body, &client_budget)),
+                    false => axum::body::Body::new(budget::Held::whole(
+                        usage::Deadline::new(body, body_timeout, "api"),
+                        &client_budget,
+                    )),
                 })
             },
         );

@@ -237,6 +237,25 @@ impl Names {
     }
 }
 
+/// A stream's requests as the server reads them, one after the other, for
+/// tests and fuzzing outside this module: at most `max_names` names each.
+#[derive(Debug)]
+pub struct RequestReader(Names);
+
+impl RequestReader {
+    pub fn new(max_names: usize) -> RequestReader {
+        RequestReader(Names {
+            last: None,
+            max: max_names,
+        })
+    }
+
+    /// Reads the stream's next request; `Err` says why it is refused.
+    pub fn read(&mut self, message: &[u8]) -> Result<EdsRequest, String> {
+        self.0.next(message).map_err(|e| e.to_string())
+    }
+}
+
 /// The EDS server: add it with `tonic::transport::Server::add_service`.
 #[derive(Debug, Clone)]
 pub struct EdsServer {
