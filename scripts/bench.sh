@@ -7,7 +7,9 @@
 #   scripts/bench.sh steady10k storm10k   # some of them
 #
 # Scenarios: steady10k steady50k saturation storm10k churn watchers10k eds10k detection
-# micro, and (only when named) detection_zones: a global and two zones, app stops in
+# micro, and (only when named) report_instructions: instructions per report of hdsd and
+# of the null server under callgrind (REPORT_INSTRUCTIONS_DATAPLANES, default 200, reports
+# every 1 s; REPORT_INSTRUCTIONS_SECONDS, default 20); detection_zones: a global and two zones, app stops in
 # us-1 timed at a front Envoy in eu-1 (scripts/detection_zones.py, about 10 minutes);
 # soak10k: 10k dataplanes for DURATION_SOAK (default 2h), hdsd's RSS sampled every 10 s,
 # growth over the last hour in soak10k.json (rss_soak);
@@ -16,7 +18,7 @@
 # in seconds; CLUSTER_DATAPLANES, default 10000).
 # Results: one JSON file per scenario in $OUT (default target/bench-results).
 # Knobs: BENCH_PORT_BASE (default 25678: HDS, null server, API), DURATION_10K (default 300s),
-#        DURATION_50K (120s), SATURATION_DURATION (30s),
+#        DURATION_50K (120s), SATURATION_DURATION (30s), SATURATION_RUNS (5, alternating),
 #        SATURATION_DATAPLANES (1000), STREAMS_PER_CONNECTION_50K (4: see BENCHMARKS.md),
 #        DURATION_CONSUMERS (60s: the window without, then with the consumers),
 #        WATCHERS (100), EDS_SUBSCRIBERS (50), FLIP_FRACTION (0.025: 50 flips/s at 10k, 5 s),
@@ -86,7 +88,7 @@ start_hdsd() {
 state_dir = "$dir/state"
 [hds]
 listen = "$HDS"
-report_interval = "5s"
+report_interval = "${BENCH_REPORT_INTERVAL:-5s}"
 [api]
 listen = "$API"
 [dataplanes]
@@ -98,9 +100,10 @@ max_connections_per_ip = 100000
 [auth]
 mode = "none"
 EOF
-  env ${BENCH_SERVER_ENV:-} "$BIN/hdsd" serve --config "$dir/hdsd.toml" >"$dir/hdsd.log" 2>&1 &
+  # BENCH_PIN (taskset) and BENCH_WRAP (valgrind) go before the binary.
+  env ${BENCH_SERVER_ENV:-} ${BENCH_PIN:-} ${BENCH_WRAP:-} "$BIN/hdsd" serve --config "$dir/hdsd.toml" >"$dir/hdsd.log" 2>&1 &
   HDSD_PID=$!
-  for _ in $(seq 1 600); do
+  for _ in $(seq 1 "${BENCH_READY_TRIES:-600}"); do
     if curl -sf "http://$API/readyz" >/dev/null 2>&1; then
       return 0
     fi
@@ -108,6 +111,19 @@ EOF
     sleep 0.2
   done
   echo "bench: hdsd did not become ready" >&2
+  return 1
+}
+
+# wait_port ADDR [TRIES]: until something listens on ADDR (every 0.2 s).
+wait_port() {
+  local host=${1%:*} port=${1##*:}
+  for _ in $(seq 1 "${2:-100}"); do
+    if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.2
+  done
+  echo "bench: nothing listens on $1" >&2
   return 1
 }
 
@@ -142,39 +158,114 @@ for s in "${scenarios[@]}"; do
     stop_hdsd
     ;;
   saturation)
+    # CPU per report of hdsd against the null server, on the same dataplanes:
+    # SATURATION_RUNS (default 5) runs of each, alternating which goes first,
+    # the server pinned to one core and the loadgen to the other when the
+    # machine has two (taskset), so that they do not fight for one core.
     n=${SATURATION_DATAPLANES:-1000}
     d=$WORK/saturation && mkdir -p "$d" && gen "$d/dataplanes" "$n"
-    "$BIN/hdsd-loadgen" null-server --listen "$NULL" --report-interval 5s --clusters 2 --stats-every 0s >/dev/null &
-    NULL_PID=$!
-    sleep 1
-    echo "bench: saturation-null" >&2
-    "$BIN/hdsd-loadgen" run --hds "$NULL" --server-pid "$NULL_PID" --dataplanes-dir "$d/dataplanes" \
-      --rate-unlimited --warmup 5s --duration "${SATURATION_DURATION:-30s}" --label saturation-null --json \
-      >"$OUT/saturation-null.json" || true
-    kill "$NULL_PID" && wait "$NULL_PID" 2>/dev/null || true
-    NULL_PID=""
-    start_hdsd "$d"
-    loadgen saturation-hdsd --dataplanes-dir "$d/dataplanes" --rate-unlimited --warmup 5s \
-      --duration "${SATURATION_DURATION:-30s}"
-    stop_hdsd
-    python3 - "$OUT" <<'EOF'
-import json, sys
-out = sys.argv[1]
-null = json.load(open(f"{out}/saturation-null.json"))
-hdsd = json.load(open(f"{out}/saturation-hdsd.json"))
-ratio = hdsd["reports_per_s"] / null["reports_per_s"]
-summary = {"null_reports_per_s": null["reports_per_s"], "hdsd_reports_per_s": hdsd["reports_per_s"],
-           "ratio_hdsd_over_null": round(ratio, 3)}
-# CPU per report, each server's own (/proc), reports counted by the loadgen:
-# independent of which process the shared cores favoured.
-try:
+    runs=${SATURATION_RUNS:-5}
+    server_cpu="" loadgen_cpu=""
+    if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
+      server_cpu="taskset -c 1" loadgen_cpu="taskset -c 0"
+    fi
+    saturation_null() {
+      $server_cpu "$BIN/hdsd-loadgen" null-server --listen "$NULL" --report-interval 5s --clusters 2 \
+        --stats-every 0s >/dev/null &
+      NULL_PID=$!
+      wait_port "$NULL"
+      echo "bench: saturation-null-$1" >&2
+      $loadgen_cpu "$BIN/hdsd-loadgen" run --hds "$NULL" --server-pid "$NULL_PID" \
+        --dataplanes-dir "$d/dataplanes" --rate-unlimited --warmup 5s \
+        --duration "${SATURATION_DURATION:-30s}" --label "saturation-null-$1" --json \
+        >"$OUT/saturation-null-$1.json" || true
+      kill "$NULL_PID" && wait "$NULL_PID" 2>/dev/null || true
+      NULL_PID=""
+    }
+    saturation_hdsd() {
+      BENCH_PIN="$server_cpu" start_hdsd "$d"
+      echo "bench: saturation-hdsd-$1" >&2
+      $loadgen_cpu "$BIN/hdsd-loadgen" run --hds "$HDS" --server-pid "$HDSD_PID" \
+        --dataplanes-dir "$d/dataplanes" --rate-unlimited --warmup 5s \
+        --duration "${SATURATION_DURATION:-30s}" --label "saturation-hdsd-$1" --json \
+        >"$OUT/saturation-hdsd-$1.json" || true
+      stop_hdsd
+    }
+    for i in $(seq 1 "$runs"); do
+      if [ $((i % 2)) -eq 1 ]; then
+        saturation_null "$i"; saturation_hdsd "$i"
+      else
+        saturation_hdsd "$i"; saturation_null "$i"
+      fi
+    done
+    python3 - "$OUT" "$runs" "${server_cpu:-unpinned}" <<'EOF'
+import json, statistics, sys
+out, runs, pinned = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rows = []
+for i in range(1, runs + 1):
+    null = json.load(open(f"{out}/saturation-null-{i}.json"))
+    hdsd = json.load(open(f"{out}/saturation-hdsd-{i}.json"))
+    # CPU per report, each server's own (/proc), reports counted by the loadgen.
     n, h = null["server"]["cpu_us_per_report"], hdsd["server"]["cpu_us_per_report"]
-    summary.update({"null_cpu_us_per_report": n, "hdsd_cpu_us_per_report": h,
-                    "cpu_per_report_ratio_hdsd_over_null": round(h / n, 3)})
-except (KeyError, TypeError, ZeroDivisionError):
-    pass
-json.dump(summary, open(f"{out}/saturation.json", "w"))
-print("bench: saturation:", summary, file=sys.stderr)
+    rows.append({"run": i, "first": "null" if i % 2 else "hdsd",
+                 "null_reports_per_s": null["reports_per_s"], "hdsd_reports_per_s": hdsd["reports_per_s"],
+                 "null_cpu_us_per_report": n, "hdsd_cpu_us_per_report": h,
+                 "cpu_per_report_ratio_hdsd_over_null": round(h / n, 3)})
+ratios = [r["cpu_per_report_ratio_hdsd_over_null"] for r in rows]
+summary = {"pinned": pinned, "runs": rows,
+           "ratio_median": round(statistics.median(ratios), 3),
+           "ratio_min": min(ratios), "ratio_max": max(ratios),
+           "hdsd_cpu_us_per_report_median": round(statistics.median(r["hdsd_cpu_us_per_report"] for r in rows), 2),
+           "null_cpu_us_per_report_median": round(statistics.median(r["null_cpu_us_per_report"] for r in rows), 2)}
+json.dump(summary, open(f"{out}/saturation.json", "w"), indent=1)
+print(f"bench: saturation: CPU per report, hdsd over null: median {summary['ratio_median']} "
+      f"(min {summary['ratio_min']}, max {summary['ratio_max']}, {runs} runs, {pinned})", file=sys.stderr)
+EOF
+    ;;
+  report_instructions)
+    # Instructions per report of each server, counted by callgrind over a
+    # window of steady reports (REPORT_INSTRUCTIONS_SECONDS, default 20),
+    # the same dataplanes at the same rate: a ratio that the machine's load
+    # cannot move. Each server runs under valgrind; the loadgen does not.
+    n=${REPORT_INSTRUCTIONS_DATAPLANES:-200}
+    window=${REPORT_INSTRUCTIONS_SECONDS:-20}
+    d=$WORK/report_instructions && mkdir -p "$d" && gen "$d/dataplanes" "$n"
+    callgrind="valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file=$d/callgrind.%p"
+    for server in null hdsd; do
+      if [ "$server" = null ]; then
+        $callgrind "$BIN/hdsd-loadgen" null-server --listen "$NULL" --report-interval 1s --clusters 2 \
+          --stats-every 0s >"$d/null.log" 2>&1 &
+        NULL_PID=$! pid=$! addr=$NULL
+        wait_port "$NULL" 600
+      else
+        BENCH_WRAP="$callgrind" BENCH_REPORT_INTERVAL=1s BENCH_READY_TRIES=3000 start_hdsd "$d"
+        pid=$HDSD_PID addr=$HDS
+      fi
+      echo "bench: report-instructions-$server" >&2
+      # The loadgen turns counting on and off around its steady window.
+      "$BIN/hdsd-loadgen" run --hds "$addr" --dataplanes-dir "$d/dataplanes" --warmup 5s \
+        --duration "${window}s" --instrument-pid "$pid" --connect-timeout 600s \
+        --label "report-instructions-$server" --json >"$OUT/report-instructions-$server.json" || true
+      callgrind_control -d "$pid" >/dev/null
+      kill "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+      NULL_PID="" HDSD_PID=""
+      # Every dump of the process (counting was on in the window alone).
+      cat "$d"/callgrind."$pid"* | awk '/^totals:/ {s += $2} END {print s + 0}' >"$d/$server.instructions"
+    done
+    python3 - "$OUT" "$d" <<'EOF'
+import json, sys
+out, d = sys.argv[1], sys.argv[2]
+summary = {}
+for server in ("null", "hdsd"):
+    run = json.load(open(f"{out}/report-instructions-{server}.json"))
+    instructions = int(open(f"{d}/{server}.instructions").read().split()[0])
+    summary[server] = {"instructions": instructions, "reports": run["reports_sent"],
+                       "instructions_per_report": round(instructions / run["reports_sent"])}
+summary["ratio_hdsd_over_null"] = round(
+    summary["hdsd"]["instructions_per_report"] / summary["null"]["instructions_per_report"], 3)
+json.dump(summary, open(f"{out}/report_instructions.json", "w"), indent=1)
+print(f"bench: report_instructions: {summary}", file=sys.stderr)
 EOF
     ;;
   storm10k)

@@ -24,18 +24,20 @@ What it does, in order:
    postmaster and every child alive at the window's end, /proc utime+stime;
    a child that exited during the window is not counted) and
    `pg_stat_database.xact_commit` (every committed transaction, reads too).
-6. Failover: SIGKILL instance c (holding a third) and its loadgen, and at once
-   start a new loadgen with directory c against instance a. A simulated
-   Envoy has one server address and does not reconnect elsewhere by itself,
-   so this replays what Envoys listing every instance do after their backoff,
-   with a backoff of zero: the time measured is hdsd's (and the loadgen's)
-   share of the move, to add to Envoy's backoff. Meanwhile every 200 ms it
+6. Failover: SIGKILL instance c (holding a third). Every loadgen lists all
+   three instances, its own first, as an Envoy's bootstrap made with several
+   `--server` does: c's simulated Envoys see their streams fail and move to
+   a or b (another instance at random) after Envoy's backoff (jittered, up to
+   1 s for the first attempt, doubling to 30 s). The seconds until a and b
+   hold every dataplane include that backoff and the loadgen's own work; the
+   survivors' CPU per reconnect (their CPU over the move, less their steady
+   rate, per moved dataplane) is hdsd's share. Meanwhile every 200 ms it
    reads /metrics on the surviving instances a and b: the not-ready inbounds
    (every `hdsd_inbounds` status but `healthy` and `not_probed`) and the
    dataplanes each holds (`hdsd_dataplanes{connected="true"}`), until
    `cluster.instance_timeout` + `hds.stale_after` + 5 s after the kill (so
    the dead instance's sweep and any staleness it would cause are inside).
-   Reattached = instance a holds its third plus c's third.
+   Reattached = instances a and b hold every dataplane between them.
 
 Prints one JSON object (and writes it to --json). Python 3 standard library.
 """
@@ -243,7 +245,8 @@ mode = "none"
         loadgens = []
         for i in range(3):
             out = open(work / names[i] / "loadgen.json", "w")
-            p = subprocess.Popen([str(binary / "hdsd-loadgen"), "run", "--hds", hds[i], "--api", f"http://{api[i]}",
+            servers = ",".join([hds[i]] + [h for j, h in enumerate(hds) if j != i])
+            p = subprocess.Popen([str(binary / "hdsd-loadgen"), "run", "--hds", servers, "--api", f"http://{api[i]}",
                                   "--server-pid", str(hdsd[i].pid), "--dataplanes-dir", str(dirs[i]),
                                   "--sample", "0", "--duration", f"{int(args.window)}s", "--linger", "3600s",
                                   "--json", "--label", f"cluster-{names[i]}"],
@@ -313,18 +316,15 @@ mode = "none"
         sampler.start()
         time.sleep(1)
         kill_t = time.monotonic()
+        cpu_at_kill = [cpu_s(hdsd[i].pid) for i in survivors]
         hdsd[2].send_signal(signal.SIGKILL)
-        loadgens[2].send_signal(signal.SIGKILL)
-        moved = subprocess.Popen([str(binary / "hdsd-loadgen"), "run", "--hds", hds[0], "--api", f"http://{api[0]}",
-                                  "--server-pid", str(hdsd[0].pid), "--dataplanes-dir", str(dirs[2]),
-                                  "--sample", "0", "--duration", "10s", "--linger", "3600s",
-                                  "--json", "--label", "cluster-c-moved"],
-                                 stdout=open(work / "moved.json", "w"), stderr=open(work / "moved.log", "w"))
-        procs.append(moved)
-        target = shares[0] + shares[2]
-        wait_for(f"instance a to hold {target} streams", lambda: fleet(api[0])[1] == target, 300)
+        wait_for(f"instances a and b to hold all {args.dataplanes} streams",
+                 lambda: sum(fleet(api[i])[1] for i in survivors) == args.dataplanes, 300, every=0.2)
         reattached_s = time.monotonic() - kill_t
-        log(f"reattached on instance a {reattached_s:.2f}s after the kill; sampling until the sweep and staleness")
+        cpu_moved = sum(cpu_s(hdsd[i].pid) - cpu_at_kill[k] for k, i in enumerate(survivors))
+        steady_rate = sum((h1[i] - h0[i]) / window for i in survivors)
+        cpu_us_per_reconnect = max(0.0, cpu_moved - steady_rate * reattached_s) / shares[2] * 1e6
+        log(f"every dataplane held by a or b {reattached_s:.2f}s after the kill; sampling until the sweep and staleness")
         time.sleep(max(0.0, kill_t + INSTANCE_TIMEOUT_S + STALE_AFTER_S + 5 - time.monotonic()))
         stop.set()
         sampler.join()
@@ -335,6 +335,8 @@ mode = "none"
             "killed": "c",
             "moved_dataplanes": shares[2],
             "reattached_s": round(reattached_s, 2),
+            "survivors_cpu_us_per_reconnect": round(cpu_us_per_reconnect, 1),
+            "held_after_move": {names[i]: fleet(api[i])[1] for i in survivors},
             "samples": sum(1 for s in samples if s["t"] >= kill_t),
             "sample_errors": errors,
             "sampled_for_s": round(samples[-1]["t"] - kill_t, 1),

@@ -58,7 +58,10 @@ pub(super) struct Job {
 }
 
 pub(super) struct Ctx {
-    pub(super) target: SocketAddr,
+    /// The HDS servers, as an Envoy's bootstrap lists them: each simulated
+    /// Envoy connects to the first; with several, a failed stream moves it
+    /// to another ([`run_group`]).
+    pub(super) targets: Vec<SocketAddr>,
     pub(super) mesh: String,
     pub(super) expect_clusters: Option<usize>,
     pub(super) rate_unlimited: bool,
@@ -100,7 +103,7 @@ impl Ctx {
     ) -> Ctx {
         let (control, _) = watch::channel(Control::default());
         Ctx {
-            target: args.hds,
+            targets: args.hds.clone(),
             mesh: plan.mesh.clone(),
             expect_clusters: plan.expect_clusters,
             rate_unlimited: args.rate_unlimited,
@@ -285,9 +288,55 @@ async fn leave(control: &mut watch::Receiver<Control>, epoch: u64) {
     }
 }
 
-/// One connection and the dataplanes multiplexed on it; reconnects on a storm.
+/// Envoy's backoff between attempts of its HDS stream: jittered
+/// exponential, from 1 s up to 30 s, reset once a stream is served.
+#[derive(Debug, Default)]
+pub(super) struct EnvoyBackoff {
+    attempts: u32,
+}
+
+impl EnvoyBackoff {
+    const BASE_MS: u64 = 1_000;
+    const MAX_MS: u64 = 30_000;
+
+    /// The longest the next wait may be; the wait is drawn below it.
+    pub(super) fn ceiling(&self) -> Duration {
+        let ms = Self::BASE_MS
+            .saturating_mul(1u64 << self.attempts.min(16))
+            .min(Self::MAX_MS);
+        Duration::from_millis(ms)
+    }
+
+    pub(super) fn next(&mut self) -> Duration {
+        let ceiling = self.ceiling().as_millis() as u64;
+        self.attempts = self.attempts.saturating_add(1);
+        Duration::from_millis(rand::thread_rng().gen_range(0..ceiling))
+    }
+
+    pub(super) fn reset(&mut self) {
+        self.attempts = 0;
+    }
+}
+
+/// The server an Envoy tries after `current` failed: another of the `n`,
+/// at random (Envoy's balancer over the hdsd cluster's hosts, which a fleet
+/// lists in different orders: the survivors share a dead one's Envoys).
+pub(super) fn next_server(current: usize, n: usize) -> usize {
+    match n {
+        0 | 1 => 0,
+        _ => (current + rand::thread_rng().gen_range(1..n)) % n,
+    }
+}
+
+/// One connection and the dataplanes multiplexed on it; reconnects on a
+/// storm. With several servers, a failed stream or connect moves the
+/// connection to another server after Envoy's backoff, as an Envoy whose
+/// instance died does.
 pub(super) async fn run_group(dps: Vec<Arc<Dp>>, conn: usize, ctx: Arc<Ctx>) {
     let mut control = ctx.control.subscribe();
+    let failover = ctx.targets.len() > 1;
+    let mut server = 0;
+    let mut backoff = EnvoyBackoff::default();
     loop {
         let c = *control.borrow_and_update();
         if c.stop {
@@ -297,12 +346,18 @@ pub(super) async fn run_group(dps: Vec<Arc<Dp>>, conn: usize, ctx: Arc<Ctx>) {
         let channel = loop {
             let permit = ctx.connect_slots.acquire().await;
             let source = sys::source_ip(conn, ctx.source_ips);
-            match sys::connect(ctx.target, source, Duration::from_secs(10)).await {
+            match sys::connect(ctx.targets[server], source, Duration::from_secs(10)).await {
                 Ok(ch) => break ch,
                 Err(e) => {
                     drop(permit);
                     ctx.failure(format!("connect: {}", root_cause(&e)));
-                    let wait = Duration::from_millis(rand::thread_rng().gen_range(100..1000));
+                    let wait = match failover {
+                        true => {
+                            server = next_server(server, ctx.targets.len());
+                            backoff.next()
+                        }
+                        false => Duration::from_millis(rand::thread_rng().gen_range(100..1000)),
+                    };
                     tokio::select! {
                         () = tokio::time::sleep(wait) => {}
                         () = leave(&mut control, epoch) => {
@@ -317,10 +372,32 @@ pub(super) async fn run_group(dps: Vec<Arc<Dp>>, conn: usize, ctx: Arc<Ctx>) {
         };
         let mut set = JoinSet::new();
         for dp in &dps {
-            set.spawn(run_dp(channel.clone(), dp.clone(), ctx.clone(), epoch));
+            set.spawn(run_dp(
+                channel.clone(),
+                dp.clone(),
+                ctx.clone(),
+                epoch,
+                failover,
+            ));
         }
         drop(channel);
-        while set.join_next().await.is_some() {}
+        let (mut failed, mut served) = (false, false);
+        while let Some(ended) = set.join_next().await {
+            if let Ok(ended) = ended {
+                failed |= ended.failed;
+                served |= ended.served;
+            }
+        }
+        if served {
+            backoff.reset();
+        }
+        if failed {
+            server = next_server(server, ctx.targets.len());
+            tokio::select! {
+                () = tokio::time::sleep(backoff.next()) => {}
+                () = leave(&mut control, epoch) => {}
+            }
+        }
     }
 }
 
@@ -334,7 +411,24 @@ pub(super) fn root_cause(e: &anyhow::Error) -> String {
     s
 }
 
-pub(super) async fn run_dp(channel: Channel, dp: Arc<Dp>, ctx: Arc<Ctx>, epoch: u64) {
+/// How one dataplane's streams on a connection ended.
+pub(super) struct DpEnded {
+    /// A stream failed and the dataplane left to try another server.
+    failed: bool,
+    /// A stream got a specifier.
+    served: bool,
+}
+
+/// `dp`'s HDS streams on `channel` until the epoch ends or the run stops;
+/// a failed stream is retried on the same connection after Envoy's backoff,
+/// or, with `failover`, ends this so that the connection moves.
+pub(super) async fn run_dp(
+    channel: Channel,
+    dp: Arc<Dp>,
+    ctx: Arc<Ctx>,
+    epoch: u64,
+    failover: bool,
+) -> DpEnded {
     let mut control = ctx.control.subscribe();
     let mut served_this_epoch = false;
     loop {
@@ -348,14 +442,30 @@ pub(super) async fn run_dp(channel: Channel, dp: Arc<Dp>, ctx: Arc<Ctx>, epoch: 
         )
         .await
         {
-            End::Leave => return,
+            End::Leave => {
+                return DpEnded {
+                    failed: false,
+                    served: served_this_epoch,
+                }
+            }
             End::Failed(reason) => {
                 ctx.failure(reason);
+                if failover {
+                    return DpEnded {
+                        failed: true,
+                        served: served_this_epoch,
+                    };
+                }
                 // Envoy's HDS retry: jittered backoff from a 1 s base, reset per stream.
                 let wait = Duration::from_millis(rand::thread_rng().gen_range(0..1000));
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
-                    () = leave(&mut control, epoch) => return,
+                    () = leave(&mut control, epoch) => {
+                        return DpEnded {
+                            failed: false,
+                            served: served_this_epoch,
+                        }
+                    }
                 }
             }
         }
@@ -659,4 +769,43 @@ pub(super) fn load_tokens(
         return Ok(Some(tokens));
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envoy_backoff_doubles_from_one_second_to_thirty_and_resets() {
+        let mut b = EnvoyBackoff::default();
+        let ceilings: Vec<u64> = (0..7)
+            .map(|_| {
+                let ceiling = b.ceiling();
+                assert!(b.next() < ceiling);
+                ceiling.as_millis() as u64
+            })
+            .collect();
+        assert_eq!(
+            ceilings,
+            [1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000]
+        );
+        b.reset();
+        assert_eq!(b.ceiling(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_failed_server_is_left_for_another() {
+        assert_eq!(next_server(0, 1), 0);
+        let mut seen = [0; 8];
+        for _ in 0..1000 {
+            let next = next_server(3, 8);
+            assert_ne!(next, 3);
+            seen[next] += 1;
+        }
+        // Every other server takes a share of the dead one's Envoys.
+        assert!(
+            seen.iter().enumerate().all(|(i, &n)| i == 3 || n > 50),
+            "{seen:?}"
+        );
+    }
 }

@@ -34,15 +34,23 @@ use scenarios::{Connected, Steady};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// The HDS server (loopback only).
-    #[arg(long, default_value = "127.0.0.1:5678")]
-    pub hds: SocketAddr,
+    /// The HDS server (loopback only), or several, comma-separated, as an
+    /// Envoy's bootstrap lists them: every simulated Envoy connects to the
+    /// first and, when its stream or connection fails, moves to another
+    /// (at random) after Envoy's backoff (jittered, 1 s doubling to 30 s).
+    #[arg(long, default_value = "127.0.0.1:5678", value_delimiter = ',')]
+    pub hds: Vec<SocketAddr>,
     /// hdsd's REST API, e.g. http://127.0.0.1:5680: enables readiness propagation sampling.
     #[arg(long)]
     pub api: Option<String>,
     /// The server's process id: its CPU time and resident memory are measured.
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// A server running under `valgrind --tool=callgrind --collect-atstart=no`:
+    /// its instructions are counted over the steady window alone
+    /// (`callgrind_control -i on` at its start, `-i off` at its end).
+    #[arg(long)]
+    pub instrument_pid: Option<u32>,
     /// A directory written by `gen-dataplanes` (names, inbounds; needed for --churn).
     #[arg(long)]
     pub dataplanes_dir: Option<PathBuf>,

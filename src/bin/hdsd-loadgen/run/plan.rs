@@ -7,7 +7,7 @@ use crate::gen::Manifest;
 /// Flags that do not make a run, each with the message `run` exits with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArgsError {
-    #[error("--hds must be a loopback address")]
+    #[error("every --hds must be a loopback address (the loadgen sends only to this machine)")]
     HdsNotLoopback,
     #[error("--streams-per-connection must be > 0")]
     NoStreamsPerConnection,
@@ -35,7 +35,7 @@ pub enum ArgsError {
 /// The checks that need nothing but the flags: made before the descriptor
 /// limit is raised and the manifest read.
 pub fn check_flags(args: &Args) -> Result<(), ArgsError> {
-    if !args.hds.ip().is_loopback() {
+    if args.hds.is_empty() || !args.hds.iter().all(|a| a.ip().is_loopback()) {
         return Err(ArgsError::HdsNotLoopback);
     }
     if args.streams_per_connection == 0 {
@@ -224,7 +224,11 @@ mod tests {
         let refused = |flags: &[&str]| check_flags(&args(flags)).unwrap_err().to_string();
         assert_eq!(
             refused(&["--count", "1", "--hds", "10.0.0.1:5678"]),
-            "--hds must be a loopback address"
+            "every --hds must be a loopback address (the loadgen sends only to this machine)"
+        );
+        assert_eq!(
+            refused(&["--count", "1", "--hds", "127.0.0.1:5678,10.0.0.1:5678"]),
+            "every --hds must be a loopback address (the loadgen sends only to this machine)"
         );
         assert_eq!(
             refused(&["--count", "1", "--streams-per-connection", "0"]),

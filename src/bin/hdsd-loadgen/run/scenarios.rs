@@ -86,6 +86,21 @@ pub(super) async fn connect(ctx: &Arc<Ctx>, args: &Args, dps: &[Arc<Dp>]) -> Con
     }
 }
 
+/// Turns callgrind's counting in process `pid` `on` or `off`
+/// (`--instrument-pid`); says on stderr when it cannot.
+fn instrument(pid: Option<u32>, on_off: &str) {
+    let Some(pid) = pid else { return };
+    let done = std::process::Command::new("callgrind_control")
+        .args(["-i", on_off, &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status();
+    if !matches!(done, Ok(s) if s.success()) {
+        eprintln!(
+            "callgrind_control -i {on_off} {pid} failed ({done:?}): is the server under callgrind?"
+        );
+    }
+}
+
 /// What the steady window measured.
 pub(super) struct Steady {
     pub window: f64,
@@ -108,6 +123,7 @@ pub(super) async fn steady(
     probers: &Probers,
 ) -> Steady {
     tokio::time::sleep(args.warmup.unwrap_or(connected.interval)).await;
+    instrument(args.instrument_pid, "on");
     let (reports0, server0, own0, t0) = (
         ctx.reports.load(Ordering::Relaxed),
         proc_sample(args.server_pid),
@@ -129,6 +145,7 @@ pub(super) async fn steady(
         sys::sample(None).ok(),
         Instant::now(),
     );
+    instrument(args.instrument_pid, "off");
     let active = ctx.active.load(Ordering::Acquire);
     let window = t1.duration_since(t0).as_secs_f64();
     let reports = reports1 - reports0;
@@ -219,7 +236,7 @@ pub(super) async fn eds_subscribers(
     };
     let resources = m.eds_resource_names().len();
     let spawn = |tally, stop, n| {
-        let (m, ctx, hds) = (m.clone(), ctx.clone(), args.hds);
+        let (m, ctx, hds) = (m.clone(), ctx.clone(), args.hds[0]);
         let source = sys::source_ip(n, ctx.source_ips);
         tokio::spawn(async move {
             match sys::connect(hds, source, Duration::from_secs(10)).await {
