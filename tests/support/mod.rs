@@ -239,7 +239,7 @@ impl Hdsd {
     fn spawn(&mut self) {
         let o = &self.options;
         let config = format!(
-            "state_dir = {state:?}\n\n[hds]\nlisten = \"{hds}\"\nreport_interval = \"{ri}\"\nunknown_dataplane_grace = \"{grace}\"\n{stale}\n[hds.check]\ninterval = \"{ci}\"\ntimeout = \"{ct}\"\nunhealthy_threshold = {ut}\n\n[api]\nlisten = \"{api}\"\ntokens = {api_tokens}\n\n[dataplanes]\ndir = {dps:?}\n\n[auth]\nmode = \"{auth}\"\n{auth_extra}\n\n[log]\nlevel = \"info,hdsd=debug\"\n\n{extra}\n",
+            "state_dir = {state:?}\n\n[hds]\nlisten = \"{hds}\"\nreport_interval = \"{ri}\"\nunknown_dataplane_grace = \"{grace}\"\n{stale}\n[hds.check]\ninterval = \"{ci}\"\ntimeout = \"{ct}\"\nunhealthy_threshold = {ut}\n\n[api]\nlisten = \"{api}\"\ntokens = {api_tokens}\n\n[dataplanes]\ndir = {dps:?}\n\n[auth]\nmode = \"{auth}\"\n{auth_extra}\n\n[log]\nlevel = \"info,hdsd=debug\"\n# Debug lines are many: tests read the log whole (one test checks the budget).\nmax_bytes_per_second = 16777216\n\n{extra}\n",
             state = self.dir.path().join("state").display().to_string(),
             hds = self.hds,
             ri = o.report_interval,
