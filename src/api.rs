@@ -14,6 +14,7 @@ mod zones;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -23,9 +24,11 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 pub use crate::view::{
-    ConnectionItem, DataplaneItem, HealthItem, InboundItem, List, ProbeItem, ReasonItem,
+    ConnectionItem, DataplaneItem, HealthItem, InboundItem, List, Paged, ProbeItem, ReasonItem,
     StatusChangeItem,
 };
+
+use crate::consumers::paging;
 
 use crate::auth::{bearer, BearerError};
 use crate::dataplane::{DataplaneId, IgnoredDocument, Warning};
@@ -169,6 +172,7 @@ pub fn router(state: ApiState) -> Router {
             get(history::remote),
         )
         .route("/api/v1/services", get(list_services))
+        .route("/api/v1/fleet/summary", get(fleet_summary))
         .route("/api/v1/watch", get(crate::consumers::sse::handler))
         .route_layer(axum::middleware::from_fn_with_state(
             state.tokens.clone(),
@@ -192,46 +196,124 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
-#[derive(Debug, Deserialize)]
+/// The parameters of `GET /api/v1/dataplanes` and `/api/v1/fleet/summary`,
+/// as text: [`paging`] checks them and says what is allowed.
+#[derive(Debug, Default, Deserialize)]
 struct ListQuery {
     mesh: Option<String>,
-    ready: Option<bool>,
+    /// Only dataplanes with an inbound of this `kuma.io/service`.
+    service: Option<String>,
+    /// `true` or `false`.
+    ready: Option<String>,
+    /// Only dataplanes with an inbound in one of these statuses (commas).
+    status: Option<String>,
     /// On a global: only this zone's dataplanes (`local`: only the global's own).
     zone: Option<String>,
+    page_size: Option<String>,
+    page_token: Option<String>,
 }
 
-/// This instance's dataplanes, then (on a global) every zone's, zone by zone.
+impl ListQuery {
+    fn query(&self) -> Result<paging::Query, paging::QueryError> {
+        paging::Query::from_params(
+            self.mesh.as_deref(),
+            self.service.as_deref(),
+            self.zone.as_deref(),
+            self.ready.as_deref(),
+            self.status.as_deref(),
+        )
+    }
+}
+
+/// The parameters, or a 400 that says what is wrong with them.
+fn list_query(q: Result<Query<ListQuery>, QueryRejection>) -> Result<ListQuery, Box<Response>> {
+    match q {
+        Ok(Query(q)) => Ok(q),
+        Err(e) => Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            &format!("{}; the parameters are mesh, service, zone, ready (true or false), status (inbound status words, commas between), page_size (1 to {}, default {}) and page_token", e.body_text(), paging::MAX_PAGE_SIZE, paging::DEFAULT_PAGE_SIZE),
+        ))),
+    }
+}
+
+/// One page of this instance's dataplanes, then (on a global) every
+/// zone's, zone by zone (Google AIP-158: `page_size`, `page_token`,
+/// `nextPageToken`). With a next page, a `Link: <...>; rel="next"` header
+/// names it too.
 async fn list_dataplanes(
     State(s): State<Fleet>,
     State(z): State<Zones>,
-    Query(q): Query<ListQuery>,
-) -> Json<List<DataplaneItem>> {
-    let local = q.zone.as_deref().is_none_or(|zone| zone == zones::LOCAL);
-    // The catalog is a BTreeMap keyed by (mesh, name): already sorted.
-    let mut items: Vec<DataplaneItem> = match local {
-        true => s
-            .registry
-            .catalog()
-            .iter()
-            .filter(|(id, _)| q.mesh.as_ref().is_none_or(|m| &id.mesh == m))
-            .filter_map(|(_, h)| DataplaneItem::from_state(&h.state()))
-            .filter(|item| q.ready.is_none_or(|r| item.is_ready() == r))
-            .collect(),
-        false => Vec::new(),
+    uri: axum::http::Uri,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    let q = match list_query(q) {
+        Ok(q) => q,
+        Err(response) => return *response,
     };
-    if let Some(hub) = &z.hub {
-        let view = hub.view();
-        let wanted = |zone: &str| q.zone.as_deref().is_none_or(|w| w == zone);
-        items.extend(
-            view.zones
-                .iter()
-                .filter(|zone| wanted(&zone.summary.name))
-                .flat_map(|zone| zone.items())
-                .filter(|item| q.mesh.as_ref().is_none_or(|m| &item.mesh == m))
-                .filter(|item| q.ready.is_none_or(|r| item.is_ready() == r)),
+    let answer = q.query().and_then(|query| {
+        let size = paging::page_size_param(q.page_size.as_deref())?;
+        let request = paging::PageRequest::new(size, q.page_token.as_deref(), &query)?;
+        Ok((query, request))
+    });
+    let (query, request) = match answer {
+        Ok(parts) => parts,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let catalog = s.registry.catalog();
+    let view = z.hub.as_ref().map(|hub| hub.view());
+    let page = paging::fleet_page(&catalog, view.as_deref(), &query, &request);
+    let next_page_token = page.next_token(&query);
+    let body = Json(Paged {
+        items: page.items.into_iter().map(|(_, item)| item).collect(),
+        next_page_token: next_page_token.clone(),
+    });
+    match next_page_token {
+        Some(token) => {
+            let link = format!("<{}>; rel=\"next\"", next_link(&uri, &token));
+            ([(axum::http::header::LINK, link)], body).into_response()
+        }
+        None => body.into_response(),
+    }
+}
+
+/// The request's own path and parameters, with `page_token` replaced.
+fn next_link(uri: &axum::http::Uri, token: &str) -> String {
+    let mut params: Vec<&str> = uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with("page_token="))
+        .collect();
+    let token = format!("page_token={token}");
+    params.push(&token);
+    format!("{}?{}", uri.path(), params.join("&"))
+}
+
+/// The counts of the dataplanes the same filters take in (every page of
+/// them): dataplanes ready, not ready, connected and by class, inbounds by
+/// status, and each service's inbounds ready of total.
+async fn fleet_summary(
+    State(s): State<Fleet>,
+    State(z): State<Zones>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    let q = match list_query(q) {
+        Ok(q) => q,
+        Err(response) => return *response,
+    };
+    if q.page_size.is_some() || q.page_token.is_some() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "the summary counts every dataplane the filters take in and has no pages: leave page_size and page_token out",
         );
     }
-    Json(List { items })
+    let query = match q.query() {
+        Ok(query) => query,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let catalog = s.registry.catalog();
+    let view = z.hub.as_ref().map(|hub| hub.view());
+    Json(paging::fleet_summary(&catalog, view.as_deref(), &query)).into_response()
 }
 
 async fn get_dataplane(

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::view::{DataplaneItem, List};
+use crate::view::{DataplaneItem, Paged};
 
 /// Why a client could not be set up or the API not be read.
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +95,40 @@ pub fn list(
         Some(m) => format!("/api/v1/dataplanes?mesh={m}"),
         None => "/api/v1/dataplanes".to_string(),
     };
-    Ok(get_json::<List<DataplaneItem>>(agent, base, &path, token)?.items)
+    list_all(agent, base, &path, token)
+}
+
+/// Every page of a list of dataplanes (`path`: `/api/v1/dataplanes` with
+/// its filters), following each `nextPageToken`, the largest pages the
+/// server gives.
+pub fn list_all(
+    agent: &ureq::Agent,
+    base: &str,
+    path: &str,
+    token: Option<&str>,
+) -> Result<Vec<DataplaneItem>, ClientError> {
+    let mut items = Vec::new();
+    let mut page_token: Option<String> = None;
+    loop {
+        let page_path = page_path(path, page_token.as_deref());
+        let page: Paged<DataplaneItem> = get_json(agent, base, &page_path, token)?;
+        items.extend(page.items);
+        match page.next_page_token.filter(|t| !t.is_empty()) {
+            // A server that repeats a token would loop: stop there.
+            Some(next) if page_token.as_deref() != Some(next.as_str()) => page_token = Some(next),
+            _ => return Ok(items),
+        }
+    }
+}
+
+/// `path` asking for the largest page, after `page_token` when given.
+pub fn page_path(path: &str, page_token: Option<&str>) -> String {
+    let separator = if path.contains('?') { '&' } else { '?' };
+    let size = crate::consumers::paging::MAX_PAGE_SIZE;
+    match page_token {
+        Some(t) => format!("{path}{separator}page_size={size}&page_token={t}"),
+        None => format!("{path}{separator}page_size={size}"),
+    }
 }
 
 /// One server-sent event.

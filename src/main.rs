@@ -89,12 +89,19 @@ enum Command {
         /// Only dataplanes of this mesh.
         #[arg(long)]
         mesh: Option<String>,
+        /// Only dataplanes with an inbound of this `kuma.io/service`.
+        #[arg(long)]
+        service: Option<String>,
         /// On a global: only this zone's dataplanes (`local`: the global's own).
         #[arg(long)]
         zone: Option<String>,
         /// Only dataplanes with an inbound that is not ready.
         #[arg(long)]
         not_ready: bool,
+        /// Only dataplanes with an inbound in one of these statuses
+        /// (`unhealthy`, `timeout`, `stale`, ...; repeat or separate with commas).
+        #[arg(long, value_delimiter = ',')]
+        status: Vec<String>,
         /// Print the dataplanes (and the zones) as JSON instead of a table.
         #[arg(long, conflicts_with = "watch")]
         json: bool,
@@ -360,8 +367,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             api: ApiArgs { api, api_token, ca },
             watch,
             mesh,
+            service,
             zone,
             not_ready,
+            status: statuses,
             json,
         } => status(
             &api,
@@ -370,8 +379,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ca.as_deref(),
             &hdsd::status::Filter {
                 mesh,
+                service,
                 zone,
                 not_ready,
+                status: statuses,
             },
             json,
         ),
@@ -763,10 +774,9 @@ fn status(
     let sources = || -> Option<hdsd::api::SourcesView> {
         hdsd::client::get_json(&agent, api, "/api/v1/sources", api_token).ok()
     };
+    // Every page the server gives for the filters.
     let list = || -> Result<Vec<hdsd::view::DataplaneItem>, hdsd::client::ClientError> {
-        let list: hdsd::view::List<hdsd::view::DataplaneItem> =
-            hdsd::client::get_json(&agent, api, &filter.path(), api_token)?;
-        Ok(list.items)
+        hdsd::client::list_all(&agent, api, &filter.path(), api_token)
     };
     if json {
         let files = sources().map(|s| s.files).unwrap_or_default();

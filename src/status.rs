@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataplane::{DataplaneKind, InboundState};
 use crate::readiness::Timestamp;
-use crate::view::{DataplaneItem, List};
+use crate::view::{DataplaneItem, Paged};
 
 /// Why the API could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -18,31 +18,44 @@ pub struct FetchError {
 }
 
 /// Fetches every dataplane from the API at `base` (e.g. `http://127.0.0.1:5680`),
-/// with one of the server's `api.tokens` when it requires one.
+/// page by page, with one of the server's `api.tokens` when it requires one.
 pub fn fetch(base: &str, api_token: Option<&str>) -> Result<Vec<DataplaneItem>, FetchError> {
-    let url = format!("{}/api/v1/dataplanes", base.trim_end_matches('/'));
-    let err = |message: String| FetchError {
-        url: url.clone(),
-        message,
-    };
-    let mut request = ureq::get(&url);
-    if let Some(token) = api_token {
-        request = request.header("Authorization", &format!("Bearer {token}"));
+    let list = format!("{}/api/v1/dataplanes", base.trim_end_matches('/'));
+    let mut items = Vec::new();
+    let mut page_token: Option<String> = None;
+    loop {
+        let url = crate::client::page_path(&list, page_token.as_deref());
+        let err = |message: String| FetchError {
+            url: url.clone(),
+            message,
+        };
+        let mut request = ureq::get(&url);
+        if let Some(token) = api_token {
+            request = request.header("Authorization", &format!("Bearer {token}"));
+        }
+        let mut response = request.call().map_err(|e| err(e.to_string()))?;
+        let page: Paged<DataplaneItem> = response
+            .body_mut()
+            .read_json()
+            .map_err(|e| err(e.to_string()))?;
+        items.extend(page.items);
+        match page.next_page_token.filter(|t| !t.is_empty()) {
+            Some(next) if page_token.as_deref() != Some(next.as_str()) => page_token = Some(next),
+            _ => return Ok(items),
+        }
     }
-    let mut response = request.call().map_err(|e| err(e.to_string()))?;
-    let list: List<DataplaneItem> = response
-        .body_mut()
-        .read_json()
-        .map_err(|e| err(e.to_string()))?;
-    Ok(list.items)
 }
 
-/// Which dataplanes `hdsd status` shows (`--mesh`, `--zone`, `--not-ready`).
+/// Which dataplanes `hdsd status` shows (`--mesh`, `--service`, `--zone`,
+/// `--not-ready`, `--status`): the server filters them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {
     pub mesh: Option<String>,
+    pub service: Option<String>,
     pub zone: Option<String>,
     pub not_ready: bool,
+    /// Inbound status words (`unhealthy`, `stale`, ...): any of them.
+    pub status: Vec<String>,
 }
 
 impl Filter {
@@ -52,11 +65,18 @@ impl Filter {
         if let Some(mesh) = &self.mesh {
             query.push(format!("mesh={}", encode(mesh)));
         }
+        if let Some(service) = &self.service {
+            query.push(format!("service={}", encode(service)));
+        }
         if let Some(zone) = &self.zone {
             query.push(format!("zone={}", encode(zone)));
         }
         if self.not_ready {
             query.push("ready=false".to_string());
+        }
+        if !self.status.is_empty() {
+            let words: Vec<String> = self.status.iter().map(|s| encode(s)).collect();
+            query.push(format!("status={}", words.join(",")));
         }
         match query.is_empty() {
             true => "/api/v1/dataplanes".to_string(),
@@ -597,12 +617,14 @@ mod tests {
         assert_eq!(Filter::default().path(), "/api/v1/dataplanes");
         let f = Filter {
             mesh: Some("shop".into()),
+            service: Some("web_shop_svc_80".into()),
             zone: Some("eu-1".into()),
             not_ready: true,
+            status: vec!["unhealthy".into(), "stale".into()],
         };
         assert_eq!(
             f.path(),
-            "/api/v1/dataplanes?mesh=shop&zone=eu-1&ready=false"
+            "/api/v1/dataplanes?mesh=shop&service=web_shop_svc_80&zone=eu-1&ready=false&status=unhealthy,stale"
         );
         let odd = Filter {
             mesh: Some("a b&c".into()),

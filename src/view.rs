@@ -580,6 +580,16 @@ pub struct List<T> {
     pub items: Vec<T>,
 }
 
+/// One page of a list (`GET /api/v1/dataplanes`): its items, and the token
+/// of the next page, absent on the last.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Paged<T> {
+    pub items: Vec<T>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_page_token: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

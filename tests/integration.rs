@@ -16,6 +16,7 @@ mod compose_up;
 mod eds_envoy;
 mod envoy_core;
 mod envoy_matrix;
+mod fleet_paging;
 mod hds_protocol;
 mod kuma_files;
 mod liveness;

@@ -22,10 +22,6 @@ use crate::zone_sync::admin::{AdminError, Op};
 use crate::zone_sync::uplink::UplinkStatus;
 use crate::zones::hub::ZoneSummary;
 
-/// The `zone` filter of `/api/v1/dataplanes` that keeps the global's own
-/// dataplanes (those with no zone).
-pub const LOCAL: &str = crate::names::RESERVED_ZONE;
-
 /// One zone as the API shows it.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -10,13 +10,12 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 
+use super::paging::{page_size, PageRequest, Query, QueryError};
 use super::pb;
 use super::services::{services, ServiceStatus};
 use super::watch::{Watches, CONSUMER_BUFFER};
 use crate::dataplane::DataplaneId;
-use crate::feed::{
-    selects_remote, ChangeKind, Event, FeedHandle, Filter, Message, ResyncReason, Subject, Zones,
-};
+use crate::feed::{ChangeKind, Event, FeedHandle, Filter, Message, ResyncReason, Subject, Zones};
 use crate::readiness::Timestamp;
 use crate::registry::Registry;
 use crate::view::DataplaneItem;
@@ -239,61 +238,72 @@ fn filter(mesh: String, names: Vec<String>, selector: BTreeMap<String, String>) 
     }
 }
 
+/// A paging error as gRPC's INVALID_ARGUMENT, with the same words as REST's 400.
+fn invalid(e: QueryError) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+/// The filters of a list or summary request.
+fn query_of(
+    mesh: String,
+    selector: std::collections::HashMap<String, String>,
+    ready: Option<bool>,
+    zone: &str,
+    service: String,
+    status: &[String],
+) -> Result<Query, QueryError> {
+    Ok(Query {
+        mesh: (!mesh.is_empty()).then_some(mesh),
+        service: (!service.is_empty()).then_some(service),
+        selector: selector.into_iter().collect(),
+        zones: Zones::from_param(Some(zone)),
+        ready,
+        status: super::paging::parse_status(status.iter().map(String::as_str))?,
+    })
+}
+
+fn service_to_pb(s: super::services::ServiceItem) -> pb::Service {
+    let h = &s.health;
+    pb::Service {
+        mesh: s.mesh,
+        name: s.name,
+        inbounds_ready: h.inbounds_ready,
+        inbounds_total: h.inbounds_total,
+        dataplanes: h.dataplanes,
+        dataplanes_connected: h.dataplanes_connected,
+        status: service_status(h.status) as i32,
+        zones: s.zones.into_iter().map(service_zone).collect(),
+    }
+}
+
 impl ReadinessApi {
-    /// Every dataplane `f` matches, with the revision the list was taken at.
-    /// The revision is read first: every change up to it is in the items.
-    /// This hdsd's dataplanes, then on a global every zone's (only
-    /// `zone`'s with one; `local`: only this hdsd's own).
+    /// One page of the dataplanes `query` takes in, with the revision the
+    /// page was taken at. The revision is read first: every change up to it
+    /// is in the items. This hdsd's dataplanes, then on a global every
+    /// zone's (only `zone`'s with one; `local`: only this hdsd's own).
     pub async fn list(
         &self,
-        f: &Filter,
-        ready: Option<bool>,
-        zone: Option<&str>,
-    ) -> Result<(u64, Vec<pb::Dataplane>), Status> {
+        query: &Query,
+        request: &PageRequest,
+    ) -> Result<(u64, Vec<pb::Dataplane>, Option<String>), Status> {
         let index = self.feed.index().await.map_err(unavailable)?;
-        let local = zone.is_none_or(|z| z == super::services::LOCAL_ZONE);
-        let mut items: Vec<pb::Dataplane> = self
-            .registry
-            .catalog()
-            .iter()
-            .filter(|_| local)
-            .filter(|(id, _)| f.mesh.as_ref().is_none_or(|m| &id.mesh == m))
-            .filter_map(|(id, handle)| {
-                let state = handle.state();
-                let defined = state.defined.as_ref()?;
-                if !f.matches(&defined.dataplane) {
-                    return None;
-                }
-                let item = DataplaneItem::from_state(&state)?;
-                if ready.is_some_and(|r| item.is_ready() != r) {
-                    return None;
-                }
-                Some(to_pb(&item, index.dataplanes.get(id).copied().unwrap_or(0)))
+        let catalog = self.registry.catalog();
+        let view = self.zones.as_ref().map(|z| z.borrow().clone());
+        let page = super::paging::fleet_page(&catalog, view.as_deref(), query, request);
+        let next = page.next_token(query);
+        let items = page
+            .items
+            .into_iter()
+            .map(|(key, item)| {
+                let revision = match key.zone.is_empty() {
+                    true => index.dataplanes.get(&key.id),
+                    // The revision of its last event in this global's watch.
+                    false => index.remote.get(&(Arc::from(key.zone.as_str()), key.id)),
+                };
+                to_pb(&item, revision.copied().unwrap_or(0))
             })
             .collect();
-        if let Some(view) = self.zones.as_ref().map(|z| z.borrow().clone()) {
-            items.extend(
-                view.zones
-                    .iter()
-                    .filter(|z| zone.is_none_or(|w| w == z.summary.name))
-                    .flat_map(|z| {
-                        let zone_of = z.zone_of();
-                        let name: Arc<str> = Arc::from(z.summary.name.as_str());
-                        z.dataplanes.iter().filter_map(move |(id, dp)| {
-                            DataplaneItem::from_remote(zone_of, dp)
-                                .map(|item| ((name.clone(), id.clone()), dp, item))
-                        })
-                    })
-                    .filter(|(_, dp, _)| f.mesh.as_ref().is_none_or(|m| &dp.mesh == m))
-                    .filter(|(_, dp, _)| selects_remote(&f.selector, dp))
-                    .filter(|(_, _, item)| ready.is_none_or(|r| item.is_ready() == r))
-                    // The revision of its last event in this global's watch.
-                    .map(|(key, _, item)| {
-                        to_pb(&item, index.remote.get(&key).copied().unwrap_or(0))
-                    }),
-            );
-        }
-        Ok((index.revision, items))
+        Ok((index.revision, items, next))
     }
 }
 
@@ -306,12 +316,39 @@ impl pb::readiness_service_server::ReadinessService for ReadinessApi {
         request: Request<pb::ListDataplanesRequest>,
     ) -> Result<Response<pb::ListDataplanesResponse>, Status> {
         let r = request.into_inner();
-        let f = filter(r.mesh, Vec::new(), r.selector.into_iter().collect());
-        let zone = (!r.zone.is_empty()).then_some(r.zone.as_str());
-        let (revision, items) = self.list(&f, r.ready, zone).await?;
+        let query = query_of(r.mesh, r.selector, r.ready, &r.zone, r.service, &r.status)
+            .map_err(invalid)?;
+        let size = page_size(i64::from(r.page_size)).map_err(invalid)?;
+        let page = PageRequest::new(size, Some(r.page_token.as_str()), &query).map_err(invalid)?;
+        let (revision, items, next) = self.list(&query, &page).await?;
         Ok(Response::new(pb::ListDataplanesResponse {
             items,
             revision,
+            next_page_token: next.unwrap_or_default(),
+        }))
+    }
+
+    async fn get_fleet_summary(
+        &self,
+        request: Request<pb::GetFleetSummaryRequest>,
+    ) -> Result<Response<pb::FleetSummary>, Status> {
+        let r = request.into_inner();
+        let query = query_of(r.mesh, r.selector, r.ready, &r.zone, r.service, &r.status)
+            .map_err(invalid)?;
+        let catalog = self.registry.catalog();
+        let view = self.zones.as_ref().map(|z| z.borrow().clone());
+        let s = super::paging::fleet_summary(&catalog, view.as_deref(), &query);
+        Ok(Response::new(pb::FleetSummary {
+            dataplanes: s.dataplanes.total,
+            dataplanes_ready: s.dataplanes.ready,
+            dataplanes_not_ready: s.dataplanes.not_ready,
+            dataplanes_connected: s.dataplanes.connected,
+            dataplanes_by_class: s.dataplanes.by_class.into_iter().collect(),
+            inbounds: s.inbounds.total,
+            inbounds_ready: s.inbounds.ready,
+            inbounds_not_ready: s.inbounds.not_ready,
+            inbounds_by_status: s.inbounds.by_status.into_iter().collect(),
+            services: s.services.into_iter().map(service_to_pb).collect(),
         }))
     }
 
@@ -354,19 +391,7 @@ impl pb::readiness_service_server::ReadinessService for ReadinessApi {
         let mesh = (!r.mesh.is_empty()).then_some(r.mesh.as_str());
         let items = services(&items, mesh)
             .into_iter()
-            .map(|s| {
-                let h = &s.health;
-                pb::Service {
-                    mesh: s.mesh,
-                    name: s.name,
-                    inbounds_ready: h.inbounds_ready,
-                    inbounds_total: h.inbounds_total,
-                    dataplanes: h.dataplanes,
-                    dataplanes_connected: h.dataplanes_connected,
-                    status: service_status(h.status) as i32,
-                    zones: s.zones.into_iter().map(service_zone).collect(),
-                }
-            })
+            .map(service_to_pb)
             .collect();
         Ok(Response::new(pb::ListServicesResponse { items }))
     }

@@ -4,10 +4,12 @@
 //! - [`grpc`]: `hdsd.v1.ReadinessService` (`proto/hdsd/v1/readiness.proto`).
 //! - [`sse`]: the same watch as Server-Sent Events (`GET /api/v1/watch`).
 //! - [`services`]: per-service health by Kuma's rules.
+//! - [`paging`]: the fleet list in pages, its filters and counts (pure).
 //! - [`eds`]: Envoy's EDS, per-service endpoints with their health.
 
 pub mod eds;
 pub mod grpc;
+pub mod paging;
 pub mod services;
 pub mod sse;
 pub mod watch;

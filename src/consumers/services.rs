@@ -61,23 +61,22 @@ pub struct ServiceHealth {
 }
 
 /// What is counted of a service (in one zone, or in all).
-#[derive(Default)]
-struct Acc<'a> {
+#[derive(Debug, Default)]
+struct Acc {
     ready: u32,
     total: u32,
-    /// (zone, name): the same name may exist in two zones.
-    dataplanes: BTreeSet<(&'a str, &'a str)>,
-    connected: BTreeSet<(&'a str, &'a str)>,
+    dataplanes: u32,
+    connected: u32,
 }
 
-impl Acc<'_> {
+impl Acc {
     fn health(&self) -> ServiceHealth {
         ServiceHealth {
             inbounds_ready: self.ready,
             inbounds_total: self.total,
-            dataplanes: self.dataplanes.len() as u32,
-            dataplanes_connected: self.connected.len() as u32,
-            status: if self.ready == 0 || self.connected.is_empty() {
+            dataplanes: self.dataplanes,
+            dataplanes_connected: self.connected,
+            status: if self.ready == 0 || self.connected == 0 {
                 ServiceStatus::Offline
             } else if self.ready == self.total {
                 ServiceStatus::Online
@@ -91,49 +90,78 @@ impl Acc<'_> {
 /// The zone name of this hdsd's own dataplanes in [`ServiceZoneItem`].
 pub const LOCAL_ZONE: &str = crate::names::RESERVED_ZONE;
 
-/// The services of `items` (optionally of one mesh), sorted by mesh and
-/// name, by Kuma's rules, in total and per zone.
-pub fn services(items: &[DataplaneItem], mesh: Option<&str>) -> Vec<ServiceItem> {
-    type Zones<'a> = BTreeMap<&'a str, Acc<'a>>;
-    let mut by_service: BTreeMap<(&str, &str), (Acc<'_>, Zones<'_>, bool)> = BTreeMap::new();
-    for item in items.iter().filter(|i| mesh.is_none_or(|m| i.mesh == m)) {
+/// One service's counts: in all, per zone, and whether any is in a zone.
+type Counted = (Acc, BTreeMap<String, Acc>, bool);
+
+/// Per-service counts built one item at a time, so a caller walking a
+/// large fleet holds one item and the services, never the whole list.
+/// Each item must be added once (a dataplane counts once per service).
+#[derive(Debug, Default)]
+pub struct Services {
+    by_service: BTreeMap<(String, String), Counted>,
+}
+
+impl Services {
+    /// Counts `item`'s inbounds under their `kuma.io/service` tags.
+    pub fn add(&mut self, item: &DataplaneItem) {
         let zone = item.zone.as_ref().map(|z| z.name.as_str());
-        let key = (zone.unwrap_or(LOCAL_ZONE), item.name.as_str());
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
         for inbound in &item.inbounds {
             let Some(service) = inbound.tags.get(SERVICE_TAG) else {
                 continue;
             };
-            let (all, zones, zoned) = by_service.entry((&item.mesh, service)).or_default();
+            let first = seen.insert(service.as_str());
+            let (all, zones, zoned) = self
+                .by_service
+                .entry((item.mesh.clone(), service.clone()))
+                .or_default();
             *zoned |= zone.is_some();
-            for acc in [all, zones.entry(key.0).or_default()] {
+            let in_zone = zones
+                .entry(zone.unwrap_or(LOCAL_ZONE).to_string())
+                .or_default();
+            for acc in [all, in_zone] {
                 acc.total += 1;
                 acc.ready += u32::from(inbound.health.ready);
-                acc.dataplanes.insert(key);
-                if item.connection.connected {
-                    acc.connected.insert(key);
+                if first {
+                    acc.dataplanes += 1;
+                    acc.connected += u32::from(item.connection.connected);
                 }
             }
         }
     }
-    by_service
-        .into_iter()
-        .map(|((mesh, name), (all, zones, zoned))| ServiceItem {
-            mesh: mesh.to_string(),
-            name: name.to_string(),
-            health: all.health(),
-            zones: if zoned {
-                zones
-                    .into_iter()
-                    .map(|(zone, acc)| ServiceZoneItem {
-                        zone: zone.to_string(),
-                        health: acc.health(),
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            },
-        })
-        .collect()
+
+    /// The services, sorted by mesh and name, by Kuma's rules.
+    pub fn finish(self) -> Vec<ServiceItem> {
+        self.by_service
+            .into_iter()
+            .map(|((mesh, name), (all, zones, zoned))| ServiceItem {
+                mesh,
+                name,
+                health: all.health(),
+                zones: if zoned {
+                    zones
+                        .into_iter()
+                        .map(|(zone, acc)| ServiceZoneItem {
+                            zone,
+                            health: acc.health(),
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                },
+            })
+            .collect()
+    }
+}
+
+/// The services of `items` (optionally of one mesh), sorted by mesh and
+/// name, by Kuma's rules, in total and per zone.
+pub fn services(items: &[DataplaneItem], mesh: Option<&str>) -> Vec<ServiceItem> {
+    let mut counted = Services::default();
+    for item in items.iter().filter(|i| mesh.is_none_or(|m| i.mesh == m)) {
+        counted.add(item);
+    }
+    counted.finish()
 }
 
 #[cfg(test)]

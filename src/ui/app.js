@@ -1,6 +1,8 @@
 // hdsd's fleet page. Plain JavaScript, no dependencies.
 //
-// Data: GET /api/v1/dataplanes, /api/v1/services and /api/v1/sources, then
+// Data: GET /api/v1/dataplanes (page by page, following nextPageToken),
+// GET /api/v1/fleet/summary (the counts and the services, counted by hdsd
+// so they are right whatever the page holds) and /api/v1/sources, then
 // GET /api/v1/watch (Server-Sent Events) read with fetch(), so the token
 // travels in the Authorization header and never in a URL. Each change event
 // names one dataplane: the page fetches that dataplane and updates its row in
@@ -19,6 +21,7 @@
 (() => {
   const TOKEN_KEY = 'hdsd.apiToken';
   const MAX_ROWS = 500; // rows in the DOM at once; the filter narrows larger fleets
+  const PAGE_SIZE = 5000; // the API's largest page
   const BATCH_REFETCH = 25; // more changed dataplanes than this: reload the list
   const SOURCES_EVERY_MS = 2000;
   const ZONES_EVERY_MS = 1000;
@@ -78,6 +81,7 @@
     dataplanes: new Map(), // "mesh/name" -> the API item
     loaded: false, // the list has been fetched once: until then the table says Loading...
     services: [],
+    summary: null, // GET /api/v1/fleet/summary: the counts
     zones: [], // GET /api/v1/zones items (a global's)
     zoneFilter: '',
     sort: { key: 'name', dir: 1 },
@@ -258,15 +262,25 @@
   // ------------------------------------------------------------ loading
 
   async function loadDataplanes() {
-    const list = await json('/api/v1/dataplanes');
-    const fresh = new Map(list.items.map((item) => [key(item), item]));
+    const fresh = new Map();
+    let token = '';
+    do {
+      const query = `page_size=${PAGE_SIZE}` + (token ? `&page_token=${encodeURIComponent(token)}` : '');
+      const page = await json(`/api/v1/dataplanes?${query}`);
+      for (const item of page.items) fresh.set(key(item), item);
+      token = page.nextPageToken || '';
+    } while (token);
     state.dataplanes = fresh;
     state.loaded = true;
     renderAll();
   }
 
+  /** The counts and the services, as hdsd counts them. */
   async function loadServices() {
-    state.services = (await json('/api/v1/services')).items;
+    const summary = await json('/api/v1/fleet/summary');
+    state.summary = summary;
+    state.services = summary.services;
+    renderCounts();
     renderServices();
   }
 
@@ -506,20 +520,18 @@
     renderDetail();
   }
 
+  /** The tiles: hdsd's counts (GET /api/v1/fleet/summary) once read. */
   function renderCounts() {
-    const items = [...state.dataplanes.values()];
-    const byStatus = new Map();
-    let ready = 0, notReady = 0, connected = 0;
-    for (const item of items) {
-      if (item.connection.connected) connected += 1;
-      for (const inbound of item.inbounds) {
-        if (inbound.health.ready) ready += 1; else notReady += 1;
-        byStatus.set(inbound.health.status, (byStatus.get(inbound.health.status) || 0) + 1);
-      }
-    }
+    const summary = state.summary;
+    if (!summary) return;
+    const total = summary.dataplanes.total;
+    const connected = summary.dataplanes.connected;
+    const ready = summary.inbounds.ready;
+    const notReady = summary.inbounds.notReady;
+    const byStatus = new Map(Object.entries(summary.inbounds.byStatus));
     const tiles = [
-      ['dataplanes', 'Dataplanes', items.length, null],
-      ['connected', 'Connected', connected, connected < items.length ? 'warn' : null],
+      ['dataplanes', 'Dataplanes', total, null],
+      ['connected', 'Connected', connected, connected < total ? 'warn' : null],
       ['ready', 'Inbounds ready', ready, 'ok'],
       ['not-ready', 'Inbounds not ready', notReady, notReady > 0 ? 'bad' : null],
     ];
