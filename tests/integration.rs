@@ -23,6 +23,7 @@ mod liveness;
 mod loadgen_smoke;
 mod observability;
 mod packaging;
+mod partitions;
 mod probes_envoy;
 mod probes_tls;
 mod probes_validate;

@@ -15,9 +15,12 @@
 pub mod apps;
 pub mod front;
 pub mod grpc;
+pub mod lossy;
+pub mod netns;
 pub mod pki;
 pub mod postgres;
 pub mod relay;
+pub mod tmpfs;
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::os::fd::AsFd;
@@ -170,6 +173,8 @@ pub struct HdsdOptions {
     pub env: Vec<(String, String)>,
     /// Pass a third listening socket for `global.listen` (a global).
     pub zone_listener: bool,
+    /// `state_dir`, when not `state` in the test's directory.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for HdsdOptions {
@@ -188,6 +193,7 @@ impl Default for HdsdOptions {
             nofile: None,
             env: Vec::new(),
             zone_listener: false,
+            state_dir: None,
         }
     }
 }
@@ -240,7 +246,12 @@ impl Hdsd {
         let o = &self.options;
         let config = format!(
             "state_dir = {state:?}\n\n[hds]\nlisten = \"{hds}\"\nreport_interval = \"{ri}\"\nunknown_dataplane_grace = \"{grace}\"\n{stale}\n[hds.check]\ninterval = \"{ci}\"\ntimeout = \"{ct}\"\nunhealthy_threshold = {ut}\n\n[api]\nlisten = \"{api}\"\ntokens = {api_tokens}\n\n[dataplanes]\ndir = {dps:?}\n\n[auth]\nmode = \"{auth}\"\n{auth_extra}\n\n[log]\nlevel = \"info,hdsd=debug\"\n# Debug lines are many: tests read the log whole (one test checks the budget).\nmax_bytes_per_second = 16777216\n\n{extra}\n",
-            state = self.dir.path().join("state").display().to_string(),
+            state = o
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| self.dir.path().join("state"))
+                .display()
+                .to_string(),
             hds = self.hds,
             ri = o.report_interval,
             grace = o.grace,

@@ -4,6 +4,8 @@
 //! owned by it. The server listens on a unix socket in that directory only
 //! (`listen_addresses = ''`): no TCP port, so no port to pick and no race.
 //! Stopped (`pg_ctl stop -m immediate`) when dropped, also when a test panics.
+//! [`Postgres::start_in`] runs one inside a network namespace, listening on
+//! TCP addresses of it too, for tests that cut an instance's path to it.
 //!
 //! Without PostgreSQL, [`Postgres::start`] prints one `SKIPPED` line and
 //! returns `None`, unless `HDSD_REQUIRE_POSTGRES=1` (set by CI): then it panics.
@@ -16,6 +18,9 @@ pub struct Postgres {
     dir: tempfile::TempDir,
     bin: PathBuf,
     stopped: bool,
+    /// Run in this network namespace, listening on these TCP addresses too
+    /// (see [`Postgres::start_in`]).
+    netns: Option<(String, Vec<std::net::Ipv4Addr>)>,
 }
 
 /// The directory of the newest installed PostgreSQL's programs.
@@ -63,6 +68,15 @@ fn as_postgres(program: &Path) -> Command {
     command
 }
 
+/// [`as_postgres`] inside network namespace `netns`.
+fn as_postgres_in(netns: &str, program: &Path) -> Command {
+    let mut command = Command::new("ip");
+    command
+        .args(["netns", "exec", netns, "runuser", "-u", "postgres", "--"])
+        .arg(program);
+    command
+}
+
 fn checked(what: &str, out: std::io::Result<Output>) -> Output {
     let out = out.unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(
@@ -79,6 +93,25 @@ impl Postgres {
     /// Starts a new cluster, or `None` (with a `SKIPPED` line) when
     /// PostgreSQL is not installed and `HDSD_REQUIRE_POSTGRES` is not `1`.
     pub fn start(test: &str) -> Option<Postgres> {
+        Self::start_listening(test, None)
+    }
+
+    /// [`Postgres::start`] inside the network namespace `netns`, listening
+    /// on TCP port 5432 of `addresses` (addresses of that namespace) as well
+    /// as on its unix socket, and trusting every client of 198.18.0.0/15
+    /// (the benchmarking range the partition tests use).
+    pub fn start_in(
+        test: &str,
+        netns: &str,
+        addresses: Vec<std::net::Ipv4Addr>,
+    ) -> Option<Postgres> {
+        Self::start_listening(test, Some((netns.to_string(), addresses)))
+    }
+
+    fn start_listening(
+        test: &str,
+        netns: Option<(String, Vec<std::net::Ipv4Addr>)>,
+    ) -> Option<Postgres> {
         let required = std::env::var("HDSD_REQUIRE_POSTGRES").is_ok_and(|v| v == "1");
         let setup = bin_dir().and_then(|bin| postgres_user().map(|user| (bin, user)));
         let (bin, (uid, gid)) = match setup {
@@ -104,6 +137,7 @@ impl Postgres {
             dir,
             bin,
             stopped: true,
+            netns,
         };
         checked(
             "initdb",
@@ -113,6 +147,12 @@ impl Postgres {
                 .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
                 .output(),
         );
+        if pg.netns.is_some() {
+            let hba = pg.data().join("pg_hba.conf");
+            let mut rules = std::fs::read_to_string(&hba).expect("read pg_hba.conf");
+            rules.push_str("host all all 198.18.0.0/15 trust\n");
+            std::fs::write(&hba, rules).expect("write pg_hba.conf");
+        }
         pg.start_again();
         Some(pg)
     }
@@ -134,21 +174,43 @@ impl Postgres {
         )
     }
 
+    /// A libpq connection string for database `postgres` over TCP to
+    /// `address` (one of [`Postgres::start_in`]'s).
+    pub fn tcp_url(&self, address: std::net::Ipv4Addr) -> String {
+        format!("host={address} port=5432 user=postgres dbname=postgres")
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
     }
 
+    /// `program` of this PostgreSQL, run as its user (in its namespace).
+    fn command(&self, program: &str) -> Command {
+        match &self.netns {
+            Some((netns, _)) => as_postgres_in(netns, &self.bin.join(program)),
+            None => as_postgres(&self.bin.join(program)),
+        }
+    }
+
     /// Starts the server (after [`Postgres::stop`]) and waits until it accepts connections.
     pub fn start_again(&mut self) {
+        let listen = match &self.netns {
+            Some((_, addresses)) => addresses
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            None => String::new(),
+        };
         let options = format!(
             // Small: many tests may run a cluster at once.
-            "-c listen_addresses='' -c unix_socket_directories='{}' -c fsync=off \
+            "-c listen_addresses='{listen}' -c unix_socket_directories='{}' -c fsync=off \
              -c shared_buffers=16MB -c max_connections=40",
             self.socket_dir().display()
         );
         checked(
             "pg_ctl start",
-            as_postgres(&self.bin.join("pg_ctl"))
+            self.command("pg_ctl")
                 .arg("-D")
                 .arg(self.data())
                 .arg("-l")
@@ -164,7 +226,8 @@ impl Postgres {
         if self.stopped {
             return;
         }
-        let _ = as_postgres(&self.bin.join("pg_ctl"))
+        let _ = self
+            .command("pg_ctl")
             .arg("-D")
             .arg(self.data())
             .args(["-m", "immediate", "-w", "stop"])
