@@ -87,14 +87,14 @@ def live(page, args, checks):
     # The list is held back once: until its first data the table says
     # Loading..., never an empty table or "No dataplanes".
     held = []
-    page.route(re.compile(r".*/api/v1/dataplanes$"), lambda route: held.append(route))
-    with page.expect_request(re.compile(r".*/api/v1/dataplanes$"), timeout=15_000):
+    page.route(re.compile(r".*/api/v1/dataplanes(\?.*)?$"), lambda route: held.append(route))
+    with page.expect_request(re.compile(r".*/api/v1/dataplanes(\?.*)?$"), timeout=15_000):
         page.goto(args.url)
     expect(page.locator("#empty")).to_have_text("Loading...", timeout=15_000)
     checks.that(len(held) == 1 and page.locator("#dataplanes tbody tr").count() == 0,
                 "until the list arrives the table is empty and says Loading...")
     held[0].continue_()
-    page.unroute(re.compile(r".*/api/v1/dataplanes$"))
+    page.unroute(re.compile(r".*/api/v1/dataplanes(\?.*)?$"))
     expect(page.locator("#empty")).to_be_hidden(timeout=10_000)
     checks.ok("the page says Loading... until its first data")
     page.evaluate("window.__noReload = true")
