@@ -552,8 +552,7 @@ pub fn fleet_summary(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::{ConnectionItem, HealthItem, InboundItem, ZoneOfItem};
-    use chrono::{TimeZone, Utc};
+    use crate::view::ZoneOfItem;
 
     /// A dataplane whose inbounds have these (service, status) pairs.
     fn item(
@@ -562,50 +561,12 @@ mod tests {
         zone: Option<&str>,
         inbounds: &[(&str, &str)],
     ) -> DataplaneItem {
-        let t = Utc.timestamp_opt(1_700_000_000, 0).unwrap();
-        DataplaneItem {
-            mesh: mesh.into(),
-            name: name.into(),
-            address: "127.0.0.1".parse().unwrap(),
-            kind: crate::dataplane::DataplaneKind::Sidecar,
-            listeners: Vec::new(),
-            zone: zone.map(|z| ZoneOfItem {
-                name: z.into(),
-                state: "online".into(),
-            }),
-            connection: ConnectionItem {
-                connected: true,
-                connected_at: None,
-                last_report_at: None,
-                held_by: None,
-                envoy_version: None,
-                problem: None,
-                token_expires_at: None,
-            },
-            inbounds: inbounds
-                .iter()
-                .enumerate()
-                .map(|(i, (service, status))| InboundItem {
-                    port: 10000 + i as u16,
-                    service_port: 8000 + i as u16,
-                    service_address: "127.0.0.1".parse().unwrap(),
-                    name: None,
-                    state: crate::dataplane::InboundState::Ready,
-                    tags: [(SERVICE_TAG.to_string(), service.to_string())].into(),
-                    health: HealthItem {
-                        ready: matches!(*status, "healthy" | "not_probed" | "ignored"),
-                        status: status.to_string(),
-                        since: t,
-                        last_report_at: None,
-                        failing_reports: 0,
-                        last_healthy_at: None,
-                        changes: vec![],
-                        reason: None,
-                    },
-                    probe: None,
-                })
-                .collect(),
-        }
+        let mut item = crate::consumers::services::test_item(mesh, name, inbounds);
+        item.zone = zone.map(|z| ZoneOfItem {
+            name: z.into(),
+            state: "online".into(),
+        });
+        item
     }
 
     struct TestZone {

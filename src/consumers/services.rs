@@ -164,54 +164,67 @@ pub fn services(items: &[DataplaneItem], mesh: Option<&str>) -> Vec<ServiceItem>
     counted.finish()
 }
 
+/// A test dataplane of `mesh` whose inbounds have these (service, status)
+/// pairs (ready when the status is one of the ready ones), connected.
+#[cfg(test)]
+pub(crate) fn test_item(mesh: &str, name: &str, inbounds: &[(&str, &str)]) -> DataplaneItem {
+    use crate::view::{ConnectionItem, HealthItem, InboundItem};
+    use chrono::{TimeZone, Utc};
+    let t = Utc.timestamp_opt(1_700_000_000, 0).unwrap();
+    DataplaneItem {
+        mesh: mesh.into(),
+        name: name.into(),
+        address: "127.0.0.1".parse().unwrap(),
+        kind: crate::dataplane::DataplaneKind::Sidecar,
+        listeners: Vec::new(),
+        zone: None,
+        connection: ConnectionItem {
+            connected: true,
+            connected_at: None,
+            last_report_at: None,
+            held_by: None,
+            envoy_version: None,
+            problem: None,
+            token_expires_at: None,
+        },
+        inbounds: inbounds
+            .iter()
+            .enumerate()
+            .map(|(i, (service, status))| InboundItem {
+                port: 10000 + i as u16,
+                service_port: 8000 + i as u16,
+                service_address: "127.0.0.1".parse().unwrap(),
+                name: None,
+                state: crate::dataplane::InboundState::Ready,
+                tags: [(SERVICE_TAG.to_string(), service.to_string())].into(),
+                health: HealthItem {
+                    ready: matches!(*status, "healthy" | "not_probed" | "ignored"),
+                    status: status.to_string(),
+                    since: t,
+                    last_report_at: None,
+                    failing_reports: 0,
+                    last_healthy_at: None,
+                    changes: vec![],
+                    reason: None,
+                },
+                probe: None,
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::{ConnectionItem, HealthItem, InboundItem};
-    use chrono::{TimeZone, Utc};
 
     fn item(name: &str, connected: bool, inbounds: &[(&str, bool)]) -> DataplaneItem {
-        let t = Utc.timestamp_opt(1_700_000_000, 0).unwrap();
-        DataplaneItem {
-            mesh: "default".into(),
-            name: name.into(),
-            address: "127.0.0.1".parse().unwrap(),
-            kind: crate::dataplane::DataplaneKind::Sidecar,
-            listeners: Vec::new(),
-            zone: None,
-            connection: ConnectionItem {
-                connected,
-                connected_at: None,
-                last_report_at: None,
-                held_by: None,
-                envoy_version: None,
-                problem: None,
-                token_expires_at: None,
-            },
-            inbounds: inbounds
-                .iter()
-                .enumerate()
-                .map(|(i, (service, ready))| InboundItem {
-                    port: 10000 + i as u16,
-                    service_port: 8000 + i as u16,
-                    service_address: "127.0.0.1".parse().unwrap(),
-                    name: None,
-                    state: crate::dataplane::InboundState::Ready,
-                    tags: [(SERVICE_TAG.to_string(), service.to_string())].into(),
-                    health: HealthItem {
-                        ready: *ready,
-                        status: if *ready { "healthy" } else { "unhealthy" }.into(),
-                        since: t,
-                        last_report_at: None,
-                        failing_reports: 0,
-                        last_healthy_at: None,
-                        changes: vec![],
-                        reason: None,
-                    },
-                    probe: None,
-                })
-                .collect(),
-        }
+        let statuses: Vec<(&str, &str)> = inbounds
+            .iter()
+            .map(|&(service, ready)| (service, if ready { "healthy" } else { "unhealthy" }))
+            .collect();
+        let mut item = test_item("default", name, &statuses);
+        item.connection.connected = connected;
+        item
     }
 
     #[test]
