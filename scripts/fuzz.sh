@@ -67,6 +67,11 @@ cp testdata/envoy/token fuzz/corpus/token_verify/seed-token
 } >fuzz/corpus/token_verify/seed-parts
 seed report_fold 00 testdata/kuma/dataplane.json
 seed report_fold 01 testdata/kuma/dataplane.json
+# lean_codecs: an HDS first request (node id default.web-01) and an EDS
+# stream of two requests, the second naming the same clusters (selector 01).
+mkdir -p fuzz/corpus/lean_codecs
+printf '\x00\x0a\x12\x0a\x10\x0a\x0edefault.web-01' >fuzz/corpus/lean_codecs/seed-hds-request
+printf '\x01\x1a\x03web\x1a\x03api\xff\x00\x1a\x03web\x1a\x03api' >fuzz/corpus/lean_codecs/seed-eds-requests
 
 sanitizer="${FUZZ_SANITIZER:-none}"
 jobs="${FUZZ_JOBS:-$(nproc)}"
