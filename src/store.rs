@@ -25,8 +25,8 @@ use std::fmt::Debug;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use redb::{Builder, Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -144,10 +144,89 @@ fn create(path: &Path) -> Result<Database, redb::DatabaseError> {
     Builder::new().set_cache_size(CACHE_SIZE).create(path)
 }
 
+/// The least time between two attempts to reopen a store file that failed.
+pub const REOPEN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The store's open file. redb refuses every operation after one that
+/// failed with an I/O error (a full disk, say) until the file is opened
+/// again, so an operation that fails marks the file, and the next one
+/// (at most one per [`REOPEN_INTERVAL`]) reopens it once no other operation
+/// holds it: writes resume when the disk has room again.
+#[derive(Debug)]
+struct OpenFile {
+    path: PathBuf,
+    state: Mutex<FileState>,
+}
+
+#[derive(Debug)]
+struct FileState {
+    /// `None` after a reopen that failed.
+    db: Option<Arc<Database>>,
+    failed: bool,
+    last_reopen: Option<Instant>,
+}
+
+impl OpenFile {
+    fn new(path: &Path, db: Database) -> OpenFile {
+        OpenFile {
+            path: path.to_path_buf(),
+            state: Mutex::new(FileState {
+                db: Some(Arc::new(db)),
+                failed: false,
+                last_reopen: None,
+            }),
+        }
+    }
+
+    /// The database to use now, reopened first if an operation failed.
+    fn get(&self) -> Result<Arc<Database>, String> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let due = state
+            .last_reopen
+            .is_none_or(|at| at.elapsed() >= REOPEN_INTERVAL);
+        if state.failed && due {
+            state.last_reopen = Some(Instant::now());
+            if let Some(db) = state.db.take() {
+                // Another operation still holds it: the next one reopens.
+                if let Err(db) = Arc::try_unwrap(db) {
+                    state.db = Some(db);
+                }
+            }
+            if state.db.is_none() {
+                // redb takes a lock on the file: the old handle is closed.
+                match create(&self.path) {
+                    Ok(db) => {
+                        state.db = Some(Arc::new(db));
+                        state.failed = false;
+                        tracing::info!(file = %self.path.display(), "reopened the store file after a failed operation");
+                    }
+                    Err(e) => {
+                        tracing::debug!(file = %self.path.display(), "cannot reopen the store file yet: {e}")
+                    }
+                }
+            }
+        }
+        state.db.clone().ok_or_else(|| {
+            "the store file could not be reopened after a failed operation; hdsd tries again at the next one".to_string()
+        })
+    }
+
+    /// Runs `f` on the database; a failure marks the file for reopening.
+    fn run<T>(&self, f: impl FnOnce(&Database) -> Result<T, String>) -> Result<T, String> {
+        let db = self.get()?;
+        let result = f(&db);
+        drop(db);
+        if result.is_err() {
+            self.state.lock().unwrap_or_else(|e| e.into_inner()).failed = true;
+        }
+        result
+    }
+}
+
 /// The embedded redb store, one file under `state_dir`.
 #[derive(Debug)]
 pub struct RedbStore {
-    db: Arc<Database>,
+    file: Arc<OpenFile>,
     path: PathBuf,
     /// Tells the definitions' readers about each committed change.
     changes: tokio::sync::broadcast::Sender<definitions::DefinitionChange>,
@@ -185,15 +264,33 @@ impl RedbStore {
             Err(e) => return Err(err(e.to_string())),
         };
         let store = RedbStore {
-            db: Arc::new(db),
+            file: Arc::new(OpenFile::new(path, db)),
             path: path.to_path_buf(),
             changes: tokio::sync::broadcast::channel(definitions::CHANGES_BUFFER).0,
         };
         // Make sure the tables exist so that reads of a new store succeed.
         store.write(&[])?;
-        definitions::redb_create_tables(&store.db).map_err(|e| store.err(e))?;
-        registrations::redb_create_tables(&store.db).map_err(|e| store.err(e))?;
+        store
+            .file
+            .run(|db| {
+                definitions::redb_create_tables(db).map_err(|e| e.to_string())?;
+                registrations::redb_create_tables(db).map_err(|e| e.to_string())
+            })
+            .map_err(|e| store.err(e))?;
         Ok(store)
+    }
+
+    /// Runs `f` on the blocking pool (redb's calls block).
+    pub(super) async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, String> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let file = self.file.clone();
+        match tokio::task::spawn_blocking(move || file.run(f)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(message)) => Err(self.err(message)),
+            Err(e) => Err(self.err(format!("store task failed: {e}"))),
+        }
     }
 
     fn err(&self, e: impl std::fmt::Display) -> StoreError {
@@ -206,47 +303,62 @@ impl RedbStore {
 
 impl ReadinessStore for RedbStore {
     fn load(&self) -> Result<BTreeMap<DataplaneId, StoredHealth>, StoreError> {
-        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
-        let table = tx.open_table(TABLE).map_err(|e| self.err(e))?;
-        let mut out = BTreeMap::new();
-        for entry in table.iter().map_err(|e| self.err(e))? {
-            let (key, value) = entry.map_err(|e| self.err(e))?;
-            let Ok(id) = key.value().parse::<DataplaneId>() else {
-                continue;
-            };
-            match serde_json::from_slice::<StoredHealth>(value.value()) {
-                Ok(h) => {
-                    out.insert(id, h);
-                }
-                Err(e) => {
-                    tracing::warn!(dataplane = %id, "ignoring an unreadable stored readiness entry: {e}")
-                }
-            }
-        }
-        Ok(out)
+        self.file.run(load_readiness).map_err(|e| self.err(e))
     }
 
     fn write(&self, batch: &[(DataplaneId, Option<StoredHealth>)]) -> Result<(), StoreError> {
-        let tx = self.db.begin_write().map_err(|e| self.err(e))?;
-        {
-            let mut table = tx.open_table(TABLE).map_err(|e| self.err(e))?;
-            for (id, value) in batch {
-                let key = id.to_string();
-                match value {
-                    Some(h) => {
-                        let bytes = serde_json::to_vec(h).map_err(|e| self.err(e))?;
-                        table
-                            .insert(key.as_str(), bytes.as_slice())
-                            .map_err(|e| self.err(e))?;
-                    }
-                    None => {
-                        table.remove(key.as_str()).map_err(|e| self.err(e))?;
-                    }
+        self.file
+            .run(|db| write_readiness(db, batch))
+            .map_err(|e| self.err(e))
+    }
+}
+
+fn load_readiness(db: &Database) -> Result<BTreeMap<DataplaneId, StoredHealth>, String> {
+    let e = |e: redb::Error| e.to_string();
+    let tx = db.begin_read().map_err(|x| e(x.into()))?;
+    let table = tx.open_table(TABLE).map_err(|x| e(x.into()))?;
+    let mut out = BTreeMap::new();
+    for entry in table.iter().map_err(|x| e(x.into()))? {
+        let (key, value) = entry.map_err(|x| e(x.into()))?;
+        let Ok(id) = key.value().parse::<DataplaneId>() else {
+            continue;
+        };
+        match serde_json::from_slice::<StoredHealth>(value.value()) {
+            Ok(h) => {
+                out.insert(id, h);
+            }
+            Err(e) => {
+                tracing::warn!(dataplane = %id, "ignoring an unreadable stored readiness entry: {e}")
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn write_readiness(
+    db: &Database,
+    batch: &[(DataplaneId, Option<StoredHealth>)],
+) -> Result<(), String> {
+    let e = |e: redb::Error| e.to_string();
+    let tx = db.begin_write().map_err(|x| e(x.into()))?;
+    {
+        let mut table = tx.open_table(TABLE).map_err(|x| e(x.into()))?;
+        for (id, value) in batch {
+            let key = id.to_string();
+            match value {
+                Some(h) => {
+                    let bytes = serde_json::to_vec(h).map_err(|x| x.to_string())?;
+                    table
+                        .insert(key.as_str(), bytes.as_slice())
+                        .map_err(|x| e(x.into()))?;
+                }
+                None => {
+                    table.remove(key.as_str()).map_err(|x| e(x.into()))?;
                 }
             }
         }
-        tx.commit().map_err(|e| self.err(e))
     }
+    tx.commit().map_err(|x| e(x.into()))
 }
 
 /// The longest a change waits before it is written.
@@ -421,26 +533,31 @@ async fn run_writer(
                 _ => break,
             }
         }
-        write_batch(&store, &mut pending, &mut failing).await;
+        write_batch(&store, &mut pending, &mut failing, &kept).await;
         kept.store(pending.len(), Ordering::Relaxed);
         metrics::gauge!(crate::metrics::STORE_PENDING_WRITES).set(pending.len() as f64);
         for w in waiters.drain(..) {
             let _ = w.send(());
         }
     }
-    write_batch(&store, &mut pending, &mut failing).await;
+    write_batch(&store, &mut pending, &mut failing, &kept).await;
 }
 
 async fn write_batch(
     store: &Arc<dyn ReadinessStore>,
     pending: &mut BTreeMap<DataplaneId, Option<StoredHealth>>,
     failing: &mut bool,
+    kept: &AtomicUsize,
 ) {
     if pending.is_empty() {
         return;
     }
     let batch: Vec<_> = std::mem::take(pending).into_iter().collect();
     let count = batch.len();
+    // A batch being written is still waiting (a write can hang for as long
+    // as the store does not answer).
+    kept.store(count, Ordering::Relaxed);
+    metrics::gauge!(crate::metrics::STORE_PENDING_WRITES).set(count as f64);
     let store = store.clone();
     let written = tokio::task::spawn_blocking(move || {
         let result = store.write(&batch);
@@ -495,6 +612,35 @@ mod tests {
             last_report_at: Some(t(2)),
             reattached_at: None,
         }
+    }
+
+    #[test]
+    fn a_failed_operation_reopens_the_file_once_nothing_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(&dir.path().join("r.redb")).unwrap();
+        let file = &store.file;
+        let first = file.get().unwrap();
+        // A failure while another operation holds the file: kept open.
+        let failed: Result<(), String> = file.run(|_| Err("No space left on device".into()));
+        assert!(failed.is_err());
+        let held = file.get().unwrap();
+        assert!(Arc::ptr_eq(&first, &held), "reopened while in use");
+        drop((first, held));
+        let old = Arc::downgrade(file.state.lock().unwrap().db.as_ref().unwrap());
+        // Not within the interval since the last attempt.
+        file.get().unwrap();
+        assert!(old.upgrade().is_some(), "reopened within the interval");
+        file.state.lock().unwrap().last_reopen = None;
+        let reopened = file.get().unwrap();
+        assert!(old.upgrade().is_none(), "not reopened");
+        assert!(!file.state.lock().unwrap().failed);
+        drop(reopened);
+        // And the reopened file reads and writes.
+        let id: DataplaneId = "default.web-01".parse().unwrap();
+        store
+            .write(&[(id.clone(), Some(stored("healthy")))])
+            .unwrap();
+        assert_eq!(store.load().unwrap()[&id], stored("healthy"));
     }
 
     #[test]

@@ -216,12 +216,24 @@ pub async fn delete(
 }
 
 /// The stored revision of `id` for a `GET`'s `ETag`, when definitions come from the store.
+///
+/// Readiness is served from memory: a store that does not answer within
+/// [`REVISION_WAIT`] (cut off, overloaded) leaves the revision out rather
+/// than hold the answer.
 pub async fn revision_of(defined: &Definitions, id: &DataplaneId) -> Option<u64> {
     match defined {
-        Definitions::Store { store, .. } => store.get(id).await.ok().flatten().map(|d| d.revision),
+        Definitions::Store { store, .. } => tokio::time::timeout(REVISION_WAIT, store.get(id))
+            .await
+            .ok()?
+            .ok()
+            .flatten()
+            .map(|d| d.revision),
         Definitions::Dir(_) => None,
     }
 }
+
+/// How long a read of one dataplane waits for its stored revision.
+pub const REVISION_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 #[cfg(test)]
 mod tests {

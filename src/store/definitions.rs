@@ -271,21 +271,6 @@ fn redb_write(
     Ok(Ok(stored))
 }
 
-impl RedbStore {
-    /// Runs `f` on the blocking pool (redb's calls block).
-    pub(super) async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Database) -> Result<T, String> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        let db = self.db.clone();
-        match tokio::task::spawn_blocking(move || f(&db)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(message)) => Err(self.err(message)),
-            Err(e) => Err(self.err(format!("store task failed: {e}"))),
-        }
-    }
-}
-
 impl DefinitionStore for RedbStore {
     fn describe(&self) -> String {
         format!("redb store {}", self.path.display())
