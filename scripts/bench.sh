@@ -13,6 +13,9 @@
 # us-1 timed at a front Envoy in eu-1 (scripts/detection_zones.py, about 10 minutes);
 # soak10k: 10k dataplanes for DURATION_SOAK (default 2h), hdsd's RSS sampled every 10 s,
 # growth over the last hour in soak10k.json (rss_soak);
+# api100k: the fleet API at API_DATAPLANES (default 100000) dataplanes, a tenth connected
+# (scripts/bench_api.py: list pages, filters, summary, services, watches, the page in
+# Chromium; DURATION_API bounds the simulated Envoys, default 900s);
 # cluster10k: three instances on a throwaway PostgreSQL, a third of 10k dataplanes
 # each, then one instance killed (scripts/bench_cluster.py; DURATION_CLUSTER, default 60,
 # in seconds; CLUSTER_DATAPLANES, default 10000).
@@ -268,6 +271,29 @@ json.dump(summary, open(f"{out}/report_instructions.json", "w"), indent=1)
 print(f"bench: report_instructions: {summary}", file=sys.stderr)
 EOF
     ;;
+  api100k)
+    # The fleet API at API_DATAPLANES (default 100,000) dataplanes, a tenth of
+    # them connected by simulated Envoys (reports every 5 s, 2.5 % flipping):
+    # pages, filters, the summary, services, watches and the page in
+    # Chromium, timed by scripts/bench_api.py.
+    n=${API_DATAPLANES:-100000}
+    connected=$((n / 10))
+    d=$WORK/api100k && mkdir -p "$d" && gen "$d/dataplanes" "$n" --services $((n / 100))
+    start_hdsd "$d"
+    "$BIN/hdsd-loadgen" run --hds "$HDS" --count "$connected" --prefix dp- --source-ips 8 \
+      --connect-timeout 300s --duration "${DURATION_API:-900s}" --flip-fraction 0.025 \
+      >"$d/loadgen.out" 2>&1 &
+    loadgen_pid=$!
+    py=python3
+    [ -x .venv/bin/python ] && py=.venv/bin/python
+    chromium=$(command -v chromium || command -v chromium-browser || true)
+    timeout 1200 "$py" scripts/bench_api.py --api "http://$API" --pid "$HDSD_PID" \
+      --dataplanes "$n" --connected "$connected" ${chromium:+--chromium "$chromium"} \
+      --json "$OUT/api100k.json" || { kill "$loadgen_pid" 2>/dev/null; stop_hdsd; exit 1; }
+    kill "$loadgen_pid" 2>/dev/null || true
+    wait "$loadgen_pid" 2>/dev/null || true
+    stop_hdsd
+    ;;
   storm10k)
     d=$WORK/storm10k && mkdir -p "$d" && gen "$d/dataplanes" 10000
     start_hdsd "$d"
@@ -325,7 +351,7 @@ EOF
     cargo bench --bench specifier --bench readiness 2>&1 | tee "$OUT/micro.txt" >&2
     ;;
   *)
-    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn watchers10k eds10k soak10k cluster10k detection detection_zones micro)" >&2
+    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn watchers10k eds10k soak10k cluster10k api100k detection detection_zones micro)" >&2
     exit 2
     ;;
   esac

@@ -348,3 +348,98 @@ fn simulated_envoys_move_to_another_server_when_theirs_dies() {
     );
     eprintln!("100 simulated Envoys moved in {:?}", killed.elapsed());
 }
+
+/// `scripts/bench_api.py` (the `api100k` scenario's measurements) at 1,000
+/// dataplanes, 100 of them connected, with the fleet page in Chromium:
+/// every phase measures something, so the scenario cannot rot.
+#[test]
+fn the_fleet_api_benchmark_measures_at_a_thousand_dataplanes() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        report_interval: "1s",
+        ..HdsdOptions::default()
+    });
+    let dataplanes = hdsd.dataplanes_dir();
+    let out = Command::new(LOADGEN)
+        .args(["gen-dataplanes", "--count", "1000", "--per-file", "100"])
+        .args(["--services", "10", "--dir"])
+        .arg(&dataplanes)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let _envoys = loadgen(&[
+        "run",
+        "--hds",
+        &hdsd.hds.to_string(),
+        "--count",
+        "100",
+        "--prefix",
+        "dp-",
+        "--duration",
+        "120s",
+        "--flip-fraction",
+        "0.1",
+    ]);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let venv = root.join(".venv/bin/python");
+    let python = if venv.exists() {
+        venv
+    } else {
+        "python3".into()
+    };
+    let json = tempfile::NamedTempFile::new().unwrap();
+    let mut command = Command::new(python);
+    command
+        .arg(root.join("scripts/bench_api.py"))
+        .args(["--api", &format!("http://{}", hdsd.api)])
+        .args(["--pid", &hdsd.pid().to_string()])
+        .args([
+            "--dataplanes",
+            "1000",
+            "--connected",
+            "100",
+            "--rounds",
+            "1",
+        ])
+        .args([
+            "--watchers",
+            "3",
+            "--service",
+            "svc-0000",
+            "--browser-timeout",
+            "30",
+        ])
+        .arg("--json")
+        .arg(json.path());
+    let chromium = ["chromium", "chromium-browser"].iter().find_map(|name| {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|d| d.join(name))
+            .find(|p| p.exists())
+    });
+    if let Some(chromium) = &chromium {
+        command.arg("--chromium").arg(chromium);
+    }
+    let out = command.stderr(Stdio::inherit()).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let r: Value = serde_json::from_slice(&std::fs::read(json.path()).unwrap()).unwrap();
+    assert_eq!(num(&r, "fleet.total"), 1000.0, "{r}");
+    assert!(num(&r, "fleet.connected") >= 100.0, "{r}");
+    // 1,000 items at the default page size of 500: two pages.
+    assert_eq!(num(&r, "list_page.count"), 2.0, "{r}");
+    assert!(num(&r, "list_page.p99_ms") > 0.0, "{r}");
+    for filter in ["not_ready", "service", "status_healthy"] {
+        assert_eq!(
+            num(&r["list_filtered_first_page"][filter], "count"),
+            20.0,
+            "{r}"
+        );
+    }
+    assert_eq!(num(&r, "summary.count"), 20.0, "{r}");
+    assert_eq!(num(&r, "services.count"), 10.0, "{r}");
+    assert_eq!(num(&r, "watch_synced.count"), 5.0, "{r}");
+    assert_eq!(num(&r, "watchers.held"), 3.0, "{r}");
+    if chromium.is_some() {
+        assert!(num(&r, "browser.counts_shown_s") > 0.0, "{r}");
+        assert!(num(&r, "browser.rows_drawn") > 0.0, "{r}");
+        assert!(num(&r, "browser.js_heap_used_mb") > 0.0, "{r}");
+    }
+}
