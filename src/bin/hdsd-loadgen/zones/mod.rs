@@ -154,8 +154,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let tokens = names
         .iter()
         .map(|z| {
-            ring.issue_zone(z, &[args.mesh.clone()], day, day * 365, chrono::Utc::now())
-                .with_context(|| format!("cannot issue a zone token for {z}"))
+            ring.issue_zone(
+                z,
+                std::slice::from_ref(&args.mesh),
+                day,
+                day * 365,
+                chrono::Utc::now(),
+            )
+            .with_context(|| format!("cannot issue a zone token for {z}"))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let server = |what: &str| {
