@@ -331,6 +331,8 @@ enabled = true
 listen = \"$zones_addr\"
 auto_register = true" start_hdsd "$d"
     global_pid=$HDSD_PID
+    # The global's RSS with no zone yet (KiB), for the memory per remote dataplane of all zones.
+    awk '/VmRSS/ {print $2}' "/proc/$global_pid/status" >"$d/global-rss-empty-kib"
     zone_pid="" zone_run_pid=""
     if [ "$real" = 1 ]; then
       z=$d/rz-01 && mkdir -p "$z" && gen "$z/dataplanes" "$per_zone"
@@ -362,8 +364,18 @@ EOF
       "$BIN/hdsd-loadgen" run --hds "127.0.0.1:$((PORT_BASE + 4))" --api "http://127.0.0.1:$((PORT_BASE + 5))" \
         --server-pid "$zone_pid" --dataplanes-dir "$z/dataplanes" --flip-fraction "$fraction" --sample 0 \
         --duration "$((${DURATION_ZONES:-60} + ${ZONE_OUTAGE:-30} + 120))s" --label zones10x10k-real-zone --json \
-        >"$OUT/zones10x10k-real-zone.json" &
+        >"$d/real-zone-run.json" &   # stopped below, when the simulated zones are done
       zone_run_pid=$!
+      # Before the simulated zones: its Envoys connected and its dataplanes at the global.
+      for _ in $(seq 1 600); do
+        connected=$(curl -sf "http://127.0.0.1:$((PORT_BASE + 5))/api/v1/fleet/summary" |
+          python3 -c 'import json, sys; print(json.load(sys.stdin)["dataplanes"]["connected"])' 2>/dev/null || echo 0)
+        held=$(curl -sf "http://$API/api/v1/zones/rz-01" |
+          python3 -c 'import json, sys; print(json.load(sys.stdin)["dataplanes"])' 2>/dev/null || echo 0)
+        [ "$connected" = "$per_zone" ] && [ "$held" = "$per_zone" ] && break
+        sleep 0.5
+      done
+      echo "bench: zones10x10k: real zone rz-01: $connected Envoys connected, $held dataplanes at the global" >&2
     fi
     echo "bench: zones10x10k: hdsd-loadgen zones, $((zones - real)) simulated zones x $per_zone" >&2
     "$BIN/hdsd-loadgen" zones --global "$zones_addr" --api "http://$API" --sign-with-state-dir "$d/state" \
@@ -375,9 +387,10 @@ EOF
     if [ -n "$zone_run_pid" ]; then kill "$zone_run_pid" 2>/dev/null || true; wait "$zone_run_pid" 2>/dev/null || true; fi
     if [ -n "$zone_pid" ]; then kill "$zone_pid" 2>/dev/null || true; wait "$zone_pid" 2>/dev/null || true; fi
     stop_hdsd
-    python3 - "$d/zones.json" "$d/global-zones.json" "$OUT/zones10x10k.json" "$zones" "$per_zone" "$real" <<'EOF'
+    python3 - "$d/zones.json" "$d/global-zones.json" "$OUT/zones10x10k.json" "$zones" "$per_zone" "$real" \
+      "$(cat "$d/global-rss-empty-kib")" <<'EOF'
 import json, sys
-zones_json, global_json, out, zones, per_zone, real = sys.argv[1:7]
+zones_json, global_json, out, zones, per_zone, real, rss_empty_kib = sys.argv[1:8]
 run = json.load(open(zones_json))
 held = json.load(open(global_json))["items"]
 run["zones_total"] = int(zones)
@@ -388,9 +401,11 @@ total = sum(z.get("dataplanes", 0) for z in held)
 run["global_dataplanes_held"] = total
 server = run.get("server") or {}
 if server.get("rss_steady_mib") is not None and total:
-    # Over every remote dataplane the global holds, the real zone's included.
+    # Over every remote dataplane the global holds, the real zone's included,
+    # from the global's RSS before any zone connected.
+    server["rss_empty_mib"] = round(int(rss_empty_kib) / 1024, 3)
     server["rss_per_remote_dataplane_all_zones_bytes"] = round(
-        (server["rss_steady_mib"] - server["rss_before_mib"]) * 1048576 / total)
+        (server["rss_steady_mib"] * 1048576 - int(rss_empty_kib) * 1024) / total)
 json.dump(run, open(out, "w"), indent=1)
 s = run["steady"]["change_to_watcher"]["latency"]
 print(f"bench: zones10x10k: global CPU {server.get('cpu_percent_steady')}% of a core, "

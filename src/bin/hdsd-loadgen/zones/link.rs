@@ -58,7 +58,8 @@ pub struct StreamRecord {
     /// Bytes sent on the stream until then (messages and gRPC frame
     /// headers; HTTP/2 and TLS framing not counted).
     pub bytes: u64,
-    /// Dataplanes sent until then (snapshot items or replayed changes).
+    /// Dataplanes sent until then: the snapshot's items, or the resume's
+    /// changes (the replay, and any made before its Ack).
     pub dataplanes: u64,
 }
 
@@ -337,7 +338,7 @@ impl Link {
                     match &m.kind {
                         Some(ZoneKind::Change(_)) => {
                             self.shared.changes_sent.fetch_add(1, Ordering::Relaxed);
-                            if let Some(p) = pending.as_mut() {
+                            if let Some(p) = pending.as_mut().filter(|p| p.kind == Kind::Resume) {
                                 p.dataplanes += 1;
                             }
                         }
