@@ -225,6 +225,17 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    if caught_up < args.zones {
+        for c in &cmds {
+            let _ = c.send(Cmd::Stop).await;
+        }
+        anyhow::bail!(
+            "only {caught_up} of {} zones were accepted and caught up within --connect-timeout ({}); streams ended with {:?} (check --global, and that --sign-with-state-dir is the global's state_dir)",
+            args.zones,
+            humantime::format_duration(args.connect_timeout),
+            shared.closes.lock().unwrap()
+        );
+    }
     let after_connect = server("after connect");
     eprintln!(
         "zones: {} of {} zones caught up in {connect_s:.1}s, every dataplane at the global: {}",
