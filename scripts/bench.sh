@@ -6,7 +6,7 @@
 #   scripts/bench.sh                  # every scenario
 #   scripts/bench.sh steady10k storm10k   # some of them
 #
-# Scenarios: steady10k steady50k saturation storm10k churn watchers10k eds10k detection
+# Scenarios: steady10k steady50k saturation storm10k churn watchers10k eds10k zones10x10k detection
 # micro, and (only when named) report_instructions: instructions per report of hdsd and
 # of the null server under callgrind (REPORT_INSTRUCTIONS_DATAPLANES, default 200, reports
 # every 1 s; REPORT_INSTRUCTIONS_SECONDS, default 20); detection_zones: a global and two zones, app stops in
@@ -18,7 +18,16 @@
 # Chromium; DURATION_API bounds the simulated Envoys, default 900s);
 # cluster10k: three instances on a throwaway PostgreSQL, a third of 10k dataplanes
 # each, then one instance killed (scripts/bench_cluster.py; DURATION_CLUSTER, default 60,
-# in seconds; CLUSTER_DATAPLANES, default 10000).
+# in seconds; CLUSTER_DATAPLANES, default 10000);
+# zones10x10k: one global (auth.mode = "token", API port + 1 its zone listener), ZONES zones
+# (default 10) of ZONE_DATAPLANES dataplanes each (10000), ZONE_FLIPS readiness flips/s per
+# zone (50): one real zone hdsd with simulated Envoys from `hdsd-loadgen run` (REAL_ZONE=0:
+# none; it takes the next two ports) and `hdsd-loadgen zones` for the others. DURATION_ZONES
+# (60, in seconds) of steady flips, then one zone away for ZONE_OUTAGE (30, in seconds) and
+# its resume against a snapshot, then a reconnect storm of every simulated zone. In
+# zones10x10k.json: the global's CPU (% of a core) and RSS (per remote dataplane), change ->
+# visible at a global watcher (p50/p99), resume vs snapshot bytes and times, the storm's
+# time against the zones' first backoff + 2 s.
 # Results: one JSON file per scenario in $OUT (default target/bench-results).
 # Knobs: BENCH_PORT_BASE (default 25678: HDS, null server, API), DURATION_10K (default 300s),
 #        DURATION_50K (120s), SATURATION_DURATION (30s), SATURATION_RUNS (5, alternating),
@@ -45,7 +54,7 @@ mkdir -p "$OUT"
 
 scenarios=("$@")
 if [ ${#scenarios[@]} -eq 0 ]; then
-  scenarios=(steady10k steady50k saturation storm10k churn watchers10k eds10k detection micro)
+  scenarios=(steady10k steady50k saturation storm10k churn watchers10k eds10k zones10x10k detection micro)
 fi
 
 if pgrep -f 'cargo test' >/dev/null; then
@@ -101,7 +110,8 @@ dir = "$dir/dataplanes"
 max_connections = 100000
 max_connections_per_ip = 100000
 [auth]
-mode = "none"
+mode = "${BENCH_AUTH:-none}"
+${BENCH_EXTRA:-}
 EOF
   # BENCH_PIN (taskset) and BENCH_WRAP (valgrind) go before the binary.
   env ${BENCH_SERVER_ENV:-} ${BENCH_PIN:-} ${BENCH_WRAP:-} "$BIN/hdsd" serve --config "$dir/hdsd.toml" >"$dir/hdsd.log" 2>&1 &
@@ -331,6 +341,104 @@ EOF
     loadgen soak10k --dataplanes-dir "$d/dataplanes" --duration "${DURATION_SOAK:-2h}" --rss-sample-every 10s
     stop_hdsd
     ;;
+  zones10x10k)
+    # One global (auth.mode = "token", zones auto-registered), REAL_ZONE (default 1) real zone
+    # hdsd with ZONE_DATAPLANES simulated Envoys from `hdsd-loadgen run` flipping ZONE_FLIPS
+    # a second, and `hdsd-loadgen zones` for the other zones (ZONES in all, ZONE_DATAPLANES
+    # each, ZONE_FLIPS flips/s each): DURATION_ZONES of steady flips timed at a watcher of
+    # the global, a ZONE_OUTAGE resume against a snapshot, then a reconnect storm.
+    d=$WORK/zones10x10k && mkdir -p "$d/dataplanes"
+    zones=${ZONES:-10} per_zone=${ZONE_DATAPLANES:-10000} zone_flips=${ZONE_FLIPS:-50}
+    real=${REAL_ZONE:-1}
+    [ "$zones" -gt "$real" ] || { echo "bench: zones10x10k: ZONES must exceed REAL_ZONE" >&2; exit 2; }
+    zones_addr=127.0.0.1:$((PORT_BASE + 3))
+    BENCH_AUTH=token BENCH_EXTRA="[global]
+enabled = true
+listen = \"$zones_addr\"
+auto_register = true" start_hdsd "$d"
+    global_pid=$HDSD_PID
+    # The global's RSS with no zone yet (KiB), for the memory per remote dataplane of all zones.
+    awk '/VmRSS/ {print $2}' "/proc/$global_pid/status" >"$d/global-rss-empty-kib"
+    zone_pid="" zone_run_pid=""
+    if [ "$real" = 1 ]; then
+      z=$d/rz-01 && mkdir -p "$z" && gen "$z/dataplanes" "$per_zone"
+      "$BIN/hdsd" token issue --config "$d/hdsd.toml" --zone rz-01 --mesh default >"$z/zone.token"
+      cat >"$z/hdsd.toml" <<EOF
+state_dir = "$z/state"
+[hds]
+listen = "127.0.0.1:$((PORT_BASE + 4))"
+report_interval = "5s"
+[api]
+listen = "127.0.0.1:$((PORT_BASE + 5))"
+[dataplanes]
+dir = "$z/dataplanes"
+[hds.limits]
+max_connections = 100000
+max_connections_per_ip = 100000
+[auth]
+mode = "none"
+[zone]
+name = "rz-01"
+global = ["http://$zones_addr"]
+token_file = "$z/zone.token"
+EOF
+      "$BIN/hdsd" serve --config "$z/hdsd.toml" >"$z/hdsd.log" 2>&1 &
+      zone_pid=$!
+      wait_port "127.0.0.1:$((PORT_BASE + 5))" 600
+      # Its Envoys flip ZONE_FLIPS a second (a fraction of them at every 5 s report).
+      fraction=$(python3 -c "print(min(1.0, $zone_flips * 5 / $per_zone))")
+      "$BIN/hdsd-loadgen" run --hds "127.0.0.1:$((PORT_BASE + 4))" --api "http://127.0.0.1:$((PORT_BASE + 5))" \
+        --server-pid "$zone_pid" --dataplanes-dir "$z/dataplanes" --flip-fraction "$fraction" --sample 0 \
+        --duration "$((${DURATION_ZONES:-60} + ${ZONE_OUTAGE:-30} + 120))s" --label zones10x10k-real-zone --json \
+        >"$d/real-zone-run.json" &   # stopped below, when the simulated zones are done
+      zone_run_pid=$!
+      # Before the simulated zones: its Envoys connected and its dataplanes at the global.
+      for _ in $(seq 1 600); do
+        connected=$(curl -sf "http://127.0.0.1:$((PORT_BASE + 5))/api/v1/fleet/summary" |
+          python3 -c 'import json, sys; print(json.load(sys.stdin)["dataplanes"]["connected"])' 2>/dev/null || echo 0)
+        held=$(curl -sf "http://$API/api/v1/zones/rz-01" |
+          python3 -c 'import json, sys; print(json.load(sys.stdin)["dataplanes"])' 2>/dev/null || echo 0)
+        [ "$connected" = "$per_zone" ] && [ "$held" = "$per_zone" ] && break
+        sleep 0.5
+      done
+      echo "bench: zones10x10k: real zone rz-01: $connected Envoys connected, $held dataplanes at the global" >&2
+    fi
+    echo "bench: zones10x10k: hdsd-loadgen zones, $((zones - real)) simulated zones x $per_zone" >&2
+    "$BIN/hdsd-loadgen" zones --global "$zones_addr" --api "http://$API" --sign-with-state-dir "$d/state" \
+      --server-pid "$global_pid" --zones "$((zones - real))" --dataplanes "$per_zone" --flips-per-s "$zone_flips" \
+      --duration "${DURATION_ZONES:-60}s" --outage "${ZONE_OUTAGE:-30}s" --storm --label zones10x10k --json \
+      >"$d/zones.json" || echo "bench: zones10x10k: loadgen exited with $?" >&2
+    # What the global holds of every zone, the real one included.
+    curl -sf "http://$API/api/v1/zones" >"$d/global-zones.json" || echo '{"items": []}' >"$d/global-zones.json"
+    if [ -n "$zone_run_pid" ]; then kill "$zone_run_pid" 2>/dev/null || true; wait "$zone_run_pid" 2>/dev/null || true; fi
+    if [ -n "$zone_pid" ]; then kill "$zone_pid" 2>/dev/null || true; wait "$zone_pid" 2>/dev/null || true; fi
+    stop_hdsd
+    python3 - "$d/zones.json" "$d/global-zones.json" "$OUT/zones10x10k.json" "$zones" "$per_zone" "$real" \
+      "$(cat "$d/global-rss-empty-kib")" <<'EOF'
+import json, sys
+zones_json, global_json, out, zones, per_zone, real, rss_empty_kib = sys.argv[1:8]
+run = json.load(open(zones_json))
+held = json.load(open(global_json))["items"]
+run["zones_total"] = int(zones)
+run["real_zones"] = int(real)
+run["global_zones"] = [{k: z.get(k) for k in ("name", "state", "dataplanes", "inbounds", "streams", "resumes", "snapshots")}
+                       for z in held]
+total = sum(z.get("dataplanes", 0) for z in held)
+run["global_dataplanes_held"] = total
+server = run.get("server") or {}
+if server.get("rss_steady_mib") is not None and total:
+    # Over every remote dataplane the global holds, the real zone's included,
+    # from the global's RSS before any zone connected.
+    server["rss_empty_mib"] = round(int(rss_empty_kib) / 1024, 3)
+    server["rss_per_remote_dataplane_all_zones_bytes"] = round(
+        (server["rss_steady_mib"] * 1048576 - int(rss_empty_kib) * 1024) / total)
+json.dump(run, open(out, "w"), indent=1)
+s = run["steady"]["change_to_watcher"]["latency"]
+print(f"bench: zones10x10k: global CPU {server.get('cpu_percent_steady')}% of a core, "
+      f"RSS {server.get('rss_steady_mib')} MiB, change->watcher p50 {s.get('p50_ms')} ms p99 {s.get('p99_ms')} ms, "
+      f"resume {json.dumps(run.get('resume'))}, storm {json.dumps(run.get('storm'))}", file=sys.stderr)
+EOF
+    ;;
   cluster10k)
     # Three instances on one PostgreSQL (needs Debian's postgresql and root:
     # the server runs as the postgres user); see scripts/bench_cluster.py.
@@ -351,7 +459,7 @@ EOF
     cargo bench --bench specifier --bench readiness 2>&1 | tee "$OUT/micro.txt" >&2
     ;;
   *)
-    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn watchers10k eds10k soak10k cluster10k api100k detection detection_zones micro)" >&2
+    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn watchers10k eds10k soak10k cluster10k api100k zones10x10k detection detection_zones micro)" >&2
     exit 2
     ;;
   esac

@@ -1,6 +1,7 @@
 //! Smoke test of `hdsd-loadgen` (kept under a minute): 500 simulated Envoys
 //! against a real hdsd for about ten seconds, then against the null server.
-//! It checks what the loadgen measured and what hdsd's API shows.
+//! It checks what the loadgen measured and what hdsd's API shows. The zone
+//! mode's smoke: two simulated zones of 500 dataplanes against a global.
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -442,4 +443,97 @@ fn the_fleet_api_benchmark_measures_at_a_thousand_dataplanes() {
         assert!(num(&r, "browser.rows_drawn") > 0.0, "{r}");
         assert!(num(&r, "browser.js_heap_used_mb") > 0.0, "{r}");
     }
+}
+
+/// `hdsd-loadgen zones` at 1k dataplanes (2 zones x 500) against a global:
+/// the smoke of the `zones10x10k` benchmark scenario.
+#[test]
+fn loadgen_zones_against_a_global() {
+    let global = Hdsd::start(HdsdOptions {
+        auth_mode: "token",
+        zone_listener: true,
+        extra: "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nauto_register = true\n"
+            .into(),
+        ..HdsdOptions::default()
+    });
+    let zones_addr = global.zones.expect("the zone listener").to_string();
+    let api_url = format!("http://{}", global.api);
+    let state = global.dir.path().join("state");
+    let pid = global.pid().to_string();
+    let mut run = loadgen(&[
+        "zones",
+        "--global",
+        &zones_addr,
+        "--api",
+        &api_url,
+        "--sign-with-state-dir",
+        state.to_str().unwrap(),
+        "--server-pid",
+        &pid,
+        "--zones",
+        "2",
+        "--dataplanes",
+        "500",
+        "--flips-per-s",
+        "20",
+        "--connect-timeout",
+        "20s",
+        "--warmup",
+        "1s",
+        "--duration",
+        "3s",
+        "--outage",
+        "3s",
+        "--storm",
+        "--json",
+    ]);
+    let line = first_line(&mut run.0, Duration::from_secs(45));
+    let r: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    let status = run.0.wait().unwrap();
+    assert!(status.success(), "the loadgen exited with {status}: {r}");
+
+    // Every remote dataplane reached the global.
+    assert_eq!(num(&r, "connect.zones_caught_up"), 2.0, "{r}");
+    assert_eq!(num(&r, "global_view.zones_online"), 2.0, "{r}");
+    assert_eq!(num(&r, "global_view.dataplanes"), 1000.0, "{r}");
+    assert_eq!(num(&r, "global_view.inbounds_total"), 2000.0, "{r}");
+    assert_eq!(num(&r, "totals.rejected"), 0.0, "{r}");
+    // Changes were sent, acknowledged and seen at the global's watcher.
+    assert!(num(&r, "steady.changes_sent") > 0.0, "{r}");
+    assert!(num(&r, "steady.change_to_ack.samples") > 0.0, "{r}");
+    assert!(
+        num(&r, "steady.change_to_watcher.latency.samples") > 0.0,
+        "{r}"
+    );
+    assert!(
+        num(&r, "steady.change_to_watcher.latency.p99_ms") > 0.0,
+        "{r}"
+    );
+    // The resume replayed what changed during the outage, in fewer bytes
+    // than the same zone's snapshot.
+    assert_eq!(r["resume"]["resume"]["kind"], "resume", "{r}");
+    assert_eq!(r["resume"]["snapshot"]["kind"], "snapshot", "{r}");
+    assert!(num(&r, "resume.resume.dataplanes") > 0.0, "{r}");
+    assert_eq!(num(&r, "resume.snapshot.dataplanes"), 500.0, "{r}");
+    assert!(
+        num(&r, "resume.resume.bytes") < num(&r, "resume.snapshot.bytes"),
+        "{r}"
+    );
+    // The storm: both zones accepted again, with a time.
+    assert_eq!(num(&r, "storm.zones_reconnected"), 2.0, "{r}");
+    assert!(num(&r, "storm.accepted_all_s") >= 0.0, "{r}");
+    assert!(num(&r, "server.rss_steady_mib") > 0.0, "{r}");
+
+    // The global's own REST view: both zones with all their dataplanes, the
+    // first one resumed at least once.
+    let zones = global.get_json("/api/v1/zones").unwrap();
+    let items = zones["items"].as_array().expect("items");
+    assert_eq!(items.len(), 2, "{zones}");
+    for z in items {
+        assert_eq!(z["dataplanes"], 500, "{zones}");
+        assert_eq!(z["inbounds"]["total"], 1000, "{zones}");
+    }
+    let first = items.iter().find(|z| z["name"] == "lz-01").expect("lz-01");
+    assert!(first["resumes"].as_u64() >= Some(1), "{zones}");
+    assert!(first["snapshots"].as_u64() >= Some(2), "{zones}");
 }

@@ -82,7 +82,7 @@ impl Flips {
         self.recorded.load(Ordering::Relaxed)
     }
 
-    fn latest(&self, index: usize) -> Option<Flip> {
+    pub fn latest(&self, index: usize) -> Option<Flip> {
         self.latest.lock().unwrap().get(&index).copied()
     }
 
@@ -122,11 +122,11 @@ impl Tally {
         self.measuring.store(on, Ordering::Release);
     }
 
-    fn failure(&self, reason: String) {
+    pub fn failure(&self, reason: String) {
         *self.failures.lock().unwrap().entry(reason).or_default() += 1;
     }
 
-    fn seen(&self, flip: &Flip, at: Instant) {
+    pub fn seen(&self, flip: &Flip, at: Instant) {
         if self.measuring.load(Ordering::Acquire) {
             self.latencies
                 .lock()

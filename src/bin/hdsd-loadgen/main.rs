@@ -4,7 +4,9 @@
 //! - `run` connects N simulated Envoy 1.40 HDS clients and measures, with
 //!   optional consumers of readiness (gRPC watchers, EDS subscribers);
 //! - `null-server` is an HDS server that does nothing but answer: the
-//!   transport's ceiling to compare hdsd with.
+//!   transport's ceiling to compare hdsd with;
+//! - `zones` simulates zones against a global hdsd's zone listener, speaking
+//!   `zone.proto` as a zone hdsd does, and measures the global.
 //!
 //! Targets loopback addresses only; every phase is bounded in time.
 #![forbid(unsafe_code)]
@@ -16,6 +18,7 @@ mod null;
 mod run;
 mod stats;
 mod sys;
+mod zones;
 
 use std::process::ExitCode;
 
@@ -25,7 +28,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "hdsd-loadgen",
     version,
-    about = "Load generator for hdsd: simulated Envoy HDS clients, dataplane files, a null HDS server"
+    about = "Load generator for hdsd: simulated Envoy HDS clients, dataplane files, a null HDS server, simulated zones"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -40,6 +43,8 @@ enum Command {
     GenDataplanes(gen::Args),
     /// An HDS server that answers every HealthCheckRequest with a fixed specifier, nothing else.
     NullServer(null::Args),
+    /// Simulate zones (snapshots, changes, heartbeats) against a global hdsd and measure it.
+    Zones(Box<zones::Args>),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +55,7 @@ fn main() -> ExitCode {
         Command::NullServer(args) => runtime()
             .and_then(|rt| rt.block_on(null::run(args)))
             .map(|()| ExitCode::SUCCESS),
+        Command::Zones(args) => runtime().and_then(|rt| rt.block_on(zones::run(*args))),
     };
     match result {
         Ok(code) => code,
