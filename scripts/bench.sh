@@ -243,7 +243,7 @@ EOF
     n=${REPORT_INSTRUCTIONS_DATAPLANES:-200}
     window=${REPORT_INSTRUCTIONS_SECONDS:-20}
     d=$WORK/report_instructions && mkdir -p "$d" && gen "$d/dataplanes" "$n"
-    callgrind="valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file=$d/callgrind.%p"
+    callgrind="valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=$d/callgrind.%p"
     for server in null hdsd; do
       if [ "$server" = null ]; then
         $callgrind "$BIN/hdsd-loadgen" null-server --listen "$NULL" --report-interval 1s --clusters 2 \
@@ -265,6 +265,10 @@ EOF
       NULL_PID="" HDSD_PID=""
       # Every dump of the process (counting was on in the window alone).
       cat "$d"/callgrind."$pid"* | awk '/^totals:/ {s += $2} END {print s + 0}' >"$d/$server.instructions"
+      # Kept for callgrind_annotate (where the instructions go).
+      for f in "$d"/callgrind."$pid"*; do
+        cp "$f" "$OUT/report-instructions-$server.${f##*/}"
+      done
     done
     python3 - "$OUT" "$d" <<'EOF'
 import json, sys
@@ -273,6 +277,9 @@ summary = {}
 for server in ("null", "hdsd"):
     run = json.load(open(f"{out}/report-instructions-{server}.json"))
     instructions = int(open(f"{d}/{server}.instructions").read().split()[0])
+    if instructions == 0:
+        sys.exit(f"bench: report_instructions: callgrind counted nothing in the {server} server: "
+                 "is valgrind's callgrind_control on the PATH?")
     summary[server] = {"instructions": instructions, "reports": run["reports_sent"],
                        "instructions_per_report": round(instructions / run["reports_sent"])}
 summary["ratio_hdsd_over_null"] = round(

@@ -40,10 +40,15 @@ use crate::specifier::Specifier;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredHealth {
     pub inbounds: Vec<StoredInbound>,
+    #[serde(serialize_with = "rfc3339::option")]
     pub last_report_at: Option<Timestamp>,
     /// [`crate::readiness::Health::reattached_at`]: written on an attach so
     /// that the other instances of a cluster restart the stale window too.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "rfc3339::option"
+    )]
     pub reattached_at: Option<Timestamp>,
 }
 
@@ -55,8 +60,41 @@ pub struct StoredInbound {
     /// The probe target the status was reported for.
     pub target: Option<SocketAddr>,
     pub status: String,
+    #[serde(serialize_with = "rfc3339::one")]
     pub since: Timestamp,
+    #[serde(serialize_with = "rfc3339::option")]
     pub last_report_at: Option<Timestamp>,
+}
+
+/// Timestamps written as RFC 3339 with nanoseconds by humantime's
+/// formatter: one write of a fixed buffer, where chrono's writes each
+/// field through `core::fmt` (a quarter of the instructions of a steady
+/// report went there, since every report updates the stored
+/// `last_report_at`). chrono reads both forms, so the stored format is
+/// unchanged for every version that reads it.
+mod rfc3339 {
+    use std::time::SystemTime;
+
+    use serde::Serializer;
+
+    use crate::clock::Timestamp;
+
+    pub fn one<S: Serializer>(at: &Timestamp, s: S) -> Result<S::Ok, S::Error> {
+        // humantime formats years 1970 to 9999 only.
+        let in_range = (0..253_402_300_800).contains(&at.timestamp());
+        if in_range {
+            s.collect_str(&humantime::format_rfc3339_nanos(SystemTime::from(*at)))
+        } else {
+            serde::Serialize::serialize(at, s)
+        }
+    }
+
+    pub fn option<S: Serializer>(at: &Option<Timestamp>, s: S) -> Result<S::Ok, S::Error> {
+        match at {
+            Some(at) => one(at, s),
+            None => s.serialize_none(),
+        }
+    }
 }
 
 /// The stored form of a dataplane's health.
@@ -641,6 +679,33 @@ mod tests {
             .write(&[(id.clone(), Some(stored("healthy")))])
             .unwrap();
         assert_eq!(store.load().unwrap()[&id], stored("healthy"));
+    }
+
+    #[test]
+    fn timestamps_are_stored_as_rfc3339_that_chrono_reads_back() {
+        let mut health = stored("healthy");
+        let at = chrono::Utc
+            .timestamp_opt(1_700_000_000, 123_456_789)
+            .unwrap();
+        health.last_report_at = Some(at);
+        health.inbounds[0].since = chrono::Utc.timestamp_opt(-86_400, 5).unwrap();
+        let json = serde_json::to_string(&health).unwrap();
+        assert!(
+            json.contains(r#""last_report_at":"2023-11-14T22:13:20.123456789Z""#),
+            "{json}"
+        );
+        // Before 1970 (only a hand-edited store has one): chrono's form.
+        assert!(
+            json.contains(r#""since":"1969-12-31T00:00:00.000000005Z""#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<StoredHealth>(&json).unwrap(), health);
+        // What chrono wrote before reads the same.
+        let old = json.replace(
+            "2023-11-14T22:13:20.123456789Z",
+            "2023-11-14T22:13:20.123456789+00:00",
+        );
+        assert_eq!(serde_json::from_str::<StoredHealth>(&old).unwrap(), health);
     }
 
     #[test]

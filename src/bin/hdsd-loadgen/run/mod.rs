@@ -46,7 +46,7 @@ pub struct Args {
     /// The server's process id: its CPU time and resident memory are measured.
     #[arg(long)]
     pub server_pid: Option<u32>,
-    /// A server running under `valgrind --tool=callgrind --collect-atstart=no`:
+    /// A server running under `valgrind --tool=callgrind --instr-atstart=no`:
     /// its instructions are counted over the steady window alone
     /// (`callgrind_control -i on` at its start, `-i off` at its end).
     #[arg(long)]
