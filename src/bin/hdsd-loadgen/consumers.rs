@@ -169,11 +169,35 @@ pub async fn watcher(
         mesh: manifest.mesh.clone(),
         ..Default::default()
     };
+    follow(
+        &mut client,
+        request,
+        manifest.count,
+        |d| manifest.index_of_name(&d.name),
+        &flips,
+        &tally,
+        &mut stop,
+    )
+    .await
+}
+
+/// Follows one `Watch` until `stop`: counts its events and times each flip
+/// (`index` says which of the `count` flipping dataplanes an event names)
+/// when a CHANGED event carries the readiness the flip made.
+pub async fn follow(
+    client: &mut ReadinessServiceClient<tonic::transport::Channel>,
+    request: WatchRequest,
+    count: usize,
+    index: impl Fn(&hdsd::pb::DataplaneRevision) -> Option<usize>,
+    flips: &Flips,
+    tally: &Tally,
+    stop: &mut watch::Receiver<bool>,
+) {
     let mut stream = match client.watch(request).await {
         Ok(r) => r.into_inner(),
         Err(s) => return tally.failure(format!("watch: {:?}", s.code())),
     };
-    let mut seen = vec![0u64; manifest.count];
+    let mut seen = vec![0u64; count];
     let mut synced = false;
     loop {
         let msg = tokio::select! {
@@ -195,7 +219,7 @@ pub async fn watcher(
             EventType::Changed => {
                 tally.changed.fetch_add(1, Ordering::Relaxed);
                 let Some(d) = event.dataplane else { continue };
-                let Some(i) = manifest.index_of_name(&d.name) else {
+                let Some(i) = index(&d) else {
                     continue;
                 };
                 if let Some(f) = flips.latest(i) {

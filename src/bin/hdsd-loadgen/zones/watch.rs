@@ -2,17 +2,14 @@
 //! each zone change until the global's event for it, and `ListZones` for
 //! what the global holds of each zone.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use hdsd::pb::readiness_service_client::ReadinessServiceClient;
-use hdsd::pb::watch_event::Type as EventType;
 use hdsd::pb::{ListZonesRequest, WatchRequest, Zone};
 use tokio::sync::watch;
 
 use super::sim::{dataplane_index, zone_index};
-use crate::consumers::{Flips, Tally};
+use crate::consumers::{follow, Flips, Tally};
 
 /// Which dataplane a global's event names, as an index into [`Flips`]:
 /// zone `z`'s dataplane `i` is `z * per_zone + i`.
@@ -53,48 +50,17 @@ pub async fn watcher(
         Ok(c) => c,
         Err(e) => return tally.failure(format!("connect: {e}")),
     };
-    let mut stream = match client.watch(WatchRequest::default()).await {
-        Ok(r) => r.into_inner(),
-        Err(s) => return tally.failure(format!("watch: {:?}", s.code())),
-    };
-    let mut seen = vec![0u64; layout.zones * layout.per_zone];
-    let mut synced = false;
-    loop {
-        let msg = tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
-            m = stream.message() => m,
-        };
-        let event = match msg {
-            Ok(Some(e)) => e,
-            Ok(None) => return tally.failure("watch ended by the server".into()),
-            Err(s) => return tally.failure(format!("watch: {:?}", s.code())),
-        };
-        let at = Instant::now();
-        tally.messages.fetch_add(1, Ordering::Relaxed);
-        match event.r#type() {
-            EventType::Synced if !synced => {
-                synced = true;
-                tally.synced.fetch_add(1, Ordering::AcqRel);
-            }
-            EventType::Changed => {
-                tally.changed.fetch_add(1, Ordering::Relaxed);
-                let Some(d) = event.dataplane else { continue };
-                let Some(i) = layout.index(&d.zone, &d.name) else {
-                    continue;
-                };
-                if let Some(f) = flips.latest(i) {
-                    if f.ready == d.ready && f.seq > seen[i] {
-                        seen[i] = f.seq;
-                        tally.seen(&f, at);
-                    }
-                }
-            }
-            EventType::Resync => {
-                tally.resyncs.fetch_add(1, Ordering::Relaxed);
-            }
-            _ => {}
-        }
-    }
+    let count = layout.zones * layout.per_zone;
+    follow(
+        &mut client,
+        WatchRequest::default(),
+        count,
+        |d| layout.index(&d.zone, &d.name),
+        &flips,
+        &tally,
+        &mut stop,
+    )
+    .await
 }
 
 /// Every zone the global knows (`ListZones`).
