@@ -23,24 +23,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::store_postgres::send;
+use crate::store_postgres::web01_served_by;
 use crate::support::lossy::{LossyLink, Path};
 use crate::support::netns::Netns;
 use crate::support::postgres::Postgres;
 use crate::support::tmpfs::Tmpfs;
 use crate::support::{dataplane_yaml, wait_for, App, Envoy, Hdsd, HdsdOptions};
-
-/// `/readyz`: status and body.
-fn readyz(hdsd: &Hdsd) -> (u16, String) {
-    let mut response = ureq::get(&hdsd.api_url("/readyz"))
-        .config()
-        .http_status_as_error(false)
-        .build()
-        .call()
-        .expect("GET /readyz");
-    let status = response.status().as_u16();
-    (status, response.body_mut().read_to_string().unwrap())
-}
 
 /// web-01's inbound on `hdsd`: (status, held by).
 fn web01(hdsd: &Hdsd) -> Result<(String, Option<String>), String> {
@@ -95,17 +83,8 @@ fn an_instance_cut_from_postgres_serves_from_memory_and_converges_when_the_cut_h
     let a = Hdsd::start(options(0));
     let others = [Hdsd::start(options(1)), Hdsd::start(options(2))];
     let mut app = App::start();
-    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
-    let (status, _, body) = send(
-        &a,
-        "/api/v1/dataplanes/default/web-01",
-        Some(("application/yaml", &yaml)),
-        &[],
-    );
-    assert_eq!(status, 200, "{body}");
     // An Envoy that knows only A.
-    let _envoy = Envoy::start(a.hds, "default.web-01", None);
-    a.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
+    let _envoy = web01_served_by(&a, &app);
     let holder = format!("/{}", a.pid());
     for other in &others {
         wait_web01(
@@ -126,7 +105,7 @@ fn an_instance_cut_from_postgres_serves_from_memory_and_converges_when_the_cut_h
     a.wait_inbound("default.web-01", 10001, "unhealthy", Duration::from_secs(5));
     // A says so: still ready (it serves), the store unreachable.
     let body = wait_for("A to report the cut", Duration::from_secs(10), || {
-        let (status, body) = readyz(&a);
+        let (status, body) = a.readyz();
         assert_eq!(status, 200, "A serves: {body}");
         (body.contains("unreachable since") && a.metric("hdsd_store_up") == Some(0.0))
             .then_some(body.clone())
@@ -145,7 +124,7 @@ fn an_instance_cut_from_postgres_serves_from_memory_and_converges_when_the_cut_h
     // web-01 disconnected there, its last written readiness goes stale (the
     // transition has not reached them).
     for other in &others {
-        let (_, body) = readyz(other);
+        let (_, body) = other.readyz();
         assert!(!body.contains("unreachable"), "{body}");
         assert_eq!(other.metric("hdsd_store_up"), Some(1.0));
     }
@@ -181,7 +160,7 @@ fn an_instance_cut_from_postgres_serves_from_memory_and_converges_when_the_cut_h
     let dp = a.dataplane("default.web-01").unwrap();
     assert!(dp.connection.connected, "{:?}", dp.connection);
     assert_eq!(dp.inbounds[0].health.status, "unhealthy");
-    let (status, body) = readyz(&a);
+    let (status, body) = a.readyz();
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("unreachable since"), "{body}");
     // The transition waits to be written.
@@ -214,7 +193,7 @@ fn an_instance_cut_from_postgres_serves_from_memory_and_converges_when_the_cut_h
         "A to report the store back",
         Duration::from_secs(30),
         || {
-            let (status, body) = readyz(&a);
+            let (status, body) = a.readyz();
             (status == 200
                 && !body.contains("unreachable")
                 && a.metric("hdsd_store_up") == Some(1.0))

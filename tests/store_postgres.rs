@@ -91,16 +91,20 @@ fn define_web01_seen_by(a: &Hdsd, b: &Hdsd) {
     });
 }
 
-/// `/readyz`: status and body.
-fn readyz(hdsd: &Hdsd) -> (u16, String) {
-    let mut response = ureq::get(&hdsd.api_url("/readyz"))
-        .config()
-        .http_status_as_error(false)
-        .build()
-        .call()
-        .expect("GET /readyz");
-    let status = response.status().as_u16();
-    (status, response.body_mut().read_to_string().unwrap())
+/// web-01 (inbound 10001 on `app`) defined through `a`'s API and served
+/// by an Envoy that knows only `a`, healthy there.
+pub fn web01_served_by(a: &Hdsd, app: &App) -> Envoy {
+    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
+    let (status, _, body) = send(
+        a,
+        "/api/v1/dataplanes/default/web-01",
+        Some(("application/yaml", &yaml)),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    let envoy = Envoy::start(a.hds, "default.web-01", None);
+    a.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
+    envoy
 }
 
 /// Rows of one table of the shared store.
@@ -651,7 +655,7 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
         },
     );
     for instance in [&a, &b] {
-        let (status, body) = readyz(instance);
+        let (status, body) = instance.readyz();
         assert_eq!(status, 200, "{body}");
         assert!(body.contains("reachable"), "{body}");
         assert!(!body.contains("unreachable"), "{body}");
@@ -699,7 +703,7 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
             "/readyz and hdsd_store_up to report the outage",
             Duration::from_secs(10),
             || {
-                let (status, body) = readyz(instance);
+                let (status, body) = instance.readyz();
                 assert_eq!(status, 200, "still ready during the outage: {body}");
                 (body.contains("unreachable since")
                     && instance.metric("hdsd_store_up") == Some(0.0))
@@ -726,13 +730,13 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
                 .ok_or(format!("pending {pending}, failures {failures}"))
         },
     );
-    let (_, body) = readyz(&a);
+    let (_, body) = a.readyz();
     assert!(body.contains("1 readiness update(s) queued"), "{body}");
     // The outage the issue names lasts 10 s; all along, both instances keep
     // serving and keep reporting it (checked throughout, not slept through).
     loop {
         for instance in [&a, &b] {
-            let (status, body) = readyz(instance);
+            let (status, body) = instance.readyz();
             assert_eq!(status, 200, "{body}");
             assert!(body.contains("still serving HDS"), "{body}");
             assert_eq!(instance.metric("hdsd_store_up"), Some(0.0));
@@ -775,7 +779,7 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
             "/readyz and the metrics to report the store back",
             Duration::from_secs(10),
             || {
-                let (status, body) = readyz(instance);
+                let (status, body) = instance.readyz();
                 let up = instance.metric("hdsd_store_up");
                 let pending = instance.metric("hdsd_store_pending_writes");
                 (status == 200
@@ -837,17 +841,8 @@ fn a_dead_instances_dataplanes_are_marked_disconnected_by_one_live_instance() {
     let mut a = Hdsd::start(options.clone());
     let mut others = [Hdsd::start(options.clone()), Hdsd::start(options)];
     let app = App::start();
-    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
-    let (status, _, body) = send(
-        &a,
-        "/api/v1/dataplanes/default/web-01",
-        Some(("application/yaml", &yaml)),
-        &[],
-    );
-    assert_eq!(status, 200, "{body}");
     // An Envoy that knows only A: it cannot reconnect elsewhere.
-    let _envoy = Envoy::start(a.hds, "default.web-01", None);
-    a.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
+    let _envoy = web01_served_by(&a, &app);
     let holder = format!("/{}", a.pid());
     for other in &others {
         other.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(5));

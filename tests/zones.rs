@@ -986,18 +986,6 @@ fn wait_uplink_state(zone: &Hdsd, state: &str, holder: Option<&str>, timeout: Du
     )
 }
 
-/// `/readyz` of `hdsd`: status and body.
-fn readyz(hdsd: &Hdsd) -> (u16, String) {
-    let mut response = ureq::get(&hdsd.api_url("/readyz"))
-        .config()
-        .http_status_as_error(false)
-        .build()
-        .call()
-        .expect("GET /readyz");
-    let status = response.status().as_u16();
-    (status, response.body_mut().read_to_string().unwrap())
-}
-
 /// A zone of two hdsd instances on one PostgreSQL: exactly one holds the
 /// uplink lease and dials (one stream at the global, no `stale_epoch`
 /// refusal), the other stands by, healthy, naming the holder, while the
@@ -1054,7 +1042,7 @@ fn two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over() {
     let on_b = wait_uplink_state(&b, "standby", Some(&a_name), Duration::from_secs(10));
     assert_eq!(on_b["connected"], false, "{on_b}");
     assert_eq!(on_b["epoch"], on_a["epoch"], "{on_b}");
-    let (status, body) = readyz(&b);
+    let (status, body) = b.readyz();
     assert_eq!(status, 200, "a standby instance is ready: {body}");
     assert!(
         body.contains("zone eu-1: standby since")

@@ -342,6 +342,18 @@ impl Hdsd {
         format!("http://{}{path}", self.api)
     }
 
+    /// `/readyz`: status and body.
+    pub fn readyz(&self) -> (u16, String) {
+        let mut response = ureq::get(&self.api_url("/readyz"))
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .call()
+            .expect("GET /readyz");
+        let status = response.status().as_u16();
+        (status, response.body_mut().read_to_string().unwrap())
+    }
+
     pub fn get_json(&self, path: &str) -> Result<serde_json::Value, String> {
         let mut r = ureq::get(&self.api_url(path))
             .call()
