@@ -387,23 +387,27 @@ def main():
             procs.append(p)
             return p
 
-        def wait_held(i, loadgen):
-            wait_for(f"instance {names[i]} to hold {shares[i]} streams",
-                     lambda: fleet(api[i])[1] == shares[i] and loadgen.poll() is None, 900, every=1)
+        def wait_held(started):
+            # Every started loadgen's Envoys served (an Envoy whose first
+            # attempt failed may be served by another instance).
+            total = sum(shares[i] for i in started)
+            wait_for(f"{total} streams held",
+                     lambda: sum(fleet(a)[1] for a in api) == total
+                     and all(loadgens[i].poll() is None for i in started), 900, every=1)
 
         # Every loadgen but a's: instance a knows the fleet and holds nothing.
         loadgens = [None] * n
         t = time.monotonic()
         for i in range(1, n):
             loadgens[i] = start_loadgen(i)
-        for i in range(1, n):
-            wait_held(i, loadgens[i])
+        wait_held(range(1, n))
         time.sleep(report_interval_s + 1)
         rss_fleet_view_a = rss_bytes(hdsd[0].pid)
         fleet_a = fleet(api[0])
         loadgens[0] = start_loadgen(0)
-        wait_held(0, loadgens[0])
+        wait_held(range(n))
         connect_s = time.monotonic() - t
+        held_by_a = fleet(api[0])[1]
         log(f"every instance holds its share ({connect_s:.1f}s, a last); timing flips at a until seen at "
             f"{names[observer]}")
 
@@ -477,7 +481,8 @@ def main():
             "a_fleet_view_known_held_inbounds": list(fleet_a[:3]),
             "a_held_mib": mib(rss_held_a),
             "per_dataplane_not_held_bytes": per(rss_fleet_view_a - rss_empty[0], args.dataplanes),
-            "per_held_dataplane_bytes": per(rss_held_a - rss_fleet_view_a, shares[0]),
+            "a_held_dataplanes": held_by_a,
+            "per_held_dataplane_bytes": per(rss_held_a - rss_fleet_view_a, held_by_a),
             "every_instance": {
                 name: {
                     "empty_mib": mib(rss_empty[i]),
@@ -485,7 +490,7 @@ def main():
                     "steady_mib": mib(rss_steady[i]),
                     "per_definition_bytes": per(rss_defined[i] - rss_empty[i], args.dataplanes),
                     "per_held_dataplane_with_fleet_readiness_bytes": per(rss_steady[i] - rss_defined[i],
-                                                                         shares[i]),
+                                                                         steady_fleet[i][1]),
                 } for i, name in enumerate(names)},
         }
         log("memory:", json.dumps({k: v for k, v in memory.items() if k != "every_instance"}))
@@ -514,6 +519,7 @@ def main():
         sampler.start()
         time.sleep(1)
         kill_t = time.monotonic()
+        moved = fleet(api[killed])[1]
         cpu_at_kill = [cpu_s(hdsd[i].pid) for i in survivors]
         hdsd[killed].send_signal(signal.SIGKILL)
         wait_for(f"the survivors to hold all {args.dataplanes} streams",
@@ -521,7 +527,7 @@ def main():
         reattached_s = time.monotonic() - kill_t
         cpu_moved = sum(cpu_s(hdsd[i].pid) - cpu_at_kill[k] for k, i in enumerate(survivors))
         steady_rate = sum((h1[i] - h0[i]) / window for i in survivors)
-        cpu_us_per_reconnect = max(0.0, cpu_moved - steady_rate * reattached_s) / shares[killed] * 1e6
+        cpu_us_per_reconnect = max(0.0, cpu_moved - steady_rate * reattached_s) / max(1, moved) * 1e6
         log(f"every dataplane held by a survivor {reattached_s:.2f}s after the kill; sampling until the sweep "
             "and staleness")
         time.sleep(max(0.0, kill_t + args.instance_timeout + stale_after_s + 5 - time.monotonic()))
@@ -532,7 +538,7 @@ def main():
         errors = sum(1 for s in samples for i in survivors if "error" in s[names[i]])
         failover = {
             "killed": names[killed],
-            "moved_dataplanes": shares[killed],
+            "moved_dataplanes": moved,
             "max_connections_per_instance": max_connections,
             "reattached_s": round(reattached_s, 2),
             "survivors_cpu_us_per_reconnect": round(cpu_us_per_reconnect, 1),
