@@ -561,7 +561,14 @@ fn the_cluster_benchmark_measures_at_a_thousand_dataplanes() {
         .arg("--bin")
         .arg(bin)
         .args(["--instances", "3", "--dataplanes", "1000"])
-        .args(["--window", "4", "--latency-window", "4", "--latency-sample", "20"])
+        .args([
+            "--window",
+            "3",
+            "--latency-window",
+            "3",
+            "--latency-sample",
+            "20",
+        ])
         .args(["--report-interval", "1", "--instance-timeout", "2"])
         .args(["--source-ips", "4", "--port-base", "0", "--json"])
         .arg(json.path())
@@ -585,15 +592,29 @@ fn the_cluster_benchmark_measures_at_a_thousand_dataplanes() {
         assert!(num(&r["steady"]["hdsd_cpu_pct"], name) > 0.0, "{r}");
         assert!(num(&r["steady"]["hdsd_rss_mib"], name) > 0.0, "{r}");
         assert!(num(&r["steady"]["write_tx_per_s"], name) > 0.0, "{r}");
-        assert_eq!(num(&r["steady"]["not_ready_inbounds_at_end"], name), 0.0, "{r}");
+        assert_eq!(
+            num(&r["steady"]["not_ready_inbounds_at_end"], name),
+            0.0,
+            "{r}"
+        );
     }
-    assert!(num(&r, "steady.postgres_pss_mib_all_processes") > 0.0, "{r}");
+    assert!(
+        num(&r, "steady.postgres_pss_mib_all_processes") > 0.0,
+        "{r}"
+    );
     // Failover: c's Envoys moved to a and b by themselves, nothing read not ready.
     let failover = &r["failover"];
     assert_eq!(failover["killed"], "c", "{r}");
-    assert_eq!(num(failover, "max_not_ready_inbounds_all_survivors"), 0.0, "{r}");
+    assert_eq!(
+        num(failover, "max_not_ready_inbounds_all_survivors"),
+        0.0,
+        "{r}"
+    );
     let held_at_end = num(&failover["held_at_end"], "a") + num(&failover["held_at_end"], "b");
     assert_eq!(held_at_end, 1000.0, "{r}");
     assert!(num(failover, "samples") > 10.0, "{r}");
-    assert!(num(failover, "survivors_cpu_us_per_reconnect") >= 0.0, "{r}");
+    assert!(
+        num(failover, "survivors_cpu_us_per_reconnect") >= 0.0,
+        "{r}"
+    );
 }
