@@ -26,9 +26,10 @@
 # LATENCY_CLUSTER seconds of flips, default 30), a steady window of DURATION_CLUSTER
 # (60 s; CPU, RSS and write transactions/s of every instance, PostgreSQL's CPU and
 # memory), then SIGKILL of the last instance, its Envoys failing over by themselves
-# (not-ready inbounds on the survivors every 200 ms, CPU per reconnect). About 15 minutes
-# at 100k on 2 cores, most of it loading the definitions; needs root (PostgreSQL runs as
-# the postgres user) and 20,000 descriptors per process;
+# (not-ready inbounds on the survivors every 200 ms, CPU per reconnect). Needs root
+# (PostgreSQL runs as the postgres user) and 20,000 descriptors per process; at 100k also
+# more cores and memory than a 2-core, 24 GB machine has (BENCHMARKS.md), where it stops at
+# CLUSTER100K_TIMEOUT (3600 s) at the latest;
 # zones10x10k: one global (auth.mode = "token", API port + 1 its zone listener), ZONES zones
 # (default 10) of ZONE_DATAPLANES dataplanes each (10000), ZONE_FLIPS readiness flips/s per
 # zone (50): one real zone hdsd with simulated Envoys from `hdsd-loadgen run` (REAL_ZONE=0:
