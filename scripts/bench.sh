@@ -19,6 +19,17 @@
 # cluster10k: three instances on a throwaway PostgreSQL, a third of 10k dataplanes
 # each, then one instance killed (scripts/bench_cluster.py; DURATION_CLUSTER, default 60,
 # in seconds; CLUSTER_DATAPLANES, default 10000);
+# cluster100k: CLUSTER100K_INSTANCES (default 8) instances on one throwaway PostgreSQL,
+# CLUSTER100K_DATAPLANES (100000) dataplanes, one HDS connection each, one loadgen per
+# instance listing every instance (its own first) over 64 loopback source addresses:
+# memory per dataplane held and not held, report at a -> visible at e (p50/p99,
+# LATENCY_CLUSTER seconds of flips, default 30), a steady window of DURATION_CLUSTER
+# (60 s; CPU, RSS and write transactions/s of every instance, PostgreSQL's CPU and
+# memory), then SIGKILL of the last instance, its Envoys failing over by themselves
+# (not-ready inbounds on the survivors every 200 ms, CPU per reconnect). Needs root
+# (PostgreSQL runs as the postgres user) and 20,000 descriptors per process; at 100k also
+# more cores and memory than a 2-core, 24 GB machine has (BENCHMARKS.md), where it stops at
+# CLUSTER100K_TIMEOUT (3600 s) at the latest;
 # zones10x10k: one global (auth.mode = "token", API port + 1 its zone listener), ZONES zones
 # (default 10) of ZONE_DATAPLANES dataplanes each (10000), ZONE_FLIPS readiness flips/s per
 # zone (50): one real zone hdsd with simulated Envoys from `hdsd-loadgen run` (REAL_ZONE=0:
@@ -452,6 +463,15 @@ EOF
     python3 scripts/bench_cluster.py --bin "$BIN" --dataplanes "${CLUSTER_DATAPLANES:-10000}" \
       --window "${DURATION_CLUSTER:-60}" --port-base $((PORT_BASE + 100)) --json "$OUT/cluster10k.json" >/dev/null
     ;;
+  cluster100k)
+    # Eight instances, 100k dataplanes: the first section of the cluster issue.
+    # Bounded: every wait of scripts/bench_cluster.py has a deadline, and the
+    # whole run a timeout.
+    timeout "${CLUSTER100K_TIMEOUT:-3600}" python3 scripts/bench_cluster.py --bin "$BIN" \
+      --instances "${CLUSTER100K_INSTANCES:-8}" --dataplanes "${CLUSTER100K_DATAPLANES:-100000}" \
+      --window "${DURATION_CLUSTER:-60}" --latency-window "${LATENCY_CLUSTER:-30}" \
+      --port-base $((PORT_BASE + 200)) --json "$OUT/cluster100k.json" >/dev/null
+    ;;
   detection)
     # A real Envoy, 100 app stops and starts: times against the floor and worst case.
     ENVOY_BIN=${ENVOY_BIN:-$(./scripts/setup.sh)} python3 scripts/detection.py --hdsd "$BIN/hdsd" \
@@ -466,7 +486,7 @@ EOF
     cargo bench --bench specifier --bench readiness 2>&1 | tee "$OUT/micro.txt" >&2
     ;;
   *)
-    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn watchers10k eds10k soak10k cluster10k api100k zones10x10k detection detection_zones micro)" >&2
+    echo "bench: unknown scenario $s (steady10k steady50k saturation storm10k churn watchers10k eds10k soak10k cluster10k cluster100k api100k zones10x10k detection detection_zones micro)" >&2
     exit 2
     ;;
   esac

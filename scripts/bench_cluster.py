@@ -1,45 +1,73 @@
 #!/usr/bin/env python3
 """Several hdsd instances on one PostgreSQL under load: a benchmark, not a test.
 
-    scripts/bench_cluster.py [--dataplanes 10000] [--window 60] [--bin target/release]
-                             [--json OUT] [--port-base 26000]
+    scripts/bench_cluster.py [--instances 3] [--dataplanes 10000] [--window 60]
+                             [--latency-window 30] [--latency-sample 10]
+                             [--source-ips 64] [--bin target/release] [--json OUT]
+                             [--port-base 26000] [--report-interval 5] [--instance-timeout 10]
 
 What it does, in order:
 
 1. A throwaway PostgreSQL cluster (Debian's postgresql: `initdb` and `pg_ctl`
    as the `postgres` user in a temporary directory, unix socket only, default
-   durability settings: fsync and synchronous_commit on).
-2. Three release hdsd instances on it (`store.kind = "postgres"`,
-   `dataplanes.source = "api"`, `hds.report_interval = "5s"`, auth none).
-3. `--dataplanes` definitions in three `gen-dataplanes` directories with the
-   name prefixes a-, b-, c- (2 inbounds each), sent with `hdsd apply -f` to
-   the first instance; it waits until every instance knows all of them.
-4. Three `hdsd-loadgen run`, loadgen i against instance i with directory i:
-   a third of the fleet per instance, every simulated Envoy reporting every
-   5 s (all endpoints healthy).
-5. Once every instance holds its third and one report interval has passed:
-   a steady window of `--window` seconds, measuring per instance
-   `hdsd_store_commits_total` (readiness write transactions) / window and
-   hdsd's CPU (/proc utime+stime), the PostgreSQL server's CPU (the
-   postmaster and every child alive at the window's end, /proc utime+stime;
-   a child that exited during the window is not counted) and
-   `pg_stat_database.xact_commit` (every committed transaction, reads too).
-6. Failover: SIGKILL instance c (holding a third). Every loadgen lists all
-   three instances, its own first, as an Envoy's bootstrap made with several
-   `--server` does: c's simulated Envoys see their streams fail and move to
-   a or b (another instance at random) after Envoy's backoff (jittered, up to
-   1 s for the first attempt, doubling to 30 s). The seconds until a and b
-   hold every dataplane include that backoff and the loadgen's own work; the
-   survivors' CPU per reconnect (their CPU over the move, less their steady
-   rate, per moved dataplane) is hdsd's share. Meanwhile every 200 ms it
-   reads /metrics on the surviving instances a and b: the not-ready inbounds
-   (every `hdsd_inbounds` status but `healthy` and `not_probed`) and the
-   dataplanes each holds (`hdsd_dataplanes{connected="true"}`), until
-   `cluster.instance_timeout` + `hds.stale_after` + 5 s after the kill (so
-   the dead instance's sweep and any staleness it would cause are inside).
-   Reattached = instances a and b hold every dataplane between them.
+   durability settings: fsync and synchronous_commit on, `max_connections`
+   300).
+2. `--instances` hdsd instances on it, named a, b, c, ... (`store.kind =
+   "postgres"`, `dataplanes.source = "api"`, `hds.report_interval` 5 s,
+   auth none; `hds.limits.max_connections` and `max_connections_per_ip` set
+   for an instance's share after one instance died: the fleet over the
+   instances but one, plus 5 %). Each one's RSS once it is ready (empty).
+3. `--dataplanes` definitions in one `gen-dataplanes` directory per instance
+   (name prefixes a-, b-, ...; 2 inbounds each), each directory sent with
+   `hdsd apply -f` to its own instance, all at once. Loading them is set-up,
+   not measured: PostgreSQL runs with `synchronous_commit = off` until every
+   instance knows every definition, then back on (reloaded) for the rest.
+   Each instance's RSS then (the fleet's definitions, no stream).
+4. One `hdsd-loadgen run` per instance, loadgen i with directory i, listing
+   every instance with its own first (as an Envoy's bootstrap made with
+   several `--server` does), its connections spread over `--source-ips`
+   loopback addresses; every simulated Envoy reports every interval (all
+   endpoints healthy). Instance a's loadgen starts last: before it, instance
+   a holds no stream but knows the whole fleet's definitions and the
+   readiness of every other instance's share (RSS: the fleet view); after
+   it, instance a holds its share (RSS: held streams). Memory per dataplane
+   not held = (a's fleet-view RSS - a's empty RSS) / dataplanes; memory per
+   held dataplane = (a's RSS holding its share - its fleet-view RSS) / its
+   share. The same two differences for every instance (empty -> definitions
+   known -> holding its share) are in the JSON too.
+5. Report at a -> visible at the observer (instance e, or b with fewer than
+   six instances): a's loadgen flips `--latency-sample` of its dataplanes at
+   every report for `--latency-window` seconds (after one report interval),
+   and polls the observer's API for each flip (`GET
+   /api/v1/dataplanes/...`, every 0.25-1 ms, up to 3 s) from the moment
+   the report was sent: the loadgen's `readiness_propagation` (p50/p99,
+   timeouts). Then the flips stop and every instance must read 0 inbounds
+   not ready before the steady window.
+6. A steady window of `--window` seconds, measuring per instance
+   `hdsd_store_commits_total` (readiness write transactions) / window,
+   hdsd's CPU (/proc utime+stime) and RSS; the PostgreSQL server's CPU (the
+   postmaster and every child alive at the window's end, /proc
+   utime+stime; a child that exited during the window is not counted), its
+   memory (RSS of the postmaster, and the sum of every process's PSS, which
+   counts shared buffers once) and `pg_stat_database.xact_commit` (every
+   committed transaction, reads too).
+7. Failover: SIGKILL of the last instance (holding its share). Every
+   loadgen lists all instances: the dead one's simulated Envoys see their
+   streams fail and move to another instance at random after Envoy's
+   backoff (jittered, up to 1 s for the first attempt, doubling to 30 s).
+   The seconds until the survivors hold every dataplane include that backoff
+   and the loadgen's own work; the survivors' CPU per reconnect (their CPU
+   over the move, less their steady rate, per moved dataplane) is hdsd's
+   share. Meanwhile every 200 ms it reads /metrics on every survivor: the
+   not-ready inbounds (every `hdsd_inbounds` status but `healthy` and
+   `not_probed`) and the dataplanes each holds
+   (`hdsd_dataplanes{connected="true"}`), until `cluster.instance_timeout` +
+   `hds.stale_after` + 5 s after the kill (so the dead instance's sweep and
+   any staleness it would cause are inside). Reattached = the survivors hold
+   every dataplane between them.
 
-Prints one JSON object (and writes it to --json). Python 3 standard library.
+Prints one JSON object (and writes it to --json). Python 3 standard library;
+run as root (PostgreSQL runs as the `postgres` user).
 """
 
 import argparse
@@ -48,6 +76,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -58,9 +87,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-REPORT_INTERVAL_S = 5
-INSTANCE_TIMEOUT_S = 10
-STALE_AFTER_S = 3 * REPORT_INTERVAL_S
 NOT_READY_FREE = ("healthy", "not_probed")
 
 
@@ -75,6 +101,40 @@ def cpu_s(pid):
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_bytes(pid):
+    """Resident memory of one process (VmRSS), in bytes (None when it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def pss_bytes(pid):
+    """Proportional set size of one process (shared pages divided among
+    their users), in bytes (None when unreadable)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def mib(b):
+    return None if b is None else round(b / 1048576, 1)
+
+
+def percentile(values, q):
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))]
 
 
 def children(ppid):
@@ -131,7 +191,7 @@ class Postgres:
         self.data = self.dir / "data"
         self.as_pg(["initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8"])
         opts = (f"-c listen_addresses='' -c unix_socket_directories='{self.dir}' "
-                "-c shared_buffers=128MB -c max_connections=100")
+                "-c shared_buffers=128MB -c max_connections=300")
         self.as_pg(["pg_ctl", "-D", str(self.data), "-l", str(self.dir / "postgres.log"),
                     "-o", opts, "-w", "-t", "60", "start"])
         self.url = f"host={self.dir} user=postgres dbname=postgres"
@@ -148,11 +208,23 @@ class Postgres:
         pm = self.postmaster()
         return {pid: cpu_s(pid) for pid in [pm] + children(pm)}
 
+    def memory(self):
+        """(postmaster RSS, sum of every process's PSS), in bytes."""
+        pm = self.postmaster()
+        pss = [pss_bytes(pid) for pid in [pm] + children(pm)]
+        return rss_bytes(pm), sum(x for x in pss if x is not None)
+
+    def sql(self, statement):
+        return subprocess.run([str(self.bin / "psql"), "-h", str(self.dir), "-U", "postgres", "-d", "postgres",
+                               "-At", "-c", statement], check=True, capture_output=True, text=True).stdout
+
     def xact_commit(self):
-        out = subprocess.run([str(self.bin / "psql"), "-h", str(self.dir), "-U", "postgres", "-d", "postgres",
-                              "-At", "-c", "select sum(xact_commit) from pg_stat_database"],
-                             check=True, capture_output=True, text=True).stdout
-        return int(out.strip())
+        return int(self.sql("select sum(xact_commit) from pg_stat_database").strip())
+
+    def synchronous_commit(self, on):
+        """Set-up only: loading the definitions without waiting for each fsync."""
+        self.sql(f"alter system set synchronous_commit = {'on' if on else 'off'}")
+        self.sql("select pg_reload_conf()")
 
     def stop(self):
         try:
@@ -173,14 +245,67 @@ def wait_for(what, check, timeout, every=0.2):
     raise SystemExit(f"bench_cluster: timed out after {timeout}s waiting for {what}")
 
 
+def free_ports(count):
+    """Ports the kernel picked for sockets bound to port 0 (then closed)."""
+    socks = []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def instance_names(n):
+    return [chr(ord("a") + i) for i in range(n)]
+
+
+def config(d, hds, api, pg_url, report_interval_s, instance_timeout_s, max_connections):
+    return f"""state_dir = "{d}/state"
+[hds]
+listen = "{hds}"
+report_interval = "{report_interval_s}s"
+[hds.limits]
+max_connections = {max_connections}
+max_connections_per_ip = {max_connections}
+[api]
+listen = "{api}"
+[dataplanes]
+source = "api"
+[store]
+kind = "postgres"
+[store.postgres]
+url = "{pg_url}"
+[cluster]
+instance_timeout = "{instance_timeout_s}s"
+[auth]
+mode = "none"
+"""
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--instances", type=int, default=3)
     ap.add_argument("--dataplanes", type=int, default=10000)
     ap.add_argument("--window", type=float, default=60.0, help="steady window, seconds")
+    ap.add_argument("--latency-window", type=float, default=30.0,
+                    help="seconds of timed flips at instance a, seen at the observer")
+    ap.add_argument("--latency-sample", type=int, default=10,
+                    help="dataplanes of instance a flipping at every report, each flip timed at the observer")
+    ap.add_argument("--source-ips", type=int, default=64, help="loopback source addresses of every loadgen")
+    ap.add_argument("--report-interval", type=int, default=5, help="hds.report_interval, seconds")
+    ap.add_argument("--instance-timeout", type=int, default=10, help="cluster.instance_timeout, seconds")
     ap.add_argument("--bin", default=str(ROOT / "target" / "release"))
-    ap.add_argument("--port-base", type=int, default=26000)
+    ap.add_argument("--port-base", type=int, default=26000,
+                    help="instance i listens on base + 10 i (HDS) and + 2 (API); 0: ports the kernel picks")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.instances < 2:
+        raise SystemExit("bench_cluster: --instances must be at least 2 (one of them is killed)")
+    report_interval_s = args.report_interval
+    stale_after_s = 3 * report_interval_s
     binary = Path(args.bin)
     work = Path(tempfile.mkdtemp(prefix="hdsd-cluster-"))
     os.chmod(work, 0o755)
@@ -189,79 +314,136 @@ def main():
     try:
         pg = Postgres(work)
         log(f"PostgreSQL {pg.version} up")
-        names = ["a", "b", "c"]
-        shares = [args.dataplanes // 3] * 3
+        n = args.instances
+        names = instance_names(n)
+        shares = [args.dataplanes // n] * n
         shares[0] += args.dataplanes - sum(shares)
-        hds = [f"127.0.0.1:{args.port_base + 10 * i}" for i in range(3)]
-        api = [f"127.0.0.1:{args.port_base + 10 * i + 2}" for i in range(3)]
+        killed = n - 1
+        survivors = [i for i in range(n) if i != killed]
+        observer = 4 if n >= 6 else 1
+        # An instance's share once one instance died, plus 5 % for the
+        # randomness of where each dead instance's Envoy goes.
+        max_connections = -(-args.dataplanes * 105 // (100 * (n - 1)))
+        if args.port_base:
+            hds = [f"127.0.0.1:{args.port_base + 10 * i}" for i in range(n)]
+            api = [f"127.0.0.1:{args.port_base + 10 * i + 2}" for i in range(n)]
+        else:
+            ports = free_ports(2 * n)
+            hds = [f"127.0.0.1:{p}" for p in ports[:n]]
+            api = [f"127.0.0.1:{p}" for p in ports[n:]]
         hdsd = []
-        for i, n in enumerate(names):
-            d = work / n
+        for i, name in enumerate(names):
+            d = work / name
             d.mkdir()
-            (d / "hdsd.toml").write_text(f"""state_dir = "{d}/state"
-[hds]
-listen = "{hds[i]}"
-report_interval = "{REPORT_INTERVAL_S}s"
-[hds.limits]
-max_connections = 100000
-max_connections_per_ip = 100000
-[api]
-listen = "{api[i]}"
-[dataplanes]
-source = "api"
-[store]
-kind = "postgres"
-[store.postgres]
-url = "{pg.url}"
-[cluster]
-instance_timeout = "{INSTANCE_TIMEOUT_S}s"
-[auth]
-mode = "none"
-""")
+            (d / "hdsd.toml").write_text(config(d, hds[i], api[i], pg.url, report_interval_s,
+                                                args.instance_timeout, max_connections))
             p = subprocess.Popen([str(binary / "hdsd"), "serve", "--config", str(d / "hdsd.toml")],
                                  stdout=open(d / "hdsd.log", "w"), stderr=subprocess.STDOUT)
             procs.append(p)
             hdsd.append(p)
-        for i in range(3):
+        for i in range(n):
             wait_for(f"instance {names[i]} /readyz",
                      lambda i=i: urllib.request.urlopen(f"http://{api[i]}/readyz", timeout=2).status == 200, 120)
+        rss_empty = [rss_bytes(p.pid) for p in hdsd]
+
         dirs = []
-        for i, n in enumerate(names):
-            d = work / n / "dataplanes"
+        for i, name in enumerate(names):
+            d = work / name / "dataplanes"
             subprocess.run([str(binary / "hdsd-loadgen"), "gen-dataplanes", "--count", str(shares[i]),
-                            "--inbounds", "2", "--prefix", f"{n}-", "--dir", str(d)],
+                            "--inbounds", "2", "--prefix", f"{name}-", "--dir", str(d)],
                            check=True, stdout=subprocess.DEVNULL)
             dirs.append(d)
+        pg.synchronous_commit(False)
         t = time.monotonic()
-        for d in dirs:
-            subprocess.run([str(binary / "hdsd"), "apply", "-f", str(d), "--api", f"http://{api[0]}"],
-                           check=True, stdout=subprocess.DEVNULL)
+        appliers = [subprocess.Popen([str(binary / "hdsd"), "apply", "-f", str(d), "--api", f"http://{api[i]}"],
+                                     stdout=subprocess.DEVNULL) for i, d in enumerate(dirs)]
+        procs.extend(appliers)
+        for a in appliers:
+            if a.wait() != 0:
+                raise SystemExit(f"bench_cluster: hdsd apply exited with {a.returncode}")
         apply_s = time.monotonic() - t
-        for i in range(3):
+        for i in range(n):
             wait_for(f"instance {names[i]} to know {args.dataplanes} dataplanes",
-                     lambda i=i: fleet(api[i])[0] == args.dataplanes, 300, every=1)
-        log(f"{args.dataplanes} definitions applied in {apply_s:.1f}s and seen by every instance")
+                     lambda i=i: fleet(api[i])[0] == args.dataplanes, 600, every=1)
+        known_s = time.monotonic() - t
+        pg.synchronous_commit(True)
+        log(f"{args.dataplanes} definitions applied in {apply_s:.1f}s, known by every instance after {known_s:.1f}s")
+        time.sleep(2)
+        rss_defined = [rss_bytes(p.pid) for p in hdsd]
 
-        loadgens = []
-        for i in range(3):
+        def start_loadgen(i):
             out = open(work / names[i] / "loadgen.json", "w")
             servers = ",".join([hds[i]] + [h for j, h in enumerate(hds) if j != i])
-            p = subprocess.Popen([str(binary / "hdsd-loadgen"), "run", "--hds", servers, "--api", f"http://{api[i]}",
-                                  "--server-pid", str(hdsd[i].pid), "--dataplanes-dir", str(dirs[i]),
-                                  "--sample", "0", "--duration", f"{int(args.window)}s", "--linger", "3600s",
-                                  "--json", "--label", f"cluster-{names[i]}"],
-                                 stdout=out, stderr=open(work / names[i] / "loadgen.log", "w"))
+            timed = i == 0 and args.latency_sample > 0
+            argv = [str(binary / "hdsd-loadgen"), "run", "--hds", servers, "--server-pid", str(hdsd[i].pid),
+                    "--dataplanes-dir", str(dirs[i]), "--source-ips", str(args.source_ips),
+                    "--connect-timeout", "600s", "--duration", f"{int(args.latency_window)}s",
+                    "--linger", "3600s", "--json", "--label", f"cluster-{names[i]}"]
+            if timed:
+                argv += ["--api", f"http://{api[observer]}", "--sample", str(args.latency_sample)]
+            else:
+                argv += ["--sample", "0"]
+            p = subprocess.Popen(argv, stdout=out, stderr=open(work / names[i] / "loadgen.log", "w"))
             procs.append(p)
-            loadgens.append(p)
+            return p
+
+        def wait_held(started):
+            # Every started loadgen's Envoys served (an Envoy whose first
+            # attempt failed may be served by another instance).
+            total = sum(shares[i] for i in started)
+            wait_for(f"{total} streams held",
+                     lambda: sum(fleet(a)[1] for a in api) == total
+                     and all(loadgens[i].poll() is None for i in started), 900, every=1)
+
+        # Every loadgen but a's: instance a knows the fleet and holds nothing.
+        loadgens = [None] * n
         t = time.monotonic()
-        for i in range(3):
-            wait_for(f"instance {names[i]} to hold {shares[i]} streams",
-                     lambda i=i: fleet(api[i])[1] == shares[i] and loadgens[i].poll() is None, 600, every=1)
+        for i in range(1, n):
+            loadgens[i] = start_loadgen(i)
+        wait_held(range(1, n))
+        time.sleep(report_interval_s + 1)
+        rss_fleet_view_a = rss_bytes(hdsd[0].pid)
+        fleet_a = fleet(api[0])
+        loadgens[0] = start_loadgen(0)
+        wait_held(range(n))
         connect_s = time.monotonic() - t
-        log(f"every instance holds its third ({connect_s:.1f}s); warming up one report interval")
-        time.sleep(REPORT_INTERVAL_S + 1)
+        held_by_a = fleet(api[0])[1]
+        log(f"every instance holds its share ({connect_s:.1f}s, a last); timing flips at a until seen at "
+            f"{names[observer]}")
+
+        # Report at a -> visible at the observer: a's loadgen prints its
+        # results once its window is over and its flips have settled.
+        a_json = work / names[0] / "loadgen.json"
+        wait_for("instance a's loadgen results",
+                 lambda: a_json.read_text().strip() != "" or loadgens[0].poll() is not None,
+                 args.latency_window + 4 * report_interval_s + 120, every=1)
+        latency_run = json.loads(a_json.read_text().splitlines()[0])
+        rss_held_a = rss_bytes(hdsd[0].pid)
+        # The flips are over: every inbound should read ready again on every
+        # instance before the steady window. Not a precondition (a cluster
+        # that cannot keep up reads `stale`): waited for, bounded, recorded.
+        t = time.monotonic()
+        try:
+            wait_for("0 not-ready inbounds on every instance after the flips",
+                     lambda: all(fleet(a)[3] == 0 for a in api), 4 * report_interval_s + 30, every=0.5)
+        except SystemExit as e:
+            log(e)
+        not_ready_before_steady = {name: fleet(api[i])[3] for i, name in enumerate(names)}
+        not_ready_wait_s = time.monotonic() - t
+        propagation = latency_run.get("readiness_propagation") or {}
+        latency = {
+            "from": names[0],
+            "seen_at": names[observer],
+            "flipping_dataplanes": args.latency_sample,
+            "window_s": args.latency_window,
+            "propagation": propagation,
+            "not_ready_inbounds_after_the_flips": not_ready_before_steady,
+            "waited_for_them_s": round(not_ready_wait_s, 1),
+        }
+        log("report at a -> visible at", names[observer], json.dumps(propagation))
 
         # The steady window.
+        time.sleep(report_interval_s)
         load_before = os.getloadavg()
         c0 = [fleet(a)[4] for a in api]
         h0 = [cpu_s(p.pid) for p in hdsd]
@@ -274,25 +456,57 @@ mode = "none"
         pg1 = pg.cpu()
         x1 = pg.xact_commit()
         window = time.monotonic() - t0
+        rss_steady = [rss_bytes(p.pid) for p in hdsd]
+        pg_rss, pg_pss = pg.memory()
         steady_fleet = [fleet(a) for a in api]
-        steady_detail = {n: detail(api[i]) for i, n in enumerate(names)}
+        steady_detail = {name: detail(api[i]) for i, name in enumerate(names)}
         load_after = os.getloadavg()
         pg_cpu = sum(v - (pg0.get(pid) or 0) for pid, v in pg1.items() if v is not None)
         steady = {
             "window_s": round(window, 1),
-            "write_tx_per_s": {n: round((c1[i] - c0[i]) / window, 2) for i, n in enumerate(names)},
-            "hdsd_cpu_pct": {n: round(100 * (h1[i] - h0[i]) / window, 1) for i, n in enumerate(names)},
+            "write_tx_per_s": {name: round((c1[i] - c0[i]) / window, 2) for i, name in enumerate(names)},
+            "hdsd_cpu_pct": {name: round(100 * (h1[i] - h0[i]) / window, 1) for i, name in enumerate(names)},
+            "hdsd_rss_mib": {name: mib(rss_steady[i]) for i, name in enumerate(names)},
+            "held": {name: steady_fleet[i][1] for i, name in enumerate(names)},
             "postgres_cpu_pct": round(100 * pg_cpu / window, 1),
+            "postgres_rss_mib_postmaster": mib(pg_rss),
+            "postgres_pss_mib_all_processes": mib(pg_pss),
             "postgres_processes": len(pg1),
             "postgres_xact_commit_per_s": round((x1 - x0) / window, 1),
-            "not_ready_inbounds_at_end": {n: steady_fleet[i][3] for i, n in enumerate(names)},
+            "not_ready_inbounds_at_end": {name: steady_fleet[i][3] for i, name in enumerate(names)},
             "metrics_at_end": steady_detail,
             "load_average_1m_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
         }
-        log("steady:", json.dumps(steady))
+        log("steady:", json.dumps({k: v for k, v in steady.items() if k != "metrics_at_end"}))
 
-        # Failover: instance c dies with a third of the fleet.
-        survivors = [0, 1]
+        def per(delta, count):
+            return None if delta is None or not count else round(delta / count)
+
+        memory = {
+            "how": "instance a: RSS with no definition (empty), then knowing every definition and the "
+                   "readiness of every other instance's share but holding no stream (fleet view), then "
+                   "holding its share (held); per dataplane not held = (fleet view - empty) / dataplanes, "
+                   "per held dataplane = (held - fleet view) / its share",
+            "a_empty_mib": mib(rss_empty[0]),
+            "a_fleet_view_mib": mib(rss_fleet_view_a),
+            "a_fleet_view_known_held_inbounds": list(fleet_a[:3]),
+            "a_held_mib": mib(rss_held_a),
+            "per_dataplane_not_held_bytes": per(rss_fleet_view_a - rss_empty[0], args.dataplanes),
+            "a_held_dataplanes": held_by_a,
+            "per_held_dataplane_bytes": per(rss_held_a - rss_fleet_view_a, held_by_a),
+            "every_instance": {
+                name: {
+                    "empty_mib": mib(rss_empty[i]),
+                    "definitions_known_mib": mib(rss_defined[i]),
+                    "steady_mib": mib(rss_steady[i]),
+                    "per_definition_bytes": per(rss_defined[i] - rss_empty[i], args.dataplanes),
+                    "per_held_dataplane_with_fleet_readiness_bytes": per(rss_steady[i] - rss_defined[i],
+                                                                         steady_fleet[i][1]),
+                } for i, name in enumerate(names)},
+        }
+        log("memory:", json.dumps({k: v for k, v in memory.items() if k != "every_instance"}))
+
+        # Failover: the last instance dies with its share of the fleet.
         samples = []
         stop = threading.Event()
         worst_seen = {}
@@ -316,53 +530,70 @@ mode = "none"
         sampler.start()
         time.sleep(1)
         kill_t = time.monotonic()
+        moved = fleet(api[killed])[1]
         cpu_at_kill = [cpu_s(hdsd[i].pid) for i in survivors]
-        hdsd[2].send_signal(signal.SIGKILL)
-        wait_for(f"instances a and b to hold all {args.dataplanes} streams",
+        hdsd[killed].send_signal(signal.SIGKILL)
+        wait_for(f"the survivors to hold all {args.dataplanes} streams",
                  lambda: sum(fleet(api[i])[1] for i in survivors) == args.dataplanes, 300, every=0.2)
         reattached_s = time.monotonic() - kill_t
         cpu_moved = sum(cpu_s(hdsd[i].pid) - cpu_at_kill[k] for k, i in enumerate(survivors))
         steady_rate = sum((h1[i] - h0[i]) / window for i in survivors)
-        cpu_us_per_reconnect = max(0.0, cpu_moved - steady_rate * reattached_s) / shares[2] * 1e6
-        log(f"every dataplane held by a or b {reattached_s:.2f}s after the kill; sampling until the sweep and staleness")
-        time.sleep(max(0.0, kill_t + INSTANCE_TIMEOUT_S + STALE_AFTER_S + 5 - time.monotonic()))
+        cpu_us_per_reconnect = max(0.0, cpu_moved - steady_rate * reattached_s) / max(1, moved) * 1e6
+        log(f"every dataplane held by a survivor {reattached_s:.2f}s after the kill; sampling until the sweep "
+            "and staleness")
+        time.sleep(max(0.0, kill_t + args.instance_timeout + stale_after_s + 5 - time.monotonic()))
         stop.set()
         sampler.join()
-        worst = {names[i]: max((s[names[i]].get("not_ready", 0) for s in samples if s["t"] >= kill_t), default=0)
-                 for i in survivors}
+        after = [s for s in samples if s["t"] >= kill_t]
+        worst = {names[i]: max((s[names[i]].get("not_ready", 0) for s in after), default=0) for i in survivors}
         errors = sum(1 for s in samples for i in survivors if "error" in s[names[i]])
         failover = {
-            "killed": "c",
-            "moved_dataplanes": shares[2],
+            "killed": names[killed],
+            "moved_dataplanes": moved,
+            "max_connections_per_instance": max_connections,
             "reattached_s": round(reattached_s, 2),
             "survivors_cpu_us_per_reconnect": round(cpu_us_per_reconnect, 1),
             "held_after_move": {names[i]: fleet(api[i])[1] for i in survivors},
-            "samples": sum(1 for s in samples if s["t"] >= kill_t),
+            "samples": len(after),
             "sample_errors": errors,
             "sampled_for_s": round(samples[-1]["t"] - kill_t, 1),
             "max_not_ready_inbounds": worst,
+            "max_not_ready_inbounds_all_survivors": max(worst.values()),
             "worst_sample_metrics": {names[i]: v[1] for i, v in worst_seen.items()},
             "not_ready_before_kill": {names[i]: [s[names[i]].get("not_ready") for s in samples if s["t"] < kill_t]
                                       for i in survivors},
             "held_at_end": {names[i]: samples[-1][names[i]].get("held") for i in survivors},
             "load_average_1m": round(os.getloadavg()[0], 2),
         }
-        log("failover:", json.dumps(failover))
+        # Stale by mistake: an inbound of a dataplane that is connected
+        # somewhere but reads `stale` on a survivor (every `stale` counts:
+        # every dataplane is connected after the move).
+        failover["max_stale_inbounds"] = {
+            names[i]: max((v[1].get('hdsd_inbounds{status="stale"}', 0) for k, v in worst_seen.items() if k == i),
+                          default=0) for i in survivors}
+        log("failover:", json.dumps({k: v for k, v in failover.items()
+                                     if k not in ("worst_sample_metrics", "not_ready_before_kill")}))
         loadgen_results = {}
-        for i, n in enumerate(names):
+        for i, name in enumerate(names):
             try:
-                loadgen_results[n] = json.loads((work / n / "loadgen.json").read_text().splitlines()[0])
+                loadgen_results[name] = json.loads((work / name / "loadgen.json").read_text().splitlines()[0])
             except (OSError, IndexError, ValueError):
-                loadgen_results[n] = None
+                loadgen_results[name] = None
         result = {
             "dataplanes": args.dataplanes,
             "inbounds_per_dataplane": 2,
-            "instances": 3,
-            "report_interval_s": REPORT_INTERVAL_S,
+            "instances": n,
+            "shares": dict(zip(names, shares)),
+            "report_interval_s": report_interval_s,
+            "instance_timeout_s": args.instance_timeout,
+            "source_ips_per_loadgen": args.source_ips,
             "nproc": os.cpu_count(),
             "postgres": pg.version,
             "apply_s": round(apply_s, 1),
+            "definitions_known_s": round(known_s, 1),
             "connect_s": round(connect_s, 1),
+            "latency": latency,
+            "memory": memory,
             "steady": steady,
             "failover": failover,
             "loadgens": loadgen_results,

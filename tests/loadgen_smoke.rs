@@ -537,3 +537,84 @@ fn loadgen_zones_against_a_global() {
     assert!(first["resumes"].as_u64() >= Some(1), "{zones}");
     assert!(first["snapshots"].as_u64() >= Some(2), "{zones}");
 }
+
+/// `scripts/bench_cluster.py` (the `cluster10k` and `cluster100k`
+/// scenarios' measurements) at 1,000 dataplanes on three instances of one
+/// throwaway PostgreSQL, reports every second: every phase measures
+/// something, the failover reads no inbound not ready on the survivors and
+/// they hold every dataplane, so the scenarios cannot rot. Skipped without
+/// PostgreSQL, unless `HDSD_REQUIRE_POSTGRES=1`.
+#[test]
+fn the_cluster_benchmark_measures_at_a_thousand_dataplanes() {
+    if !crate::support::postgres::Postgres::installed(
+        "the_cluster_benchmark_measures_at_a_thousand_dataplanes",
+    ) {
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_hdsd"))
+        .parent()
+        .unwrap();
+    let json = tempfile::NamedTempFile::new().unwrap();
+    let out = Command::new("python3")
+        .arg(root.join("scripts/bench_cluster.py"))
+        .arg("--bin")
+        .arg(bin)
+        .args(["--instances", "3", "--dataplanes", "1000"])
+        .args([
+            "--window",
+            "3",
+            "--latency-window",
+            "3",
+            "--latency-sample",
+            "20",
+        ])
+        .args(["--report-interval", "1", "--instance-timeout", "2"])
+        .args(["--source-ips", "4", "--port-base", "0", "--json"])
+        .arg(json.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let r: Value = serde_json::from_slice(&std::fs::read(json.path()).unwrap()).unwrap();
+    assert_eq!(num(&r, "instances"), 3.0, "{r}");
+    // Report at a -> visible at b: timed flips seen (each within 3 s).
+    let latency = &r["latency"]["propagation"];
+    assert!(num(latency, "samples") > 0.0, "{r}");
+    assert!(num(latency, "timeouts_3s") < num(latency, "samples"), "{r}");
+    assert!(num(latency, "p50_ms") > 0.0, "{r}");
+    assert!(num(latency, "p99_ms") >= num(latency, "p50_ms"), "{r}");
+    // Memory: the fleet view costs something per dataplane, and so does a stream.
+    assert!(num(&r, "memory.per_dataplane_not_held_bytes") > 0.0, "{r}");
+    assert!(num(&r, "memory.a_held_mib") > 0.0, "{r}");
+    for name in ["a", "b", "c"] {
+        assert!(num(&r["steady"]["hdsd_cpu_pct"], name) > 0.0, "{r}");
+        assert!(num(&r["steady"]["hdsd_rss_mib"], name) > 0.0, "{r}");
+        assert!(num(&r["steady"]["write_tx_per_s"], name) > 0.0, "{r}");
+        assert_eq!(
+            num(&r["steady"]["not_ready_inbounds_at_end"], name),
+            0.0,
+            "{r}"
+        );
+    }
+    assert!(
+        num(&r, "steady.postgres_pss_mib_all_processes") > 0.0,
+        "{r}"
+    );
+    // Failover: c's Envoys moved to a and b by themselves, nothing read not ready.
+    let failover = &r["failover"];
+    assert_eq!(failover["killed"], "c", "{r}");
+    assert_eq!(
+        num(failover, "max_not_ready_inbounds_all_survivors"),
+        0.0,
+        "{r}"
+    );
+    let held_at_end = num(&failover["held_at_end"], "a") + num(&failover["held_at_end"], "b");
+    assert_eq!(held_at_end, 1000.0, "{r}");
+    assert!(num(failover, "samples") > 10.0, "{r}");
+    assert!(
+        num(failover, "survivors_cpu_us_per_reconnect") >= 0.0,
+        "{r}"
+    );
+}

@@ -89,7 +89,35 @@ fn checked(what: &str, out: std::io::Result<Output>) -> Output {
     out
 }
 
+/// The programs' directory and the `postgres` user's uid and gid, or `None`
+/// (with a `SKIPPED` line for `test`) when PostgreSQL is not installed and
+/// `HDSD_REQUIRE_POSTGRES` is not `1` (then it panics).
+fn installation(test: &str) -> Option<(PathBuf, (u32, u32))> {
+    let required = std::env::var("HDSD_REQUIRE_POSTGRES").is_ok_and(|v| v == "1");
+    match bin_dir().and_then(|bin| postgres_user().map(|user| (bin, user))) {
+        Ok(found) => Some(found),
+        Err(e) if required => panic!(
+            "HDSD_REQUIRE_POSTGRES=1 but PostgreSQL is not installed ({e}); run scripts/setup.sh \
+             (it installs Debian's postgresql package), or unset HDSD_REQUIRE_POSTGRES to skip"
+        ),
+        Err(e) => {
+            eprintln!(
+                "SKIPPED {test}: PostgreSQL is not installed ({e}); run scripts/setup.sh, or set \
+                 HDSD_REQUIRE_POSTGRES=1 to fail instead"
+            );
+            None
+        }
+    }
+}
+
 impl Postgres {
+    /// Whether PostgreSQL is installed, for a test that starts its own
+    /// cluster (a script): the same rule as [`Postgres::start`] (a
+    /// `SKIPPED` line, or a panic with `HDSD_REQUIRE_POSTGRES=1`).
+    pub fn installed(test: &str) -> bool {
+        installation(test).is_some()
+    }
+
     /// Starts a new cluster, or `None` (with a `SKIPPED` line) when
     /// PostgreSQL is not installed and `HDSD_REQUIRE_POSTGRES` is not `1`.
     pub fn start(test: &str) -> Option<Postgres> {
@@ -112,22 +140,7 @@ impl Postgres {
         test: &str,
         netns: Option<(String, Vec<std::net::Ipv4Addr>)>,
     ) -> Option<Postgres> {
-        let required = std::env::var("HDSD_REQUIRE_POSTGRES").is_ok_and(|v| v == "1");
-        let setup = bin_dir().and_then(|bin| postgres_user().map(|user| (bin, user)));
-        let (bin, (uid, gid)) = match setup {
-            Ok(found) => found,
-            Err(e) if required => panic!(
-                "HDSD_REQUIRE_POSTGRES=1 but PostgreSQL is not installed ({e}); run scripts/setup.sh \
-                 (it installs Debian's postgresql package), or unset HDSD_REQUIRE_POSTGRES to skip"
-            ),
-            Err(e) => {
-                eprintln!(
-                    "SKIPPED {test}: PostgreSQL is not installed ({e}); run scripts/setup.sh, or set \
-                     HDSD_REQUIRE_POSTGRES=1 to fail instead"
-                );
-                return None;
-            }
-        };
+        let (bin, (uid, gid)) = installation(test)?;
         let dir = tempfile::Builder::new()
             .prefix("hdsd-pg-")
             .tempdir()
