@@ -28,7 +28,6 @@ use std::task::{Context, Poll};
 
 use std::ops::Range;
 
-use envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::health::v3::HealthCheckRequest;
 use prost::bytes::{Buf, BufMut, Bytes};
@@ -255,10 +254,7 @@ impl FromEnvoy {
             Ok(FromEnvoy::Request(Box::new(HealthCheckRequest {
                 node: node.map(|n| Node {
                     id: n.id,
-                    user_agent_version_type: n.build.map(Into::into).or(n.version.map(
-                        #[allow(deprecated)]
-                        UserAgentVersionType::UserAgentVersion,
-                    )),
+                    user_agent_version_type: n.version.map(Into::into),
                     ..Default::default()
                 }),
                 capability: None,
@@ -302,16 +298,23 @@ mod lean {
 
     /// `envoy.config.core.v3.Node`: `id` is field 1, the oneof
     /// `user_agent_version_type` fields 7 (`user_agent_version`) and 8
-    /// (`user_agent_build_version`). Both are read; when both occur (the
-    /// oneof's last one wins in prost), the build version is preferred.
+    /// (`user_agent_build_version`): a oneof here too, so that, as in
+    /// protobuf, the last of its fields wins.
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct LeanNode {
         #[prost(string, tag = "1")]
         pub id: String,
-        #[prost(string, optional, tag = "7")]
-        pub version: Option<String>,
-        #[prost(message, optional, tag = "8")]
-        pub build: Option<LeanBuild>,
+        #[prost(oneof = "LeanVersion", tags = "7, 8")]
+        pub version: Option<LeanVersion>,
+    }
+
+    /// The node's `user_agent_version_type`.
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum LeanVersion {
+        #[prost(string, tag = "7")]
+        Text(String),
+        #[prost(message, tag = "8")]
+        Build(LeanBuild),
     }
 
     /// `envoy.config.core.v3.BuildVersion`: `version` is field 1 (its
@@ -322,12 +325,18 @@ mod lean {
         pub version: Option<SemanticVersion>,
     }
 
-    impl From<LeanBuild> for UserAgentVersionType {
-        fn from(b: LeanBuild) -> Self {
-            UserAgentVersionType::UserAgentBuildVersion(BuildVersion {
-                version: b.version,
-                metadata: None,
-            })
+    impl From<LeanVersion> for UserAgentVersionType {
+        fn from(v: LeanVersion) -> Self {
+            match v {
+                #[allow(deprecated)]
+                LeanVersion::Text(text) => UserAgentVersionType::UserAgentVersion(text),
+                LeanVersion::Build(b) => {
+                    UserAgentVersionType::UserAgentBuildVersion(BuildVersion {
+                        version: b.version,
+                        metadata: None,
+                    })
+                }
+            }
         }
     }
 }
@@ -450,6 +459,31 @@ mod tests {
                 (p, o) => panic!("prost read {p:?}, hdsd {o:?}"),
             }
         }
+    }
+
+    #[test]
+    fn the_last_of_the_nodes_version_fields_wins_as_in_protobuf() {
+        // A node with a build version (field 8), then a text version (7):
+        // the case the fuzzer found, where hdsd preferred the build.
+        let node = [0x42, 0x00, 0x3a, 0x03, b'1', b'.', b'0'];
+        let mut message = vec![0x0a, node.len() as u8 + 2, 0x0a, node.len() as u8];
+        message.extend_from_slice(&node);
+        let theirs = HealthCheckRequestOrEndpointHealthResponse::decode(&message[..]).unwrap();
+        let Some(RequestType::HealthCheckRequest(theirs)) = theirs.request_type else {
+            panic!("prost reads a request");
+        };
+        let Ok(FromEnvoy::Request(ours)) = FromEnvoy::decode(Bytes::from(message)) else {
+            panic!("hdsd reads a request");
+        };
+        let (theirs, ours) = (theirs.node.unwrap(), ours.node.unwrap());
+        #[allow(deprecated)]
+        let text = Some(
+            envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType::UserAgentVersion(
+                "1.0".into(),
+            ),
+        );
+        assert_eq!(theirs.user_agent_version_type, text);
+        assert_eq!(ours.user_agent_version_type, text);
     }
 
     #[test]
