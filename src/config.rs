@@ -929,10 +929,12 @@ pub const MAX_REPORT_INTERVAL: Duration = Duration::from_secs(3600);
 /// `HDSD_*` variables that belong to the project's tests and scripts, not to
 /// the server: `HDSD_REQUIRE_DOCKER` (CI: the compose test must run),
 /// `HDSD_REQUIRE_POSTGRES` (CI: the PostgreSQL tests must run),
+/// `HDSD_REQUIRE_PARTITIONS` (CI: the partition tests must run),
 /// `HDSD_COMPOSE_BUILD`, `HDSD_CHROMIUM`. They never count as settings.
-pub const TOOLING_ENV: [&str; 4] = [
+pub const TOOLING_ENV: [&str; 5] = [
     "require_docker",
     "require_postgres",
+    "require_partitions",
     "compose_build",
     "chromium",
 ];

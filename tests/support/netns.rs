@@ -58,14 +58,15 @@ impl Netns {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .unwrap_or_default();
         if uid != "0" {
-            eprintln!(
-                "SKIPPED {test}: making network namespaces and firewall rules needs root (uid {uid:?}); run the test as root"
-            );
+            crate::support::skip(format!("SKIPPED {test}: making network namespaces and firewall rules needs root (uid {uid:?}); run the test as root"
+            ));
             return None;
         }
         for tool in ["ip", "iptables"] {
             if Command::new(tool).arg("-V").output().is_err() {
-                eprintln!("SKIPPED {test}: `{tool}` is not installed (iproute2, iptables)");
+                crate::support::skip(format!(
+                    "SKIPPED {test}: `{tool}` is not installed (iptables, iproute2)"
+                ));
                 return None;
             }
         }
@@ -87,7 +88,9 @@ impl Netns {
         };
         let inner = format!("hdsd{}n{k}", pid % 100_000);
         if let Err(e) = ip(&["netns", "add", &netns.name]) {
-            eprintln!("SKIPPED {test}: cannot make a network namespace ({e})");
+            crate::support::skip(format!(
+                "SKIPPED {test}: cannot make a network namespace ({e})"
+            ));
             return None;
         }
         let host_addr = format!("{}/24", netns.host_addr());

@@ -33,14 +33,14 @@ impl Tmpfs {
         match out {
             Ok(o) if o.status.success() => {}
             Ok(o) => {
-                eprintln!(
+                crate::support::skip(format!(
                     "SKIPPED {test}: cannot mount a tmpfs ({}); run the test as root",
                     String::from_utf8_lossy(&o.stderr).trim()
-                );
+                ));
                 return None;
             }
             Err(e) => {
-                eprintln!("SKIPPED {test}: cannot run mount ({e})");
+                crate::support::skip(format!("SKIPPED {test}: cannot run mount ({e})"));
                 return None;
             }
         }
