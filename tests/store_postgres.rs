@@ -276,6 +276,103 @@ fn the_cluster_contract_holds_on_postgres() {
     });
 }
 
+/// Four instances write readiness at once, as fast as they can, each row
+/// once; a fifth follows with no full re-read to fall back on (reconcile in
+/// an hour). It must see every row from the rows after the last sequence
+/// number it saw alone: a row numbered before another but committed after
+/// it would be skipped for good. (The readiness lock orders them; it is
+/// held for one statement's server time, not across round trips.)
+#[test]
+fn concurrent_readiness_writers_are_followed_without_a_row_skipped() {
+    use hdsd::dataplane::DataplaneId;
+    use hdsd::store::postgres::PgStore;
+    use hdsd::store::{ReadinessStore, StoredHealth};
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+    let Some(pg) =
+        Postgres::start("concurrent_readiness_writers_are_followed_without_a_row_skipped")
+    else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let settings = hdsd::config::PostgresConfig {
+        url: pg.url(),
+        reconcile_interval: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let connect = |who: &str| {
+        Arc::new(
+            runtime
+                .block_on(PgStore::connect_as(&settings, who.into()))
+                .expect("store"),
+        )
+    };
+    let follower = connect("follow/reader");
+    let seen: Arc<Mutex<BTreeMap<DataplaneId, StoredHealth>>> = Arc::default();
+    {
+        let seen = seen.clone();
+        runtime.spawn(follower.clone().follow_readiness(
+            move |rows, _| {
+                let mut seen = seen.lock().unwrap();
+                for (id, health) in rows {
+                    seen.insert(id, health);
+                }
+                std::future::ready(())
+            },
+            |_| {},
+        ));
+    }
+    let at = |n: i64| StoredHealth {
+        inbounds: Vec::new(),
+        last_report_at: chrono::DateTime::from_timestamp(1_700_000_000 + n, 0),
+        reattached_at: None,
+    };
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let store = connect(&format!("follow/writer-{w}"));
+            let at = at.clone();
+            std::thread::spawn(move || {
+                for round in 0..200i64 {
+                    // Each row written once: a row skipped is never
+                    // written again to hide it.
+                    let batch: Vec<_> = (0..5)
+                        .map(|d| {
+                            let name = format!("w{w}-r{round}-{d}");
+                            (DataplaneId::new("default", name), Some(at(round * 10 + w)))
+                        })
+                        .collect();
+                    store.write(&batch).expect("write");
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.join().expect("writer");
+    }
+    let stored = runtime
+        .block_on(async { tokio::task::spawn_blocking(move || follower.load()).await })
+        .unwrap()
+        .expect("load");
+    assert_eq!(stored.len(), 4 * 200 * 5);
+    wait_for(
+        "the follower to see every last write",
+        Duration::from_secs(10),
+        || {
+            let seen = seen.lock().unwrap();
+            if *seen == stored {
+                Ok(())
+            } else {
+                let differ: Vec<_> = stored
+                    .iter()
+                    .filter(|(id, h)| seen.get(*id) != Some(*h))
+                    .map(|(id, _)| id.to_string())
+                    .collect();
+                Err(format!("the follower differs on {differ:?}"))
+            }
+        },
+    );
+}
+
 /// The lease contract (the same test the single-instance cluster passes),
 /// then what two instances sharing the database see of one lease: one
 /// holder, a release handed over at once, a silent holder replaced with a

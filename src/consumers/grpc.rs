@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 use super::paging::{page_size, PageRequest, Query, QueryError};
 use super::pb;
 use super::services::{services, ServiceStatus};
-use super::watch::{Watches, CONSUMER_BUFFER};
+use super::watch::Watches;
 use crate::dataplane::DataplaneId;
 use crate::feed::{ChangeKind, Event, FeedHandle, Filter, Message, ResyncReason, Subject, Zones};
 use crate::readiness::Timestamp;
@@ -433,7 +433,7 @@ impl pb::readiness_service_server::ReadinessService for ReadinessApi {
             self.feed.clone(),
             f,
             r.since_revision,
-            CONSUMER_BUFFER,
+            r.snapshot_page_size as usize,
         );
         let stream = ReceiverStream::new(rx).map(|m| Ok(to_event(&m)));
         Ok(Response::new(Box::pin(stream)))

@@ -139,16 +139,38 @@ impl Watches {
         Err(refused)
     }
 
-    /// [`watch`], holding `slot` until the watch ends.
+    /// [`watch`], holding `slot` until the watch ends, its snapshots sent
+    /// in pages of `snapshot_page` items (0: whole; see [`pages`]).
     pub fn start(
         &self,
         slot: WatchSlot,
         feed: FeedHandle,
         filter: Filter,
         since: Option<Revision>,
-        buffer: usize,
+        snapshot_page: usize,
     ) -> mpsc::Receiver<Message> {
-        spawn_pump(slot, feed, filter, since, buffer)
+        spawn_pump(slot, feed, filter, since, snapshot_page, CONSUMER_BUFFER)
+    }
+}
+
+/// A feed message as the watch sends it: a snapshot of more than `page`
+/// items (dataplanes and zones) becomes consecutive SNAPSHOT messages of at
+/// most `page` items each, at the same revision, which together are the
+/// snapshot; SYNCED follows the last. `page` 0, and any other message, is
+/// sent as it is. A consumer asks for pages (`snapshot_page_size`) and so
+/// knows to collect them until SYNCED: at 100k dataplanes one SNAPSHOT is
+/// about 3 MB of protobuf, near the 4 MB that gRPC clients accept by
+/// default, and a consumer's first message waits for all of it.
+pub fn pages(message: Message, page: usize) -> Vec<Message> {
+    match message {
+        Message::Snapshot { revision, items } if page > 0 && items.len() > page => items
+            .chunks(page)
+            .map(|chunk| Message::Snapshot {
+                revision,
+                items: chunk.to_vec(),
+            })
+            .collect(),
+        other => vec![other],
     }
 }
 
@@ -160,7 +182,7 @@ pub fn watch(
     since: Option<Revision>,
     buffer: usize,
 ) -> mpsc::Receiver<Message> {
-    spawn_pump((), feed, filter, since, buffer)
+    spawn_pump((), feed, filter, since, 0, buffer)
 }
 
 /// Spawns the pump of one watch, which holds `guard` (a watch slot, or
@@ -170,12 +192,13 @@ fn spawn_pump<G: Send + 'static>(
     feed: FeedHandle,
     filter: Filter,
     since: Option<Revision>,
+    snapshot_page: usize,
     buffer: usize,
 ) -> mpsc::Receiver<Message> {
     let (tx, rx) = mpsc::channel(buffer.max(1));
     tokio::spawn(async move {
         let _guard = guard;
-        pump(feed, filter, since, tx).await;
+        pump(feed, filter, since, snapshot_page, tx).await;
     });
     rx
 }
@@ -184,11 +207,12 @@ async fn pump(
     feed: FeedHandle,
     filter: Filter,
     since: Option<Revision>,
+    snapshot_page: usize,
     tx: mpsc::Sender<Message>,
 ) {
     let _active = crate::metrics::ActiveWatcher::new();
     tokio::select! {
-        () = pump_until_closed(&feed, &filter, since, &tx) => {}
+        () = pump_until_closed(&feed, &filter, since, snapshot_page, &tx) => {}
         () = feed.drained() => {}
     }
 }
@@ -197,13 +221,14 @@ async fn pump_until_closed(
     feed: &FeedHandle,
     filter: &Filter,
     mut since: Option<Revision>,
+    snapshot_page: usize,
     tx: &mpsc::Sender<Message>,
 ) {
     loop {
         let Ok((first, mut live)) = feed.subscribe(since, filter.clone()).await else {
             return;
         };
-        for message in first {
+        for message in first.into_iter().flat_map(|m| pages(m, snapshot_page)) {
             if !send(tx, message).await {
                 return;
             }
@@ -308,7 +333,7 @@ mod tests {
         );
         assert_eq!(watches.open(), 2);
         drop(first);
-        let mut rx = watches.start(second, feed.clone(), named(0), None, 4);
+        let mut rx = watches.start(second, feed.clone(), named(0), None, 0);
         let third = watches.admit(&named(0)).unwrap();
         assert!(rx.recv().await.is_some(), "the watch runs");
         drop(rx);
@@ -373,5 +398,52 @@ mod tests {
         assert_eq!(w.recv().await, Some(Message::Synced { revision: 2 }));
         sender.publish(change(&a));
         assert_eq!(revisions(&[w.recv().await.unwrap()]), [Some(3)]);
+    }
+
+    /// A snapshot larger than the page is consecutive SNAPSHOTs of the
+    /// page's size at the snapshot's revision, together every item in
+    /// order; a smaller one, page 0 and other messages pass as they are.
+    #[test]
+    fn a_snapshot_is_split_into_pages_that_together_are_the_snapshot() {
+        let items: Vec<Arc<crate::feed::Event>> = (0..5)
+            .map(|n| {
+                Arc::new(crate::feed::Event {
+                    revision: n,
+                    kind: crate::feed::ChangeKind::Changed,
+                    ready: true,
+                    subject: crate::feed::Subject::Local(dp(&format!("web-{n}"))),
+                })
+            })
+            .collect();
+        let snapshot = Message::Snapshot {
+            revision: 9,
+            items: items.clone(),
+        };
+        let split = pages(snapshot.clone(), 2);
+        let sizes: Vec<usize> = split
+            .iter()
+            .map(|m| match m {
+                Message::Snapshot { revision: 9, items } => items.len(),
+                other => panic!("not a snapshot at 9: {other:?}"),
+            })
+            .collect();
+        assert_eq!(sizes, [2, 2, 1]);
+        let joined: Vec<_> = split
+            .into_iter()
+            .flat_map(|m| match m {
+                Message::Snapshot { items, .. } => items,
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(joined, items);
+        assert_eq!(pages(snapshot.clone(), 0), [snapshot.clone()]);
+        assert_eq!(pages(snapshot.clone(), 5), [snapshot]);
+        let empty = Message::Snapshot {
+            revision: 1,
+            items: Vec::new(),
+        };
+        assert_eq!(pages(empty.clone(), 2), [empty]);
+        let synced = Message::Synced { revision: 9 };
+        assert_eq!(pages(synced.clone(), 1), [synced]);
     }
 }
