@@ -436,7 +436,7 @@ mod tests {
             })
             .collect();
         assert_eq!(joined, items);
-        assert_eq!(pages(snapshot.clone(), 0), [snapshot.clone()]);
+        assert_eq!(pages(snapshot.clone(), 0), std::slice::from_ref(&snapshot));
         assert_eq!(pages(snapshot.clone(), 5), [snapshot]);
         let empty = Message::Snapshot {
             revision: 1,
