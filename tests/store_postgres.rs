@@ -330,7 +330,6 @@ fn concurrent_readiness_writers_are_followed_without_a_row_skipped() {
     let writers: Vec<_> = (0..4)
         .map(|w| {
             let store = connect(&format!("follow/writer-{w}"));
-            let at = at.clone();
             std::thread::spawn(move || {
                 for round in 0..200i64 {
                     // Each row written once: a row skipped is never
