@@ -350,3 +350,91 @@ fn grpc_pages_with_the_same_rules() {
         assert_eq!(summary.services.len(), 3);
     });
 }
+
+/// The watch's snapshot in pages (`snapshot_page_size`), over gRPC and
+/// SSE: consecutive SNAPSHOT events of at most the page's size, all at one
+/// revision, together every dataplane once, then SYNCED; without it one
+/// SNAPSHOT holds them all.
+#[test]
+fn the_watch_snapshot_comes_in_pages_when_asked() {
+    use std::io::BufRead as _;
+    use tokio_stream::StreamExt as _;
+    let hdsd = fleet();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // (page sizes, revisions, every name) of the SNAPSHOT events before SYNCED.
+    let grpc = |page: u32| {
+        rt.block_on(async {
+            use pb::readiness_service_client::ReadinessServiceClient;
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", hdsd.api))
+                .unwrap()
+                .connect()
+                .await
+                .expect("gRPC on the API port");
+            let mut stream = ReadinessServiceClient::new(channel)
+                .watch(pb::WatchRequest {
+                    snapshot_page_size: page,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let (mut sizes, mut revisions, mut names) = (Vec::new(), BTreeSet::new(), Vec::new());
+            while let Some(event) = stream.next().await {
+                let event = event.unwrap();
+                match event.r#type() {
+                    pb::watch_event::Type::Snapshot => {
+                        sizes.push(event.snapshot.len());
+                        revisions.insert(event.revision);
+                        names.extend(
+                            event
+                                .snapshot
+                                .iter()
+                                .map(|d| format!("{}/{}", d.mesh, d.name)),
+                        );
+                    }
+                    pb::watch_event::Type::Synced => {
+                        assert!(
+                            revisions.contains(&event.revision),
+                            "SYNCED at the snapshot's revision"
+                        );
+                        break;
+                    }
+                    other => panic!("{other:?} before SYNCED"),
+                }
+            }
+            (sizes, revisions.len(), names)
+        })
+    };
+    let (sizes, revisions, names) = grpc(500);
+    assert_eq!((sizes, revisions), (vec![500, 500, 200], 1));
+    let unique: BTreeSet<&String> = names.iter().collect();
+    assert_eq!((names.len(), unique.len()), (FLEET, FLEET));
+    let (sizes, _, _) = grpc(0);
+    assert_eq!(sizes, [FLEET]);
+
+    // SSE: the same pages as `snapshot` events.
+    let response = ureq::get(&hdsd.api_url("/api/v1/watch?snapshot_page_size=500"))
+        .call()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(response.into_body().into_reader()).lines();
+    let mut sizes = Vec::new();
+    let mut event = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(name) = line.strip_prefix("event:") {
+            event = name.trim().to_string();
+            if event == "synced" {
+                break;
+            }
+        } else if let Some(data) = line.strip_prefix("data:") {
+            if event == "snapshot" {
+                let data: Value = serde_json::from_str(data.trim()).unwrap();
+                sizes.push(data["snapshot"].as_array().unwrap().len());
+            }
+        }
+    }
+    assert_eq!(sizes, [500, 500, 200]);
+}

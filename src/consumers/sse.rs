@@ -145,13 +145,17 @@ impl<'a, T: Serialize> Serialize for Items<'a, T> {
 }
 
 /// One feed message as an SSE event: `event` is the type in lowercase, `data`
-/// one JSON object, `id` the revision (none for `resync`).
+/// one JSON object, `id` the revision (none for `resync`, and none for
+/// `snapshot`: a snapshot may come in pages and is whole at the `synced`
+/// that follows it, which carries the same revision, so a client cut off
+/// in the middle of one resumes from where it was before, never from a
+/// snapshot it did not read whole).
 pub fn to_sse(message: &Message) -> SseEvent {
     let (kind, data) = event_and_data(message);
     let event = SseEvent::default().event(kind).data(data);
-    match message.revision() {
-        Some(r) => event.id(r.to_string()),
-        None => event,
+    match (message, message.revision()) {
+        (Message::Snapshot { .. }, _) | (_, None) => event,
+        (_, Some(r)) => event.id(r.to_string()),
     }
 }
 

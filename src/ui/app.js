@@ -22,6 +22,7 @@
   const TOKEN_KEY = 'hdsd.apiToken';
   const MAX_ROWS = 500; // rows in the DOM at once; the filter narrows larger fleets
   const PAGE_SIZE = 5000; // the API's largest page
+  const SNAPSHOT_PAGE = 1000; // items per snapshot event of the watch
   const BATCH_REFETCH = 25; // more changed dataplanes than this: reload the list
   const SOURCES_EVERY_MS = 2000;
   const ZONES_EVERY_MS = 1000;
@@ -90,6 +91,7 @@
     lastEventId: null,
     pending: new Set(), // dataplanes to fetch after change events
     reloadAll: false, // fetch the whole list (after a snapshot)
+    inSnapshot: false, // between a snapshot's first page and SYNCED
     fetching: false,
     watch: null, // the AbortController of the open stream
     generation: 0, // bumped on every restart (new token): older loops stop
@@ -418,7 +420,9 @@
       try {
         const headers = { Accept: 'text/event-stream' };
         if (state.lastEventId !== null) headers['Last-Event-ID'] = state.lastEventId;
-        const response = await api('/api/v1/watch', { headers, signal: controller.signal });
+        // The snapshot in pages: the page reloads its list once per snapshot
+        // and never reads a large fleet's whole snapshot as one string.
+        const response = await api(`/api/v1/watch?snapshot_page_size=${SNAPSHOT_PAGE}`, { headers, signal: controller.signal });
         await readEvents(response.body, (event) => {
           if (event.kind === 'synced') backoff = 500;
           onEvent(event);
@@ -470,7 +474,10 @@
     try { data = JSON.parse(event.data); } catch (_) { return; }
     switch (event.kind) {
       case 'snapshot':
-        // The stream starts (or starts over): reload the whole list once.
+        // The stream starts (or starts over): reload the whole list once,
+        // on the first of the snapshot's pages.
+        if (state.inSnapshot) break;
+        state.inSnapshot = true;
         state.reloadAll = true;
         fetchPending().catch(handleError);
         break;
@@ -491,9 +498,11 @@
         fetchPending().catch(handleError);
         break;
       case 'synced':
+        state.inSnapshot = false;
         setLive('live', 'Live');
         break;
       default:
+        state.inSnapshot = false;
         break; // resync: a snapshot follows
     }
   }
