@@ -553,3 +553,45 @@ fn a_globals_page_shows_its_zones_and_one_going_offline() {
     eprintln!("screenshot: {}", shot.display());
     drop(envoys);
 }
+
+/// A fleet past one API page: 5,200 dataplanes from files (every tenth
+/// `state: Ignored`, so ready; the others pending). The page shows hdsd's
+/// counts and 500 rows, fetches only those rows, and narrows by a service
+/// name and Not ready only on the server; its heap stays small.
+#[test]
+fn a_large_fleets_page_holds_only_the_rows_it_shows() {
+    const FLEET: usize = 5200;
+    let _one = one_browser();
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    for file in 0..FLEET / 400 {
+        let docs: Vec<String> = (file * 400..(file + 1) * 400)
+            .map(|i| {
+                let state = if i % 10 == 0 { "    state: Ignored\n" } else { "" };
+                format!(
+                    "type: Dataplane\nmesh: default\nname: dp-{i:05}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: {port}\n    servicePort: 8080\n    serviceAddress: 127.0.0.1\n{state}    tags: {{kuma.io/service: svc-{svc}}}\n",
+                    port = 10000 + i % 1000,
+                    svc = i % 3,
+                )
+            })
+            .collect();
+        hdsd.write_dataplane(&format!("fleet-{file:02}.yaml"), &docs.join("---\n"));
+    }
+    crate::support::wait_for("the fleet defined", Duration::from_secs(60), || {
+        let summary = hdsd.get_json("/api/v1/fleet/summary")?;
+        match summary["dataplanes"]["total"].as_u64() {
+            Some(n) if n == FLEET as u64 => Ok(()),
+            other => Err(format!("{other:?} of {FLEET} defined")),
+        }
+    });
+    let args = vec![
+        "--scenario".to_string(),
+        "large".to_string(),
+        "--url".to_string(),
+        hdsd.api_url("/ui/"),
+        "--fleet".to_string(),
+        FLEET.to_string(),
+    ];
+    let lines = run_browser(&args, |action| panic!("unknown action {action:?}"));
+    let checks = lines.iter().filter(|l| l.starts_with("CHECK")).count();
+    assert!(checks >= 6, "{lines:?}");
+}

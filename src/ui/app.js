@@ -22,6 +22,10 @@
   const TOKEN_KEY = 'hdsd.apiToken';
   const MAX_ROWS = 500; // rows in the DOM at once; the filter narrows larger fleets
   const PAGE_SIZE = 5000; // the API's largest page
+  // Past one API page of dataplanes the page holds only the rows it shows:
+  // MAX_ROWS of them, filtered by hdsd (service, zone, not ready), and the
+  // counts from the summary. A 100k fleet is not fetched into the browser.
+  const LARGE_FLEET = PAGE_SIZE;
   const SNAPSHOT_PAGE = 1000; // items per snapshot event of the watch
   const BATCH_REFETCH = 25; // more changed dataplanes than this: reload the list
   const SOURCES_EVERY_MS = 2000;
@@ -92,6 +96,8 @@
     pending: new Set(), // dataplanes to fetch after change events
     reloadAll: false, // fetch the whole list (after a snapshot)
     inSnapshot: false, // between a snapshot's first page and SYNCED
+    large: false, // more dataplanes than LARGE_FLEET: the list is filtered by hdsd
+    more: false, // large: more dataplanes match than the rows held
     fetching: false,
     watch: null, // the AbortController of the open stream
     generation: 0, // bumped on every restart (new token): older loops stop
@@ -263,7 +269,35 @@
 
   // ------------------------------------------------------------ loading
 
+  /**
+   * The filters hdsd applies to a large fleet's list: not ready, the zone,
+   * and a filter word that is a service's name.
+   */
+  function serverFilters() {
+    const params = [];
+    if (state.notReadyOnly) params.push('ready=false');
+    if (state.zoneFilter) params.push(`zone=${encodeURIComponent(state.zoneFilter)}`);
+    const words = state.filter.trim().split(/\s+/).filter(Boolean);
+    const service = words.find((w) => state.services.some((s) => s.name === w));
+    if (service) params.push(`service=${encodeURIComponent(service)}`);
+    return params;
+  }
+
   async function loadDataplanes() {
+    state.large = (state.summary?.dataplanes.total ?? 0) > LARGE_FLEET;
+    if (state.large) {
+      // One page of the rows shown, filtered by hdsd.
+      const query = [`page_size=${MAX_ROWS}`, ...serverFilters()].join('&');
+      const page = await json(`/api/v1/dataplanes?${query}`);
+      const fresh = new Map();
+      for (const item of page.items) fresh.set(key(item), item);
+      state.dataplanes = fresh;
+      state.more = Boolean(page.nextPageToken);
+      state.loaded = true;
+      renderAll();
+      return;
+    }
+    state.more = false;
     const fresh = new Map();
     let token = '';
     do {
@@ -299,6 +333,18 @@
   }
 
   const scheduleServices = coalesced(() => loadServices(), 150);
+
+  /** A large fleet's rows again, at most every 500 ms. */
+  const scheduleWindow = coalesced(async () => {
+    state.reloadAll = true;
+    await fetchPending();
+  }, 500);
+
+  /** The table at once; a large fleet's rows from hdsd with the new filters. */
+  function filtersChanged() {
+    renderTable();
+    if (state.large) scheduleWindow();
+  }
 
   /**
    * Brings the map up to date: the whole list after a snapshot (or many
@@ -482,6 +528,11 @@
         fetchPending().catch(handleError);
         break;
       case 'changed':
+        if (state.large && !state.dataplanes.has(eventKey(data.dataplane))) {
+          // Outside the rows held: it may match the filters now.
+          scheduleWindow();
+          break;
+        }
         state.pending.add(eventKey(data.dataplane));
         fetchPending().catch(handleError);
         break;
@@ -670,9 +721,12 @@
       if (expected !== tr) tbody.insertBefore(tr, expected);
       previous = tr;
     }
-    const note = matching.length > shown.length
-      ? `Showing ${shown.length} of ${matching.length} matching dataplanes (of ${all.length}); narrow the filter to see the rest.`
-      : `Showing ${matching.length} of ${all.length} dataplanes.`;
+    const total = state.summary?.dataplanes.total ?? all.length;
+    const note = state.large
+      ? `Showing ${shown.length} of ${total} dataplanes, filtered by hdsd${state.more ? '; more match: narrow with a service name, the zone or Not ready only' : ''}.`
+      : matching.length > shown.length
+        ? `Showing ${shown.length} of ${matching.length} matching dataplanes (of ${all.length}); narrow the filter to see the rest.`
+        : `Showing ${matching.length} of ${all.length} dataplanes.`;
     setText($('shown'), note);
     const empty = $('empty');
     empty.hidden = state.loaded && matching.length > 0;
@@ -997,9 +1051,9 @@
   }
 
   function wire() {
-    $('filter').addEventListener('input', (e) => { state.filter = e.target.value; renderTable(); });
-    $('not-ready').addEventListener('change', (e) => { state.notReadyOnly = e.target.checked; renderTable(); });
-    $('zone-filter').addEventListener('change', (e) => { state.zoneFilter = e.target.value; renderTable(); });
+    $('filter').addEventListener('input', (e) => { state.filter = e.target.value; filtersChanged(); });
+    $('not-ready').addEventListener('change', (e) => { state.notReadyOnly = e.target.checked; filtersChanged(); });
+    $('zone-filter').addEventListener('change', (e) => { state.zoneFilter = e.target.value; filtersChanged(); });
     for (const th of document.querySelectorAll('th[data-sort]')) {
       th.querySelector('button').addEventListener('click', () => {
         const sortKey = th.dataset.sort;

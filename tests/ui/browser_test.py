@@ -6,7 +6,7 @@ script needs the world to change it prints `ACTION <name>` and waits for
 `DONE` on its standard input. Every assertion prints `CHECK <what>`; the last
 line is `PASSED <n> checks`. Any failed check exits non-zero with the reason.
 
-    browser_test.py --url http://127.0.0.1:PORT/ui/[,URL...] --scenario live|token|soak|fleet|zones|tls|timeline
+    browser_test.py --url http://127.0.0.1:PORT/ui/[,URL...] --scenario live|token|soak|fleet|zones|tls|timeline|large
                     [--chromium /usr/bin/chromium] [--screenshot out.png]
                     [--detection SECONDS] [--token T]
 """
@@ -505,15 +505,54 @@ def tls(page, args, checks):
     page.locator("#detail-close").click()
 
 
+def large(page, args, checks):
+    """A fleet past one API page (5,200 dataplanes from files): the page
+    shows hdsd's counts and 500 rows, fetches only those (never the whole
+    list), and narrows by service name and Not ready only on the server."""
+    console = Console(page)
+    asked = []
+    page.on("request", lambda r: "/api/v1/dataplanes" in r.url and asked.append(r.url))
+    page.goto(args.url)
+    expect(page.locator("#live")).to_have_text("Live", timeout=15_000)
+    expect(count_tile(page, "dataplanes")).to_have_text(str(args.fleet), timeout=10_000)
+    rows = page.locator("#dataplanes tbody tr")
+    expect(rows).to_have_count(500, timeout=10_000)
+    expect(page.locator("#shown")).to_contain_text(f"of {args.fleet} dataplanes, filtered by hdsd", timeout=10_000)
+    checks.ok(f"{args.fleet} dataplanes counted by hdsd, 500 rows shown")
+    lists = [u for u in asked if "/api/v1/dataplanes?" in u]
+    checks.that(lists and all("page_size=500" in u for u in lists),
+                f"only pages of the rows shown were fetched: {lists}")
+    with page.expect_request(lambda r: "/api/v1/dataplanes?" in r.url and "service=svc-1" in r.url, timeout=10_000):
+        page.fill("#filter", "svc-1")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#dataplanes tbody tr')].length > 0 && "
+        "[...document.querySelectorAll('#dataplanes tbody tr')].every(tr => tr.textContent.includes('svc-1'))",
+        timeout=10_000)
+    checks.that(any("service=svc-1" in u for u in asked), "a service name filters on the server")
+    page.fill("#filter", "")
+    with page.expect_request(lambda r: "/api/v1/dataplanes?" in r.url and "ready=false" in r.url, timeout=10_000):
+        page.check("#not-ready")
+    page.wait_for_function(
+        "() => { const r = [...document.querySelectorAll('#dataplanes tbody tr')];"
+        " return r.length === 500 && r.every(tr => tr.dataset.ready === 'false'); }",
+        timeout=10_000)
+    checks.that(any("ready=false" in u for u in asked), "Not ready only filters on the server")
+    bytes_used = heap(page)
+    checks.that(0 < bytes_used < 64 << 20, f"the page's heap stays small: {bytes_used} bytes")
+    unexpected = console.unexpected({})
+    checks.that(not unexpected, f"no console errors: {unexpected}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
-    parser.add_argument("--scenario", choices=["live", "token", "soak", "fleet", "zones", "tls", "timeline"], required=True)
+    parser.add_argument("--scenario", choices=["live", "token", "soak", "fleet", "zones", "tls", "timeline", "large"], required=True)
     parser.add_argument("--flaps", type=int, default=60)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--screenshot")
     parser.add_argument("--detection", type=float, default=1.0)
     parser.add_argument("--token")
+    parser.add_argument("--fleet", type=int, default=0)
     args = parser.parse_args()
     checks = Checks()
     with sync_playwright() as p:
@@ -522,7 +561,7 @@ def main():
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.set_default_timeout(10_000)
-            {"live": live, "token": token, "soak": soak, "fleet": fleet, "zones": zones, "tls": tls, "timeline": timeline}[args.scenario](page, args, checks)
+            {"live": live, "token": token, "soak": soak, "fleet": fleet, "zones": zones, "tls": tls, "timeline": timeline, "large": large}[args.scenario](page, args, checks)
         finally:
             browser.close()
     print(f"PASSED {checks.count} checks", flush=True)
