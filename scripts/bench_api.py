@@ -10,6 +10,7 @@ that serves DATAPLANES dataplanes, times what a client of the fleet does.
 - watch: GET /api/v1/watch (Server-Sent Events): the time from the request
   to its `synced` event (the snapshot of the whole fleet), then WATCHERS
   watchers held open after their snapshot: hdsd's RSS added per watcher;
+  then the same with the snapshot in pages (--snapshot-page, default 1000);
 - browser (with --chromium): the fleet page in headless Chromium: first
   contentful paint, the time until the counts show the fleet and until the
   table is loaded, and the page's JavaScript heap.
@@ -93,12 +94,14 @@ def walk_pages(api):
             return times, items
 
 
-def watch_until_synced(host, port, held=None, stop=None):
-    """Opens GET /api/v1/watch; returns the seconds until its `synced`
-    event. With `held`, keeps reading (and draining) until `stop` is set."""
+def watch_until_synced(host, port, held=None, stop=None, page=0):
+    """Opens GET /api/v1/watch (its snapshot in pages of `page` items, 0:
+    whole); returns the seconds until its `synced` event. With `held`, keeps
+    reading (and draining) until `stop` is set."""
     conn = http.client.HTTPConnection(host, port, timeout=120)
     started = time.monotonic()
-    conn.request("GET", "/api/v1/watch", headers={"Accept": "text/event-stream"})
+    path = "/api/v1/watch" + (f"?snapshot_page_size={page}" if page else "")
+    conn.request("GET", path, headers={"Accept": "text/event-stream"})
     response = conn.getresponse()
     if response.status != 200:
         raise RuntimeError(f"GET /api/v1/watch: {response.status}")
@@ -165,6 +168,8 @@ def main():
     parser.add_argument("--service", default="svc-0000", help="a service for the filtered list")
     parser.add_argument("--rounds", type=int, default=3, help="walks of every page")
     parser.add_argument("--watchers", type=int, default=20)
+    parser.add_argument("--snapshot-page", type=int, default=1000,
+                        help="snapshot_page_size of the second round of watches")
     parser.add_argument("--chromium", help="Chromium's binary: measure the fleet page")
     parser.add_argument("--browser-timeout", type=float, default=120)
     parser.add_argument("--json", required=True)
@@ -178,28 +183,33 @@ def main():
 
     # Watches first: the reads below grow the heap, and what the allocator
     # later returns would hide what the watchers hold.
-    result["watch_synced"] = figures([watch_until_synced(api.host, api.port) for _ in range(5)])
-    before = rss_kb(args.pid)
-    held, stop = [], threading.Event()
-    threads = [threading.Thread(target=watch_until_synced, args=(api.host, api.port, held, stop), daemon=True)
-               for _ in range(args.watchers)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 300
-    while len(held) < args.watchers and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(1)  # let the last snapshots' buffers go
-    with_watchers = rss_kb(args.pid)
-    result["watchers"] = {
-        "held": len(held),
-        "synced": figures(held) if held else None,
-        "rss_before_kb": before,
-        "rss_with_kb": with_watchers,
-        "kb_per_watcher": round((with_watchers - before) / max(1, len(held)), 1),
-    }
-    stop.set()
-    for t in threads:
-        t.join(timeout=5)
+    # Each twice: the snapshot whole, then in pages of --snapshot-page.
+    for suffix, page in (("", 0), ("_paged", args.snapshot_page)):
+        result["watch_synced" + suffix] = figures(
+            [watch_until_synced(api.host, api.port, page=page) for _ in range(5)])
+        before = rss_kb(args.pid)
+        held, stop = [], threading.Event()
+        threads = [threading.Thread(target=watch_until_synced, args=(api.host, api.port, held, stop, page),
+                                    daemon=True)
+                   for _ in range(args.watchers)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 300
+        while len(held) < args.watchers and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)  # let the last snapshots' buffers go
+        with_watchers = rss_kb(args.pid)
+        result["watchers" + suffix] = {
+            "snapshot_page_size": page,
+            "held": len(held),
+            "synced": figures(held) if held else None,
+            "rss_before_kb": before,
+            "rss_with_kb": with_watchers,
+            "kb_per_watcher": round((with_watchers - before) / max(1, len(held)), 1),
+        }
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)
 
     pages, walks = [], []
     for _ in range(args.rounds):
