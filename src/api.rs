@@ -55,6 +55,8 @@ pub struct ApiState {
     pub zones: Zones,
     /// The last hour of the fleet (`/api/v1/history`).
     pub history: crate::history::HistoryHandle,
+    /// The summary's and the services' counts, kept as the fleet changes.
+    pub counts: crate::consumers::counts::CountsHandle,
 }
 
 /// Zones as this instance sees them: as a global (every zone it holds), as
@@ -125,6 +127,7 @@ substate!(
     definitions: definitions::Definitions,
     zones: Zones,
     history: crate::history::HistoryHandle,
+    counts: crate::consumers::counts::CountsHandle,
 );
 
 impl axum::extract::FromRef<ApiState> for crate::ui::PageSettings {
@@ -291,10 +294,12 @@ fn next_link(uri: &axum::http::Uri, token: &str) -> String {
 
 /// The counts of the dataplanes the same filters take in (every page of
 /// them): dataplanes ready, not ready, connected and by class, inbounds by
-/// status, and each service's inbounds ready of total.
+/// status, and each service's inbounds ready of total. From the kept
+/// counts when they cover the filters, else by a walk over the fleet.
 async fn fleet_summary(
     State(s): State<Fleet>,
     State(z): State<Zones>,
+    State(counts): State<crate::consumers::counts::CountsHandle>,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
     let q = match list_query(q) {
@@ -311,6 +316,9 @@ async fn fleet_summary(
         Ok(query) => query,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
     };
+    if let Some(summary) = counts.summary(&query).await {
+        return Json(summary).into_response();
+    }
     let catalog = s.registry.catalog();
     let view = z.hub.as_ref().map(|hub| hub.view());
     Json(paging::fleet_summary(&catalog, view.as_deref(), &query)).into_response()
@@ -349,24 +357,23 @@ struct ServicesQuery {
 }
 
 /// Per-service health by Kuma's rules (online, partially_degraded, offline);
-/// on a global, over every zone and per zone.
+/// on a global, over every zone and per zone. From the kept counts, or
+/// (when they are behind) by a walk over the fleet.
 async fn list_services(
     State(s): State<Fleet>,
     State(z): State<Zones>,
+    State(counts): State<crate::consumers::counts::CountsHandle>,
     Query(q): Query<ServicesQuery>,
 ) -> Json<List<crate::consumers::services::ServiceItem>> {
-    let mut items: Vec<DataplaneItem> = s
-        .registry
-        .catalog()
-        .values()
-        .filter_map(|h| DataplaneItem::from_state(&h.state()))
-        .collect();
-    if let Some(hub) = &z.hub {
-        items.extend(hub.view().items());
-    }
-    Json(List {
-        items: crate::consumers::services::services(&items, q.mesh.as_deref()),
-    })
+    let mesh = q.mesh.as_deref();
+    let items = match counts.services(mesh).await {
+        Some(items) => items,
+        None => {
+            let view = z.hub.as_ref().map(|hub| hub.view());
+            paging::fleet_services(&s.registry.catalog(), view.as_deref(), mesh)
+        }
+    };
+    Json(List { items })
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -724,6 +724,8 @@ pub struct FeedClosed;
 pub struct FeedHandle {
     tx: mpsc::UnboundedSender<Input>,
     drain: Option<tokio::sync::watch::Receiver<bool>>,
+    /// The revision of the last event broadcast.
+    broadcast: tokio::sync::watch::Receiver<Revision>,
 }
 
 impl FeedHandle {
@@ -768,6 +770,13 @@ impl FeedHandle {
         rx.await.map_err(|_| FeedClosed)
     }
 
+    /// The revision of the last event broadcast (0: none yet): a
+    /// subscriber that has applied every batch up to it has seen every
+    /// change the feed had numbered when this was read.
+    pub fn broadcast_revision(&self) -> Revision {
+        *self.broadcast.borrow()
+    }
+
     /// The current revision and each dataplane's last revision.
     pub async fn index(&self) -> Result<Index, FeedClosed> {
         let (reply, rx) = oneshot::channel();
@@ -791,15 +800,24 @@ pub fn spawn(limits: HistoryLimits, buffer: usize) -> FeedHandle {
 pub fn spawn_feed(feed: Feed, buffer: usize) -> FeedHandle {
     let (tx, rx) = mpsc::unbounded_channel();
     let (events, _) = broadcast::channel(buffer.max(1));
-    tokio::spawn(run(feed, rx, events));
-    FeedHandle { tx, drain: None }
+    let (last, broadcast) = tokio::sync::watch::channel(0);
+    tokio::spawn(run(feed, rx, Broadcast { events, last }));
+    FeedHandle {
+        tx,
+        drain: None,
+        broadcast,
+    }
 }
 
-async fn run(
-    mut feed: Feed,
-    mut inputs: mpsc::UnboundedReceiver<Input>,
+/// Where the feed's batches go: every subscriber, and the revision of the
+/// last event sent (set after the batch is sent, so a reader of it finds
+/// the batch in its receiver).
+struct Broadcast {
     events: broadcast::Sender<Batch>,
-) {
+    last: tokio::sync::watch::Sender<Revision>,
+}
+
+async fn run(mut feed: Feed, mut inputs: mpsc::UnboundedReceiver<Input>, events: Broadcast) {
     let mut buffer = Vec::with_capacity(MAX_BATCH);
     loop {
         if inputs.recv_many(&mut buffer, MAX_BATCH).await == 0 {
@@ -827,7 +845,7 @@ async fn run(
     }
 }
 
-fn publish(feed: &mut Feed, changes: Vec<Change>, events: &broadcast::Sender<Batch>) {
+fn publish(feed: &mut Feed, changes: Vec<Change>, events: &Broadcast) {
     if changes.is_empty() {
         return;
     }
@@ -835,15 +853,20 @@ fn publish(feed: &mut Feed, changes: Vec<Change>, events: &broadcast::Sender<Bat
     broadcast_batch(batch, events);
 }
 
-fn broadcast_batch(batch: Vec<Arc<Event>>, events: &broadcast::Sender<Batch>) {
-    if !batch.is_empty() {
+fn broadcast_batch(batch: Vec<Arc<Event>>, events: &Broadcast) {
+    if let Some(last) = batch.iter().map(|e| e.revision).max() {
         crate::metrics::feed_changes(batch.len());
         // No receiver is fine: nobody watches.
-        let _ = events.send(Arc::new(batch));
+        let _ = events.events.send(Arc::new(batch));
+        events.last.send_if_modified(|l| {
+            let moved = last > *l;
+            *l = (*l).max(last);
+            moved
+        });
     }
 }
 
-fn answer(feed: &Feed, input: Input, events: &broadcast::Sender<Batch>) {
+fn answer(feed: &Feed, input: Input, events: &Broadcast) {
     match input {
         Input::Change(_) | Input::Watermark(_) => {}
         Input::Subscribe {
@@ -851,7 +874,7 @@ fn answer(feed: &Feed, input: Input, events: &broadcast::Sender<Batch>) {
             filter,
             reply,
         } => {
-            let _ = reply.send((feed.subscribe(since, &filter), events.subscribe()));
+            let _ = reply.send((feed.subscribe(since, &filter), events.events.subscribe()));
         }
         Input::Index { reply } => {
             let mut index = Index {

@@ -97,7 +97,7 @@ impl Class {
         }
     }
 
-    fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self as usize
     }
 
@@ -820,7 +820,9 @@ async fn run(
 
 /// The next view of the zones (pending forever without a hub, or once its
 /// sender is gone).
-async fn next_view(zones: &mut Option<watch::Receiver<Arc<ZonesView>>>) -> Option<Arc<ZonesView>> {
+pub(crate) async fn next_view(
+    zones: &mut Option<watch::Receiver<Arc<ZonesView>>>,
+) -> Option<Arc<ZonesView>> {
     let Some(rx) = zones else {
         return std::future::pending().await;
     };

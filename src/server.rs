@@ -342,6 +342,11 @@ pub async fn run(
             clock_for_zones.clone(),
             crate::history::Limits::default(),
         ),
+        counts: crate::consumers::counts::spawn(
+            state.registry.clone(),
+            state.feed.clone(),
+            zones.hub.as_ref().map(|h| h.subscribe()),
+        ),
     };
     let api = serve_api(
         &config,
@@ -967,6 +972,7 @@ async fn serve_api(
             feed: state.feed.clone(),
             zones: state.zones.hub.as_ref().map(|h| h.subscribe()),
             watches: state.watches.clone(),
+            counts: state.counts.clone(),
         },
         state.tokens.0.clone(),
     )

@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 
 use super::paging::{page_size, PageRequest, Query, QueryError};
 use super::pb;
-use super::services::{services, ServiceStatus};
+use super::services::ServiceStatus;
 use super::watch::Watches;
 use crate::dataplane::DataplaneId;
 use crate::feed::{ChangeKind, Event, FeedHandle, Filter, Message, ResyncReason, Subject, Zones};
@@ -29,6 +29,8 @@ pub struct ReadinessApi {
     pub zones: Option<ZonesRx>,
     /// The API's watches, within `api.limits`.
     pub watches: Watches,
+    /// The summary's and the services' counts, kept as the fleet changes.
+    pub counts: super::counts::CountsHandle,
 }
 
 /// What a global's hub publishes of its zones.
@@ -335,9 +337,14 @@ impl pb::readiness_service_server::ReadinessService for ReadinessApi {
         let r = request.into_inner();
         let query = query_of(r.mesh, r.selector, r.ready, &r.zone, r.service, &r.status)
             .map_err(invalid)?;
-        let catalog = self.registry.catalog();
-        let view = self.zones.as_ref().map(|z| z.borrow().clone());
-        let s = super::paging::fleet_summary(&catalog, view.as_deref(), &query);
+        let s = match self.counts.summary(&query).await {
+            Some(s) => s,
+            None => {
+                let catalog = self.registry.catalog();
+                let view = self.zones.as_ref().map(|z| z.borrow().clone());
+                super::paging::fleet_summary(&catalog, view.as_deref(), &query)
+            }
+        };
         Ok(Response::new(pb::FleetSummary {
             dataplanes: s.dataplanes.total,
             dataplanes_ready: s.dataplanes.ready,
@@ -379,20 +386,15 @@ impl pb::readiness_service_server::ReadinessService for ReadinessApi {
         request: Request<pb::ListServicesRequest>,
     ) -> Result<Response<pb::ListServicesResponse>, Status> {
         let r = request.into_inner();
-        let mut items: Vec<DataplaneItem> = self
-            .registry
-            .catalog()
-            .values()
-            .filter_map(|h| DataplaneItem::from_state(&h.state()))
-            .collect();
-        if let Some(zones) = &self.zones {
-            items.extend(zones.borrow().items());
-        }
         let mesh = (!r.mesh.is_empty()).then_some(r.mesh.as_str());
-        let items = services(&items, mesh)
-            .into_iter()
-            .map(service_to_pb)
-            .collect();
+        let items = match self.counts.services(mesh).await {
+            Some(items) => items,
+            None => {
+                let view = self.zones.as_ref().map(|z| z.borrow().clone());
+                super::paging::fleet_services(&self.registry.catalog(), view.as_deref(), mesh)
+            }
+        };
+        let items = items.into_iter().map(service_to_pb).collect();
         Ok(Response::new(pb::ListServicesResponse { items }))
     }
 

@@ -5,8 +5,11 @@
 //! - [`sse`]: the same watch as Server-Sent Events (`GET /api/v1/watch`).
 //! - [`services`]: per-service health by Kuma's rules.
 //! - [`paging`]: the fleet list in pages, its filters and counts (pure).
+//! - [`counts`]: the summary's and the services' counts, kept as the fleet
+//!   changes by one task.
 //! - [`eds`]: Envoy's EDS, per-service endpoints with their health.
 
+pub mod counts;
 pub mod eds;
 pub mod grpc;
 pub mod paging;

@@ -549,6 +549,28 @@ pub fn fleet_summary(
     summarize(items.map(|(_, item)| item))
 }
 
+/// Every service (of `mesh`) of the registry's catalog and (on a global)
+/// its zones' dataplanes, one item at a time, as
+/// [`super::services::services`] counts them.
+pub fn fleet_services(
+    catalog: &crate::registry::Catalog,
+    zones: Option<&crate::zones::hub::ZonesView>,
+    mesh: Option<&str>,
+) -> Vec<ServiceItem> {
+    let mut counted = Services::default();
+    let own = catalog
+        .values()
+        .filter_map(|h| DataplaneItem::from_state(&h.state()));
+    let remote = zones.into_iter().flat_map(|z| z.items());
+    for item in own
+        .chain(remote)
+        .filter(|i| mesh.is_none_or(|m| i.mesh == m))
+    {
+        counted.add(&item);
+    }
+    counted.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -130,6 +130,30 @@ impl Services {
         }
     }
 
+    /// Counts what a cell of [`super::counts`] holds of one service in one
+    /// zone (`None`: this hdsd's own), as [`Services::add`] would have
+    /// counted those dataplanes one by one.
+    pub fn add_counted(
+        &mut self,
+        mesh: &str,
+        service: &str,
+        zone: Option<&str>,
+        counted: &super::counts::ServiceTally,
+    ) {
+        let key = (mesh.to_string(), service.to_string());
+        let (all, zones, zoned) = self.by_service.entry(key).or_default();
+        *zoned |= zone.is_some();
+        let in_zone = zones
+            .entry(zone.unwrap_or(LOCAL_ZONE).to_string())
+            .or_default();
+        for acc in [all, in_zone] {
+            acc.ready += counted.ready;
+            acc.total += counted.total;
+            acc.dataplanes += counted.dataplanes;
+            acc.connected += counted.connected;
+        }
+    }
+
     /// The services, sorted by mesh and name, by Kuma's rules.
     pub fn finish(self) -> Vec<ServiceItem> {
         self.by_service
