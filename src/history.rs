@@ -25,7 +25,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 use crate::clock::{Clock, Timestamp};
 use crate::feed::{ChangeKind, FeedHandle, Filter, Key, Subject};
-use crate::registry::Registry;
+use crate::registry::{Catalog, Registry};
 use crate::view::{DataplaneItem, InboundItem};
 use crate::zones::hub::ZonesView;
 
@@ -716,9 +716,22 @@ fn local(
     history.dataplane(&Key::Local(id.clone()), item.as_ref(), at);
 }
 
+/// What moved between two catalogs: a dataplane's first event can come
+/// before the catalog that holds it is published (it then reads as gone),
+/// so the dataplanes defined since are taken in as they are now and the
+/// ones deleted since are dropped.
+fn apply_catalog(history: &mut History, prev: &Catalog, next: &Catalog, at: Timestamp) {
+    for (id, h) in next.iter().filter(|(id, _)| !prev.contains_key(*id)) {
+        let item = DataplaneItem::from_state(&h.state());
+        history.dataplane(&Key::Local(id.clone()), item.as_ref(), at);
+    }
+    for id in prev.keys().filter(|id| !next.contains_key(*id)) {
+        history.dataplane(&Key::Local(id.clone()), None, at);
+    }
+}
+
 /// Every local dataplane again (at start, and after falling behind the feed).
-fn resync(registry: &Registry, history: &mut History, at: Timestamp) {
-    let catalog = registry.catalog();
+fn resync(catalog: &Catalog, history: &mut History, at: Timestamp) {
     let gone: Vec<Key> = history
         .keys()
         .filter(|k| matches!(k, Key::Local(id) if !catalog.contains_key(id)))
@@ -773,7 +786,9 @@ async fn run(
     let Ok((_, mut live)) = feed.subscribe(None, Filter::default()).await else {
         return;
     };
-    resync(&registry, &mut history, clock.now());
+    let mut catalogs = registry.watch_catalog();
+    let mut catalog = catalogs.borrow_and_update().clone();
+    resync(&catalog, &mut history, clock.now());
     let mut seen = Arc::new(ZonesView::default());
     if let Some(rx) = &mut zones {
         let view = rx.borrow_and_update().clone();
@@ -792,10 +807,19 @@ async fn run(
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
-                    resync(&registry, &mut history, clock.now());
+                    catalog = catalogs.borrow_and_update().clone();
+                    resync(&catalog, &mut history, clock.now());
                 }
                 Err(broadcast::error::RecvError::Closed) => return,
             },
+            changed = catalogs.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let next = catalogs.borrow_and_update().clone();
+                apply_catalog(&mut history, &catalog, &next, clock.now());
+                catalog = next;
+            }
             Some(view) = next_view(&mut zones) => {
                 apply_zones(&mut history, &seen, &view, clock.now());
                 seen = view;

@@ -104,6 +104,28 @@ fn every_page(hdsd: &Hdsd, path: &str) -> (Vec<String>, usize) {
 fn rest_pages_filters_summary_and_errors() {
     let hdsd = fleet();
 
+    // The last hour counts every inbound too, the pending ones that never
+    // sent a second event included (a dataplane's first event can come
+    // before the catalog that holds it).
+    wait_for(
+        "the history to count the fleet",
+        Duration::from_secs(10),
+        || {
+            let history = hdsd.get_json("/api/v1/history")?;
+            let last = &history["samples"]
+                .as_array()
+                .and_then(|s| s.last().cloned())
+                .unwrap_or_default();
+            let (inbounds, not_ready) = (last["inbounds"].as_u64(), last["notReady"].as_u64());
+            match (inbounds, not_ready) {
+                (Some(n), Some(nr)) if n == FLEET as u64 && nr == (FLEET - FLEET / 10) as u64 => {
+                    Ok(())
+                }
+                other => Err(format!("(inbounds, notReady) = {other:?}")),
+            }
+        },
+    );
+
     // 1,200 in pages of 500: three pages, every dataplane once, by mesh then name.
     let (names, pages) = every_page(&hdsd, "/api/v1/dataplanes?page_size=500");
     assert_eq!(pages, 3);
