@@ -64,11 +64,7 @@ fn watches_past_their_limits_are_refused() {
     let before = rss_kib(hdsd.pid());
     let rt = runtime();
     rt.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", hdsd.api))
-            .unwrap()
-            .connect()
-            .await
-            .expect("gRPC on the API port");
+        let channel = hdsd.api_channel().await;
         let client = ReadinessServiceClient::new(channel);
         let watch = |names: Vec<String>| {
             let mut client = client.clone();

@@ -265,11 +265,7 @@ fn grpc_pages_with_the_same_rules() {
         .unwrap();
     rt.block_on(async {
         use pb::readiness_service_client::ReadinessServiceClient;
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", hdsd.api))
-            .unwrap()
-            .connect()
-            .await
-            .expect("gRPC on the API port");
+        let channel = hdsd.api_channel().await;
         let mut client = ReadinessServiceClient::new(channel);
         let mut names = Vec::new();
         let mut token = String::new();
@@ -390,11 +386,7 @@ fn the_watch_snapshot_comes_in_pages_when_asked() {
     let grpc = |page: u32| {
         rt.block_on(async {
             use pb::readiness_service_client::ReadinessServiceClient;
-            let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", hdsd.api))
-                .unwrap()
-                .connect()
-                .await
-                .expect("gRPC on the API port");
+            let channel = hdsd.api_channel().await;
             let mut stream = ReadinessServiceClient::new(channel)
                 .watch(pb::WatchRequest {
                     snapshot_page_size: page,

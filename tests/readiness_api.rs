@@ -239,11 +239,7 @@ fn grpc_and_sse_share_the_api_port_tokens_and_errors() {
     let rt = runtime();
     rt.block_on(async {
         use pb::readiness_service_client::ReadinessServiceClient;
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", hdsd.api))
-            .unwrap()
-            .connect()
-            .await
-            .expect("gRPC on the API port");
+        let channel = hdsd.api_channel().await;
         let mut open = ReadinessServiceClient::new(channel.clone());
         let err = open
             .list_dataplanes(pb::ListDataplanesRequest::default())

@@ -572,7 +572,7 @@ pub fn fleet_services(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::view::ZoneOfItem;
 
@@ -591,9 +591,11 @@ mod tests {
         item
     }
 
-    struct TestZone {
-        name: String,
-        dataplanes: imbl::OrdMap<DataplaneId, DataplaneItem>,
+    /// A zone of a test fleet, as the walk reads it (the kept counts'
+    /// tests use it too).
+    pub(crate) struct TestZone {
+        pub name: String,
+        pub dataplanes: imbl::OrdMap<DataplaneId, DataplaneItem>,
     }
 
     impl ZoneSource for TestZone {

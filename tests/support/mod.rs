@@ -342,6 +342,15 @@ impl Hdsd {
         format!("http://{}{path}", self.api)
     }
 
+    /// A gRPC channel to the API port (the readiness service's).
+    pub async fn api_channel(&self) -> tonic::transport::Channel {
+        tonic::transport::Endpoint::from_shared(self.api_url(""))
+            .unwrap()
+            .connect()
+            .await
+            .expect("gRPC on the API port")
+    }
+
     /// `/readyz`: status and body.
     pub fn readyz(&self) -> (u16, String) {
         let mut response = ureq::get(&self.api_url("/readyz"))

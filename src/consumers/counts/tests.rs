@@ -9,7 +9,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::consumers::paging::{self, summarize, walk, ZoneSource};
+use crate::consumers::paging::{self, summarize, walk};
 use crate::consumers::services::{services, test_item};
 use crate::pb;
 use crate::view::{ReasonItem, ZoneOfItem};
@@ -20,21 +20,7 @@ const MESHES: [&str; 2] = ["default", "payments"];
 const SERVICES: [&str; 3] = ["web", "api", "db"];
 const ZONES: [&str; 3] = ["east", "west", "north"];
 
-/// A zone of the walk's test fleet.
-struct TestZone {
-    name: String,
-    dataplanes: imbl::OrdMap<DataplaneId, DataplaneItem>,
-}
-
-impl ZoneSource for TestZone {
-    type Value = DataplaneItem;
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn dataplanes(&self) -> &imbl::OrdMap<DataplaneId, DataplaneItem> {
-        &self.dataplanes
-    }
-}
+use crate::consumers::paging::tests::TestZone;
 
 /// What the walk reads: own dataplanes, and each zone's.
 #[derive(Default)]
