@@ -40,7 +40,7 @@ use crate::view::DataplaneItem;
 use crate::zones::hub::{ZoneView, ZonesView};
 
 use super::paging::{DataplaneCounts, InboundCounts, Query, Summary};
-use super::services::{ServiceItem, Services};
+use super::services::{ServiceItem, ServiceTally, Services};
 
 /// Where a dataplane is counted: whose it is (`None`: this hdsd's own; a
 /// zone's name), its mesh, and whether every inbound is ready.
@@ -49,16 +49,6 @@ pub struct Cell {
     pub zone: Option<Arc<str>>,
     pub mesh: Arc<str>,
     pub ready: bool,
-}
-
-/// One service's inbounds and dataplanes in one cell (as
-/// [`Services`] counts them).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ServiceTally {
-    pub ready: u32,
-    pub total: u32,
-    pub dataplanes: u32,
-    pub connected: u32,
 }
 
 /// The counts of one cell's dataplanes.

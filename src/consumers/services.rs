@@ -93,6 +93,16 @@ pub const LOCAL_ZONE: &str = crate::names::RESERVED_ZONE;
 /// One service's counts: in all, per zone, and whether any is in a zone.
 type Counted = (Acc, BTreeMap<String, Acc>, bool);
 
+/// One service's inbounds and dataplanes in one cell of the kept counts
+/// ([`super::counts`]), as [`Services`] counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceTally {
+    pub ready: u32,
+    pub total: u32,
+    pub dataplanes: u32,
+    pub connected: u32,
+}
+
 /// Per-service counts built one item at a time, so a caller walking a
 /// large fleet holds one item and the services, never the whole list.
 /// Each item must be added once (a dataplane counts once per service).
@@ -138,7 +148,7 @@ impl Services {
         mesh: &str,
         service: &str,
         zone: Option<&str>,
-        counted: &super::counts::ServiceTally,
+        counted: &ServiceTally,
     ) {
         let key = (mesh.to_string(), service.to_string());
         let (all, zones, zoned) = self.by_service.entry(key).or_default();
