@@ -25,7 +25,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 use crate::clock::{Clock, Timestamp};
 use crate::feed::{ChangeKind, FeedHandle, Filter, Key, Subject};
-use crate::registry::{Catalog, Registry};
+use crate::registry::{catalog_changes, Catalog, Registry};
 use crate::view::{DataplaneItem, InboundItem};
 use crate::zones::hub::ZonesView;
 
@@ -716,17 +716,12 @@ fn local(
     history.dataplane(&Key::Local(id.clone()), item.as_ref(), at);
 }
 
-/// What moved between two catalogs: a dataplane's first event can come
-/// before the catalog that holds it is published (it then reads as gone),
-/// so the dataplanes defined since are taken in as they are now and the
-/// ones deleted since are dropped.
+/// What moved between two catalogs ([`catalog_changes`]): the dataplanes
+/// defined since are taken in as they are now, the ones deleted dropped.
 fn apply_catalog(history: &mut History, prev: &Catalog, next: &Catalog, at: Timestamp) {
-    for (id, h) in next.iter().filter(|(id, _)| !prev.contains_key(*id)) {
-        let item = DataplaneItem::from_state(&h.state());
+    for (id, handle) in catalog_changes(prev, next) {
+        let item = handle.and_then(|h| DataplaneItem::from_state(&h.state()));
         history.dataplane(&Key::Local(id.clone()), item.as_ref(), at);
-    }
-    for id in prev.keys().filter(|id| !next.contains_key(*id)) {
-        history.dataplane(&Key::Local(id.clone()), None, at);
     }
 }
 

@@ -253,6 +253,25 @@ impl DataplaneHandle {
 
 pub type Catalog = BTreeMap<DataplaneId, DataplaneHandle>;
 
+/// What moved between two catalogs: each dataplane defined since, with its
+/// handle, then each deleted since, without. (A dataplane's first event can
+/// come before the catalog that holds it is published: the readers of the
+/// feed that count dataplanes follow the catalog too.)
+pub fn catalog_changes<'a>(
+    prev: &'a Catalog,
+    next: &'a Catalog,
+) -> impl Iterator<Item = (&'a DataplaneId, Option<&'a DataplaneHandle>)> {
+    let added = next
+        .iter()
+        .filter(|(id, _)| !prev.contains_key(*id))
+        .map(|(id, h)| (id, Some(h)));
+    let removed = prev
+        .keys()
+        .filter(|id| !next.contains_key(*id))
+        .map(|id| (id, None));
+    added.chain(removed)
+}
+
 /// Read access to the catalog. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Registry {

@@ -35,7 +35,7 @@ use tokio::sync::{broadcast, watch};
 use crate::dataplane::{DataplaneId, SERVICE_TAG};
 use crate::feed::{FeedHandle, Filter, Revision, Zones};
 use crate::history::Class;
-use crate::registry::{Catalog, Registry};
+use crate::registry::{catalog_changes, Catalog, Registry};
 use crate::view::DataplaneItem;
 use crate::zones::hub::{ZoneView, ZonesView};
 
@@ -466,16 +466,12 @@ fn own(registry: &Registry, aggregate: &mut Aggregate, id: &DataplaneId) {
     aggregate.apply(Change::Own(id, item.as_ref()));
 }
 
-/// What moved between two catalogs: the dataplanes defined since are
-/// counted as they are now, the ones deleted since are dropped. (The ids in
-/// both are counted through their feed events.)
+/// What moved between two catalogs ([`catalog_changes`]): the dataplanes
+/// defined since are counted as they are now, the ones deleted dropped.
 fn apply_catalog(aggregate: &mut Aggregate, prev: &Catalog, next: &Catalog) {
-    for (id, h) in next.iter().filter(|(id, _)| !prev.contains_key(*id)) {
-        let item = DataplaneItem::from_state(&h.state());
+    for (id, handle) in catalog_changes(prev, next) {
+        let item = handle.and_then(|h| DataplaneItem::from_state(&h.state()));
         aggregate.apply(Change::Own(id, item.as_ref()));
-    }
-    for id in prev.keys().filter(|id| !next.contains_key(*id)) {
-        aggregate.apply(Change::Own(id, None));
     }
 }
 
