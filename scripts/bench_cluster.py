@@ -167,7 +167,7 @@ def metrics(api):
 
 def detail(api):
     """Every `hdsd_inbounds` status and `hdsd_store_*` series, as {series: value}."""
-    return {k: v for k, v in metrics(api).items() if k.startswith(("hdsd_inbounds{", "hdsd_store_"))}
+    return {k: v for k, v in metrics(api).items() if k.startswith(("hdsd_inbounds{", "hdsd_store_", "hdsd_readiness_follow"))}
 
 
 def fleet(api):

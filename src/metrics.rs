@@ -70,6 +70,8 @@ pub const UPLINK_CONNECTED: &str = "hdsd_uplink_connected";
 pub const UPLINK_DISCONNECTS: &str = "hdsd_uplink_disconnects_total";
 pub const UPLINK_STATE: &str = "hdsd_uplink_state";
 pub const UPLINK_SYNC_LAG: &str = "hdsd_uplink_sync_lag_seconds";
+pub const READINESS_FOLLOW: &str = "hdsd_readiness_follow_seconds";
+pub const READINESS_FOLLOWED_ROWS: &str = "hdsd_readiness_followed_rows_total";
 
 /// The listeners, the `listener` label of the connection metrics.
 pub const LISTENERS: [&str; 3] = ["hds", "api", "zones"];
@@ -452,6 +454,16 @@ pub fn uplink_sync_lags(lags: &[std::time::Duration]) {
     }
 }
 
+/// With a shared store: one read of the readiness other instances wrote,
+/// from the query to every row applied (`check`: the periodic check of
+/// every row's sequence number, else a read of the rows written since the
+/// last), and the rows it handed on.
+pub fn readiness_followed(check: bool, rows: usize, took: std::time::Duration) {
+    let read = if check { "check" } else { "changes" };
+    metrics::histogram!(READINESS_FOLLOW, "read" => read).record(took.as_secs_f64());
+    counter!(READINESS_FOLLOWED_ROWS, "read" => read).increment(rows as u64);
+}
+
 /// The zone's stream to the global ended, by its stable code.
 pub fn uplink_ended(code: &str) {
     counter!(UPLINK_DISCONNECTS, "code" => code.to_string()).increment(1);
@@ -583,6 +595,9 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
         .and_then(|b| {
             b.set_buckets_for_metric(Matcher::Full(UPLINK_SYNC_LAG.into()), SYNC_LAG_BUCKETS)
         })
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full(READINESS_FOLLOW.into()), SYNC_LAG_BUCKETS)
+        })
         .map_err(|e| MetricsError(e.to_string()))?
         .install_recorder()
         .map_err(|e| MetricsError(e.to_string()))?;
@@ -622,6 +637,15 @@ fn describe() {
         UPLINK_SYNC_LAG,
         Unit::Seconds,
         "At a zone: the sync lag, from a dataplane change sent to the global to the global's acknowledgement (it acknowledges once its hub holds the change), on the zone's clock."
+    );
+    describe_histogram!(
+        READINESS_FOLLOW,
+        Unit::Seconds,
+        "With a shared store: one read of the readiness other instances wrote, from its query until every row is applied here; read=changes: the rows written since the last read (on each notification, at least every second), read=check: the check every reconcile_interval that fetches the rows not seen. A reading that grows delays what other instances' Envoys report from showing here."
+    );
+    describe_counter!(
+        READINESS_FOLLOWED_ROWS,
+        "With a shared store: readiness rows other instances wrote that this instance read and applied, by read (changes, check). Rows from check mean the change reads missed them (a dataplane defined here after its readiness was written)."
     );
     describe_counter!(
         SPECIFIER_REJECTIONS,

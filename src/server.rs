@@ -726,7 +726,6 @@ async fn start_state(
         RegistryOptions {
             clock: clock.clone(),
             stale_after: config.hds.stale_after(),
-            report_interval: config.hds.report_interval,
             store: Some(store.clone()),
             restored,
             feed: Some(feed.sender()),

@@ -402,6 +402,10 @@ fn write_readiness(
 /// The longest a change waits before it is written.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(200);
 
+/// How often updates kept after a failed write are tried again while no
+/// new update comes.
+const RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
 enum Message {
     Put(DataplaneId, Option<StoredHealth>),
     Flush(oneshot::Sender<()>),
@@ -551,7 +555,21 @@ async fn run_writer(
     // Failures are logged when they start and when they end, not per batch.
     let mut failing = false;
     loop {
-        let Some(first) = rx.recv().await else { break };
+        // Updates kept after a failure are tried again on their own, not
+        // only with the next update: a dataplane whose Envoy goes on
+        // reporting may write nothing new for `stale_after`.
+        let first = if pending.is_empty() {
+            rx.recv().await
+        } else {
+            match tokio::time::timeout(RETRY_INTERVAL, rx.recv()).await {
+                Ok(m) => m,
+                Err(_) => {
+                    write_batch(&store, &mut pending, &mut failing, &kept).await;
+                    continue;
+                }
+            }
+        };
+        let Some(first) = first else { break };
         let deadline = tokio::time::Instant::now() + FLUSH_INTERVAL;
         let mut next = Some(first);
         // Coalesce until the deadline, or at once when someone waits for a flush.
@@ -572,8 +590,6 @@ async fn run_writer(
             }
         }
         write_batch(&store, &mut pending, &mut failing, &kept).await;
-        kept.store(pending.len(), Ordering::Relaxed);
-        metrics::gauge!(crate::metrics::STORE_PENDING_WRITES).set(pending.len() as f64);
         for w in waiters.drain(..) {
             let _ = w.send(());
         }
@@ -626,6 +642,8 @@ async fn write_batch(
         }
         Err(e) => tracing::error!("readiness store writer failed: {e}"),
     }
+    kept.store(pending.len(), Ordering::Relaxed);
+    metrics::gauge!(crate::metrics::STORE_PENDING_WRITES).set(pending.len() as f64);
 }
 
 #[cfg(test)]
@@ -792,6 +810,27 @@ mod tests {
         let rows = store.load().unwrap();
         assert_eq!(rows[&a], stored("healthy"));
         assert_eq!(rows[&b], stored("healthy"));
+    }
+
+    /// Kept updates are written once the store answers again, with no new
+    /// update to carry them.
+    #[tokio::test(start_paused = true)]
+    async fn kept_updates_are_tried_again_without_a_new_update() {
+        let store = Arc::new(Flaky::default());
+        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let handle = StoreHandle::spawn(store.clone());
+        let a = DataplaneId::new("default", "a");
+        handle.put(a.clone(), Some(stored("unhealthy")));
+        handle.flush().await;
+        assert!(store.load().unwrap().is_empty());
+        store.down.store(false, std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..100 {
+            if !store.load().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(store.load().unwrap().get(&a), Some(&stored("unhealthy")));
     }
 
     #[tokio::test]

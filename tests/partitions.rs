@@ -147,10 +147,12 @@ fn an_instance_cut_from_postgres_serves_from_memory_and_converges_when_the_cut_h
         "{swept:?}"
     );
     for other in &others {
+        // Stored readiness goes stale twice stale_after after the last
+        // report time A wrote (which trails its reports by up to 3 s).
         let (status, _) = wait_web01(
             other,
             "web-01 stale on the others",
-            Duration::from_secs(5),
+            Duration::from_secs(8),
             |s, _| s != "healthy",
         );
         assert_eq!(status, "stale", "the unhealthy report never reached them");

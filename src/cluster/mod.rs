@@ -52,9 +52,13 @@ pub type ClusterFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError
 pub type Holders = BTreeMap<DataplaneId, (String, Timestamp)>;
 
 /// Called with readiness other instances wrote and the watermark of the
-/// read; completes once every change is in the feed.
+/// read; completes once every change is in the feed, with the dataplanes
+/// this instance does not know (their rows are read again later).
 pub type Observe = Box<
-    dyn Fn(Vec<(DataplaneId, StoredHealth)>, u64) -> Pin<Box<dyn Future<Output = ()> + Send>>
+    dyn Fn(
+            Vec<(DataplaneId, StoredHealth)>,
+            u64,
+        ) -> Pin<Box<dyn Future<Output = Vec<DataplaneId>> + Send>>
         + Send
         + Sync,
 >;

@@ -105,6 +105,10 @@ pub enum WriteError {
     Store(#[from] StoreError),
 }
 
+/// A stored definition's identity, revision and format, without its
+/// document ([`DefinitionStore::revisions`]).
+pub type DefinitionRevision = (DataplaneId, u64, DocumentFormat);
+
 /// A change announced by a store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DefinitionChange {
@@ -147,6 +151,31 @@ pub trait DefinitionStore: Send + Sync + Debug + 'static {
     ) -> StoreFuture<'a, Result<bool, WriteError>>;
     /// Committed changes (of any instance sharing the store), from now on.
     fn changes(&self) -> broadcast::Receiver<DefinitionChange>;
+    /// Every stored definition's revision and format, without its
+    /// document: what a reconcile compares before it reads documents.
+    fn revisions(&self) -> StoreFuture<'_, Result<Vec<DefinitionRevision>, StoreError>> {
+        Box::pin(async move {
+            Ok(self
+                .list()
+                .await?
+                .into_iter()
+                .map(|d| (d.id, d.revision, d.format))
+                .collect())
+        })
+    }
+    /// The stored definitions among `ids` (one deleted is left out).
+    fn get_many<'a>(
+        &'a self,
+        ids: &'a [DataplaneId],
+    ) -> StoreFuture<'a, Result<Vec<StoredDefinition>, StoreError>> {
+        Box::pin(async move {
+            let mut found = Vec::with_capacity(ids.len());
+            for id in ids {
+                found.extend(self.get(id).await?);
+            }
+            Ok(found)
+        })
+    }
 }
 
 const DEFINITIONS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("definitions");
@@ -484,46 +513,33 @@ pub async fn watch(
                 Err(e) => Err(e),
             },
             Ok(DefinitionChange::All) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                match store.list().await {
-                    Ok(list) => {
-                        let now: BTreeMap<DataplaneId, (u64, DocumentFormat)> = list
-                            .iter()
-                            .map(|d| (d.id.clone(), (d.revision, d.format)))
-                            .collect();
-                        let loaded = match &known {
-                            None => source::assemble_with(
+                match &mut known {
+                    None => match store.list().await {
+                        Ok(list) => {
+                            known = Some(
+                                list.iter()
+                                    .map(|d| (d.id.clone(), (d.revision, d.format)))
+                                    .collect(),
+                            );
+                            Ok(source::assemble_with(
                                 &store_dir(store.as_ref()),
                                 files_of(list),
                                 &previous,
                                 &limits,
                                 &mut measured(&settings),
-                            ),
-                            Some(before) => {
-                                let mut changed = BTreeMap::new();
-                                for (id, (_, format)) in before {
-                                    if !now.contains_key(id) {
-                                        changed.extend(removed(id, Some(*format)));
-                                    }
-                                }
-                                for d in list {
-                                    if before.get(&d.id) != Some(&(d.revision, d.format)) {
-                                        changed.extend(removed(&d.id, None));
-                                        changed
-                                            .insert(path_of(&d.id, d.format), Some(Ok(d.document)));
-                                    }
-                                }
-                                source::reassemble_with(
-                                    &previous,
-                                    changed,
-                                    &limits,
-                                    &mut measured(&settings),
-                                )
-                            }
-                        };
-                        known = Some(now);
-                        Ok(loaded)
-                    }
-                    Err(e) => Err(e),
+                            ))
+                        }
+                        Err(e) => Err(e),
+                    },
+                    Some(known) => match read_changed(store.as_ref(), known).await {
+                        Ok(changed) => Ok(source::reassemble_with(
+                            &previous,
+                            changed,
+                            &limits,
+                            &mut measured(&settings),
+                        )),
+                        Err(e) => Err(e),
+                    },
                 }
             }
             Err(broadcast::error::RecvError::Closed) => return,
@@ -545,6 +561,46 @@ pub async fn watch(
             ),
         }
     }
+}
+
+/// A full read after the first: every definition's revision and format
+/// first, then the documents of those that differ from `known` (which it
+/// brings up to date), as the changed "files". A reconcile of an unchanged
+/// fleet reads no document: at 25k definitions, reading every document
+/// every `reconcile_interval` on every instance was megabytes each time.
+async fn read_changed(
+    store: &dyn DefinitionStore,
+    known: &mut BTreeMap<DataplaneId, (u64, DocumentFormat)>,
+) -> Result<BTreeMap<PathBuf, Option<FileRead>>, StoreError> {
+    let now: BTreeMap<DataplaneId, (u64, DocumentFormat)> = store
+        .revisions()
+        .await?
+        .into_iter()
+        .map(|(id, revision, format)| (id, (revision, format)))
+        .collect();
+    let mut changed = BTreeMap::new();
+    for (id, (_, format)) in known.iter() {
+        if !now.contains_key(id) {
+            changed.extend(removed(id, Some(*format)));
+        }
+    }
+    known.retain(|id, _| now.contains_key(id));
+    let differ: Vec<DataplaneId> = now
+        .iter()
+        .filter(|(id, at)| known.get(*id) != Some(*at))
+        .map(|(id, _)| id.clone())
+        .collect();
+    let found = store.get_many(&differ).await?;
+    for id in &differ {
+        // Gone since its revision was read: removed; else replaced.
+        changed.extend(removed(id, None));
+        known.remove(id);
+    }
+    for d in found {
+        known.insert(d.id.clone(), (d.revision, d.format));
+        changed.insert(path_of(&d.id, d.format), Some(Ok(d.document)));
+    }
+    Ok(changed)
 }
 
 /// The "files" of a definition that is gone: of `format`, or of either.
@@ -661,6 +717,24 @@ pub async fn conformance(store: &dyn DefinitionStore) {
         .collect();
     assert_eq!(ids.len(), 2);
     assert!(ids.contains(&a) && ids.contains(&b), "{ids:?}");
+    // Revisions without documents, and several documents at once.
+    let mut revisions = store.revisions().await.unwrap();
+    revisions.sort_by(|x, y| x.0.cmp(&y.0));
+    let b_now = store.get(&b).await.unwrap().unwrap();
+    assert_eq!(
+        revisions,
+        [
+            (a.clone(), second.revision, DocumentFormat::Json),
+            (b.clone(), b_now.revision, DocumentFormat::Yaml)
+        ]
+    );
+    let mut many = store
+        .get_many(&[b.clone(), missing.clone(), a.clone()])
+        .await
+        .unwrap();
+    many.sort_by(|x, y| x.id.cmp(&y.id));
+    assert_eq!(many, [second.clone(), b_now], "a missing one is left out");
+    assert!(store.get_many(&[]).await.unwrap().is_empty());
 
     // Deletes: conditional, and false for nothing.
     assert!(matches!(
@@ -802,11 +876,76 @@ mod tests {
         );
     }
 
+    /// A store that counts the documents it hands out.
+    #[derive(Debug)]
+    struct Counting {
+        inner: RedbStore,
+        documents: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Counting {
+        fn read(&self, n: usize) {
+            self.documents
+                .fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+        }
+        fn documents(&self) -> usize {
+            self.documents.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    impl DefinitionStore for Counting {
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+        fn list(&self) -> StoreFuture<'_, Result<Vec<StoredDefinition>, StoreError>> {
+            Box::pin(async move {
+                let all = self.inner.list().await?;
+                self.read(all.len());
+                Ok(all)
+            })
+        }
+        fn get<'a>(
+            &'a self,
+            id: &'a DataplaneId,
+        ) -> StoreFuture<'a, Result<Option<StoredDefinition>, StoreError>> {
+            Box::pin(async move {
+                let found = self.inner.get(id).await?;
+                self.read(found.iter().count());
+                Ok(found)
+            })
+        }
+        fn put<'a>(
+            &'a self,
+            id: &'a DataplaneId,
+            format: DocumentFormat,
+            document: &'a str,
+            expect: Precondition,
+        ) -> StoreFuture<'a, Result<StoredDefinition, WriteError>> {
+            self.inner.put(id, format, document, expect)
+        }
+        fn delete<'a>(
+            &'a self,
+            id: &'a DataplaneId,
+            expect: Precondition,
+        ) -> StoreFuture<'a, Result<bool, WriteError>> {
+            self.inner.delete(id, expect)
+        }
+        fn changes(&self) -> broadcast::Receiver<DefinitionChange> {
+            self.inner.changes()
+        }
+        fn revisions(&self) -> StoreFuture<'_, Result<Vec<DefinitionRevision>, StoreError>> {
+            self.inner.revisions()
+        }
+    }
+
     #[tokio::test]
     async fn a_full_read_heals_missed_changes_and_parses_only_what_changed() {
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn DefinitionStore> =
-            Arc::new(RedbStore::open(&dir.path().join("s.redb")).unwrap());
+        let counting = Arc::new(Counting {
+            inner: RedbStore::open(&dir.path().join("s.redb")).unwrap(),
+            documents: Default::default(),
+        });
+        let store: Arc<dyn DefinitionStore> = counting.clone();
         let settings = SpecifierSettings::default();
         let (a, b, c) = (
             DataplaneId::new("default", "a"),
@@ -859,6 +998,7 @@ mod tests {
             .await
             .unwrap();
         store.delete(&a, Precondition::Any).await.unwrap();
+        let before = counting.documents();
         announce.send(DefinitionChange::All).unwrap();
         let healed = rx
             .wait_for(|l| l.dataplanes.contains_key(&c))
@@ -867,6 +1007,12 @@ mod tests {
             .clone();
         assert_eq!(healed.dataplanes.keys().collect::<Vec<_>>(), vec![&b, &c]);
         assert_eq!(healed.dataplanes[&b].dataplane.inbounds[0].port, 20);
+        assert_eq!(
+            counting.documents() - before,
+            2,
+            "a full read reads the documents of the changed and the new alone"
+        );
+        let before = counting.documents();
 
         // Nothing changed: neither a full read nor a repeated announcement
         // publishes anything new; an unchanged definition keeps its
@@ -883,6 +1029,11 @@ mod tests {
             .await
             .unwrap()
             .clone();
+        assert_eq!(
+            counting.documents() - before,
+            2,
+            "the unchanged fleet's full read read no document (then c and a, one each)"
+        );
         assert!(Arc::ptr_eq(
             &last.dataplanes[&c].specifier,
             &healed.dataplanes[&c].specifier

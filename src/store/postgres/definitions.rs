@@ -8,8 +8,8 @@ use super::schema::CHANNEL;
 use super::{pg_error, PgStore};
 use crate::dataplane::DataplaneId;
 use crate::store::definitions::{
-    DefinitionChange, DefinitionStore, DocumentFormat, Precondition, StoreFuture, StoredDefinition,
-    WriteError,
+    DefinitionChange, DefinitionRevision, DefinitionStore, DocumentFormat, Precondition,
+    StoreFuture, StoredDefinition, WriteError,
 };
 use crate::store::StoreError;
 
@@ -35,6 +35,53 @@ impl DefinitionStore for PgStore {
             let client = self.client().await?;
             let rows = client
                 .query(&format!("{SELECT} ORDER BY mesh, name"), &[])
+                .await
+                .map_err(pg_error)?;
+            Ok(rows.iter().filter_map(row_definition).collect())
+        })
+    }
+
+    fn revisions(&self) -> StoreFuture<'_, Result<Vec<DefinitionRevision>, StoreError>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let rows = client
+                .query(
+                    "SELECT mesh, name, revision, format FROM hdsd_definitions",
+                    &[],
+                )
+                .await
+                .map_err(pg_error)?;
+            Ok(rows
+                .iter()
+                .filter_map(|row| {
+                    let id = DataplaneId::try_new(row.get::<_, String>(0), row.get::<_, String>(1))
+                        .ok()?;
+                    let format = DocumentFormat::from_name(row.get(3))?;
+                    Some((id, row.get::<_, i64>(2) as u64, format))
+                })
+                .collect())
+        })
+    }
+
+    fn get_many<'a>(
+        &'a self,
+        ids: &'a [DataplaneId],
+    ) -> StoreFuture<'a, Result<Vec<StoredDefinition>, StoreError>> {
+        Box::pin(async move {
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            let client = self.client().await?;
+            let meshes: Vec<&str> = ids.iter().map(|id| id.mesh.as_str()).collect();
+            let names: Vec<&str> = ids.iter().map(|id| id.name.as_str()).collect();
+            let rows = client
+                .query(
+                    "SELECT d.mesh, d.name, d.format, d.document, d.revision
+                     FROM hdsd_definitions AS d
+                     JOIN unnest($1::text[], $2::text[]) AS u(mesh, name)
+                       ON d.mesh = u.mesh AND d.name = u.name",
+                    &[&meshes, &names],
+                )
                 .await
                 .map_err(pg_error)?;
             Ok(rows.iter().filter_map(row_definition).collect())
