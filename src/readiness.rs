@@ -507,17 +507,35 @@ pub fn reattached(health: &mut Health, now: Timestamp) -> bool {
     first_since_report
 }
 
-/// When an inbound last reported at `last` goes stale: `stale_after` after
-/// that report, or after the first attach that came since it while the
-/// report was still fresh ([`reattached`]).
-fn stale_at(
-    last: Timestamp,
-    reattached_at: Option<Timestamp>,
-    stale_after: chrono::Duration,
-) -> Timestamp {
-    let from_report = last + stale_after;
+/// How long a report counts: `stale_after`, from the report or from the
+/// first attach since it ([`reattached`]); and `lag`, how far the report
+/// times held may trail the last report itself: none for reports folded
+/// here, `stale_after` for times read from the store (their writer moves
+/// them only once they trail by that much), which a report's window is
+/// stretched by, not an attach's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub stale_after: chrono::Duration,
+    pub lag: chrono::Duration,
+}
+
+impl From<chrono::Duration> for Window {
+    /// Reports folded here: no lag.
+    fn from(stale_after: chrono::Duration) -> Window {
+        Window {
+            stale_after,
+            lag: chrono::Duration::zero(),
+        }
+    }
+}
+
+/// When an inbound last reported at `last` goes stale: `stale_after` (and
+/// the lag) after that report, or `stale_after` after the first attach
+/// that came since it while the report was still fresh ([`reattached`]).
+fn stale_at(last: Timestamp, reattached_at: Option<Timestamp>, window: Window) -> Timestamp {
+    let from_report = last + window.stale_after + window.lag;
     match reattached_at {
-        Some(at) if at > last && at < from_report => at + stale_after,
+        Some(at) if at > last && at < from_report => at + window.stale_after,
         _ => from_report,
     }
 }
@@ -526,7 +544,8 @@ fn stale_at(
 /// `stale` (counted from a later attach, see [`reattached`]). Pending and
 /// not-probed inbounds are left alone (they have no report to distrust).
 /// `since` is the moment the report went stale.
-pub fn expire(health: &mut Health, now: Timestamp, stale_after: chrono::Duration) -> FoldOutcome {
+pub fn expire(health: &mut Health, now: Timestamp, window: impl Into<Window>) -> FoldOutcome {
+    let window = window.into();
     let mut outcome = FoldOutcome::default();
     let mut changes = Vec::new();
     let reattached_at = health.reattached_at;
@@ -540,7 +559,7 @@ pub fn expire(health: &mut Health, now: Timestamp, stale_after: chrono::Duration
         ) {
             continue;
         }
-        let stale_at = stale_at(last, reattached_at, stale_after);
+        let stale_at = stale_at(last, reattached_at, window);
         if stale_at <= now {
             if inbound.status.is_ready() {
                 outcome.became_not_ready += 1;
@@ -563,7 +582,8 @@ pub fn expire(health: &mut Health, now: Timestamp, stale_after: chrono::Duration
 }
 
 /// When [`expire`] next has something to do, if ever.
-pub fn next_expiry(health: &Health, stale_after: chrono::Duration) -> Option<Timestamp> {
+pub fn next_expiry(health: &Health, window: impl Into<Window>) -> Option<Timestamp> {
+    let window = window.into();
     health
         .inbounds
         .iter()
@@ -574,7 +594,7 @@ pub fn next_expiry(health: &Health, stale_after: chrono::Duration) -> Option<Tim
             )
         })
         .filter_map(|i| i.last_report_at)
-        .map(|last| stale_at(last, health.reattached_at, stale_after))
+        .map(|last| stale_at(last, health.reattached_at, window))
         .min()
 }
 
@@ -913,6 +933,37 @@ mod tests {
         );
         assert_eq!(o.became_ready, 1);
         assert_eq!(statuses(&h), vec![Status::Healthy, Status::Pending]);
+    }
+
+    /// Report times read from the store trail the last report by up to the
+    /// lag: they count for `stale_after` + lag, and an attach since gives
+    /// the Envoy `stale_after` from the attach, as with a report of its own.
+    #[test]
+    fn stored_report_times_count_for_their_lag_more_and_an_attach_restarts_the_window() {
+        let dp = dataplane(&[(10001, 8080)]);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let window = Window {
+            stale_after: chrono::Duration::seconds(15),
+            lag: chrono::Duration::seconds(15),
+        };
+        let mut h = rebase(None, &dp, &spec, t(0));
+        fold(
+            &mut h,
+            &spec,
+            &report(&[("probe_127.0.0.1:8080", 8080, H)]),
+            t(0),
+        );
+        assert_eq!(next_expiry(&h, window), Some(t(30)));
+        let mut attached = h.clone();
+        assert!(!expire(&mut h, t(29), window).changed);
+        assert!(expire(&mut h, t(30), window).changed);
+        assert_eq!(h.inbounds[0].since, t(30));
+        // Its Envoy attaches to a new holder at 20 s: 15 s from then.
+        assert!(reattached(&mut attached, t(20)));
+        assert_eq!(next_expiry(&attached, window), Some(t(35)));
+        assert!(!expire(&mut attached, t(34), window).changed);
+        assert!(expire(&mut attached, t(35), window).changed);
+        assert_eq!(attached.inbounds[0].since, t(35));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::clock::Clock;
 use crate::dataplane::{Dataplane, DataplaneId};
 use crate::feed::{Change, ChangeKind, FeedSender, Subject};
 use crate::readiness::{
-    apply_support, expire, fold_report, next_expiry, rebase, FoldOutcome, Health, Timestamp,
+    apply_support, expire, fold_report, next_expiry, rebase, FoldOutcome, Health, Timestamp, Window,
 };
 use crate::report::Report;
 use crate::source::{Defined, Loaded};
@@ -693,9 +693,11 @@ impl DataplaneTask {
             }
             applied.notify
         });
+        // Until a report is folded here, the report times held are the
+        // store's, also once a stream of ours attached.
         if applied.stored {
             self.from_store = true;
-        } else if received.is_some() || attach {
+        } else if applied.reported {
             self.from_store = false;
         }
         if applied.notify && visible {
@@ -734,18 +736,20 @@ impl DataplaneTask {
 
     /// How long the reports behind the health held count: `stale_after`
     /// for reports folded here; for health read from the store, whose report
-    /// times its writer moves only once they trail by `stale_after`, twice
-    /// that: a reader never marks stale what the writer, reading every
-    /// report, would not have. The writer marks a silent Envoy stale itself
-    /// (and writes it at once), so the longer window only counts when the
-    /// writer is gone too.
-    fn stale_window(&self) -> chrono::Duration {
-        if self.from_store {
-            self.stale_after
-                .checked_add(&self.stale_after)
-                .unwrap_or(self.stale_after)
-        } else {
-            self.stale_after
+    /// times its writer moves only once they trail by `stale_after`, that
+    /// much more (an attach since still gives the Envoy `stale_after` from
+    /// the attach): a reader never marks stale what the writer, reading
+    /// every report, would not have. The writer marks a silent Envoy stale
+    /// itself (and writes it at once), so the longer window counts only
+    /// when the writer is gone too.
+    fn stale_window(&self) -> Window {
+        Window {
+            stale_after: self.stale_after,
+            lag: if self.from_store {
+                self.stale_after
+            } else {
+                chrono::Duration::zero()
+            },
         }
     }
 
@@ -837,6 +841,8 @@ pub struct Applied {
     pub fold: FoldOutcome,
     /// The health is now what the store holds (another instance's).
     pub stored: bool,
+    /// A report was folded into the health.
+    pub reported: bool,
 }
 
 /// Applies one command to the state behind `state` and wakes its watchers
@@ -878,7 +884,7 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
             Applied {
                 notify: true,
                 fold,
-                stored: false,
+                ..Default::default()
             }
         }
         Command::Remove => {
@@ -916,7 +922,7 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
             Applied {
                 notify: true,
                 fold,
-                stored: false,
+                ..Default::default()
             }
         }
         Command::Detach { stream, rejected } => {
@@ -940,7 +946,7 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
             Applied {
                 notify: true,
                 fold,
-                stored: false,
+                ..Default::default()
             }
         }
         Command::Report { stream, report, .. } => {
@@ -958,7 +964,8 @@ pub fn apply(s: &mut DataplaneState, command: Command, now: Timestamp) -> Applie
             Applied {
                 notify: fold.changed || accepted,
                 fold,
-                stored: false,
+                reported: true,
+                ..Default::default()
             }
         }
         Command::ReplacedOn { instance, at } => {
@@ -1670,35 +1677,44 @@ mod tests {
 
     /// Health read from the store (restored here, or written by another
     /// instance) trails its writer's reports by up to `stale_after`: it goes
-    /// stale after twice that. Reports folded here count for `stale_after`.
+    /// stale that much later. An attach here without a report (the Envoy
+    /// moved from a dead holder) gives the Envoy `stale_after` from the
+    /// attach; reports folded here count for `stale_after`.
     #[tokio::test(start_paused = true)]
-    async fn stored_health_counts_for_twice_stale_after_and_reports_here_for_once() {
+    async fn stored_health_counts_for_its_lag_more_and_reports_here_for_stale_after() {
         use crate::clock::ManualClock;
-        let clock = ManualClock::new(t(0));
         let d = defined(8080);
         let mut written = state(d.clone());
         apply(&mut written, attach(1, None), t(0));
         apply(&mut written, healthy_report(1, 8080), t(0));
         let stored = snapshot(&d.dataplane, &d.specifier, &written.health);
-        let (_sources, registry) = one_dataplane(&d, &clock, Some(stored), None);
+        let status = |s: &DataplaneState| s.health.inbounds[0].status;
+        let since = |s: &DataplaneState| s.health.inbounds[0].since;
+
+        // Left alone: stale at 30 s, not 15 s.
+        let clock = ManualClock::new(t(0));
+        let (_sources, registry) = one_dataplane(&d, &clock, Some(stored.clone()), None);
         let handle = registry
             .wait_for(&d.dataplane.id, Instant::now() + Duration::from_secs(1))
             .await
             .expect("the dataplane is registered");
         let mut state = handle.subscribe();
-        let status = |s: &DataplaneState| s.health.inbounds[0].status;
         assert_eq!(status(&handle.state()), Status::Healthy);
         advance(&clock, 29).await;
-        assert_eq!(status(&handle.state()), Status::Healthy, "29 s < 2 x 15 s");
+        assert_eq!(
+            status(&handle.state()),
+            Status::Healthy,
+            "29 s < 15 s + 15 s"
+        );
         advance(&clock, 2).await;
         let s = state
             .wait_for(|s| status(s) == Status::Stale)
             .await
-            .unwrap()
-            .clone();
-        assert_eq!(s.health.inbounds[0].since, t(30));
+            .unwrap();
+        assert_eq!(since(&s), t(30));
+        drop(s);
 
-        // Its Envoy attaches here and reports: the usual window.
+        // Its Envoy reports here: the usual window.
         handle.send(attach(2, None)).await;
         handle.send(healthy_report(2, 8080)).await;
         state
@@ -1711,9 +1727,34 @@ mod tests {
         let s = state
             .wait_for(|s| status(s) == Status::Stale)
             .await
-            .unwrap()
-            .clone();
-        assert_eq!(s.health.inbounds[0].since, t(46));
+            .unwrap();
+        assert_eq!(since(&s), t(46));
+        drop(s);
+
+        // Another dataplane task with the same stored state: its Envoy
+        // attaches here at 20 s and has not reported yet: stale 15 s after
+        // the attach, not 15 s after the stored time.
+        let clock = ManualClock::new(t(0));
+        let (_sources, registry) = one_dataplane(&d, &clock, Some(stored), None);
+        let handle = registry
+            .wait_for(&d.dataplane.id, Instant::now() + Duration::from_secs(1))
+            .await
+            .expect("the dataplane is registered");
+        let mut state = handle.subscribe();
+        advance(&clock, 20).await;
+        handle.send(attach(3, None)).await;
+        state
+            .wait_for(|s| s.connection.stream == Some(3))
+            .await
+            .unwrap();
+        advance(&clock, 14).await;
+        assert_eq!(status(&handle.state()), Status::Healthy, "34 s");
+        advance(&clock, 2).await;
+        let s = state
+            .wait_for(|s| status(s) == Status::Stale)
+            .await
+            .unwrap();
+        assert_eq!(since(&s), t(35));
     }
 
     #[test]
