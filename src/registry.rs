@@ -560,6 +560,7 @@ fn spawn_dataplane(
         store: options.store.clone(),
         from_store: restored.is_some(),
         stored_report_at: restored.and_then(|r| r.last_report_at),
+        stored_unreported_attach: false,
         claims: options.claims.clone(),
     };
     tokio::spawn(task.run(commands_rx));
@@ -578,6 +579,10 @@ struct DataplaneTask {
     store: Option<StoreHandle>,
     /// The last report time written to the store.
     stored_report_at: Option<Timestamp>,
+    /// The record written says "attached, no report since": readers count
+    /// `stale_after` from that attach, with no lag, so the first report
+    /// after it is written at once.
+    stored_unreported_attach: bool,
     /// The health held was read from the store (restored at start, or
     /// written by the instance holding the stream), not folded here: its
     /// report times trail by up to `stale_after` ([`Self::persist`]), so it
@@ -799,8 +804,9 @@ impl DataplaneTask {
     }
 
     /// Writes the state on a transition, and the last report time when the
-    /// stored one trails by `stale_after`: once every three reports at the
-    /// defaults, not once per report. Every instance reads every row
+    /// stored one trails by `stale_after` (once every three reports at the
+    /// defaults, not once per report) or is the first since an attach
+    /// written (readers give that attach `stale_after`, with no lag). Every instance reads every row
     /// written (at 16k dataplanes on eight instances, reading them was most
     /// of each instance's CPU), and one rewritten only to move a time is
     /// most of the write's cost per report. Readers of the store allow for
@@ -815,7 +821,9 @@ impl DataplaneTask {
         };
         let last = state.health.last_report_at;
         let report_due = match (last, self.stored_report_at) {
-            (Some(now), Some(before)) => now - before >= self.stale_after,
+            (Some(now), Some(before)) => {
+                now - before >= self.stale_after || (self.stored_unreported_attach && now > before)
+            }
             (Some(_), None) => true,
             (None, _) => false,
         };
@@ -829,6 +837,10 @@ impl DataplaneTask {
                 )),
             );
             self.stored_report_at = last;
+            self.stored_unreported_attach = state
+                .health
+                .reattached_at
+                .is_some_and(|at| last.is_none_or(|last| at > last));
         }
     }
 }
@@ -1606,6 +1618,17 @@ mod tests {
         restored: Option<StoredHealth>,
         store: Option<StoreHandle>,
     ) -> (watch::Sender<Arc<Loaded>>, Registry) {
+        one_dataplane_claimed(d, clock, restored, store, None)
+    }
+
+    /// [`one_dataplane`] with a store shared by other instances (`claims`).
+    fn one_dataplane_claimed(
+        d: &Defined,
+        clock: &crate::clock::ManualClock,
+        restored: Option<StoredHealth>,
+        store: Option<StoreHandle>,
+        claims: Option<Claims>,
+    ) -> (watch::Sender<Arc<Loaded>>, Registry) {
         let id = d.dataplane.id.clone();
         let loaded = Loaded {
             dataplanes: vec![(id.clone(), d.clone())].into(),
@@ -1615,7 +1638,7 @@ mod tests {
         let registry = Registry::spawn(
             rx,
             RegistryOptions {
-                claims: None,
+                claims,
                 clock: Arc::new(clock.clone()),
                 stale_after: Duration::from_secs(15),
                 store,
@@ -1673,6 +1696,76 @@ mod tests {
             .collect();
         // Reports at 0, 5, ..., 45 s: the first (a transition), then 15, 30, 45.
         assert_eq!(written, [Some(t(0)), Some(t(15)), Some(t(30)), Some(t(45))]);
+    }
+
+    /// With a shared store, an Envoy moving here from a dead holder is
+    /// written at once (the attach: the other instances give it
+    /// `stale_after` from then, with no lag), and so is its first report
+    /// here, though the stored time does not trail by `stale_after` yet:
+    /// else the others would mark it stale at the attach + `stale_after`,
+    /// before the next write. Then every third report again.
+    #[tokio::test(start_paused = true)]
+    async fn the_first_report_after_an_attach_written_is_written_at_once() {
+        use crate::clock::ManualClock;
+        let d = defined(8080);
+        let mut before = state(d.clone());
+        apply(&mut before, attach(1, None), t(0));
+        apply(&mut before, healthy_report(1, 8080), t(0));
+        let stored = snapshot(&d.dataplane, &d.specifier, &before.health);
+        let clock = ManualClock::new(t(0));
+        let id = d.dataplane.id.clone();
+        let store = Arc::new(Recording::default());
+        let handle_store = StoreHandle::spawn(store.clone());
+        let claims = Claims(Arc::new(|_: &DataplaneId, _: Option<Timestamp>| {}));
+        let (_sources, registry) = one_dataplane_claimed(
+            &d,
+            &clock,
+            Some(stored),
+            Some(handle_store.clone()),
+            Some(claims),
+        );
+        let handle = registry
+            .wait_for(&id, Instant::now() + Duration::from_secs(1))
+            .await
+            .expect("the dataplane is registered");
+        advance(&clock, 8).await;
+        handle.send(attach(2, None)).await;
+        let mut spins = 0;
+        while handle.state().connection.stream != Some(2) {
+            spins += 1;
+            assert!(spins < 10_000, "not attached");
+            tokio::task::yield_now().await;
+        }
+        handle_store.flush().await;
+        advance(&clock, 4).await;
+        for i in 0..4 {
+            handle.send(healthy_report(2, 8080)).await;
+            let mut spins = 0;
+            while handle.state().health.last_report_at != Some(t(12 + 5 * i)) {
+                spins += 1;
+                assert!(spins < 10_000, "report {i} not folded");
+                tokio::task::yield_now().await;
+            }
+            handle_store.flush().await;
+            advance(&clock, 5).await;
+        }
+        let written: Vec<(Option<Timestamp>, Option<Timestamp>)> = store
+            .rows
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(_, row)| row.as_ref().map(|r| (r.last_report_at, r.reattached_at)))
+            .collect();
+        // The attach at 8 s (with the report time stored before it), the
+        // first report here at 12 s, then 27 s (reports at 17 and 22 s not).
+        assert_eq!(
+            written,
+            [
+                (Some(t(0)), Some(t(8))),
+                (Some(t(12)), Some(t(8))),
+                (Some(t(27)), Some(t(8))),
+            ]
+        );
     }
 
     /// Health read from the store (restored here, or written by another
