@@ -282,10 +282,41 @@ fn the_cluster_contract_holds_on_postgres() {
 /// number it saw alone: a row numbered before another but committed after
 /// it would be skipped for good. (The readiness lock orders them; it is
 /// held for one statement's server time, not across round trips.)
+/// Stores of several instances on one database, driven by hand from a
+/// test's own runtime.
+struct Stores {
+    runtime: tokio::runtime::Runtime,
+    settings: hdsd::config::PostgresConfig,
+}
+
+impl Stores {
+    fn new(pg: &Postgres, reconcile_interval: Duration) -> Stores {
+        Stores {
+            runtime: tokio::runtime::Runtime::new().unwrap(),
+            settings: hdsd::config::PostgresConfig {
+                url: pg.url(),
+                reconcile_interval,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// The store of instance `who`.
+    fn connect(&self, who: &str) -> std::sync::Arc<hdsd::store::postgres::PgStore> {
+        std::sync::Arc::new(
+            self.runtime
+                .block_on(hdsd::store::postgres::PgStore::connect_as(
+                    &self.settings,
+                    who.into(),
+                ))
+                .expect("store"),
+        )
+    }
+}
+
 #[test]
 fn concurrent_readiness_writers_are_followed_without_a_row_skipped() {
     use hdsd::dataplane::DataplaneId;
-    use hdsd::store::postgres::PgStore;
     use hdsd::store::{ReadinessStore, StoredHealth};
     use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};
@@ -294,19 +325,8 @@ fn concurrent_readiness_writers_are_followed_without_a_row_skipped() {
     else {
         return;
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let settings = hdsd::config::PostgresConfig {
-        url: pg.url(),
-        reconcile_interval: Duration::from_secs(3600),
-        ..Default::default()
-    };
-    let connect = |who: &str| {
-        Arc::new(
-            runtime
-                .block_on(PgStore::connect_as(&settings, who.into()))
-                .expect("store"),
-        )
-    };
+    let stores = Stores::new(&pg, Duration::from_secs(3600));
+    let (runtime, connect) = (&stores.runtime, |who: &str| stores.connect(who));
     let follower = connect("follow/reader");
     let seen: Arc<Mutex<BTreeMap<DataplaneId, StoredHealth>>> = Arc::default();
     {
@@ -379,26 +399,14 @@ fn concurrent_readiness_writers_are_followed_without_a_row_skipped() {
 #[test]
 fn a_readiness_row_not_applied_is_read_again_at_the_next_check_and_no_other() {
     use hdsd::dataplane::DataplaneId;
-    use hdsd::store::postgres::PgStore;
     use hdsd::store::{ReadinessStore, StoredHealth};
     use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};
     let Some(pg) = Postgres::start("a_readiness_row_not_applied_is_read_again") else {
         return;
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let settings = hdsd::config::PostgresConfig {
-        url: pg.url(),
-        reconcile_interval: Duration::from_millis(200),
-        ..Default::default()
-    };
-    let connect = |who: &str| {
-        Arc::new(
-            runtime
-                .block_on(PgStore::connect_as(&settings, who.into()))
-                .expect("store"),
-        )
-    };
+    let stores = Stores::new(&pg, Duration::from_millis(200));
+    let (runtime, connect) = (&stores.runtime, |who: &str| stores.connect(who));
     let (a, b) = (
         DataplaneId::new("default", "late"),
         DataplaneId::new("default", "known"),

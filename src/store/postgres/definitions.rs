@@ -14,7 +14,7 @@ use crate::store::definitions::{
 use crate::store::StoreError;
 
 fn row_definition(row: &tokio_postgres::Row) -> Option<StoredDefinition> {
-    let id = DataplaneId::try_new(row.get::<_, String>(0), row.get::<_, String>(1)).ok()?;
+    let id = super::row_id(row, 0)?;
     Some(StoredDefinition {
         id,
         format: DocumentFormat::from_name(row.get(2))?,
@@ -54,8 +54,7 @@ impl DefinitionStore for PgStore {
             Ok(rows
                 .iter()
                 .filter_map(|row| {
-                    let id = DataplaneId::try_new(row.get::<_, String>(0), row.get::<_, String>(1))
-                        .ok()?;
+                    let id = super::row_id(row, 0)?;
                     let format = DocumentFormat::from_name(row.get(3))?;
                     Some((id, row.get::<_, i64>(2) as u64, format))
                 })

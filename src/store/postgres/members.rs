@@ -10,7 +10,6 @@ use deadpool_postgres::Pool;
 use super::schema::*;
 use super::streams::release_payload;
 use super::{millis, pg_error, PgStore};
-use crate::dataplane::DataplaneId;
 use crate::readiness::Timestamp;
 use crate::store::StoreError;
 
@@ -131,7 +130,7 @@ impl PgStore {
         let mut swept: BTreeMap<String, u64> = dead.into_iter().map(|d| (d, 0)).collect();
         for row in &released {
             let instance: String = row.get(2);
-            if let Ok(id) = DataplaneId::try_new(row.get::<_, String>(0), row.get::<_, String>(1)) {
+            if let Some(id) = super::row_id(row, 0) {
                 payloads.push(release_payload(&id, &instance));
             }
             *swept.entry(instance).or_default() += 1;
@@ -162,9 +161,7 @@ impl PgStore {
             .map_err(pg_error)?;
         let payloads: Vec<String> = released
             .iter()
-            .filter_map(|row| {
-                DataplaneId::try_new(row.get::<_, String>(0), row.get::<_, String>(1)).ok()
-            })
+            .filter_map(|row| super::row_id(row, 0))
             .map(|id| release_payload(&id, &self.instance))
             .collect();
         tx.execute(

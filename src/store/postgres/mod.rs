@@ -265,6 +265,12 @@ impl PgStore {
     }
 }
 
+/// The dataplane named by columns `mesh` and `mesh + 1` of `row`, if it
+/// is a valid name (rows are written by hdsd, which checked them).
+fn row_id(row: &tokio_postgres::Row, mesh: usize) -> Option<DataplaneId> {
+    DataplaneId::try_new(row.get::<_, String>(mesh), row.get::<_, String>(mesh + 1)).ok()
+}
+
 /// A time from milliseconds since the UNIX epoch, as the queries read them.
 fn millis(ms: i64) -> Timestamp {
     chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default()

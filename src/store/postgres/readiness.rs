@@ -169,8 +169,7 @@ impl PgStore {
         Ok(rows
             .iter()
             .filter_map(|row| {
-                let id =
-                    DataplaneId::try_new(row.get::<_, String>(0), row.get::<_, String>(1)).ok()?;
+                let id = super::row_id(row, 0)?;
                 Some((id, row.get::<_, i64>(2)))
             })
             .collect())

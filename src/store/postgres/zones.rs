@@ -340,8 +340,7 @@ impl PgStore {
             read.seq = read.seq.max(seq);
             // Names were checked when written; a row that breaks the
             // rules now (a hand edit) is skipped, not trusted.
-            let Ok(id) = DataplaneId::try_new(row.get::<_, String>(1), row.get::<_, String>(2))
-            else {
+            let Some(id) = super::row_id(row, 1) else {
                 continue;
             };
             read.dataplanes.push(ZoneDataplaneRow {
