@@ -982,12 +982,19 @@ mod tests {
             tx,
             heard,
         ));
+        // The watcher's first full read reads both documents; the writes
+        // below must come after it (it publishes nothing new to wait on).
+        let primed_at = counting.documents() + 2;
         announce.send(DefinitionChange::All).unwrap();
-        let primed = rx
-            .wait_for(|l| l.dataplanes.len() == 2)
-            .await
-            .unwrap()
-            .clone();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while counting.documents() < primed_at {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the first full read did not come"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        let primed = rx.borrow().clone();
 
         store
             .put(&b, DocumentFormat::Yaml, &doc("b", 20), Precondition::Any)
@@ -1014,16 +1021,13 @@ mod tests {
         );
         let before = counting.documents();
 
-        // Nothing changed: neither a full read nor a repeated announcement
-        // publishes anything new; an unchanged definition keeps its
-        // specifier, a changed one got a new one.
-        announce.send(DefinitionChange::All).unwrap();
-        announce.send(DefinitionChange::One(c.clone())).unwrap();
+        // A full read where only `a` is new reads `a` alone: the unchanged
+        // keep their specifiers, a changed one got a new one.
         store
             .put(&a, DocumentFormat::Yaml, &doc("a", 1), Precondition::Any)
             .await
             .unwrap();
-        announce.send(DefinitionChange::One(a.clone())).unwrap();
+        announce.send(DefinitionChange::All).unwrap();
         let last = rx
             .wait_for(|l| l.dataplanes.contains_key(&a))
             .await
@@ -1031,8 +1035,8 @@ mod tests {
             .clone();
         assert_eq!(
             counting.documents() - before,
-            2,
-            "the unchanged fleet's full read read no document (then c and a, one each)"
+            1,
+            "a full read read the unchanged documents"
         );
         assert!(Arc::ptr_eq(
             &last.dataplanes[&c].specifier,
