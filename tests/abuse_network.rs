@@ -983,16 +983,28 @@ fn idle_http2_connections_neither_fill_the_hds_slots_nor_stay() {
     let _envoy = crate::support::Envoy::start(hdsd.hds, "default.web", None);
     hdsd.wait_connected("default.web", true, Duration::from_secs(2));
     eprintln!("Envoy served {:?} after its start", started.elapsed());
-    // A gRPC client too.
+    // A gRPC client too. It speaks as default.web and replaces the Envoy's
+    // stream; its node names no Envoy version, which tells its stream from
+    // the Envoy's (a new one: its first was replaced) coming back.
+    let envoy_stream = || {
+        let c = hdsd.dataplane("default.web")?.connection;
+        Ok::<_, String>((c.connected, c.connected_at, c.envoy_version.is_some()))
+    };
+    let (_, envoy_at, _) = envoy_stream().unwrap();
     let took = valid_client_is_served(&hdsd);
     eprintln!("gRPC client served in {took:?}");
     assert!(took < Duration::from_secs(2), "gRPC client waited {took:?}");
 
     // The flood's connections go at the grace, PINGs or not; the Envoy's
     // stream (authenticated, quiet between reports) stays past idle_timeout.
-    // (The gRPC client above spoke as default.web and replaced the Envoy's
-    // stream: wait for the Envoy to be back first.)
-    hdsd.wait_connected("default.web", true, Duration::from_secs(20));
+    wait_for(
+        "the Envoy's stream back",
+        Duration::from_secs(20),
+        || match envoy_stream()? {
+            (true, at, true) if at != envoy_at => Ok(()),
+            other => Err(format!("(connected, at, an Envoy) = {other:?}")),
+        },
+    );
     crate::support::hold_for("the Envoy's stream", Duration::from_secs(3), || match hdsd
         .dataplane("default.web")?
         .connection
