@@ -880,16 +880,16 @@ mod tests {
     #[derive(Debug)]
     struct Counting {
         inner: RedbStore,
-        documents: std::sync::atomic::AtomicUsize,
+        /// Documents handed out so far, watched by tests that wait on it.
+        documents: tokio::sync::watch::Sender<usize>,
     }
 
     impl Counting {
         fn read(&self, n: usize) {
-            self.documents
-                .fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+            self.documents.send_modify(|read| *read += n);
         }
         fn documents(&self) -> usize {
-            self.documents.load(std::sync::atomic::Ordering::SeqCst)
+            *self.documents.borrow()
         }
     }
 
@@ -986,14 +986,16 @@ mod tests {
         // below must come after it (it publishes nothing new to wait on).
         let primed_at = counting.documents() + 2;
         announce.send(DefinitionChange::All).unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while counting.documents() < primed_at {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the first full read did not come"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            counting
+                .documents
+                .subscribe()
+                .wait_for(|read| *read >= primed_at),
+        )
+        .await
+        .expect("the first full read did not come")
+        .unwrap();
         let primed = rx.borrow().clone();
 
         store
