@@ -44,6 +44,31 @@ quietly() {
   rm -f "$log"
 }
 
+# The Rust toolchain that rust-toolchain.toml pins, when rustup lacks it:
+# `rustup toolchain install` where the network reaches it; offline, where the
+# installed stable toolchain is that very release, stable is named for it too
+# (rustup's `toolchain link` refuses a release's name, so the name is a link
+# beside stable's directory). Without rustup, the rustc on PATH is used as it is.
+rust_channel=$(sed -n 's/^channel = "\(.*\)"$/\1/p' rust-toolchain.toml)
+if command -v rustup >/dev/null 2>&1 && ! rustup run "$rust_channel" rustc --version >/dev/null 2>&1; then
+  echo "setup: installing Rust $rust_channel (rust-toolchain.toml) with rustup" >&2
+  rustup_log=$(mktemp)
+  if ! rustup toolchain install "$rust_channel" --profile minimal --component rustfmt,clippy >"$rustup_log" 2>&1; then
+    host=$(rustup run stable rustc -vV 2>/dev/null | sed -n 's/^host: //p' || true)
+    stable_version=$(rustup run stable rustc --version 2>/dev/null | cut -d' ' -f2 || true)
+    toolchains="${RUSTUP_HOME:-$HOME/.rustup}/toolchains"
+    if [ -n "$host" ] && [ "$stable_version" = "$rust_channel" ] && [ -d "$toolchains/stable-$host" ]; then
+      echo "setup: no download; the installed stable is Rust $rust_channel: naming it $rust_channel-$host" >&2
+      ln -sfn "stable-$host" "$toolchains/$rust_channel-$host"
+    else
+      cat "$rustup_log" >&2
+      echo "setup: Rust $rust_channel is not installed and could not be (the stable toolchain is ${stable_version:-missing}); install it: rustup toolchain install $rust_channel" >&2
+      exit 1
+    fi
+  fi
+  rm -f "$rustup_log"
+fi
+
 ENVOY_VERSION=1.40.0
 PYTHON=${PYTHON:-python3}
 
