@@ -16,8 +16,12 @@ const FLEET: usize = 1200;
 /// `svc-<i % 3>`; every tenth has its inbound `state: Ignored` (ready),
 /// the others wait for a report that never comes (`pending`).
 fn document(i: usize) -> String {
-    let mesh = if i % 2 == 0 { "default" } else { "payments" };
-    let state = if i % 10 == 0 {
+    let mesh = if i.is_multiple_of(2) {
+        "default"
+    } else {
+        "payments"
+    };
+    let state = if i.is_multiple_of(10) {
         "    state: Ignored\n"
     } else {
         ""

@@ -632,7 +632,7 @@ impl<'a> Stream<'a> {
     async fn report(&mut self, tx: &mpsc::Sender<Message>, dp: &Dp, ctx: &Ctx) -> Result<(), End> {
         let Some(p) = &self.plan else { return Ok(()) };
         let flipping = (dp.flips || dp.sample) && !self.settled;
-        let healthy = !flipping || self.sent % 2 == 0;
+        let healthy = !flipping || self.sent.is_multiple_of(2);
         let msg = p.message(healthy);
         let at = Instant::now();
         let flipped = self.last_first.is_some_and(|l| l != healthy);

@@ -137,7 +137,7 @@ pub fn sample_stride(count: usize, sample: usize, api: bool, rate_unlimited: boo
 
 /// Whether dataplane `i` is timed: every `stride`-th, the first `sample`.
 pub fn sampled(i: usize, stride: usize, sample: usize) -> bool {
-    stride > 0 && i % stride == 0 && i / stride < sample
+    stride > 0 && i.is_multiple_of(stride) && i / stride < sample
 }
 
 /// Whether dataplane `i` flips: `fraction` of the fleet, spread evenly
