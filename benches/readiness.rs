@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use chrono::Utc;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use envoy_types::pb::envoy::config::core::v3::HealthStatus;
+use hdsd::clock::{Clock as _, SystemClock};
 use hdsd::readiness::{fold_report, rebase};
 use hdsd::registry::{apply, Command, Connection, DataplaneState};
 use hdsd::report::Report;
@@ -22,7 +22,7 @@ fn fold(c: &mut Criterion) {
     for k in [2u16, 16] {
         let dp = common::dataplane(k);
         let spec = hdsd::specifier::build(&dp, &settings).unwrap();
-        let now = Utc::now();
+        let now = SystemClock.now();
         let healthy = Report::from(common::report(k, HealthStatus::Healthy));
         let unhealthy = Report::from(common::report(k, HealthStatus::Unhealthy));
         let mut health = rebase(None, &dp, &spec, now);
@@ -48,7 +48,7 @@ fn registry_apply(c: &mut Criterion) {
     for k in [2u16, 16] {
         let dp = common::dataplane(k);
         let spec = hdsd::specifier::build(&dp, &settings).unwrap();
-        let now = Utc::now();
+        let now = SystemClock.now();
         let health = rebase(None, &dp, &spec, now);
         let mut state = DataplaneState {
             defined: Some(Defined {

@@ -28,6 +28,7 @@ pub use crate::view::{
     StatusChangeItem,
 };
 
+use crate::clock::{Clock as _, SystemClock};
 use crate::consumers::paging;
 
 use crate::auth::{bearer, BearerError};
@@ -458,7 +459,7 @@ async fn readyz(State(s): State<Health>) -> Response {
     }
     // Still ready while the store is unreachable: this instance serves.
     if let Some(status) = &s.store_status {
-        body.push_str(&status.readyz_line(chrono::Utc::now()));
+        body.push_str(&status.readyz_line(SystemClock.now()));
         body.push('\n');
     }
     // Still ready while the global is unreachable: the zone serves its Envoys.
@@ -500,7 +501,7 @@ async fn bootstrap(
             )
         }
     };
-    let claims = match gate.verify(token, chrono::Utc::now()) {
+    let claims = match gate.verify(token, SystemClock.now()) {
         Ok(c) => c,
         Err(r) => {
             metrics::counter!(crate::metrics::AUTH_FAILURES, "reason" => r.reason()).increment(1);

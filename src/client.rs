@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::{Clock as _, SystemClock};
 use crate::view::{DataplaneItem, Paged};
 
 /// Why a client could not be set up or the API not be read.
@@ -377,7 +378,9 @@ impl Follower {
         out: &mut dyn Write,
     ) -> Result<(), ClientError> {
         let data: serde_json::Value = serde_json::from_str(&event.data).unwrap_or_default();
-        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let now = SystemClock
+            .now()
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         let token = options.token.as_deref();
         let mut lines: Vec<(String, Vec<String>)> = Vec::new();
         match event.event.as_str() {

@@ -16,6 +16,10 @@ pub trait Clock: Send + Sync + std::fmt::Debug {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the one read of the wall clock (.clippy.toml)"
+    )]
     fn now(&self) -> Timestamp {
         Utc::now()
     }

@@ -13,6 +13,8 @@ use std::io::{self, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::clock::{Clock as _, SystemClock};
+
 /// The budget's window.
 pub const WINDOW: Duration = Duration::from_secs(1);
 
@@ -122,7 +124,8 @@ impl Write for BudgetedStderr {
             let mut err = io::stderr().lock();
             if lines > 0 {
                 err.write_all(
-                    left_out_line(self.json, lines, bytes, SystemTime::now()).as_bytes(),
+                    left_out_line(self.json, lines, bytes, SystemTime::from(SystemClock.now()))
+                        .as_bytes(),
                 )?;
             }
             err.write_all(buf)?;

@@ -1,5 +1,4 @@
 //! The `hdsd` command line.
-#![forbid(unsafe_code)]
 
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -11,6 +10,7 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 use hdsd::bootstrap::{bootstrap_yaml, BootstrapParams};
+use hdsd::clock::{Clock as _, SystemClock};
 use hdsd::config::{Config, LogFormat, DEFAULTS_TOML};
 use hdsd::dataplane::DataplaneId;
 use hdsd::server;
@@ -422,10 +422,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&item)?);
             } else {
-                print!(
-                    "{}",
-                    hdsd::status::render_explain(&item, chrono::Utc::now())
-                );
+                print!("{}", hdsd::status::render_explain(&item, SystemClock.now()));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -818,7 +815,7 @@ fn status(
 fn token(config_path: Option<&Path>, command: TokenCommand) -> anyhow::Result<ExitCode> {
     use hdsd::auth::{inspect, KeyRing, Revocations};
     let config = Config::load(config_path)?;
-    let now = chrono::Utc::now();
+    let now = SystemClock.now();
     let state_dir = &config.state_dir;
     let revocations = config.auth.revocations_path(state_dir);
     match command {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use metrics::gauge;
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use crate::clock::{Clock as _, SystemClock};
 use crate::metrics::{
     DATAPLANES, DATAPLANES_REJECTING, INBOUNDS, SOURCE_ERRORS, TOKEN_EARLIEST_EXPIRY,
 };
@@ -74,7 +75,7 @@ impl Scrape {
         }
         gauge!(DATAPLANES_REJECTING).set(rejecting as f64);
         gauge!(TOKEN_EARLIEST_EXPIRY).set(earliest.map_or(f64::INFINITY, |at| {
-            (at - chrono::Utc::now()).num_milliseconds().max(0) as f64 / 1000.0
+            (at - SystemClock.now()).num_milliseconds().max(0) as f64 / 1000.0
         }));
         gauge!(SOURCE_ERRORS).set(self.sources.borrow().error_count() as f64);
         self.process.collect();

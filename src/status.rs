@@ -2,9 +2,9 @@
 
 use std::fmt::Write as _;
 
-use chrono::Utc;
 use serde::{Deserialize, Serialize};
 
+use crate::clock::{Clock as _, SystemClock};
 use crate::dataplane::{DataplaneKind, InboundState};
 use crate::readiness::Timestamp;
 use crate::view::{DataplaneItem, Paged};
@@ -601,7 +601,7 @@ pub fn render_now(
     sources: Option<&crate::api::SourcesView>,
     zones: &ZonesAnswer,
 ) -> String {
-    let now = Utc::now();
+    let now = SystemClock.now();
     render(items, now)
         + &sources.map(render_broken_files).unwrap_or_default()
         + &sources.map(render_file_warnings).unwrap_or_default()
@@ -805,7 +805,7 @@ mod tests {
         );
     }
     use crate::view::{ConnectionItem, HealthItem, InboundItem};
-    use chrono::TimeZone;
+    use chrono::{TimeZone, Utc};
 
     #[test]
     fn table_has_a_line_per_inbound_and_a_summary() {

@@ -32,6 +32,7 @@ use redb::{Builder, Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::clock::{Clock as _, SystemClock};
 use crate::dataplane::{Dataplane, DataplaneId};
 use crate::readiness::{Health, InboundHealth, Status, Timestamp};
 use crate::specifier::Specifier;
@@ -288,7 +289,7 @@ impl RedbStore {
             Err(e) if path.exists() => {
                 let aside = path.with_extension(format!(
                     "redb.corrupt-{}",
-                    chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
+                    SystemClock.now().format("%Y%m%dT%H%M%SZ")
                 ));
                 tracing::error!(
                     file = %path.display(),
@@ -452,7 +453,7 @@ impl StoreStatus {
     pub fn up(&self) {
         if let Some(down) = self.down.send_replace(None) {
             metrics::gauge!(crate::metrics::STORE_UP).set(1.0);
-            let after = (chrono::Utc::now() - down.since)
+            let after = (SystemClock.now() - down.since)
                 .to_std()
                 .unwrap_or_default();
             tracing::info!(
@@ -471,7 +472,7 @@ impl StoreStatus {
                 return false;
             }
             *down = Some(Down {
-                since: chrono::Utc::now(),
+                since: SystemClock.now(),
                 error: error.to_string(),
             });
             true

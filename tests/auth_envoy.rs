@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::support::*;
-use chrono::Utc;
 use hdsd::auth::KeyRing;
+use hdsd::clock::{Clock as _, SystemClock};
 
 const CONNECT: Duration = Duration::from_secs(20);
 
@@ -62,7 +62,7 @@ fn each_bad_token_is_refused_with_its_status_and_others_are_unaffected() {
             Duration::from_secs(3600),
             Duration::from_secs(8760 * 3600),
             Default::default(),
-            Utc::now() - chrono::Duration::minutes(90),
+            SystemClock.now() - chrono::Duration::minutes(90),
         )
         .unwrap();
     // Bad signature: a valid token with its signature altered.
@@ -71,7 +71,7 @@ fn each_bad_token_is_refused_with_its_status_and_others_are_unaffected() {
     let bad_signature = format!("{head}.{flipped}{}", &sig[1..]);
     // Unknown kid: a key this server has never seen.
     let stranger = tempfile::tempdir().unwrap();
-    KeyRing::generate(stranger.path(), Utc::now()).unwrap();
+    KeyRing::generate(stranger.path(), SystemClock.now()).unwrap();
     let unknown_kid = KeyRing::load(stranger.path(), &[])
         .unwrap()
         .issue(
@@ -80,7 +80,7 @@ fn each_bad_token_is_refused_with_its_status_and_others_are_unaffected() {
             Duration::from_secs(3600),
             Duration::from_secs(8760 * 3600),
             Default::default(),
-            Utc::now(),
+            SystemClock.now(),
         )
         .unwrap();
 
@@ -294,7 +294,7 @@ fn a_revocation_ends_a_stream_that_is_busy_forwarding_reports() {
 #[test]
 fn token_expiry_is_shown_and_a_rotation_overlaps() {
     let hdsd = token_server();
-    let issued = Utc::now();
+    let issued = SystemClock.now();
     let (_app, old_envoy, old_token) = served(&hdsd, "web", "48h");
     let dp = hdsd.dataplane("default.web").unwrap();
     let expires = dp.connection.token_expires_at.expect("tokenExpiresAt");

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::wait_for;
 use hdsd::api::DataplaneItem;
+use hdsd::clock::{Clock as _, SystemClock};
 use serde_json::Value;
 
 /// How hdsd's image is made: the Dockerfile's `runtime` target with the hdsd
@@ -462,7 +463,7 @@ fn compose_up_runs_the_demo_offline() {
             other => Err(format!("ready: {other:?}")),
         },
     );
-    let detected = (chrono::Utc::now() - died)
+    let detected = (SystemClock.now() - died)
         .to_std()
         .unwrap_or(Duration::ZERO);
     // The other inbounds are unaffected.

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use hdsd::clock::{Clock as _, SystemClock};
 use serde_json::Value;
 
 use crate::support::relay::Relay;
@@ -1262,7 +1263,7 @@ fn zone_cli(global: &Hdsd, args: &[&str]) -> (bool, String, String) {
 
 /// The wall clock in whole seconds (as token times are).
 fn unix_seconds() -> u64 {
-    std::time::SystemTime::now()
+    std::time::SystemTime::from(SystemClock.now())
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()

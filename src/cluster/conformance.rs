@@ -10,6 +10,7 @@ use super::{
     Cluster, KeyPublication, LinkChange, LinkState, RegistrationChange, RegistrationState,
     StreamNote, Topic, Written, ZoneRegistration, ZoneWrite,
 };
+use crate::clock::{Clock as _, SystemClock};
 use crate::dataplane::DataplaneId;
 use crate::feed::{Filter, HistoryLimits, Message};
 use crate::readiness::Timestamp;
@@ -163,7 +164,7 @@ pub async fn one_instance(cluster: &dyn Cluster) {
 
     // Revisions: a fresh instance cannot prove any resume complete (it has
     // not seen the deletions before it started): RESYNC, then a snapshot.
-    let feed = cluster.feed(HistoryLimits::default(), chrono::Utc::now());
+    let feed = cluster.feed(HistoryLimits::default(), SystemClock.now());
     let start = feed.subscribe(Some(1), &Filter::default());
     assert!(
         matches!(start.first(), Some(Message::Resync(_))),
@@ -234,7 +235,7 @@ async fn zone_registrations(cluster: &dyn Cluster, zone: &str) {
         .registration
         .tokens_not_before
         .expect("a deletion retires the tokens issued until then");
-    let age = chrono::Utc::now() - not_before;
+    let age = SystemClock.now() - not_before;
     assert!(
         age < chrono::Duration::seconds(60) && age > chrono::Duration::seconds(-60),
         "the deletion's time is now: {not_before}"

@@ -406,6 +406,7 @@ async fn poked(signal: &mut Option<watch::Receiver<()>>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::{Clock as _, SystemClock};
     use crate::cluster::Solo;
 
     const T: Duration = Duration::from_secs(1);
@@ -619,7 +620,7 @@ mod tests {
             .expect("held")
             .held()
             .unwrap();
-        let now = u64::try_from(chrono::Utc::now().timestamp_micros()).unwrap();
+        let now = u64::try_from(SystemClock.now().timestamp_micros()).unwrap();
         assert!(
             held <= now && now - held < 60_000_000,
             "the epoch is the time it was taken: {held}"

@@ -19,6 +19,7 @@ use super::{
     RegistrationWrite, StreamNote, Swept, Topic, Written, ZoneRegistration, ZoneWrite, ZonesRead,
 };
 use crate::auth::SharedKey;
+use crate::clock::{Clock as _, SystemClock};
 use crate::feed::{Feed, HistoryLimits};
 use crate::readiness::Timestamp;
 use crate::registry::Claims;
@@ -223,7 +224,7 @@ impl Cluster for Solo {
     /// before it and, with a clock that does not go back, above those of
     /// earlier runs.
     fn acquire_lease<'a>(&'a self, name: &'a str, _timeout: Duration) -> ClusterFuture<'a, Lease> {
-        let now = u64::try_from(chrono::Utc::now().timestamp_micros()).unwrap_or(0);
+        let now = u64::try_from(SystemClock.now().timestamp_micros()).unwrap_or(0);
         let mut state = self.state();
         let (held, epoch) = state.leases.entry(name.to_string()).or_insert((false, 0));
         let taken = !*held;
@@ -259,7 +260,7 @@ impl Cluster for Solo {
         zone: &'a str,
         change: RegistrationChange,
     ) -> ClusterFuture<'a, RegistrationWrite> {
-        let now = chrono::Utc::now();
+        let now = SystemClock.now();
         Box::pin(async move {
             let written = match &self.redb {
                 Some(redb) => redb.change_zone_registration(zone, change, now).await?,
@@ -371,7 +372,7 @@ mod tests {
         let mut notes = solo.stream_notes();
         (solo.claims().0)(
             &crate::dataplane::DataplaneId::new("default", "web-01"),
-            Some(chrono::Utc::now()),
+            Some(SystemClock.now()),
         );
         assert!(matches!(
             notes.try_recv(),

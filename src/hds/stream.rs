@@ -561,6 +561,7 @@ fn check_same_node(id: &DataplaneId, request: &HealthCheckRequest) -> Result<(),
 
 #[cfg(test)]
 mod tests {
+    use crate::clock::{Clock as _, SystemClock};
     use std::collections::BTreeMap;
     use std::time::Duration;
 
@@ -618,7 +619,7 @@ mod tests {
                 None,
                 &defined.dataplane,
                 &defined.specifier,
-                chrono::Utc::now(),
+                SystemClock.now(),
             ),
             defined: Some(defined),
             version,

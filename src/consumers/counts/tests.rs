@@ -9,6 +9,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use super::*;
+use crate::clock::{Clock as _, SystemClock};
 use crate::consumers::paging::{self, summarize, walk};
 use crate::consumers::services::{services, test_item};
 use crate::pb;
@@ -235,7 +236,7 @@ fn a_report_that_moves_no_count_leaves_the_counts_shared() {
     aggregate.apply(Change::Own(&id, Some(&item)));
     let before = aggregate.counts();
     let mut later = item.clone();
-    later.connection.last_report_at = Some(chrono::Utc::now());
+    later.connection.last_report_at = Some(SystemClock.now());
     aggregate.apply(Change::Own(&id, Some(&later)));
     assert!(before.cells.ptr_eq(&aggregate.counts().cells));
 }

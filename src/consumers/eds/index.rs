@@ -20,6 +20,7 @@ use super::assignment::{
     cluster_load_assignment, contributions, remote_contributions, EdsHealth, EdsOptions, Endpoint,
     HostPort, Policy, ServiceKey, Shape, ZoneLink,
 };
+use crate::clock::{Clock as _, SystemClock};
 use crate::dataplane::DataplaneId;
 use crate::feed::{FeedHandle, Filter};
 use crate::registry::{DataplaneState, Registry};
@@ -617,9 +618,7 @@ pub fn spawn(
     policy: Policy,
 ) -> AssignmentsRx {
     // Milliseconds since the Unix epoch: a new process numbers versions anew.
-    let epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let epoch = u64::try_from(SystemClock.now().timestamp_millis()).unwrap_or(0);
     let (tx, rx) = watch::channel(Arc::new(Assignments {
         epoch,
         ..Default::default()
