@@ -19,9 +19,14 @@ demo: build
 	@ENVOY_BIN="$$(./scripts/setup.sh --demo | tail -n 1)" && export ENVOY_BIN && \
 	  exec ./scripts/demo.py --hdsd "$${CARGO_TARGET_DIR:-target}/release/hdsd" $(ARGS)
 
+# The dependency policy (deny.toml) needs cargo-deny, which scripts/setup.sh
+# installs. Advisories are not checked: their database comes from the
+# network (docs/development.md, "Toolchain and lints").
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	@$(CARGO) deny --version >/dev/null 2>&1 || { echo "lint: cargo-deny is missing: scripts/setup.sh installs it" >&2; exit 1; }
+	$(CARGO) deny check --hide-inclusion-graph licenses bans sources
 
 # The compose test's stand-in images (tests/compose/standins.sh: about two
 # minutes of debootstrap and `docker import` on a fresh machine) are built in

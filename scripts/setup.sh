@@ -16,6 +16,9 @@
 #   - valgrind (Debian's package), when missing: the instruction-count regression guard
 #   - PostgreSQL (Debian's postgresql package), when missing: the tests of
 #     several instances on one store start their own throwaway cluster
+#   - the Rust release that rust-toolchain.toml pins, when rustup lacks it
+#   - cargo-deny 0.20.2 (crates.io, `cargo install --locked`, once), for
+#     `make lint`'s dependency policy (deny.toml)
 # Prints the Envoy binary's path on its last line.
 #
 # `scripts/setup.sh --demo` installs only what `make demo` needs: Envoy 1.40
@@ -88,6 +91,15 @@ fi
 if $demo_only; then
   echo "$PWD/${envoy}"
   exit 0
+fi
+
+# cargo-deny, for `make lint`'s dependency policy (deny.toml), built from
+# crates.io once (a few minutes on two cores) and kept in Cargo's bin
+# directory; skipped while that version is installed.
+CARGO_DENY_VERSION=0.20.2
+if [ "$(cargo deny --version 2>/dev/null)" != "cargo-deny $CARGO_DENY_VERSION" ]; then
+  echo "setup: installing cargo-deny $CARGO_DENY_VERSION (crates.io, cargo install --locked; built once, a few minutes)" >&2
+  quietly cargo install --locked "cargo-deny@$CARGO_DENY_VERSION"
 fi
 
 # Every supported Envoy release but the main one, each in its own directory
