@@ -2173,4 +2173,48 @@ mod tests {
             "{problems:?}"
         );
     }
+
+    /// A configuration written as TOML (the integration tests write theirs
+    /// so) loads back as the same configuration: every duration, path,
+    /// address and optional table survives the trip.
+    #[test]
+    fn a_config_written_as_toml_loads_back_the_same() {
+        let default = Config::default();
+        let text = toml::to_string(&default).expect("the defaults serialise");
+        assert_eq!(Config::from_text(&text, "toml").unwrap(), default, "{text}");
+
+        let mut c = Config::default();
+        c.state_dir = PathBuf::from("/var/lib/hdsd test");
+        c.hds.report_interval = Duration::from_millis(200);
+        c.hds.stale_after = Some(Duration::from_millis(1500));
+        c.hds.check.no_traffic_interval = Some(Duration::from_secs(90));
+        c.hds.tls = Some(TlsConfig {
+            cert: PathBuf::from("c.pem"),
+            key: PathBuf::from("k.pem"),
+            client_ca: Some(PathBuf::from("ca.pem")),
+        });
+        c.api.tokens = vec!["t1".into()];
+        c.auth.mode = AuthMode::None;
+        c.auth.revocations = Some(PathBuf::from("revoked"));
+        c.auth.public_keys = vec![ExtraPublicKey {
+            kid: "other".into(),
+            path: PathBuf::from("other.pub"),
+        }];
+        c.eds.endpoint_stale_after = Some(Duration::from_secs(1));
+        c.zone = Some(ZoneConfig {
+            name: "eu-1".into(),
+            global: vec!["http://127.0.0.1:5682".into()],
+            token_file: Some(PathBuf::from("eu-1.token")),
+            ca: None,
+            cert: None,
+            key: None,
+        });
+        c.global.enabled = true;
+        c.global.zones = vec!["eu-1".into()];
+        c.global
+            .certificate_meshes
+            .insert("*".into(), vec!["default".into()]);
+        let text = toml::to_string(&c).expect("the config serialises");
+        assert_eq!(Config::from_text(&text, "toml").unwrap(), c, "{text}");
+    }
 }

@@ -87,17 +87,13 @@ fn write_hostile_files(dir: &Path) {
 /// Every hostile file's error, once all are listed.
 fn wait_errors(hdsd: &Hdsd, within: Duration) -> Vec<(String, String)> {
     wait_for("an error for every hostile file", within, || {
-        let v = hdsd.get_json("/api/v1/sources")?;
-        let errors: Vec<(String, String)> = v["files"]
-            .as_array()
-            .ok_or("no files")?
-            .iter()
+        let errors: Vec<(String, String)> = hdsd
+            .sources()?
+            .files
+            .into_iter()
             .filter_map(|f| {
-                let name = Path::new(f["path"].as_str()?)
-                    .file_name()?
-                    .to_str()?
-                    .to_string();
-                Some((name, f["error"]["message"].as_str()?.to_string()))
+                let name = Path::new(&f.path).file_name()?.to_str()?.to_string();
+                Some((name, f.error?.message))
             })
             .collect();
         if errors.len() == HOSTILE.len() {
@@ -168,8 +164,8 @@ fn hostile_files_are_refused_and_the_others_stay_served() {
     let errors = wait_errors(&hdsd, PROMPT);
     check_errors(&errors);
     assert_eq!(service_port(&hdsd, "default.other").unwrap(), 8090);
-    let sources = hdsd.get_json("/api/v1/sources").unwrap();
-    assert_eq!(sources["errors"], HOSTILE.len(), "{sources}");
+    let sources = hdsd.sources().unwrap();
+    assert_eq!(sources.errors, HOSTILE.len(), "{sources:?}");
     // No hostile file defined anything.
     let list = hdsd.get_json("/api/v1/dataplanes").unwrap().to_string();
     assert!(
@@ -266,10 +262,7 @@ fn hostile_files_are_refused_and_the_others_stay_served() {
 /// says how many lines and bytes were left out.
 #[test]
 fn the_log_grows_by_at_most_its_bytes_per_second() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        env: vec![("HDSD_LOG__MAX_BYTES_PER_SECOND".into(), "4096".into())],
-        ..HdsdOptions::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.log.max_bytes_per_second = 4096);
     wait_for("hdsd to log its start", Duration::from_secs(10), || {
         let log = hdsd.log();
         log.contains("hdsd listening")
@@ -285,8 +278,7 @@ fn the_log_grows_by_at_most_its_bytes_per_second() {
         );
     }
     wait_for("the broken files counted", Duration::from_secs(20), || {
-        let sources = hdsd.get_json("/api/v1/sources")?;
-        let broken = sources["errors"].as_u64().unwrap_or_default();
+        let broken = hdsd.sources()?.errors;
         (broken >= 400)
             .then_some(())
             .ok_or(format!("{broken} of 400"))
@@ -306,8 +298,8 @@ fn the_log_grows_by_at_most_its_bytes_per_second() {
     let grown = hdsd.log().len() - before;
     let seconds = started.elapsed().as_secs_f64().ceil() + 1.0;
     eprintln!("the log grew {grown} bytes in {seconds} s under 4096 bytes/s");
-    // Each window may end with one line that starts within it, and each
-    // count line is extra: a line at most 1 KiB each.
+    // Each window may end with one line that starts within it, and one
+    // count line more: a line at most 1 KiB each.
     assert!(
         (grown as f64) <= seconds * (4096.0 + 2.0 * 1024.0),
         "{grown} bytes in {seconds} s"

@@ -15,7 +15,7 @@ use prost::Message as _;
 use tonic::Code;
 
 use crate::support::grpc::{flat_report, hc_request, probe_cluster, report, GrpcClient};
-use crate::support::{dataplane_yaml, wait_for, Hdsd, HdsdOptions};
+use crate::support::{dataplane_yaml, wait_for, AuthMode, Hdsd, HdsdOptions};
 
 const APP_PORT: u16 = 18_080;
 const SOON: Duration = Duration::from_secs(10);
@@ -127,11 +127,16 @@ fn valid_client_is_served(hdsd: &Hdsd) -> Duration {
 /// served at once throughout; memory stays flat.
 #[test]
 fn idle_connections_neither_lock_out_envoys_nor_stay_open() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        nofile: Some(256),
-        extra: "[hds.limits]\nmax_connections_per_ip = 50\nhandshake_timeout = \"3s\"\n".into(),
-        ..Default::default()
-    });
+    let hdsd = Hdsd::start_configured(
+        HdsdOptions {
+            nofile: Some(256),
+            ..HdsdOptions::default()
+        },
+        |c| {
+            c.hds.limits.max_connections_per_ip = 50;
+            c.hds.limits.handshake_timeout = Duration::from_secs(3);
+        },
+    );
     served_web(&hdsd);
     let rss_before = proc_status(hdsd.pid(), "VmRSS:");
     let cpu_before = cpu_ticks(hdsd.pid());
@@ -192,11 +197,16 @@ fn idle_connections_neither_lock_out_envoys_nor_stay_open() {
 /// once the idle connections are cut off by the deadline.
 #[test]
 fn running_out_of_file_descriptors_backs_off_and_recovers() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        nofile: Some(128),
-        extra: "[hds.limits]\nmax_connections_per_ip = 1000\nhandshake_timeout = \"3s\"\n".into(),
-        ..Default::default()
-    });
+    let hdsd = Hdsd::start_configured(
+        HdsdOptions {
+            nofile: Some(128),
+            ..HdsdOptions::default()
+        },
+        |c| {
+            c.hds.limits.max_connections_per_ip = 1000;
+            c.hds.limits.handshake_timeout = Duration::from_secs(3);
+        },
+    );
     served_web(&hdsd);
     let cpu_before = cpu_ticks(hdsd.pid());
     let started = Instant::now();
@@ -230,9 +240,12 @@ fn running_out_of_file_descriptors_backs_off_and_recovers() {
 /// says which limit, and each is counted.
 #[test]
 fn stream_limits_end_bad_streams_with_clear_statuses() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        extra: "[hds.limits]\nfirst_request_timeout = \"1s\"\nmax_streams_per_dataplane = 2\nmax_waiting_streams = 3\nmax_message_bytes = 4096\n".into(),
-        ..Default::default()
+    let hdsd = Hdsd::start_with(|c| {
+        let limits = &mut c.hds.limits;
+        limits.first_request_timeout = Duration::from_secs(1);
+        limits.max_streams_per_dataplane = 2;
+        limits.max_waiting_streams = 3;
+        limits.max_message_bytes = 4096;
     });
     served_web(&hdsd);
     let client = GrpcClient::connect(hdsd.hds);
@@ -340,12 +353,9 @@ fn a_connection_may_open_only_a_few_concurrent_streams() {
     });
 }
 
-fn token_options(extra_auth: &str) -> HdsdOptions {
-    HdsdOptions {
-        auth_mode: "token",
-        auth_extra: extra_auth.to_string(),
-        ..Default::default()
-    }
+/// An hdsd that asks every stream for a dataplane token.
+fn token_server() -> Hdsd {
+    Hdsd::start_with(|c| c.auth.mode = AuthMode::Token)
 }
 
 fn jti(hdsd: &Hdsd, token: &str) -> String {
@@ -363,12 +373,10 @@ fn jti(hdsd: &Hdsd, token: &str) -> String {
 fn revocation_ends_a_stream_waiting_for_its_first_request() {
     let dir = tempfile::tempdir().unwrap();
     let revocations = dir.path().join("lists").join("revoked");
-    let hdsd = Hdsd::start(HdsdOptions {
-        stale_after: Some("30s".into()),
-        ..token_options(&format!(
-            "revocations = {:?}",
-            revocations.display().to_string()
-        ))
+    let hdsd = Hdsd::start_with(|c| {
+        c.hds.stale_after = Some(Duration::from_secs(30));
+        c.auth.mode = AuthMode::Token;
+        c.auth.revocations = Some(revocations.clone());
     });
     served_web(&hdsd);
     let client = GrpcClient::connect(hdsd.hds);
@@ -441,7 +449,7 @@ fn revocation_ends_a_stream_waiting_for_its_first_request() {
 /// Finding 2c: removing a signing key ends the live streams of its tokens.
 #[test]
 fn removing_a_signing_key_ends_its_live_streams() {
-    let hdsd = Hdsd::start(token_options(""));
+    let hdsd = token_server();
     served_web(&hdsd);
     let keys = hdsd.dir.path().join("state").join("keys");
     let old_files: Vec<_> = std::fs::read_dir(&keys)
@@ -482,7 +490,7 @@ fn grpc_frame(message: &impl prost::Message) -> prost::bytes::Bytes {
 /// status through a shut window).
 #[test]
 fn revocation_ends_a_stream_blocked_sending() {
-    let hdsd = Hdsd::start(token_options(""));
+    let hdsd = token_server();
     served_web(&hdsd);
     let token = hdsd.issue_token("default.web", "1h");
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -543,10 +551,7 @@ fn revocation_ends_a_stream_blocked_sending() {
 /// Finding 8: a newline in a node id does not forge a log line.
 #[test]
 fn a_newline_in_a_node_id_is_escaped_in_the_log() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        grace: "1s",
-        ..Default::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.hds.unknown_dataplane_grace = Duration::from_secs(1));
     let client = GrpcClient::connect(hdsd.hds);
     let mut s = client.open_as("default.evil\nFORGED-LINE level=ERROR");
     // Refused where it enters: a name has no control character.
@@ -570,10 +575,9 @@ fn a_newline_in_a_node_id_is_escaped_in_the_log() {
 /// of log, not the 112 MB they wrote when the id was logged whole.
 #[test]
 fn a_long_node_id_is_cut_in_the_status_and_the_log() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        grace: "1s",
-        extra: "[hds.limits]\nmax_message_bytes = 1048576\n".into(),
-        ..Default::default()
+    let hdsd = Hdsd::start_with(|c| {
+        c.hds.unknown_dataplane_grace = Duration::from_secs(1);
+        c.hds.limits.max_message_bytes = 1024 * 1024;
     });
     let before = hdsd.log().len();
     let client = GrpcClient::connect(hdsd.hds);
@@ -602,7 +606,7 @@ fn a_long_node_id_is_cut_in_the_status_and_the_log() {
 /// and NOT_FOUND names no server path.
 #[test]
 fn fetch_for_another_node_is_refused_before_lookup() {
-    let hdsd = Hdsd::start(token_options(""));
+    let hdsd = token_server();
     served_web(&hdsd);
     let client = GrpcClient::connect(hdsd.hds);
     let web_token = hdsd.issue_token("default.web", "1h");
@@ -635,9 +639,11 @@ fn fetch_for_another_node_is_refused_before_lookup() {
 /// its per-address cap.
 #[test]
 fn the_api_bounds_slow_and_excess_clients() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        extra: "[api.limits]\nmax_connections_per_ip = 4\nhandshake_timeout = \"1s\"\nheader_read_timeout = \"1s\"\n".into(),
-        ..Default::default()
+    let hdsd = Hdsd::start_with(|c| {
+        let limits = &mut c.api.limits;
+        limits.max_connections_per_ip = 4;
+        limits.handshake_timeout = Duration::from_secs(1);
+        limits.header_read_timeout = Duration::from_secs(1);
     });
     // Half a header: closed by the header-read timeout.
     let mut half = TcpStream::connect(hdsd.api).unwrap();
@@ -707,9 +713,9 @@ fn the_api_bounds_slow_and_excess_clients() {
 /// `api.limits.idle_timeout`, also when the header-read timeout is longer.
 #[test]
 fn a_quiet_api_connection_is_closed_after_the_idle_timeout() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        extra: "[api.limits]\nheader_read_timeout = \"30s\"\nidle_timeout = \"2s\"\n".into(),
-        ..Default::default()
+    let hdsd = Hdsd::start_with(|c| {
+        c.api.limits.header_read_timeout = Duration::from_secs(30);
+        c.api.limits.idle_timeout = Duration::from_secs(2);
     });
     let mut kept = TcpStream::connect(hdsd.api).unwrap();
     kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -965,9 +971,14 @@ fn api_answers_within_a_second(hdsd: &Hdsd, path: &str) -> Result<Duration, Stri
 /// sends, while the Envoy's quiet, authenticated stream stays.
 #[test]
 fn idle_http2_connections_neither_fill_the_hds_slots_nor_stay() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        extra: "[hds.keepalive]\ninterval = \"300ms\"\ntimeout = \"5s\"\n\n[hds.limits]\nmax_connections = 20\nmax_connections_per_ip = 10\nunauthenticated_timeout = \"2s\"\nidle_timeout = \"2s\"\n".into(),
-        ..Default::default()
+    let hdsd = Hdsd::start_with(|c| {
+        c.hds.keepalive.interval = Duration::from_millis(300);
+        c.hds.keepalive.timeout = Duration::from_secs(5);
+        let limits = &mut c.hds.limits;
+        limits.max_connections = 20;
+        limits.max_connections_per_ip = 10;
+        limits.unauthenticated_timeout = Duration::from_secs(2);
+        limits.idle_timeout = Duration::from_secs(2);
     });
     served_web(&hdsd);
     let flood = Flood::start(
@@ -1069,9 +1080,14 @@ fn api_keeps_answering(hdsd: &Hdsd, period: Duration) -> Duration {
 /// none was ever closed). The HDS listener's slots are not the API's.
 #[test]
 fn idle_http2_connections_neither_fill_the_api_slots_nor_stay() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        extra: "[hds.keepalive]\ninterval = \"300ms\"\ntimeout = \"5s\"\n\n[api.limits]\nmax_connections = 20\nmax_connections_per_ip = 10\nunauthenticated_timeout = \"2s\"\nidle_timeout = \"2s\"\n".into(),
-        ..Default::default()
+    let hdsd = Hdsd::start_with(|c| {
+        c.hds.keepalive.interval = Duration::from_millis(300);
+        c.hds.keepalive.timeout = Duration::from_secs(5);
+        let limits = &mut c.api.limits;
+        limits.max_connections = 20;
+        limits.max_connections_per_ip = 10;
+        limits.unauthenticated_timeout = Duration::from_secs(2);
+        limits.idle_timeout = Duration::from_secs(2);
     });
     served_web(&hdsd);
     let flood = Flood::start(
@@ -1115,9 +1131,13 @@ fn idle_http2_connections_neither_fill_the_api_slots_nor_stay() {
 /// one trickling a body at `body_read_timeout`.
 #[test]
 fn slowloris_on_the_api_neither_locks_out_clients_nor_stays() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        extra: "[api.limits]\nmax_connections = 20\nmax_connections_per_ip = 10\nheader_read_timeout = \"2s\"\nbody_read_timeout = \"2s\"\nunauthenticated_timeout = \"5s\"\n".into(),
-        ..Default::default()
+    let hdsd = Hdsd::start_with(|c| {
+        let limits = &mut c.api.limits;
+        limits.max_connections = 20;
+        limits.max_connections_per_ip = 10;
+        limits.header_read_timeout = Duration::from_secs(2);
+        limits.body_read_timeout = Duration::from_secs(2);
+        limits.unauthenticated_timeout = Duration::from_secs(5);
     });
     let flood = Flood::start(
         Attack::Slowloris,
@@ -1257,10 +1277,7 @@ fn ends(
 #[test]
 fn partial_messages_share_one_memory_budget_and_the_largest_give_way() {
     const LIMIT: f64 = 4.0 * 1024.0 * 1024.0;
-    let hdsd = Hdsd::start(HdsdOptions {
-        extra: "[limits]\nclient_bytes = 4194304\n".into(),
-        ..HdsdOptions::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.limits.client_bytes = 4 * 1024 * 1024);
     served_web(&hdsd);
     // 40 streams over 5 connections, each sending 200,000 bytes of a
     // message: 8 MB held if nothing bounded it.
@@ -1318,11 +1335,10 @@ fn partial_messages_share_one_memory_budget_and_the_largest_give_way() {
 #[test]
 #[ignore = "a measurement: 1,000 streams of 500 KB"]
 fn measure_the_memory_budget_at_the_findings_scale() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        env: std::env::var("CLIENT_BYTES")
-            .map(|b| vec![("HDSD_LIMITS__CLIENT_BYTES".to_string(), b)])
-            .unwrap_or_default(),
-        ..HdsdOptions::default()
+    let hdsd = Hdsd::start_with(|c| {
+        if let Ok(bytes) = std::env::var("CLIENT_BYTES") {
+            c.limits.client_bytes = bytes.parse().expect("CLIENT_BYTES: a number of bytes");
+        }
     });
     served_web(&hdsd);
     let before = proc_status(hdsd.pid(), "VmRSS:");

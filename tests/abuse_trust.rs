@@ -18,7 +18,7 @@ use pb::readiness_service_client::ReadinessServiceClient;
 use tonic::Code;
 
 use crate::support::grpc::{hc_request, GrpcClient};
-use crate::support::{dataplane_yaml, wait_for, Hdsd, HdsdOptions};
+use crate::support::{dataplane_yaml, wait_for, AuthMode, Hdsd, HdsdOptions};
 
 const SOON: Duration = Duration::from_secs(10);
 
@@ -56,9 +56,9 @@ fn log_lines(hdsd: &Hdsd, needle: &str) -> usize {
 /// `RESOURCE_EXHAUSTED`; SSE: 400 and 429), counted, and logged once.
 #[test]
 fn watches_past_their_limits_are_refused() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        extra: "[api.limits]\nmax_watches = 3\nmax_watch_names = 100\n".into(),
-        ..Default::default()
+    let hdsd = Hdsd::start_with(|c| {
+        c.api.limits.max_watches = 3;
+        c.api.limits.max_watch_names = 100;
     });
     hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, 8080)]));
     let before = rss_kib(hdsd.pid());
@@ -213,10 +213,9 @@ async fn eds_end(hds: std::net::SocketAddr, request: DiscoveryRequest) -> tonic:
 /// counted and logged once.
 #[test]
 fn eds_requests_past_the_limits_end_with_resource_exhausted() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        extra: "[eds]\nmax_resource_names = 10\n".into(),
-        env: vec![("HDSD_HDS__LIMITS__MAX_MESSAGE_BYTES".into(), "8192".into())],
-        ..Default::default()
+    let hdsd = Hdsd::start_with(|c| {
+        c.eds.max_resource_names = 10;
+        c.hds.limits.max_message_bytes = 8192;
     });
     let rt = runtime();
     let (big, many, fine) = rt.block_on(async {
@@ -308,10 +307,7 @@ fn foreign_key(hdsd: &Hdsd, other: &Path) -> (std::path::PathBuf, String) {
 /// path and the fix.
 #[test]
 fn a_keys_directory_others_can_write_is_refused() {
-    let mut hdsd = Hdsd::start(HdsdOptions {
-        auth_mode: "token",
-        ..Default::default()
-    });
+    let mut hdsd = Hdsd::start_with(|c| c.auth.mode = AuthMode::Token);
     hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, 8080)]));
     wait_for("web defined", SOON, || {
         hdsd.dataplane("default.web").map(|_| ())
@@ -379,10 +375,7 @@ fn a_keys_directory_others_can_write_is_refused() {
 /// first two are warned about at start (once), the last is refused.
 #[test]
 fn loose_config_and_state_directory() {
-    let mut hdsd = Hdsd::start(HdsdOptions {
-        api_tokens: r#"["s3cret"]"#,
-        ..Default::default()
-    });
+    let mut hdsd = Hdsd::start_with(|c| c.api.tokens = vec!["s3cret".into()]);
     let config = hdsd.config_path();
     let state = hdsd.dir.path().join("state");
     chmod(&config, 0o644);
@@ -452,18 +445,13 @@ fn a_file_of_262000_empty_documents_is_refused() {
     assert!(text.len() <= 1 << 20);
     hdsd.write_dataplane("empty.yaml", &text);
     let message = wait_for("the file's error", SOON, || {
-        let sources = hdsd.get_json("/api/v1/sources")?;
-        sources["files"]
-            .as_array()
-            .ok_or("no files")?
+        let sources = hdsd.sources()?;
+        sources
+            .files
             .iter()
-            .find(|f| {
-                f["path"]
-                    .as_str()
-                    .is_some_and(|p| p.ends_with("empty.yaml"))
-            })
-            .and_then(|f| f["error"]["message"].as_str().map(str::to_string))
-            .ok_or_else(|| sources.to_string())
+            .find(|f| f.path.ends_with("empty.yaml"))
+            .and_then(|f| f.error.as_ref().map(|e| e.message.clone()))
+            .ok_or_else(|| format!("{sources:?}"))
     });
     assert!(
         message.contains("more than 10000 documents (dataplanes.max_documents)"),

@@ -113,10 +113,10 @@ impl TlsHdsd {
         }
     }
 
-    fn status(&self, extra: &[&str]) -> Output {
+    fn status(&self, args: &[&str]) -> Output {
         Command::new(env!("CARGO_BIN_EXE_hdsd"))
             .args(["status", "--api", &self.api, "--api-token", TOKEN])
-            .args(extra)
+            .args(args)
             .output()
             .expect("run hdsd status")
     }

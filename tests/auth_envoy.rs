@@ -10,10 +10,7 @@ use hdsd::clock::{Clock as _, SystemClock};
 const CONNECT: Duration = Duration::from_secs(20);
 
 fn token_server() -> Hdsd {
-    Hdsd::start(HdsdOptions {
-        auth_mode: "token",
-        ..HdsdOptions::default()
-    })
+    Hdsd::start_with(|c| c.auth.mode = AuthMode::Token)
 }
 
 /// A dataplane with one healthy app, plus its Envoy served with a token

@@ -29,10 +29,10 @@ const REFERENCES: &[(&str, &[&str])] = &[
     ),
 ];
 
-fn hdsd_bootstrap(extra: &[&str]) -> String {
+fn hdsd_bootstrap(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_hdsd"))
         .args(["bootstrap", "--mesh", "default", "--name", "web-01"])
-        .args(extra)
+        .args(args)
         .current_dir(testdata())
         .output()
         .unwrap();
@@ -139,10 +139,7 @@ fn bad_flags_are_refused_with_a_clear_error() {
 
 #[test]
 fn a_machine_fetches_its_bootstrap_with_its_token_and_is_served() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        auth_mode: "token",
-        ..HdsdOptions::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.auth.mode = AuthMode::Token);
     let app = App::start();
     hdsd.write_dataplane(
         "web-01.yaml",

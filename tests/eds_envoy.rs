@@ -167,10 +167,7 @@ fn traffic_follows_readiness_without_a_failed_request() {
 /// re-send brings the endpoints back.
 #[test]
 fn re_sends_keep_a_front_with_endpoint_stale_after_from_going_stale() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        extra: "[eds]\nendpoint_stale_after = \"1s\"\n".into(),
-        ..HdsdOptions::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.eds.endpoint_stale_after = Some(Duration::from_secs(1)));
     let app = HttpApp::start("app-1");
     hdsd.write_dataplane("app-1.yaml", &web_dataplane(&app.name, app.port));
     let _envoy = Envoy::start(hdsd.hds, "default.app-1", None);

@@ -126,10 +126,8 @@ fn two_inbounds_one_app_down_only_that_one_is_not_ready() {
     assert_eq!(dp.inbounds[0].health.status, "healthy");
 
     // ?ready=false lists the dataplane, ?ready=true does not.
-    let not_ready = hdsd.get_json("/api/v1/dataplanes?ready=false").unwrap();
-    assert_eq!(not_ready["items"].as_array().unwrap().len(), 1);
-    let ready = hdsd.get_json("/api/v1/dataplanes?ready=true").unwrap();
-    assert_eq!(ready["items"].as_array().unwrap().len(), 0);
+    assert_eq!(hdsd.dataplanes("?ready=false").unwrap().len(), 1);
+    assert_eq!(hdsd.dataplanes("?ready=true").unwrap().len(), 0);
 }
 
 #[test]
@@ -222,10 +220,7 @@ fn unknown_dataplane_is_served_when_its_file_appears_within_the_grace() {
 
 #[test]
 fn unknown_dataplane_gets_not_found_with_instructions_after_the_grace() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        grace: "1s",
-        ..HdsdOptions::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.hds.unknown_dataplane_grace = Duration::from_secs(1));
     let envoy = Envoy::start(hdsd.hds, "default.ghost", None);
     // Envoy logs the (percent-encoded) status of the closed stream.
     let line = wait_for("Envoy to be told NOT_FOUND", CONNECT, || {
@@ -268,32 +263,31 @@ fn broken_file_next_to_good_ones() {
         "the error in /api/v1/sources",
         Duration::from_secs(5),
         || {
-            let v = hdsd.get_json("/api/v1/sources")?;
-            if v["errors"] == 1 {
+            let v = hdsd.sources()?;
+            if v.errors == 1 {
                 Ok(v)
             } else {
-                Err(v.to_string())
+                Err(format!("{v:?}"))
             }
         },
     );
-    let broken = sources["files"]
-        .as_array()
-        .unwrap()
+    let broken = sources
+        .files
         .iter()
-        .find(|f| f["path"].as_str().unwrap().ends_with("broken.yaml"))
+        .find(|f| f.path.ends_with("broken.yaml"))
         .expect("broken.yaml listed");
-    let message = broken["error"]["message"].as_str().unwrap();
-    assert!(message.contains("not an IP literal"), "{message}");
-    assert!(broken["error"]["line"].is_u64(), "{broken}");
+    let error = broken.error.as_ref().expect("broken.yaml's error");
+    assert!(error.message.contains("not an IP literal"), "{error:?}");
+    assert!(error.line.is_some(), "{broken:?}");
 
     // Breaking the good file keeps its last good definition in force.
     hdsd.write_dataplane("good.yaml", "type: Dataplane\nmesh: [unclosed\n");
     wait_for("two broken files", Duration::from_secs(5), || {
-        let v = hdsd.get_json("/api/v1/sources")?;
-        if v["errors"] == 2 {
+        let v = hdsd.sources()?;
+        if v.errors == 2 {
             Ok(())
         } else {
-            Err(v.to_string())
+            Err(format!("{v:?}"))
         }
     });
     let dp = hdsd.wait_inbound("default.good", 10001, "healthy", DETECTION);
@@ -315,10 +309,7 @@ fn broken_file_next_to_good_ones() {
 
 #[test]
 fn an_idle_server_does_not_reload_because_of_its_own_reads() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        auth_mode: "token",
-        ..HdsdOptions::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.auth.mode = AuthMode::Token);
     let app = App::start();
     hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
     hdsd.wait_inbound("default.web", 10001, "pending", Duration::from_secs(5));
@@ -359,10 +350,7 @@ fn an_idle_server_does_not_reload_because_of_its_own_reads() {
 
 #[test]
 fn api_tokens_protect_the_rest_api_but_not_metrics_and_probes() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        api_tokens: "[\"s3cret\"]",
-        ..HdsdOptions::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.api.tokens = vec!["s3cret".into()]);
     let get = |path: &str, token: Option<&str>| {
         let mut request = ureq::get(&hdsd.api_url(path));
         if let Some(t) = token {

@@ -21,10 +21,9 @@ const FRONT_TOKEN: &str = "front-token";
 fn core_story(minor: &str) {
     let (version, bin) = envoy_release(minor);
     eprintln!("Envoy {version}: {}", bin.display());
-    let hdsd = Hdsd::start(HdsdOptions {
-        auth_mode: "token",
-        extra: format!("[eds]\ntokens = [\"{FRONT_TOKEN}\"]\n"),
-        ..HdsdOptions::default()
+    let hdsd = Hdsd::start_with(|c| {
+        c.auth.mode = AuthMode::Token;
+        c.eds.tokens = vec![FRONT_TOKEN.into()];
     });
     let mut app = HttpApp::start("web-01");
     hdsd.write_dataplane(

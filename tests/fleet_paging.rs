@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::support::{wait_for, Hdsd, HdsdOptions};
+use hdsd::consumers::paging::Summary;
 use hdsd::consumers::pb;
 use serde_json::Value;
 
@@ -41,10 +42,10 @@ fn fleet() -> Hdsd {
         hdsd.write_dataplane(&format!("fleet-{file:02}.yaml"), &docs.join("---\n"));
     }
     wait_for("the fleet defined", Duration::from_secs(60), || {
-        let summary = hdsd.get_json("/api/v1/fleet/summary")?;
-        match summary["dataplanes"]["total"].as_u64() {
-            Some(n) if n == FLEET as u64 => Ok(()),
-            other => Err(format!("{other:?} of {FLEET} defined")),
+        let summary: Summary = hdsd.get("/api/v1/fleet/summary")?;
+        match summary.dataplanes.total {
+            n if n == FLEET as u64 => Ok(()),
+            other => Err(format!("{other} of {FLEET} defined")),
         }
     });
     hdsd

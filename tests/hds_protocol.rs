@@ -24,14 +24,13 @@ const QUIET: Duration = Duration::from_secs(1);
 const WEB: &str = "default.web-01";
 
 /// hdsd with settings that differ from each other, so the specifier shows which is which.
-fn start(grace: &'static str) -> Hdsd {
-    Hdsd::start(HdsdOptions {
-        report_interval: "1500ms",
-        check_interval: "300ms",
-        check_timeout: "150ms",
-        unhealthy_threshold: 3,
-        grace,
-        ..HdsdOptions::default()
+fn start(grace: Duration) -> Hdsd {
+    Hdsd::start_with(|c| {
+        c.hds.report_interval = Duration::from_millis(1500);
+        c.hds.check.interval = Duration::from_millis(300);
+        c.hds.check.timeout = Duration::from_millis(150);
+        c.hds.check.unhealthy_threshold = 3;
+        c.hds.unknown_dataplane_grace = grace;
     })
 }
 
@@ -140,7 +139,7 @@ fn assert_specifier(spec: &HealthCheckSpecifier, service_ports: &[u16]) {
 
 #[test]
 fn a_health_check_request_for_another_node_ends_the_stream() {
-    let hdsd = start("30s");
+    let hdsd = start(Duration::from_secs(30));
     define(&hdsd, "web-01", &[(10001, 18080)]);
     let client = GrpcClient::connect(hdsd.hds);
 
@@ -169,7 +168,7 @@ fn a_health_check_request_for_another_node_ends_the_stream() {
 
 #[test]
 fn every_health_check_request_gets_the_current_specifier() {
-    let hdsd = start("30s");
+    let hdsd = start(Duration::from_secs(30));
     // Three inbounds, two distinct probe targets.
     define(
         &hdsd,
@@ -201,7 +200,7 @@ fn every_health_check_request_gets_the_current_specifier() {
 
 #[test]
 fn an_unchanged_file_pushes_nothing_but_a_new_service_port_does() {
-    let hdsd = start("30s");
+    let hdsd = start(Duration::from_secs(30));
     let yaml = dataplane_yaml("web-01", &[(10001, 18080)]);
     hdsd.write_dataplane("web-01.yaml", &yaml);
     wait_for_defined(&hdsd, "web-01", &[(10001, 18080)]);
@@ -230,7 +229,7 @@ fn an_unchanged_file_pushes_nothing_but_a_new_service_port_does() {
 
 #[test]
 fn reports_update_readiness_and_entries_outside_the_specifier_are_ignored() {
-    let hdsd = start("30s");
+    let hdsd = start(Duration::from_secs(30));
     define(&hdsd, "web-01", &[(10001, 18080), (10002, 18081)]);
     let client = GrpcClient::connect(hdsd.hds);
     let mut s = client.open_as(WEB);
@@ -278,7 +277,7 @@ fn reports_update_readiness_and_entries_outside_the_specifier_are_ignored() {
 
 #[test]
 fn flat_endpoints_health_counts_only_when_cluster_endpoints_health_is_empty() {
-    let hdsd = start("30s");
+    let hdsd = start(Duration::from_secs(30));
     define(&hdsd, "web-01", &[(10001, 18080), (10002, 18081)]);
     let client = GrpcClient::connect(hdsd.hds);
     let mut s = client.open_as(WEB);
@@ -314,7 +313,7 @@ fn flat_endpoints_health_counts_only_when_cluster_endpoints_health_is_empty() {
 
 #[test]
 fn a_newer_stream_for_the_same_dataplane_replaces_the_older_one() {
-    let hdsd = start("30s");
+    let hdsd = start(Duration::from_secs(30));
     define(&hdsd, "web-01", &[(10001, 18080), (10002, 18081)]);
     let client = GrpcClient::connect(hdsd.hds);
 
@@ -363,7 +362,7 @@ fn a_newer_stream_for_the_same_dataplane_replaces_the_older_one() {
 
 #[test]
 fn a_deleted_dataplane_gets_an_empty_specifier_then_not_found_after_the_grace() {
-    let hdsd = start("1s");
+    let hdsd = start(Duration::from_secs(1));
     define(&hdsd, "web-01", &[(10001, 18080)]);
     let client = GrpcClient::connect(hdsd.hds);
     let mut s = client.open_as(WEB);
@@ -390,7 +389,7 @@ fn a_deleted_dataplane_gets_an_empty_specifier_then_not_found_after_the_grace() 
 
 #[test]
 fn a_dataplane_back_within_the_grace_resumes_on_the_same_stream() {
-    let hdsd = start("20s");
+    let hdsd = start(Duration::from_secs(20));
     define(&hdsd, "web-01", &[(10001, 18080)]);
     let client = GrpcClient::connect(hdsd.hds);
     let mut s = client.open_as(WEB);
@@ -423,7 +422,7 @@ fn a_dataplane_back_within_the_grace_resumes_on_the_same_stream() {
 
 #[test]
 fn an_unknown_dataplane_waits_the_grace_then_not_found_unless_its_file_appears() {
-    let hdsd = start("1s");
+    let hdsd = start(Duration::from_secs(1));
     let client = GrpcClient::connect(hdsd.hds);
 
     let opened = Instant::now();
@@ -441,7 +440,7 @@ fn an_unknown_dataplane_waits_the_grace_then_not_found_unless_its_file_appears()
     drop(s);
 
     // A longer grace (a second hdsd): the file appears while the stream waits.
-    let hdsd = start("20s");
+    let hdsd = start(Duration::from_secs(20));
     let client = GrpcClient::connect(hdsd.hds);
     let mut s = client.open_as(WEB);
     s.expect_nothing(Duration::from_millis(500));
@@ -452,7 +451,7 @@ fn an_unknown_dataplane_waits_the_grace_then_not_found_unless_its_file_appears()
 
 #[test]
 fn fetch_health_check_returns_the_current_specifier() {
-    let hdsd = start("30s");
+    let hdsd = start(Duration::from_secs(30));
     define(&hdsd, "web-01", &[(10001, 18080), (10002, 18081)]);
     let client = GrpcClient::connect(hdsd.hds);
 
@@ -487,7 +486,7 @@ fn fetch_health_check_returns_the_current_specifier() {
 
 #[test]
 fn connection_info_follows_the_stream() {
-    let hdsd = start("30s");
+    let hdsd = start(Duration::from_secs(30));
     define(&hdsd, "web-01", &[(10001, 18080)]);
     let dp = hdsd.dataplane(WEB).unwrap();
     assert!(!dp.connection.connected);
@@ -539,7 +538,7 @@ fn connection_info_follows_the_stream() {
 /// while the file goes away, over several attempts.
 #[test]
 fn a_request_racing_a_deletion_still_gets_the_specifier_when_the_file_returns() {
-    let hdsd = start("20s");
+    let hdsd = start(Duration::from_secs(20));
     let client = GrpcClient::connect(hdsd.hds);
     define(&hdsd, "web-01", &[(10001, 18080)]);
     for attempt in 0..10 {
@@ -591,7 +590,7 @@ fn a_request_racing_a_deletion_still_gets_the_specifier_when_the_file_returns() 
 /// A stream that reports clears it.
 #[test]
 fn an_envoy_that_ends_every_stream_after_its_specifier_is_flagged() {
-    let hdsd = start("30s");
+    let hdsd = start(Duration::from_secs(30));
     define(&hdsd, "web-01", &[(10001, 18080)]);
     let client = GrpcClient::connect(hdsd.hds);
     for attempt in 1..=3 {

@@ -6,6 +6,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::support::*;
+use hdsd::config::DataplanesConfig;
+use hdsd::dataplane::UnknownFields;
 
 /// Envoy start, first connection and first report.
 const CONNECT: Duration = Duration::from_secs(20);
@@ -88,11 +90,13 @@ fn kuma_files_load_and_other_documents_are_listed_as_ignored() {
     );
 
     // Gateways and zone proxies: defined, nothing to probe, shown as such.
-    let edge = hdsd
-        .get_json("/api/v1/dataplanes/default/edge-gateway")
-        .unwrap();
-    assert_eq!(edge["kind"], "gateway", "{edge}");
-    assert_eq!(edge["inbounds"], serde_json::json!([]));
+    let edge = hdsd.dataplane("default.edge-gateway").unwrap();
+    assert_eq!(
+        edge.kind,
+        hdsd::dataplane::DataplaneKind::Gateway,
+        "{edge:?}"
+    );
+    assert!(edge.inbounds.is_empty(), "{edge:?}");
     let zp = hdsd.dataplane("default.zone-proxy-01").unwrap();
     assert_eq!(zp.kind, hdsd::dataplane::DataplaneKind::ZoneProxy);
     assert_eq!(zp.listeners.len(), 2);
@@ -142,11 +146,11 @@ fn kuma_files_load_and_other_documents_are_listed_as_ignored() {
     hdsd.write_dataplane("template.yaml", &fixture("kuma-invalid", "template.yaml"));
     hdsd.write_dataplane("typo.yaml", &fixture("kuma-invalid", "typo.yaml"));
     wait_for("two errors", RELOAD, || {
-        let v = hdsd.get_json("/api/v1/sources")?;
-        if v["errors"] == 2 {
+        let v = hdsd.sources()?;
+        if v.errors == 2 {
             Ok(())
         } else {
-            Err(v.to_string())
+            Err(format!("{v:?}"))
         }
     });
     let (ok, _, stderr) = validate(&hdsd);
@@ -210,28 +214,24 @@ fn declared_states_with_a_real_envoy() {
         }
     });
     assert_eq!(dp.inbounds[1].health.status, "ignored");
-    let listed = hdsd.get_json("/api/v1/dataplanes?ready=true").unwrap();
-    assert_eq!(listed["items"][0]["name"], "web-01", "{listed}");
+    let listed = hdsd.dataplanes("?ready=true").unwrap();
+    assert_eq!(listed[0].name, "web-01", "{listed:?}");
 }
 
 /// `hdsd validate` over a dataplanes directory holding `name` (from
-/// testdata/kuma-invalid), with `extra` in the `[dataplanes]` table:
+/// testdata/kuma-invalid), its `[dataplanes]` table edited by `edit`:
 /// (success, stdout, stderr).
-fn validate_dir(name: &str, extra: &str) -> (bool, String, String) {
+fn validate_dir(name: &str, edit: impl FnOnce(&mut DataplanesConfig)) -> (bool, String, String) {
     let dir = tempfile::tempdir().unwrap();
     let dps = dir.path().join("dataplanes");
     std::fs::create_dir_all(&dps).unwrap();
     std::fs::write(dps.join(name), fixture("kuma-invalid", name)).unwrap();
+    let mut c = Config::default();
+    c.state_dir = dir.path().join("state");
+    c.dataplanes.dir = dps;
+    edit(&mut c.dataplanes);
     let config = dir.path().join("hdsd.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "state_dir = {:?}\n[dataplanes]\ndir = {:?}\n{extra}",
-            dir.path().join("state").display().to_string(),
-            dps.display().to_string()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config, toml::to_string(&c).unwrap()).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_hdsd"))
         .args(["validate", "--config"])
         .arg(&config)
@@ -258,7 +258,7 @@ fn a_stale_field_is_refused_by_default_and_a_warning_when_unknown_fields_warn() 
         defaults.contains("\nunknown_fields = \"refuse\"\n"),
         "{defaults}"
     );
-    let (ok, stdout, stderr) = validate_dir("stale-field.yaml", "");
+    let (ok, stdout, stderr) = validate_dir("stale-field.yaml", |_| {});
     assert!(!ok, "{stdout}{stderr}");
     assert!(
         stderr.contains("stale-field.yaml:15: document 1: networking.transparentProxying: unknown field `redirectPort`"),
@@ -267,7 +267,9 @@ fn a_stale_field_is_refused_by_default_and_a_warning_when_unknown_fields_warn() 
     assert!(stderr.contains("1 problem(s) found"), "{stderr}");
 
     // Lenient: the file loads, the field is listed as ignored.
-    let (ok, stdout, stderr) = validate_dir("stale-field.yaml", "unknown_fields = \"warn\"\n");
+    let (ok, stdout, stderr) = validate_dir("stale-field.yaml", |d| {
+        d.unknown_fields = UnknownFields::Warn
+    });
     assert!(ok, "{stdout}{stderr}");
     assert!(
         stdout.contains("ok: configuration valid, 1 dataplanes"),

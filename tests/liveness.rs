@@ -9,26 +9,19 @@ use crate::support::*;
 
 const CONNECT: Duration = Duration::from_secs(20);
 
-/// Reports every 500ms; a report older than 2s is stale.
-fn options() -> HdsdOptions {
-    HdsdOptions {
-        report_interval: "500ms",
-        stale_after: Some("2s".into()),
-        ..HdsdOptions::default()
-    }
-}
 const STALE_AFTER: Duration = Duration::from_secs(2);
 
-fn with_stale_after(o: HdsdOptions, stale_after: &str) -> HdsdOptions {
-    HdsdOptions {
-        stale_after: Some(stale_after.to_string()),
-        ..o
-    }
+/// Reports every 500ms; a report older than `stale_after` is stale.
+fn start(stale_after: Duration) -> Hdsd {
+    Hdsd::start_with(|c| {
+        c.hds.report_interval = Duration::from_millis(500);
+        c.hds.stale_after = Some(stale_after);
+    })
 }
 
 #[test]
 fn a_stopped_envoy_goes_stale_and_its_stream_is_closed_then_recovers() {
-    let hdsd = Hdsd::start(options());
+    let hdsd = start(STALE_AFTER);
     let app = App::start();
     hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
     let envoy = Envoy::start(hdsd.hds, "default.web", None);
@@ -69,7 +62,7 @@ fn a_stopped_envoy_goes_stale_and_its_stream_is_closed_then_recovers() {
 
 #[test]
 fn a_killed_envoy_is_stale_after_the_window_not_before_and_a_quick_restart_never_flaps() {
-    let hdsd = Hdsd::start(with_stale_after(options(), "4s"));
+    let hdsd = start(Duration::from_secs(4));
     let app = App::start();
     hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
     let mut envoy = Envoy::start(hdsd.hds, "default.web", None);
@@ -146,7 +139,7 @@ fn a_killed_envoy_is_stale_after_the_window_not_before_and_a_quick_restart_never
 
 #[test]
 fn sigterm_ends_streams_and_exits_zero_within_the_shutdown_timeout() {
-    let mut hdsd = Hdsd::start(options());
+    let mut hdsd = start(STALE_AFTER);
     let app = App::start();
     hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
     let envoy = Envoy::start(hdsd.hds, "default.web", None);
@@ -167,7 +160,7 @@ fn sigterm_ends_streams_and_exits_zero_within_the_shutdown_timeout() {
 
 #[test]
 fn a_killed_and_restarted_hdsd_never_reads_not_ready_then_detects_a_failure() {
-    let mut hdsd = Hdsd::start(with_stale_after(options(), "6s"));
+    let mut hdsd = start(Duration::from_secs(6));
     let a = App::start();
     let mut b = App::start();
     hdsd.write_dataplane("a.yaml", &dataplane_yaml("a", &[(10001, a.port)]));
@@ -196,9 +189,7 @@ fn a_killed_and_restarted_hdsd_never_reads_not_ready_then_detects_a_failure() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut both_reported_again = false;
     while Instant::now() < deadline {
-        let items = hdsd.get_json("/api/v1/dataplanes").unwrap();
-        let items: Vec<hdsd::api::DataplaneItem> =
-            serde_json::from_value(items["items"].clone()).unwrap();
+        let items = hdsd.dataplanes("").unwrap();
         assert_eq!(items.len(), 2);
         for dp in &items {
             assert!(

@@ -7,7 +7,8 @@ use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::support::{wait_for, Hdsd, HdsdOptions};
+use crate::support::zones::as_global;
+use crate::support::{wait_for, Config, Hdsd};
 use serde_json::Value;
 
 const LOADGEN: &str = env!("CARGO_BIN_EXE_hdsd-loadgen");
@@ -59,11 +60,10 @@ fn num(v: &Value, path: &str) -> f64 {
 
 #[test]
 fn loadgen_against_hdsd_and_null_server() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        report_interval: "1s",
+    let hdsd = Hdsd::start_with(|c| {
+        c.hds.report_interval = Duration::from_secs(1);
         // 500 simulated Envoys from 4 loopback addresses.
-        extra: "[hds.limits]\nmax_connections_per_ip = 1000\n".into(),
-        ..HdsdOptions::default()
+        c.hds.limits.max_connections_per_ip = 1000;
     });
     let dataplanes = hdsd.dataplanes_dir();
     let out = Command::new(LOADGEN)
@@ -213,10 +213,7 @@ fn loadgen_against_hdsd_and_null_server() {
 /// services: each mode must receive events and time flips.
 #[test]
 fn loadgen_watchers_and_eds_subscribers_measure_flips() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        report_interval: "1s",
-        ..HdsdOptions::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.hds.report_interval = Duration::from_secs(1));
     let dataplanes = hdsd.dataplanes_dir();
     let out = Command::new(LOADGEN)
         .args(["gen-dataplanes", "--count", "200", "--per-file", "20"])
@@ -292,12 +289,9 @@ fn connected(hdsd: &Hdsd) -> Result<usize, String> {
 /// the other after Envoy's backoff (the first retry within 1 s).
 #[test]
 fn simulated_envoys_move_to_another_server_when_theirs_dies() {
-    let options = || HdsdOptions {
-        report_interval: "1s",
-        ..HdsdOptions::default()
-    };
-    let mut a = Hdsd::start(options());
-    let b = Hdsd::start(options());
+    let options = |c: &mut Config| c.hds.report_interval = Duration::from_secs(1);
+    let mut a = Hdsd::start_with(options);
+    let b = Hdsd::start_with(options);
     for hdsd in [&a, &b] {
         let out = Command::new(LOADGEN)
             .args([
@@ -355,10 +349,7 @@ fn simulated_envoys_move_to_another_server_when_theirs_dies() {
 /// every phase measures something, so the scenario cannot rot.
 #[test]
 fn the_fleet_api_benchmark_measures_at_a_thousand_dataplanes() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        report_interval: "1s",
-        ..HdsdOptions::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.hds.report_interval = Duration::from_secs(1));
     let dataplanes = hdsd.dataplanes_dir();
     let out = Command::new(LOADGEN)
         .args(["gen-dataplanes", "--count", "1000", "--per-file", "100"])
@@ -454,12 +445,9 @@ fn the_fleet_api_benchmark_measures_at_a_thousand_dataplanes() {
 /// the smoke of the `zones10x10k` benchmark scenario.
 #[test]
 fn loadgen_zones_against_a_global() {
-    let global = Hdsd::start(HdsdOptions {
-        auth_mode: "token",
-        zone_listener: true,
-        extra: "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nauto_register = true\n"
-            .into(),
-        ..HdsdOptions::default()
+    let global = Hdsd::start_with(|c| {
+        as_global(c, &[]);
+        c.global.auto_register = true;
     });
     let zones_addr = global.zones.expect("the zone listener").to_string();
     let api_url = format!("http://{}", global.api);

@@ -23,12 +23,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::store_postgres::web01_served_by;
+use crate::support::cluster::{on_postgres_with_timeout, web01_served_by};
 use crate::support::lossy::{LossyLink, Path};
 use crate::support::netns::Netns;
 use crate::support::postgres::Postgres;
 use crate::support::tmpfs::Tmpfs;
-use crate::support::{dataplane_yaml, wait_for, App, Envoy, Hdsd, HdsdOptions};
+use crate::support::{dataplane_yaml, wait_for, App, Envoy, Hdsd};
 
 /// web-01's inbound on `hdsd`: (status, held by).
 fn web01(hdsd: &Hdsd) -> Result<(String, Option<String>), String> {
@@ -67,21 +67,14 @@ fn an_instance_cut_from_postgres_serves_from_memory_and_converges_when_the_cut_h
     };
     // Each instance reaches PostgreSQL at its own address: a firewall rule
     // for one address cuts that instance only.
-    let options = |i: usize| HdsdOptions {
-        stale_after: Some("3s".into()),
-        env: vec![
-            ("HDSD_DATAPLANES__SOURCE".into(), "api".into()),
-            ("HDSD_STORE__KIND".into(), "postgres".into()),
-            ("HDSD_STORE__POSTGRES__URL".into(), pg.tcp_url(addresses[i])),
-        ],
-        extra: format!(
-            "[store.postgres]\nreconcile_interval = \"1s\"\n[cluster]\ninstance_timeout = \"{}\"\n",
-            humantime::format_duration(INSTANCE_TIMEOUT)
-        ),
-        ..HdsdOptions::default()
+    let start = |i: usize| {
+        Hdsd::start_with(|c| {
+            on_postgres_with_timeout(c, pg.tcp_url(addresses[i]), INSTANCE_TIMEOUT);
+            c.hds.stale_after = Some(Duration::from_secs(3));
+        })
     };
-    let a = Hdsd::start(options(0));
-    let others = [Hdsd::start(options(1)), Hdsd::start(options(2))];
+    let a = start(0);
+    let others = [start(1), start(2)];
     let mut app = App::start();
     // An Envoy that knows only A.
     let _envoy = web01_served_by(&a, &app);
@@ -236,10 +229,7 @@ fn an_envoy_on_a_slow_lossy_link_stays_ready_with_the_default_intervals() {
     // The defaults: reports every 5 s, stale after 15 s, keepalive pings
     // every 30 s answered within 10 s. Probes (Envoy to its app) do not
     // cross the link.
-    let hdsd = Hdsd::start(HdsdOptions {
-        report_interval: "5s",
-        ..HdsdOptions::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.hds.report_interval = Duration::from_secs(5));
     let (report_interval, stale_after) = (Duration::from_secs(5), Duration::from_secs(15));
     let link = LossyLink::start(
         hdsd.hds,
@@ -338,10 +328,7 @@ fn a_full_state_disk_keeps_hdsd_serving_and_writes_resume_when_space_returns() {
     let Some(disk) = Tmpfs::mount(TEST, "1m") else {
         return;
     };
-    let hdsd = Hdsd::start(HdsdOptions {
-        state_dir: Some(disk.path().join("state")),
-        ..HdsdOptions::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.state_dir = disk.path().join("state"));
     let mut app = App::start();
     hdsd.write_dataplane(
         "web-01.yaml",

@@ -283,10 +283,7 @@ fn grpc_is_left_out(bin: &Path, version: &str) {
 /// With `hds.check.fallback = "tcp"`, an Envoy too old for gRPC checks
 /// the same target with a TCP connect, and the API says so.
 fn grpc_falls_back_to_tcp(bin: &Path, version: &str) {
-    let hdsd = Hdsd::start(HdsdOptions {
-        env: vec![("HDSD_HDS__CHECK__FALLBACK".into(), "tcp".into())],
-        ..HdsdOptions::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.hds.check.fallback = CheckFallback::Tcp);
     let app = GrpcApp::start("shop.Cart");
     hdsd.write_dataplane(
         "cart.yaml",

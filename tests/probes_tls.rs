@@ -181,12 +181,16 @@ fn the_default_check_goes_over_tls() {
     let good = ca.issue_for(pki.path(), "app", ServerAuth, &["app.test"]);
     let rogue = Ca::new("another CA").issue_for(pki.path(), "rogue", ServerAuth, &["app.test"]);
     let app = TlsApp::start(tls_config(&good.cert, &good.key, None), false);
-    let hdsd = Hdsd::start(HdsdOptions {
-        extra: format!(
-            "[hds.check.tls]\nca_file = {:?}\nsni = \"app.test\"\n",
-            path(&ca_file)
-        ),
-        ..HdsdOptions::default()
+    let hdsd = Hdsd::start_with(|c| {
+        c.hds.check.tls = Some(CheckTlsConfig {
+            enabled: true,
+            sni: Some("app.test".into()),
+            ca_file: Some(path(&ca_file)),
+            insecure_skip_verify: false,
+            client_cert_file: None,
+            client_key_file: None,
+            alpn: Vec::new(),
+        })
     });
     hdsd.write_dataplane("db.yaml", &dataplane_yaml("db", &[(10001, app.port)]));
     let _envoy = Envoy::start(hdsd.hds, "default.db", None);
@@ -310,11 +314,10 @@ fn a_change_of_only_the_tls_settings_keeps_the_inbound_ready() {
     // TLS and plaintext on one port, each answer 300 ms late.
     let app = TlsApp::start(tls_config(&leaf.cert, &leaf.key, None), true);
     app.set_delay(Duration::from_millis(300));
-    let hdsd = Hdsd::start(HdsdOptions {
-        report_interval: "100ms",
-        check_interval: "1s",
-        check_timeout: "800ms",
-        ..HdsdOptions::default()
+    let hdsd = Hdsd::start_with(|c| {
+        c.hds.report_interval = Duration::from_millis(100);
+        c.hds.check.interval = Duration::from_secs(1);
+        c.hds.check.timeout = Duration::from_millis(800);
     });
     let define = |tls: &str| {
         hdsd.write_dataplane(

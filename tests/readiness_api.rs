@@ -46,14 +46,14 @@ struct Follower {
 }
 
 impl Follower {
-    fn start(generated: &Path, target: std::net::SocketAddr, extra: &[String]) -> Follower {
+    fn start(generated: &Path, target: std::net::SocketAddr, args: &[String]) -> Follower {
         let script =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/python/follow_readiness.py");
         let mut child = Command::new(python())
             .arg(script)
             .arg("--target")
             .arg(target.to_string())
-            .args(extra)
+            .args(args)
             .env("PYTHONPATH", generated)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -231,10 +231,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 #[test]
 fn grpc_and_sse_share_the_api_port_tokens_and_errors() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        api_tokens: r#"["s3cret"]"#,
-        ..Default::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.api.tokens = vec!["s3cret".into()]);
     hdsd.write_dataplane("web-1.yaml", &dataplane_yaml("web-1", &[(20001, 1)]));
     let rt = runtime();
     rt.block_on(async {

@@ -33,47 +33,19 @@
 
 use std::time::{Duration, Instant};
 
+use crate::support::cluster::{
+    hdsd_cli, on_postgres, on_postgres_with_timeout, send, web01_envoy_on_all, web01_served_by,
+};
 use crate::support::postgres::Postgres;
-use crate::support::{dataplane_yaml, wait_for, App, Envoy, Hdsd, HdsdOptions};
+use crate::support::{
+    dataplane_yaml, wait_for, App, AuthMode, Config, DataplanesSource, Envoy, Hdsd, HdsdOptions,
+};
 
-/// An instance reading definitions from `pg`, reconciling every second.
-fn on_postgres(pg: &Postgres) -> HdsdOptions {
-    HdsdOptions {
-        env: vec![
-            ("HDSD_DATAPLANES__SOURCE".into(), "api".into()),
-            ("HDSD_STORE__KIND".into(), "postgres".into()),
-            ("HDSD_STORE__POSTGRES__URL".into(), pg.url()),
-        ],
-        extra: "[store.postgres]\nreconcile_interval = \"1s\"\n".into(),
-        ..HdsdOptions::default()
-    }
-}
-
-/// Like [`on_postgres`], with `cluster.instance_timeout` short enough for a
-/// test to see an instance taken for dead.
-pub(crate) fn on_postgres_with_timeout(pg: &Postgres, instance_timeout: &str) -> HdsdOptions {
-    let options = on_postgres(pg);
-    HdsdOptions {
-        extra: format!(
-            "{}[cluster]\ninstance_timeout = \"{instance_timeout}\"\n",
-            options.extra
-        ),
-        ..options
-    }
-}
-
-/// Token auth, definitions through the API, and the PostgreSQL store in the
-/// config file (so that `hdsd token ... --config` uses the store too).
-fn token_auth_on_postgres(pg: &Postgres) -> HdsdOptions {
-    HdsdOptions {
-        auth_mode: "token",
-        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
-        extra: format!(
-            "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n",
-            pg.url()
-        ),
-        ..HdsdOptions::default()
-    }
+/// Token auth, definitions through the API, and the PostgreSQL store (in
+/// the config file, so that `hdsd token ... --config` uses the store too).
+fn token_auth_on_postgres(c: &mut Config, pg: &Postgres) {
+    on_postgres(c, pg.url());
+    c.auth.mode = AuthMode::Token;
 }
 
 /// `PUT`s web-01 (one inbound) on `a` and waits until `b` serves it.
@@ -91,22 +63,6 @@ fn define_web01_seen_by(a: &Hdsd, b: &Hdsd) {
     });
 }
 
-/// web-01 (inbound 10001 on `app`) defined through `a`'s API and served
-/// by an Envoy that knows only `a`, healthy there.
-pub fn web01_served_by(a: &Hdsd, app: &App) -> Envoy {
-    let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
-    let (status, _, body) = send(
-        a,
-        "/api/v1/dataplanes/default/web-01",
-        Some(("application/yaml", &yaml)),
-        &[],
-    );
-    assert_eq!(status, 200, "{body}");
-    let envoy = Envoy::start(a.hds, "default.web-01", None);
-    a.wait_inbound("default.web-01", 10001, "healthy", Duration::from_secs(20));
-    envoy
-}
-
 /// Rows of one table of the shared store.
 fn count(pg: &Postgres, table: &str) -> u32 {
     pg.psql(&format!("SELECT count(*) FROM {table}"))
@@ -115,108 +71,12 @@ fn count(pg: &Postgres, table: &str) -> u32 {
         .unwrap()
 }
 
-/// PUT (or DELETE with `body = None`); returns status, ETag and body.
-pub(crate) fn send(
-    hdsd: &Hdsd,
-    path: &str,
-    body: Option<(&str, &str)>,
-    headers: &[(&str, &str)],
-) -> (u16, Option<String>, serde_json::Value) {
-    let url = hdsd.api_url(path);
-    let response = match body {
-        Some((content_type, text)) => {
-            let mut r = ureq::put(&url)
-                .config()
-                .http_status_as_error(false)
-                .build()
-                .header("Content-Type", content_type);
-            for (k, v) in headers {
-                r = r.header(*k, *v);
-            }
-            r.send(text)
-        }
-        None => {
-            let mut r = ureq::delete(&url)
-                .config()
-                .http_status_as_error(false)
-                .build();
-            for (k, v) in headers {
-                r = r.header(*k, *v);
-            }
-            r.call()
-        }
-    };
-    let mut response = response.expect("the API answers");
-    let status = response.status().as_u16();
-    let etag = response
-        .headers()
-        .get("etag")
-        .map(|v| v.to_str().unwrap().to_string());
-    let text = response.body_mut().read_to_string().unwrap_or_default();
-    (
-        status,
-        etag,
-        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
-    )
-}
-
 fn names(hdsd: &Hdsd) -> Result<Vec<String>, String> {
-    let v = hdsd.get_json("/api/v1/dataplanes")?;
-    Ok(v["items"]
-        .as_array()
-        .ok_or("no items")?
+    Ok(hdsd
+        .dataplanes("")?
         .iter()
-        .map(|i| {
-            format!(
-                "{}.{}",
-                i["mesh"].as_str().unwrap(),
-                i["name"].as_str().unwrap()
-            )
-        })
+        .map(|i| format!("{}.{}", i.mesh, i.name))
         .collect())
-}
-
-fn hdsd_cli(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_hdsd"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run hdsd")
-}
-
-/// Defines `default.web-01` (one inbound probing `app_port`) through the first
-/// instance's API and starts a real Envoy whose bootstrap lists every instance
-/// (`hdsd bootstrap --server A --server B`).
-pub(crate) fn web01_envoy_on_all(instances: &[Hdsd], app_port: u16) -> Envoy {
-    let yaml = dataplane_yaml("web-01", &[(10001, app_port)]);
-    let (status, _, body) = send(
-        &instances[0],
-        "/api/v1/dataplanes/default/web-01",
-        Some(("application/yaml", &yaml)),
-        &[],
-    );
-    assert_eq!(status, 200, "{body}");
-    let servers: Vec<String> = instances.iter().map(|h| h.hds.to_string()).collect();
-    let mut args = vec![
-        "bootstrap",
-        "--mesh",
-        "default",
-        "--name",
-        "web-01",
-        "--admin-port",
-        "0",
-    ];
-    for s in &servers {
-        args.extend(["--server", s.as_str()]);
-    }
-    let out = hdsd_cli(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bootstrap = String::from_utf8(out.stdout).unwrap();
-    Envoy::start_with_bootstrap(tempfile::tempdir().unwrap(), "default.web-01", &bootstrap)
 }
 
 #[test]
@@ -584,10 +444,7 @@ fn each_publisher_rewrites_only_its_own_shared_keys() {
 
 #[test]
 fn definitions_through_the_api_on_the_embedded_store() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
-        ..HdsdOptions::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.dataplanes.source = DataplanesSource::Api);
     let path = "/api/v1/dataplanes/default/web-01";
 
     // Created from YAML: 200 with the revision as ETag; visible in the registry.
@@ -760,8 +617,8 @@ fn a_definition_applied_on_one_instance_is_served_by_another_within_a_second() {
     };
     // Two instances starting together on a new database (migrations race).
     let (a, b) = std::thread::scope(|s| {
-        let a = s.spawn(|| Hdsd::start(on_postgres(&pg)));
-        let b = s.spawn(|| Hdsd::start(on_postgres(&pg)));
+        let a = s.spawn(|| Hdsd::start_with(|c| on_postgres(c, pg.url())));
+        let b = s.spawn(|| Hdsd::start_with(|c| on_postgres(c, pg.url())));
         (a.join().unwrap(), b.join().unwrap())
     });
     let app = App::start();
@@ -833,12 +690,12 @@ fn instances_outlive_a_postgres_outage_and_catch_up() {
     // the outage, so that the transition it missed is visible as such.
     // An instance timeout far shorter than the outage: when PostgreSQL
     // returns, every heartbeat is old, and still no instance is taken for dead.
-    let options = HdsdOptions {
-        stale_after: Some("30s".into()),
-        ..on_postgres_with_timeout(&pg, "2s")
+    let options = |c: &mut Config| {
+        on_postgres_with_timeout(c, pg.url(), Duration::from_secs(2));
+        c.hds.stale_after = Some(Duration::from_secs(30));
     };
-    let a = Hdsd::start(options.clone());
-    let b = Hdsd::start(options);
+    let a = Hdsd::start_with(options);
+    let b = Hdsd::start_with(options);
     let mut app = App::start();
     let path = "/api/v1/dataplanes/default/web-01";
     let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
@@ -1041,12 +898,12 @@ fn a_dead_instances_dataplanes_are_marked_disconnected_by_one_live_instance() {
         return;
     };
     let timeout = Duration::from_secs(2);
-    let options = HdsdOptions {
-        stale_after: Some("3s".into()),
-        ..on_postgres_with_timeout(&pg, "2s")
+    let options = |c: &mut Config| {
+        on_postgres_with_timeout(c, pg.url(), Duration::from_secs(2));
+        c.hds.stale_after = Some(Duration::from_secs(3));
     };
-    let mut a = Hdsd::start(options.clone());
-    let mut others = [Hdsd::start(options.clone()), Hdsd::start(options)];
+    let mut a = Hdsd::start_with(options);
+    let mut others = [Hdsd::start_with(options), Hdsd::start_with(options)];
     let app = App::start();
     // An Envoy that knows only A: it cannot reconnect elsewhere.
     let _envoy = web01_served_by(&a, &app);
@@ -1143,7 +1000,10 @@ fn an_envoy_listing_two_instances_moves_to_the_other_when_its_instance_dies() {
     else {
         return;
     };
-    let mut instances = [Hdsd::start(on_postgres(&pg)), Hdsd::start(on_postgres(&pg))];
+    let mut instances = [
+        Hdsd::start_with(|c| on_postgres(c, pg.url())),
+        Hdsd::start_with(|c| on_postgres(c, pg.url())),
+    ];
     let app = App::start();
     // One bootstrap naming both instances.
     let _envoy = web01_envoy_on_all(&instances, app.port);
@@ -1217,11 +1077,11 @@ fn every_instance_answers_for_the_whole_fleet_and_a_failover_never_reads_not_rea
     ) else {
         return;
     };
-    let options = HdsdOptions {
-        stale_after: Some("3s".into()),
-        ..on_postgres_with_timeout(&pg, "2s")
+    let options = |c: &mut Config| {
+        on_postgres_with_timeout(c, pg.url(), Duration::from_secs(2));
+        c.hds.stale_after = Some(Duration::from_secs(3));
     };
-    let mut instances = [Hdsd::start(options.clone()), Hdsd::start(options)];
+    let mut instances = [Hdsd::start_with(options), Hdsd::start_with(options)];
     let mut app = App::start();
     let _envoy = web01_envoy_on_all(&instances, app.port);
     let holder = wait_for(
@@ -1352,12 +1212,11 @@ fn a_watch_resumes_on_another_instance_from_its_revision_without_a_snapshot() {
         return;
     };
     const SLACK: u64 = 2_000_000; // resume_slack = "2s", in revisions (microseconds)
-    let options = on_postgres(&pg);
-    let options = HdsdOptions {
-        extra: format!("{}[cluster]\nresume_slack = \"2s\"\n", options.extra),
-        ..options
+    let options = |c: &mut Config| {
+        on_postgres(c, pg.url());
+        c.cluster.resume_slack = Duration::from_secs(2);
     };
-    let instances = [Hdsd::start(options.clone()), Hdsd::start(options)];
+    let instances = [Hdsd::start_with(options), Hdsd::start_with(options)];
     let (a, b) = (&instances[0], &instances[1]);
     // web-02 never changes (no Envoy); web-01 is probed by a real Envoy.
     let (status, _, body) = send(
@@ -1486,8 +1345,8 @@ fn a_newer_stream_on_another_instance_ends_the_older_one_within_a_second() {
     else {
         return;
     };
-    let a = Hdsd::start(on_postgres(&pg));
-    let b = Hdsd::start(on_postgres(&pg));
+    let a = Hdsd::start_with(|c| on_postgres(c, pg.url()));
+    let b = Hdsd::start_with(|c| on_postgres(c, pg.url()));
     define_web01_seen_by(&a, &b);
 
     let on_a = GrpcClient::connect(a.hds);
@@ -1525,9 +1384,9 @@ fn a_revocation_through_one_instance_ends_a_stream_held_by_another_within_a_seco
     ) else {
         return;
     };
-    let options = token_auth_on_postgres(&pg);
-    let a = Hdsd::start(options.clone());
-    let b = Hdsd::start(options);
+    let options = |c: &mut Config| token_auth_on_postgres(c, &pg);
+    let a = Hdsd::start_with(options);
+    let b = Hdsd::start_with(options);
     define_web01_seen_by(&a, &b);
 
     // A stream on B with a token of B's.
@@ -1601,10 +1460,10 @@ fn a_token_signed_by_one_instances_key_verifies_on_another_until_the_key_is_remo
     ) else {
         return;
     };
-    let options = token_auth_on_postgres(&pg);
+    let options = |c: &mut Config| token_auth_on_postgres(c, &pg);
     // Two instances, each with its own state directory and first key.
-    let a = Hdsd::start(options.clone());
-    let b = Hdsd::start(options);
+    let a = Hdsd::start_with(options);
+    let b = Hdsd::start_with(options);
     let (kids_a, kids_b) = (private_kids(&a), private_kids(&b));
     assert_eq!(kids_a.len(), 1, "{kids_a:?}");
     assert_ne!(kids_a, kids_b);
@@ -1677,10 +1536,7 @@ fn a_token_signed_by_one_instances_key_verifies_on_another_until_the_key_is_remo
 /// the other dataplanes stay served.
 #[test]
 fn names_that_break_the_rules_are_refused_at_the_api_with_the_rule() {
-    let hdsd = Hdsd::start(HdsdOptions {
-        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
-        ..HdsdOptions::default()
-    });
+    let hdsd = Hdsd::start_with(|c| c.dataplanes.source = DataplanesSource::Api);
     let good = dataplane_yaml("web-01", &[(10001, 8080)]);
     let (status, _, body) = send(
         &hdsd,
@@ -1713,11 +1569,11 @@ fn names_that_break_the_rules_are_refused_at_the_api_with_the_rule() {
     // The definition store's watcher hands the good one to the registry
     // on its own schedule: wait for it, then nothing else is there.
     let listed = wait_for("web-01 listed", Duration::from_secs(10), || {
-        let listed = hdsd.get_json("/api/v1/dataplanes")?;
-        match listed["items"].as_array().map(Vec::len) {
-            Some(0) | None => Err(format!("{listed}")),
-            Some(_) => Ok(listed),
+        let listed = hdsd.dataplanes("")?;
+        match listed.len() {
+            0 => Err(format!("{listed:?}")),
+            _ => Ok(listed),
         }
     });
-    assert_eq!(listed["items"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed.len(), 1, "{listed:?}");
 }

@@ -17,16 +17,12 @@ use rustls::pki_types::{CertificateDer, ServerName};
 const CONNECT: Duration = Duration::from_secs(20);
 
 /// The `[hds.tls]` table for hdsd's config.
-fn hds_tls(cert: &Path, key: &Path, client_ca: Option<&Path>) -> String {
-    let mut s = format!(
-        "[hds.tls]\ncert = {:?}\nkey = {:?}\n",
-        cert.display().to_string(),
-        key.display().to_string()
-    );
-    if let Some(ca) = client_ca {
-        s.push_str(&format!("client_ca = {:?}\n", ca.display().to_string()));
+fn hds_tls(cert: &Path, key: &Path, client_ca: Option<&Path>) -> TlsConfig {
+    TlsConfig {
+        cert: cert.to_path_buf(),
+        key: key.to_path_buf(),
+        client_ca: client_ca.map(Path::to_path_buf),
     }
-    s
 }
 
 /// A TLS hdsd with one dataplane definition per name, each with a healthy app.
@@ -34,10 +30,8 @@ fn tls_server(pki: &Path, client_ca: Option<&Path>, names: &[&str]) -> (Hdsd, Ca
     let ca = Ca::new("hdsd test CA");
     let server = ca.issue(pki, "server", ExtendedKeyUsagePurpose::ServerAuth);
     ca.write(&pki.join("ca.pem"));
-    let hdsd = Hdsd::start(HdsdOptions {
-        extra: hds_tls(&server.cert, &server.key, client_ca),
-        ..HdsdOptions::default()
-    });
+    let hdsd =
+        Hdsd::start_with(|c| c.hds.tls = Some(hds_tls(&server.cert, &server.key, client_ca)));
     let apps = names
         .iter()
         .map(|name| {

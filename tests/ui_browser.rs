@@ -8,6 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::support::{dataplane_yaml, App, Envoy, Hdsd, HdsdOptions};
+use hdsd::consumers::paging::Summary;
 
 fn python() -> PathBuf {
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
@@ -300,11 +301,7 @@ fn the_page_shows_a_tls_probe_and_why_it_may_fail() {
 #[test]
 fn with_api_tokens_the_page_asks_for_a_token_then_works() {
     let _one = one_browser();
-    let options = HdsdOptions {
-        api_tokens: "[\"ui-secret-token\"]",
-        ..HdsdOptions::default()
-    };
-    let hdsd = Hdsd::start(options);
+    let hdsd = Hdsd::start_with(|c| c.api.tokens = vec!["ui-secret-token".into()]);
     let app = App::start();
     hdsd.write_dataplane("web-1.yaml", &dataplane("web-1", 21011, "web", app.port));
     let _envoy = Envoy::start(hdsd.hds, "default.web-1", None);
@@ -372,19 +369,22 @@ fn the_page_heap_levels_off_while_an_app_flaps() {
 /// failover (SIGKILL of the holder).
 #[test]
 fn every_instance_shows_the_fleet_connection_in_rest_grpc_and_the_page() {
-    use crate::store_postgres::{on_postgres_with_timeout, web01_envoy_on_all};
+    use crate::support::cluster::{on_postgres_with_timeout, send, web01_envoy_on_all};
     let Some(pg) = crate::support::postgres::Postgres::start(
         "every_instance_shows_the_fleet_connection_in_rest_grpc_and_the_page",
     ) else {
         return;
     };
     let _one = one_browser();
-    let options = on_postgres_with_timeout(&pg, "2s");
-    let mut instances: Vec<Hdsd> = (0..3).map(|_| Hdsd::start(options.clone())).collect();
+    let mut instances: Vec<Hdsd> = (0..3)
+        .map(|_| {
+            Hdsd::start_with(|c| on_postgres_with_timeout(c, pg.url(), Duration::from_secs(2)))
+        })
+        .collect();
     let app = App::start();
     // Defined through the first instance, seen by all before any Envoy.
     let yaml = dataplane_yaml("web-01", &[(10001, app.port)]);
-    let (status, _, body) = crate::store_postgres::send(
+    let (status, _, body) = send(
         &instances[0],
         "/api/v1/dataplanes/default/web-01",
         Some(("application/yaml", &yaml)),
@@ -501,12 +501,9 @@ async fn grpc_connection(h: &Hdsd) -> hdsd::consumers::pb::Connection {
 /// zone timeout plus the page's 1 s poll, and Online again once thawed.
 #[test]
 fn a_globals_page_shows_its_zones_and_one_going_offline() {
-    use crate::zones::{global, signal, zone, zone_token};
+    use crate::support::zones::{signal, Topology};
     let _one = one_browser();
-    let global = global();
-    let tokens = tempfile::tempdir().unwrap();
-    let eu = zone(&global, "eu-1", &zone_token(&global, "eu-1", &tokens));
-    let us = zone(&global, "us-1", &zone_token(&global, "us-1", &tokens));
+    let (global, [eu, us]) = Topology::new().global().zone("eu-1").zone("us-1").start();
     let apps = [App::start(), App::start()];
     let mut envoys = Vec::new();
     for (z, app) in [&eu, &us].into_iter().zip(&apps) {
@@ -517,17 +514,15 @@ fn a_globals_page_shows_its_zones_and_one_going_offline() {
         "both zones' web ready at the global",
         Duration::from_secs(30),
         || {
-            let list = global.get_json("/api/v1/dataplanes")?;
-            let ready = list["items"].as_array().map_or(0, |items| {
-                items
-                    .iter()
-                    .filter(|i| i["inbounds"][0]["health"]["ready"] == true)
-                    .count()
-            });
+            let list = global.dataplanes("")?;
+            let ready = list
+                .iter()
+                .filter(|i| i.inbounds.first().is_some_and(|i| i.health.ready))
+                .count();
             if ready == 2 {
                 Ok(())
             } else {
-                Err(format!("{list}"))
+                Err(format!("{list:?}"))
             }
         },
     );
@@ -577,10 +572,10 @@ fn a_large_fleets_page_holds_only_the_rows_it_shows() {
         hdsd.write_dataplane(&format!("fleet-{file:02}.yaml"), &docs.join("---\n"));
     }
     crate::support::wait_for("the fleet defined", Duration::from_secs(60), || {
-        let summary = hdsd.get_json("/api/v1/fleet/summary")?;
-        match summary["dataplanes"]["total"].as_u64() {
-            Some(n) if n == FLEET as u64 => Ok(()),
-            other => Err(format!("{other:?} of {FLEET} defined")),
+        let summary: Summary = hdsd.get("/api/v1/fleet/summary")?;
+        match summary.dataplanes.total {
+            n if n == FLEET as u64 => Ok(()),
+            other => Err(format!("{other} of {FLEET} defined")),
         }
     });
     let args = vec![

@@ -6,57 +6,20 @@
 //! the global never deletes its dataplanes; a zone the global does not know
 //! is refused with the fix in the message.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hdsd::clock::{Clock as _, SystemClock};
 use serde_json::Value;
 
+use crate::support::cluster::{on_postgres, on_postgres_with_timeout, send};
 use crate::support::relay::Relay;
+use crate::support::zones::*;
 use crate::support::*;
 
-/// The global's `zone_timeout` in these tests.
-const ZONE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Envoy's first connect and first report.
 const CONNECT: Duration = Duration::from_secs(20);
-
-pub(crate) fn global() -> Hdsd {
-    Hdsd::start(HdsdOptions {
-        auth_mode: "token",
-        zone_listener: true,
-        extra: "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\", \"us-1\"]\n"
-            .to_string(),
-        ..HdsdOptions::default()
-    })
-}
-
-/// Issues a zone token at the global and writes it to a file of `dir`.
-pub(crate) fn zone_token(global: &Hdsd, zone: &str, dir: &tempfile::TempDir) -> PathBuf {
-    let token = global.cli(&["token", "issue", "--zone", zone, "--mesh", "default"]);
-    let path = dir.path().join(format!("{zone}.token"));
-    std::fs::write(&path, token.trim()).unwrap();
-    path
-}
-
-pub(crate) fn zone(global: &Hdsd, name: &str, token: &std::path::Path) -> Hdsd {
-    zone_at(
-        global.zones.expect("the global's zone listener"),
-        name,
-        token,
-    )
-}
-
-/// A zone that dials the global at `addr` (a relay, say).
-fn zone_at(addr: std::net::SocketAddr, name: &str, token: &std::path::Path) -> Hdsd {
-    Hdsd::start(HdsdOptions {
-        extra: format!(
-            "[zone]\nname = \"{name}\"\nglobal = [\"http://{addr}\"]\ntoken_file = {:?}\n",
-            token.display().to_string()
-        ),
-        ..HdsdOptions::default()
-    })
-}
 
 fn zones(global: &Hdsd) -> Vec<Value> {
     global.get_json("/api/v1/zones").unwrap()["items"]
@@ -70,44 +33,6 @@ fn zone_state(global: &Hdsd, name: &str) -> Result<Value, String> {
         .into_iter()
         .find(|z| z["name"] == name)
         .ok_or_else(|| format!("zone {name} not listed"))
-}
-
-/// The global's items of one zone.
-fn remote_items(global: &Hdsd, zone: &str) -> Vec<Value> {
-    global
-        .get_json(&format!("/api/v1/dataplanes?zone={zone}"))
-        .unwrap()["items"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
-fn wait_remote_ready(global: &Hdsd, zone: &str, name: &str, ready: bool, timeout: Duration) {
-    wait_for(
-        &format!("{zone}'s {name} to read ready={ready} at the global"),
-        timeout,
-        || {
-            let items = remote_items(global, zone);
-            let item = items
-                .iter()
-                .find(|i| i["name"] == name)
-                .ok_or_else(|| format!("not listed: {items:?}"))?;
-            let got = item["inbounds"][0]["health"]["ready"].as_bool();
-            if got == Some(ready) {
-                Ok(())
-            } else {
-                Err(format!("{item}"))
-            }
-        },
-    );
-}
-
-pub(crate) fn signal(pid: u32, sig: &str) {
-    let status = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill {sig} {pid}");
 }
 
 /// The global's SSE watch (every zone), read on a thread: each event as
@@ -210,27 +135,23 @@ impl Follower {
 /// when it wakes and nothing is deleted.
 #[test]
 fn two_zones_report_to_a_global_and_a_frozen_zone_is_offline_within_its_timeout() {
-    let global = global();
-    let tokens = tempfile::tempdir().unwrap();
-    let (eu_token, us_token) = (
-        zone_token(&global, "eu-1", &tokens),
-        zone_token(&global, "us-1", &tokens),
-    );
-    let eu = zone(&global, "eu-1", &eu_token);
-    let us = zone(&global, "us-1", &us_token);
-    let mut eu_app = App::start();
-    let us_app = App::start();
-    eu.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, eu_app.port)]));
-    us.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, us_app.port)]));
-    let _eu_envoy = Envoy::start(eu.hds, "default.web", None);
-    let _us_envoy = Envoy::start(us.hds, "default.web", None);
+    let (global, [mut eu, _us]) = Topology::new()
+        .global()
+        .zone("eu-1")
+        .zone("us-1")
+        .web_in_each_zone()
+        .start();
 
     // Each zone's readiness reaches the global, marked with its zone.
     wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
     wait_remote_ready(&global, "us-1", "web", true, CONNECT);
     let item = &remote_items(&global, "eu-1")[0];
-    assert_eq!(item["zone"]["name"], "eu-1", "{item}");
-    assert_eq!(item["zone"]["state"], "online", "{item}");
+    let zone_of = item
+        .zone
+        .as_ref()
+        .expect("a zone's dataplane names its zone");
+    assert_eq!(zone_of.name, "eu-1", "{item:?}");
+    assert_eq!(zone_of.state, "online", "{item:?}");
     let eu_zone = zone_state(&global, "eu-1").unwrap();
     assert_eq!(eu_zone["state"], "online", "{eu_zone}");
     assert_eq!(eu_zone["dataplanes"], 1, "{eu_zone}");
@@ -252,13 +173,13 @@ fn two_zones_report_to_a_global_and_a_frozen_zone_is_offline_within_its_timeout(
     let watch = Follower::start(&global);
 
     // The application dies: the global hears it from the zone.
-    eu_app.stop();
+    eu.web().app.stop();
     wait_remote_ready(&global, "eu-1", "web", false, CONNECT);
     let changed = watch.wait("eu-1's web not ready in the watch", |e, d| {
         e == "changed" && d["dataplane"]["zone"] == "eu-1" && d["dataplane"]["ready"] == false
     });
     assert_eq!(changed["dataplane"]["name"], "web", "{changed}");
-    eu_app.resume();
+    eu.web().app.resume();
     wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
 
     // Freeze eu-1's hdsd: its TCP connection stays open, nothing arrives.
@@ -290,7 +211,7 @@ fn two_zones_report_to_a_global_and_a_frozen_zone_is_offline_within_its_timeout(
         1,
         "an offline zone's dataplanes stay: {items:?}"
     );
-    assert_eq!(items[0]["zone"]["state"], "offline");
+    assert_eq!(items[0].zone.as_ref().unwrap().state, "offline");
     assert_eq!(offline["withdrawn"], false, "{offline}");
     assert_eq!(zone_state(&global, "us-1").unwrap()["state"], "online");
     watch.wait_zone("eu-1", "offline");
@@ -358,12 +279,9 @@ fn problem_of(status: &Value) -> &str {
 /// ends within a second).
 #[test]
 fn each_refusal_says_what_to_do() {
-    let global = Hdsd::start(HdsdOptions {
-        auth_mode: "token",
-        zone_listener: true,
-        extra: "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\"]\ndisabled = [\"off-1\"]\n"
-            .to_string(),
-        ..HdsdOptions::default()
+    let global = Hdsd::start_with(|c| {
+        as_global(c, &["eu-1"]);
+        c.global.disabled = vec!["off-1".into()];
     });
     let tokens = tempfile::tempdir().unwrap();
 
@@ -467,13 +385,12 @@ fn wait_zone(
 /// the zone resumes without a snapshot.
 #[test]
 fn a_cut_link_takes_the_zone_offline_and_healing_it_resumes_without_a_snapshot() {
-    let global = global();
-    let tokens = tempfile::tempdir().unwrap();
-    let relay = Relay::start(global.zones.unwrap());
-    let eu = zone_at(relay.addr, "eu-1", &zone_token(&global, "eu-1", &tokens));
-    let app = App::start();
-    eu.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
-    let _envoy = Envoy::start(eu.hds, "default.web", None);
+    let (global, [eu]) = Topology::new()
+        .global()
+        .zone_through_relay("eu-1")
+        .web_in_each_zone()
+        .start();
+    let relay = eu.relay.as_ref().unwrap();
     wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
 
     relay.cut();
@@ -522,12 +439,11 @@ fn a_cut_link_takes_the_zone_offline_and_healing_it_resumes_without_a_snapshot()
 /// backoff.
 #[test]
 fn restarts_of_either_side_delete_nothing_at_the_global() {
-    let mut global = global();
-    let tokens = tempfile::tempdir().unwrap();
-    let mut eu = zone(&global, "eu-1", &zone_token(&global, "eu-1", &tokens));
-    let app = App::start();
-    eu.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
-    let _envoy = Envoy::start(eu.hds, "default.web", None);
+    let (mut global, [mut eu]) = Topology::new()
+        .global()
+        .zone("eu-1")
+        .web_in_each_zone()
+        .start();
     wait_remote_ready(&global, "eu-1", "web", true, CONNECT);
     let watch = Follower::start(&global);
 
@@ -755,9 +671,6 @@ fn every_reader_of_the_global_sees_both_zones(global: &Hdsd) {
     );
 }
 
-/// The `[global]` table of the two-instance test.
-const GLOBAL_EU: &str = "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\"]\n";
-
 /// A global of two instances on PostgreSQL, with the zone's stream on the
 /// first: the second answers for the zone too (its dataplanes, ready, and
 /// which instance holds the stream). Cut the zone off both: offline on both
@@ -772,34 +685,19 @@ fn two_global_instances_on_postgres_answer_for_every_zone() {
     let Some(pg) = Postgres::start("two_global_instances_on_postgres_answer_for_every_zone") else {
         return;
     };
-    let extra = format!(
-        "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n{GLOBAL_EU}",
-        pg.url()
-    );
-    let options = || HdsdOptions {
-        auth_mode: "token",
-        zone_listener: true,
-        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
-        extra: extra.clone(),
-        ..HdsdOptions::default()
+    let options = |c: &mut Config| {
+        on_postgres(c, pg.url());
+        as_global(c, &["eu-1"]);
     };
-    let mut g1 = Hdsd::start(options());
-    let g2 = Hdsd::start(options());
+    let mut g1 = Hdsd::start_with(options);
+    let g2 = Hdsd::start_with(options);
     let tokens = tempfile::tempdir().unwrap();
     let token = zone_token(&g1, "eu-1", &tokens);
     let (r1, r2) = (
         Relay::start(g1.zones.unwrap()),
         Relay::start(g2.zones.unwrap()),
     );
-    let eu = Hdsd::start(HdsdOptions {
-        extra: format!(
-            "[zone]\nname = \"eu-1\"\nglobal = [\"http://{}\", \"http://{}\"]\ntoken_file = {:?}\n",
-            r1.addr,
-            r2.addr,
-            token.display().to_string()
-        ),
-        ..HdsdOptions::default()
-    });
+    let eu = Hdsd::start_with(|c| as_zone(c, "eu-1", &[r1.addr, r2.addr], &token));
     let app = App::start();
     eu.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, app.port)]));
     let _envoy = Envoy::start(eu.hds, "default.web", None);
@@ -1006,40 +904,27 @@ fn two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over() {
     };
     // The global: heartbeats every second, a zone offline after 3 s of
     // silence, so a takeover within instance_timeout + slack keeps it online.
-    let global = Hdsd::start(HdsdOptions {
-        auth_mode: "token",
-        zone_listener: true,
-        extra: "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"3s\"\nzones = [\"eu-1\"]\n"
-            .to_string(),
-        ..HdsdOptions::default()
+    let global = Hdsd::start_with(|c| {
+        as_global(c, &["eu-1"]);
+        c.global.zone_timeout = Duration::from_secs(3);
     });
     let tokens = tempfile::tempdir().unwrap();
     let token = zone_token(&global, "eu-1", &tokens);
-    let options = || {
-        HdsdOptions {
-        env: vec![("HDSD_DATAPLANES__SOURCE".into(), "api".into())],
-        extra: format!(
-            "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n\
-             [cluster]\ninstance_timeout = \"{}ms\"\nresume_slack = \"2s\"\n\
-             [zone]\nname = \"eu-1\"\nglobal = [\"http://{}\"]\ntoken_file = {:?}\n",
-            pg.url(),
-            ZONE_INSTANCE_TIMEOUT.as_millis(),
-            global.zones.unwrap(),
-            token.display().to_string()
-        ),
-        ..HdsdOptions::default()
-    }
+    let options = |c: &mut Config| {
+        on_postgres_with_timeout(c, pg.url(), ZONE_INSTANCE_TIMEOUT);
+        c.cluster.resume_slack = Duration::from_secs(2);
+        as_zone(c, "eu-1", &[global.zones.unwrap()], &token);
     };
 
     // A starts alone and takes the uplink; B starts and stands by.
-    let mut a = Hdsd::start(options());
+    let mut a = Hdsd::start_with(options);
     let on_a = wait_uplink_state(&a, "connected", None, Duration::from_secs(20));
     let a_name = on_a["holder"]
         .as_str()
         .expect("the holder's name")
         .to_string();
     assert!(a_name.ends_with(&format!("/{}", a.pid())), "{on_a}");
-    let b = Hdsd::start(options());
+    let b = Hdsd::start_with(options);
     let on_b = wait_uplink_state(&b, "standby", Some(&a_name), Duration::from_secs(10));
     assert_eq!(on_b["connected"], false, "{on_b}");
     assert_eq!(on_b["epoch"], on_a["epoch"], "{on_b}");
@@ -1067,7 +952,7 @@ fn two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over() {
     // what B's Envoy reports (each instance's view is the whole zone's).
     let app = App::start();
     let yaml = dataplane_yaml("web", &[(10001, app.port)]);
-    let (put, _, _) = crate::store_postgres::send(
+    let (put, _, _) = send(
         &a,
         "/api/v1/dataplanes/default/web",
         Some(("application/yaml", &yaml)),
@@ -1090,7 +975,7 @@ fn two_zone_instances_on_postgres_hold_one_uplink_and_take_it_over() {
             Err(format!("A {on_a}, B {on_b}, at the global {z}"))
         }
     });
-    let (put, _, _) = crate::store_postgres::send(
+    let (put, _, _) = send(
         &a,
         "/api/v1/dataplanes/default/db",
         Some(("application/yaml", &dataplane_yaml("db", &[(10002, 1)]))),
@@ -1276,17 +1161,13 @@ fn zone_cli_ok(global: &Hdsd, args: &[&str]) -> String {
     out
 }
 
-/// A global that lists no zone and registers none by itself; `extra`
-/// before its `[global]`, and `env`.
-fn bare_global(extra: &str, env: Vec<(String, String)>) -> Hdsd {
-    Hdsd::start(HdsdOptions {
-        auth_mode: "token",
-        zone_listener: true,
-        env,
-        extra: format!(
-            "{extra}[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nauto_register = false\n"
-        ),
-        ..HdsdOptions::default()
+/// A global that lists no zone and registers none by itself, its
+/// configuration then edited by `edit`.
+fn bare_global(edit: impl FnOnce(&mut Config)) -> Hdsd {
+    Hdsd::start_with(|c| {
+        as_global(c, &[]);
+        c.global.auto_register = false;
+        edit(c);
     })
 }
 
@@ -1308,7 +1189,7 @@ fn zone_with_web(global: &Hdsd, token: &std::path::Path, app: &App) -> (Hdsd, En
 /// enabled.
 #[test]
 fn zones_are_registered_and_deleted_through_the_api_without_a_restart() {
-    let global = bare_global("", Vec::new());
+    let global = bare_global(|_| {});
     let tokens = tempfile::tempdir().unwrap();
     let follower = Follower::start(&global);
 
@@ -1471,13 +1352,10 @@ fn zones_are_registered_and_deleted_through_the_api_without_a_restart() {
 /// restart of the global (the redb file of state_dir).
 #[test]
 fn zone_registrations_need_the_api_token_and_outlive_a_restart() {
-    let mut global = Hdsd::start(HdsdOptions {
-        auth_mode: "token",
-        zone_listener: true,
-        api_tokens: "[\"admin-token\"]",
-        extra: "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\"]\ndisabled = [\"off-1\"]\n"
-            .to_string(),
-        ..HdsdOptions::default()
+    let mut global = Hdsd::start_with(|c| {
+        as_global(c, &["eu-1"]);
+        c.global.disabled = vec!["off-1".into()];
+        c.api.tokens = vec!["admin-token".into()];
     });
     let with_token = |args: &[&str]| {
         let mut all = args.to_vec();
@@ -1563,13 +1441,8 @@ fn a_zone_added_through_one_global_instance_is_accepted_by_another() {
     else {
         return;
     };
-    let store = format!(
-        "[store]\nkind = \"postgres\"\n[store.postgres]\nurl = {:?}\nreconcile_interval = \"1s\"\n",
-        pg.url()
-    );
-    let env = || vec![("HDSD_DATAPLANES__SOURCE".to_string(), "api".to_string())];
-    let g1 = bare_global(&store, env());
-    let g2 = bare_global(&store, env());
+    let g1 = bare_global(|c| on_postgres(c, pg.url()));
+    let g2 = bare_global(|c| on_postgres(c, pg.url()));
     zone_cli_ok(&g1, &["add", "eu-1"]);
     let tokens = tempfile::tempdir().unwrap();
     let token = zone_token(&g1, "eu-1", &tokens);
@@ -1628,32 +1501,30 @@ fn a_zone_known_by_its_client_certificate_connects_without_a_token() {
     let server = server_ca.issue(dir.path(), "global", ExtendedKeyUsagePurpose::ServerAuth);
     let zones_ca = Ca::new("zones CA");
     let zones_ca_file = zones_ca.write(&dir.path().join("zones-ca.pem"));
-    let global = Hdsd::start(HdsdOptions {
-        auth_mode: "token",
-        zone_listener: true,
-        extra: format!(
-            "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\", \"us-1\", \"ap-1\"]\n\
-             [global.tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\n\
-             [global.certificate_meshes]\neu-1 = [\"default\"]\nap-1 = [\"default\"]\n",
-            server.cert.display().to_string(),
-            server.key.display().to_string(),
-            zones_ca_file.display().to_string(),
-        ),
-        ..HdsdOptions::default()
+    let global = Hdsd::start_with(|c| {
+        as_global(c, &["eu-1", "us-1", "ap-1"]);
+        c.global.tls = Some(TlsConfig {
+            cert: server.cert.clone(),
+            key: server.key.clone(),
+            client_ca: Some(zones_ca_file.clone()),
+        });
+        for zone in ["eu-1", "ap-1"] {
+            c.global
+                .certificate_meshes
+                .insert(zone.into(), vec!["default".into()]);
+        }
     });
     let url = format!("https://127.0.0.1:{}", global.zones.unwrap().port());
     let zone_with = |name: &str, leaf: &Leaf, token: Option<&std::path::Path>| {
-        let token = token.map_or(String::new(), |t| {
-            format!("token_file = {:?}\n", t.display().to_string())
-        });
-        Hdsd::start(HdsdOptions {
-            extra: format!(
-                "[zone]\nname = \"{name}\"\nglobal = [\"{url}\"]\nca = {:?}\ncert = {:?}\nkey = {:?}\n{token}",
-                server_ca_file.display().to_string(),
-                leaf.cert.display().to_string(),
-                leaf.key.display().to_string(),
-            ),
-            ..HdsdOptions::default()
+        Hdsd::start_with(|c| {
+            c.zone = Some(ZoneConfig {
+                name: name.into(),
+                global: vec![url.clone()],
+                token_file: token.map(Path::to_path_buf),
+                ca: Some(server_ca_file.clone()),
+                cert: Some(leaf.cert.clone()),
+                key: Some(leaf.key.clone()),
+            })
         })
     };
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::support::front::{Client, Front, FrontOptions};
-use crate::support::relay::Relay;
+use crate::support::zones::Topology;
 use crate::support::*;
 
 /// Detection at a zone (see eds_envoy) plus the trip to the global.
@@ -26,34 +26,6 @@ fn web(apps: &[&HttpApp]) -> String {
         ));
     }
     text
-}
-
-fn global(factor: u32) -> Hdsd {
-    Hdsd::start(HdsdOptions {
-        auth_mode: "token",
-        zone_listener: true,
-        extra: format!(
-            "[global]\nenabled = true\nheartbeat_interval = \"1s\"\nzone_timeout = \"2s\"\nzones = [\"eu-1\", \"us-1\"]\n\n[eds]\ntokens = [\"{FRONT_TOKEN}\"]\noverprovisioning_factor = {factor}\n"
-        ),
-        ..HdsdOptions::default()
-    })
-}
-
-fn zone(name: &str, global: std::net::SocketAddr, token: &std::path::Path) -> Hdsd {
-    Hdsd::start(HdsdOptions {
-        extra: format!(
-            "[zone]\nname = \"{name}\"\nglobal = [\"http://{global}\"]\ntoken_file = {:?}\n",
-            token.display().to_string()
-        ),
-        ..HdsdOptions::default()
-    })
-}
-
-fn zone_token(global: &Hdsd, zone: &str, dir: &tempfile::TempDir) -> std::path::PathBuf {
-    let token = global.cli(&["token", "issue", "--zone", zone, "--mesh", "default"]);
-    let path = dir.path().join(format!("{zone}.token"));
-    std::fs::write(&path, token.trim()).unwrap();
-    path
 }
 
 /// Hits per zone (by the apps' name prefix) since `before`.
@@ -105,15 +77,16 @@ fn all_in(client: &Client, zone: &str, timeout: Duration) {
 /// The whole failover story on real Envoys, with Envoy's default factor (140).
 #[test]
 fn a_front_fails_over_to_the_other_zone_by_readiness_without_a_failed_request() {
-    let mut global = global(140);
-    let tokens = tempfile::tempdir().unwrap();
-    let eu = zone(
-        "eu-1",
-        global.zones.unwrap(),
-        &zone_token(&global, "eu-1", &tokens),
-    );
-    let relay = Relay::start(global.zones.unwrap());
-    let us = zone("us-1", relay.addr, &zone_token(&global, "us-1", &tokens));
+    // eu-1 dials the global directly, us-1 through a relay the test cuts.
+    let (mut global, [eu, us]) = Topology::new()
+        .global_with(|c| {
+            c.eds.tokens = vec![FRONT_TOKEN.into()];
+            c.eds.overprovisioning_factor = 140;
+        })
+        .zone("eu-1")
+        .zone_through_relay("us-1")
+        .start();
+    let relay = us.relay.as_ref().unwrap();
     let (mut eu_a, mut eu_b) = (HttpApp::start("eu-a"), HttpApp::start("eu-b"));
     let (us_a, us_b) = (HttpApp::start("us-a"), HttpApp::start("us-b"));
     eu.write_dataplane("web.yaml", &web(&[&eu_a, &eu_b]));

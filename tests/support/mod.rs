@@ -13,6 +13,7 @@
 #![allow(dead_code)] // each test file uses a different part of the harness
 
 pub mod apps;
+pub mod cluster;
 pub mod front;
 pub mod grpc;
 pub mod lossy;
@@ -21,6 +22,7 @@ pub mod pki;
 pub mod postgres;
 pub mod relay;
 pub mod tmpfs;
+pub mod zones;
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::os::fd::AsFd;
@@ -28,9 +30,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hdsd::api::DataplaneItem;
+use hdsd::api::{DataplaneItem, SourcesView};
 use hdsd::bootstrap::{bootstrap_yaml, BootstrapParams};
+pub use hdsd::config::{
+    AuthMode, CheckFallback, CheckTlsConfig, Config, DataplanesSource, StoreKind, TlsConfig,
+    ZoneConfig,
+};
 use hdsd::dataplane::DataplaneId;
+use hdsd::view::Paged;
 
 /// The Envoy binary: `$ENVOY_BIN`, or the one `scripts/setup.sh` installs.
 pub fn envoy_bin() -> PathBuf {
@@ -149,53 +156,35 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<
     }
 }
 
-/// Settings of the hdsd under test.
-#[derive(Debug, Clone)]
+/// How the harness runs an hdsd process, besides its configuration
+/// (which is a [`Config`], see [`Hdsd::start_with`]).
+#[derive(Debug, Clone, Default)]
 pub struct HdsdOptions {
-    pub report_interval: &'static str,
-    pub check_interval: &'static str,
-    pub check_timeout: &'static str,
-    pub unhealthy_threshold: u32,
-    pub grace: &'static str,
-    /// `hds.stale_after`, when not the default.
-    pub stale_after: Option<String>,
-    /// `api.tokens`, as a TOML array (empty: the API is open).
-    pub api_tokens: &'static str,
-    /// `auth.mode`: "none" unless a test is about tokens.
-    pub auth_mode: &'static str,
-    /// Extra TOML appended to the config file.
-    pub extra: String,
-    /// Extra keys of the `[auth]` table.
-    pub auth_extra: String,
     /// Run hdsd with this open-file limit (soft and hard), through `prlimit`.
     pub nofile: Option<u64>,
     /// Extra environment variables (`HDSD_*` settings) for hdsd.
     pub env: Vec<(String, String)>,
-    /// Pass a third listening socket for `global.listen` (a global).
-    pub zone_listener: bool,
-    /// `state_dir`, when not `state` in the test's directory.
-    pub state_dir: Option<PathBuf>,
 }
 
-impl Default for HdsdOptions {
-    fn default() -> Self {
-        HdsdOptions {
-            report_interval: "200ms",
-            check_interval: "200ms",
-            check_timeout: "100ms",
-            unhealthy_threshold: 2,
-            grace: "30s",
-            stale_after: None,
-            api_tokens: "[]",
-            auth_mode: "none",
-            extra: String::new(),
-            auth_extra: String::new(),
-            nofile: None,
-            env: Vec::new(),
-            zone_listener: false,
-            state_dir: None,
-        }
-    }
+/// The configuration every hdsd of the tests starts from: the defaults with
+/// short intervals (reports and checks every 200 ms, two failures make an
+/// inbound unhealthy), no authentication, every file under `dir`, and a
+/// verbose log the tests can read whole. [`Hdsd::start_with`]'s closure
+/// edits it; the harness then sets the listen addresses.
+pub fn test_config(dir: &Path) -> Config {
+    let mut c = Config::default();
+    c.state_dir = dir.join("state");
+    c.dataplanes.dir = dir.join("dataplanes");
+    c.hds.report_interval = Duration::from_millis(200);
+    c.hds.unknown_dataplane_grace = Duration::from_secs(30);
+    c.hds.check.interval = Duration::from_millis(200);
+    c.hds.check.timeout = Duration::from_millis(100);
+    c.hds.check.unhealthy_threshold = 2;
+    c.auth.mode = AuthMode::None;
+    c.log.level = "info,hdsd=debug".into();
+    // Debug lines are many: tests read the log whole (one test checks the budget).
+    c.log.max_bytes_per_second = 16 * 1024 * 1024;
+    c
 }
 
 /// A running hdsd in its own temporary directory.
@@ -205,6 +194,9 @@ pub struct Hdsd {
     pub api: SocketAddr,
     /// The zone listener (`global.listen`), on a global.
     pub zones: Option<SocketAddr>,
+    /// The configuration written to [`Hdsd::config_path`] at every start
+    /// (see [`Hdsd::reconfigure`]).
+    pub config: Config,
     /// The listening sockets passed to every hdsd process of this test.
     sockets: Vec<StdListener>,
     child: Option<Child>,
@@ -212,10 +204,30 @@ pub struct Hdsd {
 }
 
 impl Hdsd {
+    /// An hdsd with the tests' configuration ([`test_config`]), run as
+    /// `options` say.
     pub fn start(options: HdsdOptions) -> Hdsd {
+        Self::start_configured(options, |_| {})
+    }
+
+    /// An hdsd with the tests' configuration edited by `edit`, e.g.
+    /// `Hdsd::start_with(|c| c.hds.limits.max_connections_per_ip = 50)`.
+    pub fn start_with(edit: impl FnOnce(&mut Config)) -> Hdsd {
+        Self::start_configured(HdsdOptions::default(), edit)
+    }
+
+    /// [`Hdsd::start_with`], run as `options` say (open-file limit,
+    /// environment).
+    ///
+    /// The listen addresses are the harness's: it binds the HDS and API
+    /// listeners (and the zone listener when `edit` enables `[global]`)
+    /// and passes them in, whatever `edit` set.
+    pub fn start_configured(options: HdsdOptions, edit: impl FnOnce(&mut Config)) -> Hdsd {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::create_dir_all(dir.path().join("dataplanes")).unwrap();
-        let count = if options.zone_listener { 3 } else { 2 };
+        let mut config = test_config(dir.path());
+        edit(&mut config);
+        std::fs::create_dir_all(&config.dataplanes.dir).unwrap();
+        let count = if config.global.enabled { 3 } else { 2 };
         let sockets: Vec<StdListener> = (0..count).map(|_| listener()).collect();
         let mut hdsd = Hdsd {
             hds: sockets[0].local_addr().unwrap(),
@@ -223,6 +235,7 @@ impl Hdsd {
             zones: sockets.get(2).map(|s| s.local_addr().unwrap()),
             sockets,
             dir,
+            config,
             child: None,
             options,
         };
@@ -235,42 +248,41 @@ impl Hdsd {
     }
 
     pub fn dataplanes_dir(&self) -> PathBuf {
-        self.dir.path().join("dataplanes")
+        self.config.dataplanes.dir.clone()
     }
 
     pub fn log_path(&self) -> PathBuf {
         self.dir.path().join("hdsd.log")
     }
 
-    fn spawn(&mut self) {
-        let o = &self.options;
-        let config = format!(
-            "state_dir = {state:?}\n\n[hds]\nlisten = \"{hds}\"\nreport_interval = \"{ri}\"\nunknown_dataplane_grace = \"{grace}\"\n{stale}\n[hds.check]\ninterval = \"{ci}\"\ntimeout = \"{ct}\"\nunhealthy_threshold = {ut}\n\n[api]\nlisten = \"{api}\"\ntokens = {api_tokens}\n\n[dataplanes]\ndir = {dps:?}\n\n[auth]\nmode = \"{auth}\"\n{auth_extra}\n\n[log]\nlevel = \"info,hdsd=debug\"\n# Debug lines are many: tests read the log whole (one test checks the budget).\nmax_bytes_per_second = 16777216\n\n{extra}\n",
-            state = o
-                .state_dir
-                .clone()
-                .unwrap_or_else(|| self.dir.path().join("state"))
-                .display()
-                .to_string(),
-            hds = self.hds,
-            ri = o.report_interval,
-            grace = o.grace,
-            ci = o.check_interval,
-            ct = o.check_timeout,
-            ut = o.unhealthy_threshold,
-            api = self.api,
-            dps = self.dataplanes_dir().display().to_string(),
-            auth = o.auth_mode,
-            auth_extra = o.auth_extra,
-            api_tokens = o.api_tokens,
-            stale = o
-                .stale_after
-                .as_ref()
-                .map(|s| format!("stale_after = \"{s}\"\n"))
-                .unwrap_or_default(),
-            extra = o.extra,
+    /// Edits the configuration; the next start ([`Hdsd::restart`],
+    /// [`Hdsd::start_again`]) runs with it.
+    pub fn reconfigure(&mut self, edit: impl FnOnce(&mut Config)) {
+        edit(&mut self.config);
+    }
+
+    /// Writes [`Hdsd::config`] as TOML to [`Hdsd::config_path`], with the
+    /// harness's listeners, and checks that hdsd's loader reads back the
+    /// same configuration (so no setting is lost on the way).
+    fn write_config(&mut self) {
+        self.config.hds.listen = self.hds;
+        self.config.api.listen = self.api;
+        if let Some(zones) = self.zones {
+            self.config.global.listen = zones;
+        }
+        let text = toml::to_string(&self.config).expect("the configuration serialises");
+        let loaded = Config::from_text(&text, "toml")
+            .unwrap_or_else(|e| panic!("the written configuration does not load: {e}\n{text}"));
+        assert_eq!(
+            loaded, self.config,
+            "the written configuration loads otherwise:\n{text}"
         );
-        std::fs::write(self.config_path(), config).unwrap();
+        std::fs::write(self.config_path(), text).unwrap();
+    }
+
+    fn spawn(&mut self) {
+        self.write_config();
+        let o = &self.options;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -368,6 +380,24 @@ impl Hdsd {
             .call()
             .map_err(|e| e.to_string())?;
         r.body_mut().read_json().map_err(|e| e.to_string())
+    }
+
+    /// `GET path`, read as `T` (one of the API's read types).
+    pub fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, String> {
+        let v = self.get_json(path)?;
+        serde_json::from_value(v).map_err(|e| format!("GET {path}: {e}"))
+    }
+
+    /// The dataplanes `GET /api/v1/dataplanes<query>` lists (its first
+    /// page), e.g. `dataplanes("?ready=false")`.
+    pub fn dataplanes(&self, query: &str) -> Result<Vec<DataplaneItem>, String> {
+        self.get::<Paged<DataplaneItem>>(&format!("/api/v1/dataplanes{query}"))
+            .map(|page| page.items)
+    }
+
+    /// `GET /api/v1/sources`: the dataplane files and their errors.
+    pub fn sources(&self) -> Result<SourcesView, String> {
+        self.get("/api/v1/sources")
     }
 
     pub fn dataplane(&self, id: &str) -> Result<DataplaneItem, String> {
