@@ -1,7 +1,8 @@
 //! The contract every [`Cluster`] keeps, as tests the implementations run:
 //! [`one_instance`] against each one alone, [`two_instances`] against two
 //! instances sharing one store (PostgreSQL). Public so that the integration
-//! tests, which start a database, can run them.
+//! tests, which start a database, can run them; behind the `test-util`
+//! feature (on in test builds), so a release build does not compile them.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

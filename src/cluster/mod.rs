@@ -29,6 +29,7 @@ use crate::readiness::Timestamp;
 use crate::registry::{Claims, Registry};
 use crate::store::{StoreError, StoreStatus, StoredHealth};
 
+#[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 pub mod lease;
 mod postgres;

@@ -620,7 +620,9 @@ fn removed(
 
 /// The [`DefinitionStore`] contract, run against each engine (redb here,
 /// PostgreSQL in the integration tests). Panics on the first violation.
-#[doc(hidden)]
+/// Behind the `test-util` feature (on in test builds): a release build
+/// does not compile it.
+#[cfg(any(test, feature = "test-util"))]
 pub async fn conformance(store: &dyn DefinitionStore) {
     use std::time::Duration;
     let a = DataplaneId::new("default", "conformance-a");
