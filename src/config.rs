@@ -2183,8 +2183,10 @@ mod tests {
         let text = toml::to_string(&default).expect("the defaults serialise");
         assert_eq!(Config::from_text(&text, "toml").unwrap(), default, "{text}");
 
-        let mut c = Config::default();
-        c.state_dir = PathBuf::from("/var/lib/hdsd test");
+        let mut c = Config {
+            state_dir: PathBuf::from("/var/lib/hdsd test"),
+            ..Config::default()
+        };
         c.hds.report_interval = Duration::from_millis(200);
         c.hds.stale_after = Some(Duration::from_millis(1500));
         c.hds.check.no_traffic_interval = Some(Duration::from_secs(90));

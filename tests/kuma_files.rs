@@ -226,8 +226,10 @@ fn validate_dir(name: &str, edit: impl FnOnce(&mut DataplanesConfig)) -> (bool, 
     let dps = dir.path().join("dataplanes");
     std::fs::create_dir_all(&dps).unwrap();
     std::fs::write(dps.join(name), fixture("kuma-invalid", name)).unwrap();
-    let mut c = Config::default();
-    c.state_dir = dir.path().join("state");
+    let mut c = Config {
+        state_dir: dir.path().join("state"),
+        ..Config::default()
+    };
     c.dataplanes.dir = dps;
     edit(&mut c.dataplanes);
     let config = dir.path().join("hdsd.toml");

@@ -172,8 +172,10 @@ pub struct HdsdOptions {
 /// verbose log the tests can read whole. [`Hdsd::start_with`]'s closure
 /// edits it; the harness then sets the listen addresses.
 pub fn test_config(dir: &Path) -> Config {
-    let mut c = Config::default();
-    c.state_dir = dir.join("state");
+    let mut c = Config {
+        state_dir: dir.join("state"),
+        ..Config::default()
+    };
     c.dataplanes.dir = dir.join("dataplanes");
     c.hds.report_interval = Duration::from_millis(200);
     c.hds.unknown_dataplane_grace = Duration::from_secs(30);
