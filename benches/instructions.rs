@@ -498,7 +498,7 @@ fn eds_zones(services: usize) -> Box<dyn FnMut()> {
     use eds::assignment::ZoneLink;
     let mut index = Index::new(EdsOptions::default());
     let entry = |dp: hdsd::pb::Dataplane| (DataplaneId::new(&dp.mesh, &dp.name), Arc::new(dp));
-    let zone = |address: &str| -> hdsd::zones::remote::Dataplanes {
+    let zone = |address: &str| -> hdsd::view::zones::Dataplanes {
         (0..services)
             .map(|i| entry(eds_remote(i, address, true)))
             .collect()

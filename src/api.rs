@@ -4,7 +4,7 @@
 //! and the source snapshot. They never write state; the write calls of
 //! [`definitions`] write to the store, whose changes reach the registry like
 //! file changes, and a global's zone writes go through
-//! [`ZoneAdmin`](crate::zone_sync::admin::ZoneAdmin) (the cluster, then the
+//! [`ZoneAdmin`](crate::zones::global::admin::ZoneAdmin) (the cluster, then the
 //! hub, its one writer).
 
 pub mod definitions;
@@ -64,10 +64,10 @@ pub struct ApiState {
 /// a zone (its link to the global), or neither.
 #[derive(Debug, Clone, Default)]
 pub struct Zones {
-    pub hub: Option<crate::zone_sync::global::HubHandle>,
-    pub uplink: Option<crate::zone_sync::uplink::UplinkHandle>,
+    pub hub: Option<crate::zones::global::server::HubHandle>,
+    pub uplink: Option<crate::zones::zone::link::UplinkHandle>,
     /// On a global: zones registered, disabled and deleted through the API.
-    pub admin: Option<Arc<crate::zone_sync::admin::ZoneAdmin>>,
+    pub admin: Option<Arc<crate::zones::global::admin::ZoneAdmin>>,
 }
 
 /// What the read handlers read: the registry's dataplanes and the sources.
@@ -87,7 +87,7 @@ pub struct Health {
     /// Whether the shared store answers; `None` without one.
     pub store_status: Option<crate::store::StoreStatus>,
     /// A zone's link to its global; `None` unless `[zone]` is set.
-    pub uplink: Option<crate::zone_sync::uplink::UplinkHandle>,
+    pub uplink: Option<crate::zones::zone::link::UplinkHandle>,
 }
 
 /// Bearer tokens that `/api/*` requires; empty means open (loopback only).

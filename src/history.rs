@@ -26,8 +26,8 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use crate::clock::{Clock, Timestamp};
 use crate::feed::{ChangeKind, FeedHandle, Filter, Key, Subject};
 use crate::registry::{catalog_changes, Catalog, Registry};
+use crate::view::zones::ZonesView;
 use crate::view::{DataplaneItem, InboundItem};
-use crate::zones::hub::ZonesView;
 
 /// The bounds of the history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -743,7 +743,7 @@ fn resync(catalog: &Catalog, history: &mut History, at: Timestamp) {
 
 /// What moved between two views of the zones.
 pub fn apply_zones(history: &mut History, prev: &ZonesView, next: &ZonesView, at: Timestamp) {
-    for change in crate::zones::changes::changes(prev, next) {
+    for change in crate::view::zones::changes::changes(prev, next) {
         let deleted = change.kind == ChangeKind::Deleted;
         match &change.subject {
             Subject::Zone { zone, state } => {

@@ -33,12 +33,12 @@ pub const LAYERS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "state",
-        "who owns state, one writer each: the dataplane sources, the registry and its dataplane tasks, the stores, the change feed, the token gate",
-        &["auth", "source", "registry", "store", "feed"],
+        "who owns state, one writer each: the dataplane sources, the registry and its dataplane tasks, the stores, the change feed, the token gate (and how a gRPC request shows it a token)",
+        &["auth", "grpc_auth", "source", "registry", "store", "feed"],
     ),
     (
         "view",
-        "the read model every reader shares, built from the registry's state",
+        "the read model every reader shares: dataplanes built from the registry's state, the zones as a global's hub publishes them, the change-feed entries two zone views differ by, and their protobuf form",
         &["view"],
     ),
     (
@@ -47,24 +47,22 @@ pub const LAYERS: &[(&str, &str, &[&str])] = &[
         &["cluster"],
     ),
     (
-        "zones",
-        "the zone sync protocol of both sides (the zone's uplink, the global's session), what the global holds of each zone, liveness and reconnect backoff: machines and plain data over the core, the view and the protobuf messages; no task, no network",
-        &["zones"],
-    ),
-    (
         "consumers",
         "readers of the feed and the view: gRPC watch, SSE, EDS, services, the metrics scrape, the last hour's history",
         &["consumers", "scrape", "history"],
     ),
     (
+        "zones",
+        "zone sync, both sides in one folder: the pure machines (the global's session, remote zone and hub, the zone's uplink, liveness, backoff) and their drivers (the global's zone listener, hub task, ledger and zone admin, the zone's link, which reads its own feed through the consumers' watch)",
+        &["zones"],
+    ),
+    (
         "edges",
-        "I/O and wiring: the listeners, HDS, zone sync, the REST API and the page, TLS, the CLI's clients, the server",
+        "I/O and wiring: the listeners, HDS, the REST API and the page, TLS, the CLI's clients, the server",
         &[
             "net",
             "tls",
-            "grpc_auth",
             "hds",
-            "zone_sync",
             "zone_client",
             "api",
             "ui",

@@ -45,5 +45,4 @@ pub mod tls;
 pub mod ui;
 pub mod view;
 pub mod zone_client;
-pub mod zone_sync;
 pub mod zones;

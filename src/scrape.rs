@@ -17,8 +17,7 @@ use crate::metrics::{
 use crate::readiness::Status;
 use crate::registry::Registry;
 use crate::source::Loaded;
-use crate::zones::hub::ZonesView;
-use crate::zones::liveness::ZoneState;
+use crate::view::zones::{ZoneState, ZonesView};
 
 /// Renders `/metrics`: refreshes the fleet gauges and process metrics from
 /// snapshots, then renders every metric.

@@ -232,8 +232,8 @@ pub async fn run(
     let sources = start_sources(&config, &stores, &settings).await?;
     // A global's zones: EDS follows them from the start.
     let hub = match config.global.enabled {
-        true => Some(crate::zone_sync::global::spawn_hub(
-            crate::zones::hub::HubSettings {
+        true => Some(crate::zones::global::server::spawn_hub(
+            crate::zones::global::hub::HubSettings {
                 zone_timeout: config.global.zone_timeout,
                 offline_ttl: config.global.offline_ttl,
                 auto_register: config.global.auto_register,
@@ -247,7 +247,7 @@ pub async fn run(
         false => None,
     };
     let zone_admin = hub.as_ref().map(|hub| {
-        Arc::new(crate::zone_sync::admin::ZoneAdmin::new(
+        Arc::new(crate::zones::global::admin::ZoneAdmin::new(
             hub.clone(),
             cluster.clone(),
             &config.global.zones,
@@ -266,7 +266,7 @@ pub async fn run(
     let budget = state.budget.clone();
     if let Some(hub) = &hub {
         // The global's watchers hear every zone's changes too.
-        crate::zone_sync::global::feed_zones(hub, state.feed.sender());
+        crate::zones::global::server::feed_zones(hub, state.feed.sender());
     }
     let gate = Arc::new(Gate::new(&config.auth, &config.state_dir, clock.now())?);
     tokio::spawn(gate.clone().watch());
@@ -428,11 +428,11 @@ pub async fn run(
 /// (the redb file alone, PostgreSQL with several instances). A store that
 /// does not answer leaves them to the zone ledger (PostgreSQL), which
 /// reads them again every second.
-async fn registered_zones(cluster: &dyn Cluster) -> Vec<crate::zones::hub::ZoneRecord> {
+async fn registered_zones(cluster: &dyn Cluster) -> Vec<crate::zones::global::hub::ZoneRecord> {
     match cluster.zone_registrations(0).await {
         Ok(rows) => rows
             .into_iter()
-            .map(crate::zone_sync::shared::record_of)
+            .map(crate::zones::global::ledger::record_of)
             .collect(),
         Err(e) => {
             tracing::warn!(
@@ -446,8 +446,8 @@ async fn registered_zones(cluster: &dyn Cluster) -> Vec<crate::zones::hub::ZoneR
 /// Zones: the global's hub and zone listener, the zone's uplink, each only
 /// where the configuration asks for it.
 struct Zones {
-    hub: Option<crate::zone_sync::global::HubHandle>,
-    uplink: Option<crate::zone_sync::uplink::UplinkHandle>,
+    hub: Option<crate::zones::global::server::HubHandle>,
+    uplink: Option<crate::zones::zone::link::UplinkHandle>,
     serving: Option<Serving<tonic::transport::Error>>,
     addr: Option<std::net::SocketAddr>,
 }
@@ -458,22 +458,23 @@ fn start_zones(
     gate: &Arc<Gate>,
     (instance, lease): (String, Option<crate::cluster::lease::LeaseHandle>),
     (hub, listener): (
-        Option<crate::zone_sync::global::HubHandle>,
+        Option<crate::zones::global::server::HubHandle>,
         Option<TcpListener>,
     ),
     clock: Arc<dyn Clock>,
     drain: watch::Receiver<bool>,
 ) -> Result<Zones, ServeError> {
-    use crate::zone_sync::{global, uplink};
+    use crate::zones::global::server as global;
+    use crate::zones::zone::link as uplink;
     let uplink = config.zone.as_ref().zip(lease).map(|(zone, lease)| {
         uplink::spawn(
             uplink::UplinkOptions {
-                settings: crate::zones::uplink::UplinkSettings::new(&zone.name, instance),
+                settings: crate::zones::zone::uplink::UplinkSettings::new(&zone.name, instance),
                 globals: zone.global.clone(),
                 token_file: zone.token_file.clone(),
                 ca: zone.ca.clone(),
                 identity: zone.cert.clone().zip(zone.key.clone()),
-                backoff: crate::zones::backoff::Backoff::default(),
+                backoff: crate::zones::zone::backoff::Backoff::default(),
             },
             lease,
             state.registry.clone(),
@@ -492,7 +493,7 @@ fn start_zones(
     };
     let g = &config.global;
     let mut session =
-        crate::zones::session::SessionSettings::new(g.heartbeat_interval, g.zone_timeout);
+        crate::zones::global::session::SessionSettings::new(g.heartbeat_interval, g.zone_timeout);
     session.auto_register = g.auto_register;
     let sync =
         global::ZoneSyncServer::new(hub.clone(), gate.clone(), session, clock, drain.clone())
@@ -755,7 +756,7 @@ fn start_metrics(
     state: &State,
     sources: &Sources,
     gate: &Gate,
-    zones: Option<watch::Receiver<Arc<crate::zones::hub::ZonesView>>>,
+    zones: Option<watch::Receiver<Arc<crate::view::zones::ZonesView>>>,
 ) -> Result<crate::scrape::Scrape, ServeError> {
     let scrape = crate::scrape::Scrape {
         handle: crate::metrics::install()?,

@@ -5,7 +5,7 @@
 //! On a global, zones are also registered (`PUT /api/v1/zones/{zone}`, body
 //! `{"disabled": true}` optional), disabled and enabled (`POST
 //! .../disable`, `.../enable`) and deleted (`DELETE`) here, through
-//! [`ZoneAdmin`](crate::zone_sync::admin::ZoneAdmin).
+//! [`ZoneAdmin`](crate::zones::global::admin::ZoneAdmin).
 
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
@@ -17,10 +17,10 @@ use serde::{Deserialize, Serialize};
 use super::{error, Zones};
 use crate::clock::Timestamp;
 use crate::dataplane::DataplaneId;
+use crate::view::zones::ZoneSummary;
 use crate::view::DataplaneItem;
-use crate::zone_sync::admin::{AdminError, Op};
-use crate::zone_sync::uplink::UplinkStatus;
-use crate::zones::hub::ZoneSummary;
+use crate::zones::global::admin::{AdminError, Op};
+use crate::zones::zone::link::UplinkStatus;
 
 /// One zone as the API shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -159,7 +159,7 @@ async fn change(
     z: &Zones,
     zone: &str,
     op: Op,
-) -> Result<crate::zone_sync::admin::Changed, Response> {
+) -> Result<crate::zones::global::admin::Changed, Response> {
     let Some(admin) = &z.admin else {
         return Err(error(StatusCode::NOT_FOUND, NOT_A_GLOBAL));
     };

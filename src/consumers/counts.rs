@@ -36,8 +36,8 @@ use crate::dataplane::{DataplaneId, SERVICE_TAG};
 use crate::feed::{FeedHandle, Filter, Revision, Zones};
 use crate::history::Class;
 use crate::registry::{catalog_changes, Catalog, Registry};
+use crate::view::zones::{ZoneView, ZonesView};
 use crate::view::DataplaneItem;
-use crate::zones::hub::{ZoneView, ZonesView};
 
 use super::paging::{DataplaneCounts, InboundCounts, Query, Summary};
 use super::services::{ServiceItem, ServiceTally, Services};

@@ -337,7 +337,7 @@ pub trait ZoneSource {
     fn dataplanes(&self) -> &imbl::OrdMap<DataplaneId, Self::Value>;
 }
 
-impl ZoneSource for crate::zones::hub::ZoneView {
+impl ZoneSource for crate::view::zones::ZoneView {
     type Value = std::sync::Arc<crate::pb::Dataplane>;
     fn name(&self) -> &str {
         &self.summary.name
@@ -512,7 +512,7 @@ fn own_item(_: &DataplaneId, handle: &crate::registry::DataplaneHandle) -> Optio
 
 /// A zone's dataplane as an item, with the zone's state.
 fn zone_item(
-    zone: &crate::zones::hub::ZoneView,
+    zone: &crate::view::zones::ZoneView,
     dp: &std::sync::Arc<crate::pb::Dataplane>,
 ) -> Option<DataplaneItem> {
     DataplaneItem::from_remote(zone.zone_of(), dp)
@@ -522,7 +522,7 @@ fn zone_item(
 /// (on a global) its zones' dataplanes.
 pub fn fleet_page(
     catalog: &crate::registry::Catalog,
-    zones: Option<&crate::zones::hub::ZonesView>,
+    zones: Option<&crate::view::zones::ZonesView>,
     query: &Query,
     request: &PageRequest,
 ) -> Page<DataplaneItem> {
@@ -541,7 +541,7 @@ pub fn fleet_page(
 /// The counts of every dataplane `query` takes in, one item at a time.
 pub fn fleet_summary(
     catalog: &crate::registry::Catalog,
-    zones: Option<&crate::zones::hub::ZonesView>,
+    zones: Option<&crate::view::zones::ZonesView>,
     query: &Query,
 ) -> Summary {
     let zones = zones.map_or(&[][..], |z| z.zones.as_slice());
@@ -554,7 +554,7 @@ pub fn fleet_summary(
 /// [`super::services::services`] counts them.
 pub fn fleet_services(
     catalog: &crate::registry::Catalog,
-    zones: Option<&crate::zones::hub::ZonesView>,
+    zones: Option<&crate::view::zones::ZonesView>,
     mesh: Option<&str>,
 ) -> Vec<ServiceItem> {
     let mut counted = Services::default();

@@ -11,55 +11,14 @@
 //! [`state`] is a pure function of [`LivenessInputs`]; the inputs' own
 //! [`LivenessInputs::opened`] and [`LivenessInputs::heartbeat`] keep
 //! `online_since` (when the zone last came online), so `since` stays
-//! right across a reconnect within the timeout.
+//! right across a reconnect within the timeout. Its result, [`Liveness`]
+//! and [`ZoneState`], is read-model data ([`crate::view::zones`]).
 
-use std::fmt;
 use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
 
 use super::{elapsed, plus};
 use crate::clock::Timestamp;
-
-/// A zone's state, as the API shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ZoneState {
-    /// No stream of the zone was ever accepted.
-    NeverConnected,
-    /// A message (or an accepted stream) within the zone timeout.
-    Online,
-    /// Nothing from the zone for longer than the zone timeout.
-    Offline,
-    /// An operator disabled the zone: its streams are refused.
-    Disabled,
-}
-
-impl ZoneState {
-    /// Every state.
-    pub const ALL: [ZoneState; 4] = [
-        ZoneState::NeverConnected,
-        ZoneState::Online,
-        ZoneState::Offline,
-        ZoneState::Disabled,
-    ];
-
-    /// The API's word: "never_connected", "online", "offline", "disabled".
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ZoneState::NeverConnected => "never_connected",
-            ZoneState::Online => "online",
-            ZoneState::Offline => "offline",
-            ZoneState::Disabled => "disabled",
-        }
-    }
-}
-
-impl fmt::Display for ZoneState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::view::zones::{Liveness, ZoneState};
 
 /// What the global recorded of a zone, every time on its own clock.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -106,24 +65,6 @@ impl LivenessInputs {
             _ => at,
         }
     }
-}
-
-/// A zone's state at one moment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Liveness {
-    /// The state.
-    pub state: ZoneState,
-    /// When the state began: for `online`, when the zone came online (never
-    /// after `now`); for `offline`, the moment the timeout ran out
-    /// (`max(last, opened) + timeout`); for `disabled`, when it was
-    /// disabled; `None` for `never_connected`.
-    pub since: Option<Timestamp>,
-    /// The last sign of life, `max(last heartbeat, stream opened)`.
-    pub last_seen: Option<Timestamp>,
-    /// While online: the first moment the zone is offline if nothing
-    /// arrives (one nanosecond after the timeout runs out), for a driver's
-    /// timer. `None` otherwise.
-    pub offline_at: Option<Timestamp>,
 }
 
 /// The zone's state at `now` (the global's clock), by the rule in the

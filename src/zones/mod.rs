@@ -1,33 +1,39 @@
 //! Zones: a zone hdsd syncs its dataplanes to the global hdsd over one
 //! gRPC stream (`proto/hdsd/v1/zone.proto`, `hdsd.v1.ZoneSyncService`).
+//! The whole feature, split by side; each side holds its pure machines
+//! (events in, actions out, time passed in as a [`Timestamp`], like
+//! [`crate::hds::stream`]) and the drivers that turn a network stream, the
+//! change feed and timers into their events.
 //!
-//! Everything here is pure, like [`crate::hds::stream`]: events in, actions
-//! out, time passed in as a [`Timestamp`]. The drivers that turn a network
-//! stream, the change feed and timers into events live above.
-//!
-//! - [`uplink`]: the zone's side of one stream (hello, snapshot in chunks or
-//!   resume, changes, heartbeats, what to do when refused).
-//! - [`session`]: the global's side of one stream (who may speak for which
-//!   zone and mesh, the version skew rule, snapshots, acknowledgements).
-//! - [`remote`]: what the global holds of one zone across streams: its
-//!   dataplanes, the revision it holds, the uplink lease's epoch, liveness
-//!   inputs; deletions of a snapshot only once it is complete.
+//! - [`global`]: the global's side. Machines: [`global::session`] (one
+//!   stream: who may speak for which zone and mesh, the version skew rule,
+//!   snapshots, acknowledgements), [`global::remote`] (what the global holds
+//!   of one zone across streams), [`global::hub`] (every zone at once),
+//!   [`global::certificate`] (the zone a client certificate names).
+//!   Drivers: [`global::server`] (the zone listener and the hub task, the
+//!   only writer of the hub, which publishes the
+//!   [`ZonesView`](crate::view::zones::ZonesView) readers share),
+//!   [`global::ledger`] (several instances on PostgreSQL: what each holds),
+//!   [`global::admin`] (zones registered, disabled, enabled and deleted
+//!   through the API).
+//! - [`zone`]: the zone's side. Machines: [`zone::uplink`] (one stream:
+//!   hello, snapshot in chunks or resume, changes, heartbeats, what to do
+//!   when refused), [`zone::backoff`] (reconnect delays). Driver:
+//!   [`zone::link`] (dials the global with the change feed, publishes how
+//!   the link stands).
 //! - [`liveness`]: online, offline, disabled, never connected, from the
-//!   global's own times.
-//! - [`backoff`]: the zone's reconnect delays (exponential, full jitter).
+//!   global's own times (the rule; its result is
+//!   [`Liveness`](crate::view::zones::Liveness), in the read model).
+//! - [`wait`]: what the drivers of both sides wait on.
 //!
 //! Here: the protocol version and the skew rule both sides apply, the
 //! stable codes of refusals, the meshes a zone's credential allows, and the
 //! conversions between [`Duration`] and protobuf.
 
-pub mod backoff;
-pub mod certificate;
-pub mod changes;
-pub mod hub;
+pub mod global;
 pub mod liveness;
-pub mod remote;
-pub mod session;
-pub mod uplink;
+pub mod wait;
+pub mod zone;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -338,8 +344,9 @@ mod tests {
 
     /// The machines are pure: beside the zones layer itself they name only
     /// the leaves, the core and the view (not the state layer's tasks, the
-    /// feed or the registry; the drivers above turn those into events), and
-    /// the layer sits above the view and the cluster, below the consumers.
+    /// feed or the registry; their drivers turn those into events), and
+    /// the layer sits above the consumers (a zone's link reads its own
+    /// feed), below the edges.
     #[test]
     fn the_zones_modules_name_only_leaves_core_and_view() {
         use crate::layers::{check_file, layer_of, LAYERS};
@@ -348,22 +355,23 @@ mod tests {
             .map(|name| LAYERS.iter().position(|(n, _, _)| n == name).unwrap())
             .collect();
         let zones = layer_of("zones").unwrap();
-        assert!(
-            layer_of("view").unwrap() < zones,
-            "zones sit above the view"
+        assert_eq!(
+            layer_of("consumers").unwrap() + 1,
+            zones,
+            "zones sit right above the consumers"
         );
         assert_eq!(
-            layer_of("consumers").unwrap(),
+            layer_of("server").unwrap(),
             zones + 1,
-            "and below the consumers"
+            "and below the edges"
         );
         let files = [
             ("mod.rs", include_str!("mod.rs")),
-            ("backoff.rs", include_str!("backoff.rs")),
+            ("zone/backoff.rs", include_str!("zone/backoff.rs")),
             ("liveness.rs", include_str!("liveness.rs")),
-            ("remote.rs", include_str!("remote.rs")),
-            ("session.rs", include_str!("session.rs")),
-            ("uplink.rs", include_str!("uplink.rs")),
+            ("global/remote.rs", include_str!("global/remote.rs")),
+            ("global/session.rs", include_str!("global/session.rs")),
+            ("zone/uplink.rs", include_str!("zone/uplink.rs")),
         ];
         for (file, text) in files {
             assert_eq!(check_file(file, "zones", text), []);

@@ -13,9 +13,9 @@ use crate::clock::{Clock as _, SystemClock};
 use crate::consumers::paging::{self, summarize, walk};
 use crate::consumers::services::{services, test_item};
 use crate::pb;
+use crate::view::zones::ZoneSummary;
+use crate::view::zones::{Liveness, ZoneState};
 use crate::view::{ReasonItem, ZoneOfItem};
-use crate::zones::hub::ZoneSummary;
-use crate::zones::liveness::{Liveness, ZoneState};
 
 const MESHES: [&str; 2] = ["default", "payments"];
 const SERVICES: [&str; 3] = ["web", "api", "db"];

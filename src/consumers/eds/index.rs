@@ -25,7 +25,7 @@ use crate::dataplane::DataplaneId;
 use crate::feed::{FeedHandle, Filter};
 use crate::registry::{DataplaneState, Registry};
 use crate::source::Loaded;
-use crate::zones::remote::Dataplanes;
+use crate::view::zones::Dataplanes;
 
 /// One service's assignment as served. It is encoded when a stream first
 /// serves it, once for every stream: a service nobody subscribes to costs
@@ -636,11 +636,11 @@ pub fn spawn(
 }
 
 /// What a global publishes of its zones.
-pub type ZonesRx = watch::Receiver<Arc<crate::zones::hub::ZonesView>>;
+pub type ZonesRx = watch::Receiver<Arc<crate::view::zones::ZonesView>>;
 
 /// How EDS treats a zone in its current state.
-fn link_of(zone: &crate::zones::hub::ZoneView) -> ZoneLink {
-    use crate::zones::liveness::ZoneState;
+fn link_of(zone: &crate::view::zones::ZoneView) -> ZoneLink {
+    use crate::view::zones::ZoneState;
     match zone.summary.liveness.state {
         ZoneState::Disabled => ZoneLink::Withdrawn,
         ZoneState::Offline => ZoneLink::Offline,
@@ -649,8 +649,8 @@ fn link_of(zone: &crate::zones::hub::ZoneView) -> ZoneLink {
 }
 
 /// Applies a global's view of its zones; true when it is synced (every
-/// zone heard from, see [`ZonesView::synced`](crate::zones::hub::ZonesView::synced)).
-pub fn apply_zones(index: &mut Index, view: &crate::zones::hub::ZonesView) -> bool {
+/// zone heard from, see [`ZonesView::synced`](crate::view::zones::ZonesView::synced)).
+pub fn apply_zones(index: &mut Index, view: &crate::view::zones::ZonesView) -> bool {
     let mut seen = std::collections::HashSet::new();
     for zone in &view.zones {
         let name: Arc<str> = index
@@ -761,7 +761,7 @@ async fn run(
 
 /// The next view of the zones (pending forever without a hub, or once its
 /// sender is gone).
-async fn next_view(zones: &mut Option<ZonesRx>) -> Option<Arc<crate::zones::hub::ZonesView>> {
+async fn next_view(zones: &mut Option<ZonesRx>) -> Option<Arc<crate::view::zones::ZonesView>> {
     let Some(rx) = zones else {
         return std::future::pending().await;
     };

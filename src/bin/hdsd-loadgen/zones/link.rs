@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use hdsd::pb;
 use hdsd::pb::zone_message::Kind as ZoneKind;
 use hdsd::pb::zone_sync_service_client::ZoneSyncServiceClient;
-use hdsd::zones::backoff::Backoff;
-use hdsd::zones::uplink::{Action, Event, FeedPhase, Uplink, UplinkSettings};
+use hdsd::zones::zone::backoff::Backoff;
+use hdsd::zones::zone::uplink::{Action, Event, FeedPhase, Uplink, UplinkSettings};
 use prost::Message as _;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -202,7 +202,7 @@ impl Link {
             Err(_) => return closed("connect_failed"),
         };
         let mut client = ZoneSyncServiceClient::new(channel)
-            .max_decoding_message_size(hdsd::zone_sync::global::MAX_MESSAGE_BYTES);
+            .max_decoding_message_size(hdsd::zones::global::server::MAX_MESSAGE_BYTES);
         let (tx, rx) = mpsc::channel::<pb::ZoneMessage>(64);
         let mut settings = UplinkSettings::new(&self.name, format!("loadgen/{}", self.name));
         if !resume {

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use hdsd::zones::backoff::Backoff;
+use hdsd::zones::zone::backoff::Backoff;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 

@@ -1,12 +1,12 @@
 //! One simulated zone's dataplanes and change feed, as plain data: what a
 //! zone hdsd's registry and feed would hand its uplink. The protocol itself
-//! is hdsd's own zone state machine ([`hdsd::zones::uplink::Uplink`]); this
+//! is hdsd's own zone state machine ([`hdsd::zones::zone::uplink::Uplink`]); this
 //! answers its `Subscribe` actions with feed events and makes the flips.
 
 use std::collections::HashMap;
 
 use hdsd::pb;
-use hdsd::zones::uplink::Event;
+use hdsd::zones::zone::uplink::Event;
 
 /// The first inbound port of every simulated dataplane.
 const INBOUND_PORT: u32 = 10_001;

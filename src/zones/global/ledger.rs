@@ -39,9 +39,9 @@ use crate::cluster::{
 };
 use crate::dataplane::DataplaneId;
 use crate::pb;
-use crate::zones::hub::{RecordState, ZoneRecord};
+use crate::zones::global::hub::{RecordState, ZoneRecord};
+use crate::zones::global::remote::{ObservedLink, OwnLink, StreamId};
 use crate::zones::liveness::LivenessInputs;
-use crate::zones::remote::{ObservedLink, OwnLink, StreamId};
 
 /// How often writes that failed are tried again, and how often the store
 /// is read even when no notification came.

@@ -15,12 +15,12 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::global::HubHandle;
-use super::shared::record_of;
+use super::ledger::record_of;
+use super::server::HubHandle;
 use crate::clock::Timestamp;
 use crate::cluster::{Cluster, RegistrationChange, RegistrationState};
 use crate::store::StoreError;
-use crate::zones::hub::ZoneSummary;
+use crate::view::zones::ZoneSummary;
 
 /// What an operator asks of a zone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

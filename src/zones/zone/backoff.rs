@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
-use super::{elapsed, human};
 use crate::clock::Timestamp;
+use crate::zones::{elapsed, human};
 
 /// Why a backoff's settings cannot work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

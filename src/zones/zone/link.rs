@@ -33,13 +33,13 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::clock::{Clock, Timestamp};
 use crate::cluster::lease::{LeaseHandle, LeaseStatus};
-use crate::consumers::grpc::to_pb;
 use crate::feed::{ChangeKind, Event as FeedEvent, FeedHandle, Filter, Message};
 use crate::pb;
 use crate::registry::Registry;
+use crate::view::pb::to_pb;
 use crate::view::DataplaneItem;
-use crate::zones::backoff::Backoff;
-use crate::zones::uplink::{Action, Event, Uplink, UplinkSettings};
+use crate::zones::zone::backoff::Backoff;
+use crate::zones::zone::uplink::{Action, Event, Uplink, UplinkSettings};
 
 /// How long a connection attempt to the global may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -257,12 +257,12 @@ impl Driver {
                     changed = leases.changed() => {
                         if changed.is_err() {
                             // The keeper is gone: nothing will change.
-                            super::drained(&mut drain).await;
+                            crate::zones::wait::drained(&mut drain).await;
                             break;
                         }
                         continue;
                     }
-                    () = super::drained(&mut drain) => break,
+                    () = crate::zones::wait::drained(&mut drain) => break,
                 }
             };
             let url = self.options.globals[attempt % self.options.globals.len()].clone();
@@ -286,7 +286,7 @@ impl Driver {
                         "this instance no longer holds the zone's uplink lease (epoch {epoch}); it ended its stream"
                     ),
                 ),
-                () = super::drained(&mut drain) => break,
+                () = crate::zones::wait::drained(&mut drain) => break,
             };
             backoff.disconnected(self.clock.now());
             crate::metrics::uplink_ended(&ended.code);
@@ -350,7 +350,7 @@ impl Driver {
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
                 () = crate::cluster::lease::moved(&mut leases, epoch) => {}
-                () = super::drained(&mut drain) => break,
+                () = crate::zones::wait::drained(&mut drain) => break,
             }
         }
         // The stream (if any) has ended: hand the uplink over.
@@ -451,7 +451,7 @@ impl Driver {
             }
         };
         let mut client = pb::zone_sync_service_client::ZoneSyncServiceClient::new(channel)
-            .max_decoding_message_size(super::global::MAX_MESSAGE_BYTES);
+            .max_decoding_message_size(crate::zones::global::server::MAX_MESSAGE_BYTES);
         let (tx, rx) = mpsc::channel(SEND_BUFFER);
         let mut machine = Uplink::new(self.options.settings.clone(), epoch);
         let mut feed: Option<mpsc::Receiver<Message>> = None;
@@ -482,7 +482,7 @@ impl Driver {
         loop {
             let sleep = machine
                 .deadline()
-                .map(|d| super::until(d, self.clock.now()))
+                .map(|d| crate::zones::wait::until(d, self.clock.now()))
                 .unwrap_or(Duration::from_secs(3600));
             let event = tokio::select! {
                 m = inbound.message() => match m {

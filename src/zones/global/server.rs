@@ -21,7 +21,7 @@
 //! `authorization` metadata, verified by the [`Gate`] like a dataplane's;
 //! only a token with a zone opens a stream) or, with `global.tls.client_ca`,
 //! the client certificate of its TLS connection, whose one URI names it
-//! ([`crate::zones::certificate`]). When keys or revocations change, every
+//! ([`crate::zones::global::certificate`]). When keys or revocations change, every
 //! stream's token is verified again, and a stream whose token no longer
 //! verifies ends with `UNAUTHENTICATED`; a stream ends when its token or
 //! certificate expires.
@@ -36,17 +36,20 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::shared::{self, Outgoing, Report};
+use super::ledger::{self, Outgoing, Report};
 use crate::auth::Gate;
 use crate::clock::{Clock, Timestamp};
 use crate::cluster::Cluster;
 use crate::dataplane::DataplaneId;
 use crate::feed::FeedSender;
 use crate::pb;
-use crate::zones::certificate::{self, zone_of};
-use crate::zones::hub::{Ending, Hub, HubSettings, ZoneRecord, ZoneSummary, ZonesView};
-use crate::zones::remote::{Applied, Claim, OwnLink, StreamId};
-use crate::zones::session::{Action, Admission, Event, Session, SessionSettings, ZoneCredential};
+use crate::view::zones::{ZoneSummary, ZonesView};
+use crate::zones::global::certificate::{self, zone_of};
+use crate::zones::global::hub::{Ending, Hub, HubSettings, ZoneRecord};
+use crate::zones::global::remote::{Applied, Claim, OwnLink, StreamId};
+use crate::zones::global::session::{
+    Action, Admission, Event, Session, SessionSettings, ZoneCredential,
+};
 use crate::zones::{Code, Meshes};
 
 /// How often the hub looks whether a zone's summary changed with time
@@ -60,7 +63,7 @@ const HUB_QUEUE: usize = 1024;
 const STREAM_BUFFER: usize = 64;
 
 /// The largest message a zone may send (a snapshot chunk of
-/// [`CHUNK_SIZE`](crate::zones::uplink::CHUNK_SIZE) dataplanes fits many
+/// [`CHUNK_SIZE`](crate::zones::zone::uplink::CHUNK_SIZE) dataplanes fits many
 /// times over).
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
@@ -155,7 +158,7 @@ impl HubHandle {
 /// Starts the hub task: the zones of the configuration and those `records`
 /// registered through the API, judged by `settings`. With a `cluster`
 /// shared by several instances, the zones are shared through it too
-/// ([`super::shared`]).
+/// ([`super::ledger`]).
 pub fn spawn_hub(
     settings: HubSettings,
     registered: &[String],
@@ -174,7 +177,7 @@ pub fn spawn_hub(
     let (reports_tx, reports) = mpsc::unbounded_channel();
     let ledger = cluster.filter(|c| c.shared()).map(|cluster| {
         let (tx, outgoing) = mpsc::unbounded_channel();
-        shared::spawn(
+        ledger::spawn(
             cluster,
             settings.zone_timeout,
             clock.clone(),
@@ -189,14 +192,14 @@ pub fn spawn_hub(
 
 /// Follows the hub's views into the change feed, so the global's watches
 /// (gRPC `Watch`, SSE) carry every zone's dataplanes and the zones' states
-/// ([`crate::zones::changes`]).
+/// ([`crate::view::zones::changes`]).
 pub fn feed_zones(hub: &HubHandle, feed: FeedSender) {
     let mut views = hub.subscribe();
     tokio::spawn(async move {
         let mut prev = Arc::new(ZonesView::default());
         loop {
             let next = views.borrow_and_update().clone();
-            for change in crate::zones::changes::changes(&prev, &next) {
+            for change in crate::view::zones::changes::changes(&prev, &next) {
                 feed.publish(change);
             }
             prev = next;
@@ -259,7 +262,7 @@ async fn run_hub(
             outgoing.extend(step.released.drain(..).map(|(zone, stream)| Outgoing {
                 zone,
                 stream,
-                change: shared::Change::Release,
+                change: ledger::Change::Release,
                 dataplanes: Vec::new(),
                 at: now,
             }));
@@ -343,9 +346,9 @@ fn outgoing(hub: &Hub, pending: BTreeMap<String, Pending>, at: Timestamp) -> Vec
                 zone: zone.clone(),
                 stream,
                 change: if p.claimed == Some(stream) {
-                    shared::Change::Claim(last)
+                    ledger::Change::Claim(last)
                 } else {
-                    shared::Change::Update(last)
+                    ledger::Change::Update(last)
                 },
                 dataplanes: dataplanes(&p.changed),
                 at,
@@ -353,7 +356,7 @@ fn outgoing(hub: &Hub, pending: BTreeMap<String, Pending>, at: Timestamp) -> Vec
             out.push(Outgoing {
                 zone: zone.clone(),
                 stream,
-                change: shared::Change::Release,
+                change: ledger::Change::Release,
                 dataplanes: Vec::new(),
                 at,
             });
@@ -365,9 +368,9 @@ fn outgoing(hub: &Hub, pending: BTreeMap<String, Pending>, at: Timestamp) -> Vec
                     zone,
                     stream,
                     change: if p.claimed == Some(stream) {
-                        shared::Change::Claim(link)
+                        ledger::Change::Claim(link)
                     } else {
-                        shared::Change::Update(link)
+                        ledger::Change::Update(link)
                     },
                     dataplanes: dataplanes(&p.changed),
                     at,
@@ -727,7 +730,7 @@ impl StreamTask {
                 None => {
                     let sleep = session
                         .deadline()
-                        .map(|d| super::until(d, clock.now()))
+                        .map(|d| crate::zones::wait::until(d, clock.now()))
                         .unwrap_or(Duration::from_secs(3600));
                     tokio::select! {
                         m = self.inbound.message() => match m {
@@ -737,8 +740,8 @@ impl StreamTask {
                         },
                         Some(notice) = notices.recv() => notice.event(),
                         () = tokio::time::sleep(sleep) => Event::Tick,
-                        () = super::drained(&mut drain) => Event::Drain,
-                        () = tokio::time::sleep(self.expires.map_or(Duration::from_secs(86_400 * 365), |e| super::until(e, clock.now()))) => {
+                        () = crate::zones::wait::drained(&mut drain) => Event::Drain,
+                        () = tokio::time::sleep(self.expires.map_or(Duration::from_secs(86_400 * 365), |e| crate::zones::wait::until(e, clock.now()))) => {
                             let message = match self.token {
                                 Some(_) => format!("the zone token expired; issue a new one on the global with `hdsd token issue --zone {zone} --mesh MESH` and write it to zone.token_file (the zone reads it at every connect)"),
                                 None => format!("the zone's client certificate expired; issue a new one (URI SAN {}{zone}) and write it to zone.cert and zone.key (the zone reads them at every connect)", certificate::URI_PREFIX),
@@ -848,8 +851,8 @@ fn log_end(zone: &str, code: Code, reason: &str) {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::zones::hub::RecordState;
-    use crate::zones::session::{DisabledBy, Registration};
+    use crate::zones::global::hub::RecordState;
+    use crate::zones::global::session::{DisabledBy, Registration};
 
     fn t0() -> Timestamp {
         "2025-01-01T00:00:00Z".parse().unwrap()

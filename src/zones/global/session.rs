@@ -48,19 +48,22 @@
 //!   stream silent for longer than `zone_timeout` (the [`liveness`] rule)
 //!   ends (`zone_timeout`).
 //!
-//! [`liveness`]: super::liveness
+//! [`liveness`]: crate::zones::liveness
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::liveness::{self, LivenessInputs, ZoneState};
-use super::{check_versions, elapsed, human, plus, to_proto_duration, Code, Meshes, PeerVersion};
 use crate::clock::Timestamp;
 use crate::dataplane::DataplaneId;
 use crate::pb;
 use crate::pb::global_message;
 use crate::pb::zone_message::{self, change};
+use crate::view::zones::ZoneState;
+use crate::zones::liveness::{self, LivenessInputs};
+use crate::zones::{
+    check_versions, elapsed, human, plus, to_proto_duration, Code, Meshes, PeerVersion,
+};
 
 /// How long a global waits for a zone's Hello, by default.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -96,7 +99,10 @@ impl SessionSettings {
     pub fn new(heartbeat_interval: Duration, zone_timeout: Duration) -> SessionSettings {
         SessionSettings {
             version: PeerVersion::ours(),
-            capabilities: super::CAPABILITIES.iter().map(|c| c.to_string()).collect(),
+            capabilities: crate::zones::CAPABILITIES
+                .iter()
+                .map(|c| c.to_string())
+                .collect(),
             heartbeat_interval,
             zone_timeout,
             hello_timeout: HELLO_TIMEOUT,
@@ -616,7 +622,7 @@ impl Session {
         let resumes = self
             .zone_capabilities()
             .iter()
-            .any(|c| c == super::CAPABILITY_RESUME);
+            .any(|c| c == crate::zones::CAPABILITY_RESUME);
         let held = resume_from.filter(|_| resumes);
         let mut liveness = LivenessInputs::default();
         liveness.opened(now, self.settings.zone_timeout);

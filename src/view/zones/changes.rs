@@ -19,7 +19,7 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use super::hub::{ZoneView, ZonesView};
+use super::{ZoneView, ZonesView};
 use crate::feed::{Change, ChangeKind, Subject};
 use crate::pb;
 
@@ -135,8 +135,8 @@ pub fn changes(prev: &ZonesView, next: &ZonesView) -> Vec<Change> {
 mod tests {
     use super::*;
     use crate::dataplane::DataplaneId;
-    use crate::zones::hub::ZoneSummary;
-    use crate::zones::liveness::{Liveness, ZoneState};
+    use crate::view::zones::ZoneSummary;
+    use crate::view::zones::{Liveness, ZoneState};
 
     fn dp(name: &str, ready: bool) -> Arc<pb::Dataplane> {
         Arc::new(pb::Dataplane {

@@ -27,11 +27,11 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::{check_versions, elapsed, from_proto_duration, human, plus, Code, PeerVersion};
 use crate::clock::Timestamp;
 use crate::pb;
 use crate::pb::global_message::{self, Accepted};
 use crate::pb::zone_message::{self, change};
+use crate::zones::{check_versions, elapsed, from_proto_duration, human, plus, Code, PeerVersion};
 
 /// Dataplanes per snapshot chunk, by default.
 pub const CHUNK_SIZE: usize = 500;
@@ -68,7 +68,10 @@ impl UplinkSettings {
             zone: zone.into(),
             instance: instance.into(),
             version: PeerVersion::ours(),
-            capabilities: super::CAPABILITIES.iter().map(|c| c.to_string()).collect(),
+            capabilities: crate::zones::CAPABILITIES
+                .iter()
+                .map(|c| c.to_string())
+                .collect(),
             chunk_size: CHUNK_SIZE,
             hello_timeout: HELLO_TIMEOUT,
         }
@@ -77,7 +80,7 @@ impl UplinkSettings {
     fn resumes(&self) -> bool {
         self.capabilities
             .iter()
-            .any(|c| c == super::CAPABILITY_RESUME)
+            .any(|c| c == crate::zones::CAPABILITY_RESUME)
     }
 }
 
@@ -638,7 +641,7 @@ mod tests {
     fn accepted(resume_from: Option<u64>, interval: u64, timeout: u64) -> pb::GlobalMessage {
         pb::GlobalMessage {
             kind: Some(global_message::Kind::Accepted(Accepted {
-                protocol_version: super::super::PROTOCOL_VERSION,
+                protocol_version: crate::zones::PROTOCOL_VERSION,
                 capabilities: vec!["resume".into()],
                 hdsd_version: "9.9.9".into(),
                 heartbeat_interval: Some(to_proto_duration(Duration::from_secs(interval))),
@@ -727,9 +730,9 @@ mod tests {
         let [zone_message::Kind::Hello(hello)] = &sent(&a)[..] else {
             panic!("{a:?}")
         };
-        assert_eq!(hello.protocol_version, super::super::PROTOCOL_VERSION);
+        assert_eq!(hello.protocol_version, crate::zones::PROTOCOL_VERSION);
         assert_eq!(hello.capabilities, ["resume"]);
-        assert_eq!(hello.hdsd_version, super::super::HDSD_VERSION);
+        assert_eq!(hello.hdsd_version, crate::zones::HDSD_VERSION);
         assert_eq!((hello.epoch, hello.instance.as_str()), (7, "zone-a"));
         assert_eq!(h.uplink.deadline(), Some(plus(t0(), HELLO_TIMEOUT)));
         // A second Opened says nothing more.

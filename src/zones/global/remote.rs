@@ -27,12 +27,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::liveness::{self, Liveness, LivenessInputs, ZoneState};
 use super::session::Action;
-use super::Meshes;
 use crate::clock::Timestamp;
 use crate::dataplane::DataplaneId;
 use crate::pb;
+use crate::view::zones::{Dataplanes, Liveness, ZoneState};
+use crate::zones::liveness::{self, LivenessInputs};
+use crate::zones::Meshes;
 
 /// Names one stream of the global (the driver numbers them, growing).
 pub type StreamId = u64;
@@ -78,11 +79,6 @@ struct Holder {
     epoch: u64,
     instance: String,
 }
-
-/// A zone's dataplanes as the global holds them: a persistent map, so a
-/// view takes it without a copy and a reader finds what changed between two
-/// views without visiting what they share ([`imbl::OrdMap::diff`]).
-pub type Dataplanes = imbl::OrdMap<DataplaneId, Arc<pb::Dataplane>>;
 
 /// What the global holds of one zone.
 #[derive(Debug, Clone)]
@@ -479,8 +475,10 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::zones::session::{Event, Registration, Session, SessionSettings, ZoneCredential};
-    use crate::zones::uplink::{self, Uplink, UplinkSettings};
+    use crate::zones::global::session::{
+        Event, Registration, Session, SessionSettings, ZoneCredential,
+    };
+    use crate::zones::zone::uplink::{self, Uplink, UplinkSettings};
     use crate::zones::{plus, Code};
 
     const TIMEOUT: Duration = Duration::from_secs(15);

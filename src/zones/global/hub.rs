@@ -44,14 +44,13 @@ use std::time::Duration;
 
 use std::collections::BTreeSet;
 
-use super::liveness::{Liveness, ZoneState};
-use super::remote::{Applied, Claim, Dataplanes, ObservedLink, RemoteZone, StreamId};
+use super::remote::{Applied, Claim, ObservedLink, RemoteZone, StreamId};
 use super::session::{Action, Admission, DisabledBy, Registration};
-use super::{plus, Meshes};
 use crate::clock::Timestamp;
 use crate::dataplane::DataplaneId;
 use crate::pb;
-use crate::view::{DataplaneItem, RemoteZoneOf};
+use crate::view::zones::{Counters, ZoneState, ZoneSummary, ZoneView, ZonesView};
+use crate::zones::{plus, Meshes};
 
 /// How the global judges its zones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,110 +108,6 @@ pub struct Recorded {
     pub released: Option<StreamId>,
     /// Whether the record changed anything (older news changes nothing).
     pub applied: bool,
-}
-
-/// How a zone's streams went, since the global started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    /// Streams that won the uplink.
-    pub streams: u64,
-    /// Streams that won it with a revision to resume from.
-    pub resumes: u64,
-    /// Snapshots completed.
-    pub snapshots: u64,
-}
-
-/// One zone as readers see it at one moment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ZoneSummary {
-    /// The zone's name.
-    pub name: String,
-    /// Its liveness at the moment of the summary.
-    pub liveness: Liveness,
-    /// Listed, registered through the API or by the hub, or disabled
-    /// (false: only seen).
-    pub registered: bool,
-    /// How it is registered: `config` (global.zones or global.disabled),
-    /// `api`, or `auto` (global.auto_register, or accepted by another
-    /// instance of the global).
-    pub registered_by: Option<&'static str>,
-    /// The zone instance holding the uplink, while one does.
-    pub instance: Option<String>,
-    /// The instance of the global holding the zone's stream, when it is
-    /// another one (several global instances on PostgreSQL).
-    pub held_by: Option<String>,
-    /// The zone revision the global holds complete (`None`: syncing).
-    pub held: Option<u64>,
-    /// The zone's dataplanes the global holds.
-    pub dataplanes: usize,
-    /// Their inbounds, ready and in all (withdrawn: none ready).
-    pub inbounds_ready: usize,
-    /// Their inbounds in all.
-    pub inbounds_total: usize,
-    /// True when readers must show every inbound of the zone not ready.
-    pub withdrawn: bool,
-    /// How its streams went.
-    pub counters: Counters,
-}
-
-/// One zone in a [`ZonesView`]: its summary and the dataplanes the global
-/// holds of it, as the zone sent them.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ZoneView {
-    /// The zone at the moment of the view.
-    pub summary: ZoneSummary,
-    /// Its dataplanes, sorted by mesh, then name: the hub's persistent map
-    /// (shared between views; a reader diffs two views at the cost of what
-    /// changed).
-    pub dataplanes: Dataplanes,
-}
-
-impl ZoneView {
-    /// How readers show the zone's dataplanes.
-    pub fn zone_of(&self) -> RemoteZoneOf<'_> {
-        RemoteZoneOf {
-            name: &self.summary.name,
-            state: self.summary.liveness.state.as_str(),
-            withdrawn: self.summary.withdrawn,
-        }
-    }
-
-    /// The zone's dataplanes as REST items (with their zone and, when
-    /// withdrawn, not ready).
-    pub fn items(&self) -> impl Iterator<Item = DataplaneItem> + '_ {
-        let zone = self.zone_of();
-        self.dataplanes
-            .values()
-            .filter_map(move |dp| DataplaneItem::from_remote(zone, dp))
-    }
-}
-
-/// What a global's readers see of every zone at one moment: published by
-/// the hub task on a watch channel.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ZonesView {
-    /// Every known zone, by name.
-    pub zones: Vec<ZoneView>,
-    /// True once every registered zone has completed a snapshot, is
-    /// offline or disabled, or `zone_timeout` has passed since the global
-    /// started: until then an assignment may lack a zone only because the
-    /// global has not heard from it yet, and EDS holds its answers back.
-    pub synced: bool,
-}
-
-impl ZonesView {
-    /// One zone by name.
-    pub fn get(&self, zone: &str) -> Option<&ZoneView> {
-        self.zones
-            .binary_search_by(|z| z.summary.name.as_str().cmp(zone))
-            .ok()
-            .map(|i| &self.zones[i])
-    }
-
-    /// Every zone's dataplanes as REST items, zone by zone.
-    pub fn items(&self) -> impl Iterator<Item = DataplaneItem> + '_ {
-        self.zones.iter().flat_map(ZoneView::items)
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -515,7 +410,7 @@ impl Hub {
         entry.remote.apply(
             stream,
             &Action::End {
-                code: super::Code::Superseded,
+                code: crate::zones::Code::Superseded,
                 reason: "another instance of the global holds the zone's stream".into(),
             },
         );
@@ -1109,7 +1004,7 @@ mod tests {
         assert_eq!(r.released, Some(stream), "its link here is released");
         let after = h.view(at(2));
         assert!(after.get("eu-1").is_none());
-        let changes = crate::zones::changes::changes(&before, &after);
+        let changes = crate::view::zones::changes::changes(&before, &after);
         assert_eq!(changes.len(), 1, "{changes:?}");
         assert_eq!(changes[0].kind, crate::feed::ChangeKind::Deleted);
         assert!(matches!(
