@@ -9,11 +9,10 @@
 //! gRPC `hdsd.v1`, SSE), [`ui`] (the fleet page), [`server`] (wiring).
 
 pub mod api;
-pub mod apply;
 pub mod auth;
 pub mod bootstrap;
 pub mod capability;
-pub mod client;
+pub mod cli;
 pub mod clock;
 pub mod cluster;
 pub mod config;
@@ -39,10 +38,8 @@ pub mod scrape;
 pub mod server;
 pub mod source;
 pub mod specifier;
-pub mod status;
 pub mod store;
 pub mod tls;
 pub mod ui;
 pub mod view;
-pub mod zone_client;
 pub mod zones;

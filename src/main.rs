@@ -377,7 +377,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             watch,
             api_token.as_deref(),
             ca.as_deref(),
-            &hdsd::status::Filter {
+            &hdsd::cli::status::Filter {
                 mesh,
                 service,
                 zone,
@@ -415,14 +415,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             api: ApiArgs { api, api_token, ca },
             json,
         } => {
-            let agent = hdsd::client::agent(ca.as_deref())?;
-            let path = hdsd::status::dataplane_path(&mesh, &name, zone.as_deref());
+            let agent = hdsd::cli::http::agent(ca.as_deref())?;
+            let path = hdsd::cli::status::dataplane_path(&mesh, &name, zone.as_deref());
             let item: hdsd::view::DataplaneItem =
-                hdsd::client::get_json(&agent, &api, &path, api_token.as_deref())?;
+                hdsd::cli::http::get_json(&agent, &api, &path, api_token.as_deref())?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&item)?);
             } else {
-                print!("{}", hdsd::status::render_explain(&item, SystemClock.now()));
+                print!("{}", hdsd::cli::status::render_explain(&item, SystemClock.now()));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -434,10 +434,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             not_ready,
             json,
         } => {
-            let agent = hdsd::client::agent(ca.as_deref())?;
-            hdsd::client::watch(
+            let agent = hdsd::cli::http::agent(ca.as_deref())?;
+            hdsd::cli::http::watch(
                 &agent,
-                &hdsd::client::WatchOptions {
+                &hdsd::cli::http::WatchOptions {
                     api,
                     token: api_token,
                     mesh,
@@ -454,13 +454,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             file,
             api: ApiArgs { api, api_token, ca },
         } => {
-            let agent = hdsd::client::agent(ca.as_deref())?;
-            let target = hdsd::apply::Target {
+            let agent = hdsd::cli::http::agent(ca.as_deref())?;
+            let target = hdsd::cli::apply::Target {
                 agent: &agent,
                 api: &api,
                 token: api_token.as_deref(),
             };
-            let applied = hdsd::apply::apply(&target, &file).map_err(anyhow::Error::msg)?;
+            let applied = hdsd::cli::apply::apply(&target, &file).map_err(anyhow::Error::msg)?;
             for line in &applied.lines {
                 println!("{line}");
             }
@@ -482,13 +482,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let id = DataplaneId::try_new(&mesh, &name).map_err(|e| {
                 anyhow::anyhow!("{mesh:?} {name:?} is not a dataplane identity: {e}")
             })?;
-            let agent = hdsd::client::agent(ca.as_deref())?;
-            let target = hdsd::apply::Target {
+            let agent = hdsd::cli::http::agent(ca.as_deref())?;
+            let target = hdsd::cli::apply::Target {
                 agent: &agent,
                 api: &api,
                 token: api_token.as_deref(),
             };
-            hdsd::apply::delete(&target, &id)
+            hdsd::cli::apply::delete(&target, &id)
                 .map_err(|e| anyhow::anyhow!("dataplane {id} not deleted: {e}"))?;
             println!("dataplane {id} deleted");
             Ok(ExitCode::SUCCESS)
@@ -499,20 +499,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ca,
             command,
         } => {
-            use hdsd::zone_client::ZoneCommand as Z;
+            use hdsd::cli::zone::ZoneCommand as Z;
             let (command, name) = match command {
                 ZoneCommand::Add { name, disabled } => (Z::Add { disabled }, name),
                 ZoneCommand::Delete { name } => (Z::Delete, name),
                 ZoneCommand::Disable { name } => (Z::Disable, name),
                 ZoneCommand::Enable { name } => (Z::Enable, name),
             };
-            let agent = hdsd::client::agent(ca.as_deref())?;
-            let target = hdsd::apply::Target {
+            let agent = hdsd::cli::http::agent(ca.as_deref())?;
+            let target = hdsd::cli::apply::Target {
                 agent: &agent,
                 api: &api,
                 token: api_token.as_deref(),
             };
-            let line = hdsd::zone_client::run(&target, command, &name)
+            let line = hdsd::cli::zone::run(&target, command, &name)
                 .map_err(|e| anyhow::anyhow!("zone {name} not changed: {e}"))?;
             println!("{line}");
             Ok(ExitCode::SUCCESS)
@@ -758,22 +758,22 @@ fn status(
     watch: bool,
     api_token: Option<&str>,
     ca: Option<&Path>,
-    filter: &hdsd::status::Filter,
+    filter: &hdsd::cli::status::Filter,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let agent = hdsd::client::agent(ca)?;
+    let agent = hdsd::cli::http::agent(ca)?;
     // An hdsd without zones, or one older than them, answers 404 or an
     // empty list: the status has no zones part then.
-    let zones = || -> hdsd::status::ZonesAnswer {
-        hdsd::client::get_json(&agent, api, "/api/v1/zones", api_token).unwrap_or_default()
+    let zones = || -> hdsd::cli::status::ZonesAnswer {
+        hdsd::cli::http::get_json(&agent, api, "/api/v1/zones", api_token).unwrap_or_default()
     };
     // Definitions through the API have no files: nothing to list then.
     let sources = || -> Option<hdsd::api::SourcesView> {
-        hdsd::client::get_json(&agent, api, "/api/v1/sources", api_token).ok()
+        hdsd::cli::http::get_json(&agent, api, "/api/v1/sources", api_token).ok()
     };
     // Every page the server gives for the filters.
-    let list = || -> Result<Vec<hdsd::view::DataplaneItem>, hdsd::client::ClientError> {
-        hdsd::client::list_all(&agent, api, &filter.path(), api_token)
+    let list = || -> Result<Vec<hdsd::view::DataplaneItem>, hdsd::cli::http::ClientError> {
+        hdsd::cli::http::list_all(&agent, api, &filter.path(), api_token)
     };
     if json {
         let files = sources().map(|s| s.files).unwrap_or_default();
@@ -795,14 +795,14 @@ fn status(
     if !watch {
         print!(
             "{}",
-            hdsd::status::render_now(&list()?, sources().as_ref(), &zones())
+            hdsd::cli::status::render_now(&list()?, sources().as_ref(), &zones())
         );
         return Ok(ExitCode::SUCCESS);
     }
     let mut stdout = std::io::stdout();
     loop {
         let screen = match list() {
-            Ok(items) => hdsd::status::render_now(&items, sources().as_ref(), &zones()),
+            Ok(items) => hdsd::cli::status::render_now(&items, sources().as_ref(), &zones()),
             Err(e) => format!("{e}\n"),
         };
         // Home the cursor and clear the screen, then draw: refresh in place.

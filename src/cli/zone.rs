@@ -3,7 +3,7 @@
 //! `hdsd status` and `hdsd apply` take them). Each call is one request; the
 //! API's answer is turned into one line for a person.
 
-use crate::apply::Target;
+use crate::cli::apply::Target;
 
 /// What to do to a zone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,7 +24,7 @@ pub fn fetch(base: &str, api_token: Option<&str>) -> Result<Vec<DataplaneItem>, 
     let mut items = Vec::new();
     let mut page_token: Option<String> = None;
     loop {
-        let url = crate::client::page_path(&list, page_token.as_deref());
+        let url = crate::cli::http::page_path(&list, page_token.as_deref());
         let err = |message: String| FetchError {
             url: url.clone(),
             message,
