@@ -3,19 +3,77 @@
 //! Splitting files into documents is a plain function; the rest is HTTP.
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
+use super::http::{Api, Method};
+use super::ApiArgs;
 use crate::dataplane::{self, DataplaneId, Format};
+
+/// `hdsd apply`'s arguments.
+#[derive(clap::Args)]
+pub(super) struct ApplyArgs {
+    /// A file (YAML documents separated by ---, or JSON), or a directory of them.
+    #[arg(long, short = 'f')]
+    file: PathBuf,
+    #[command(flatten)]
+    pub(super) api: ApiArgs,
+}
+
+impl ApplyArgs {
+    pub(super) fn run(self) -> anyhow::Result<ExitCode> {
+        let api = Api::connect(self.api)?;
+        let applied = apply(&api, &self.file).map_err(anyhow::Error::msg)?;
+        for line in &applied.lines {
+            println!("{line}");
+        }
+        for problem in &applied.problems {
+            eprintln!("{problem}");
+        }
+        if applied.problems.is_empty() {
+            Ok(ExitCode::SUCCESS)
+        } else {
+            eprintln!("{} document(s) not applied", applied.problems.len());
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// `hdsd delete`'s arguments.
+#[derive(clap::Args)]
+pub(super) struct DeleteArgs {
+    mesh: String,
+    name: String,
+    #[command(flatten)]
+    pub(super) api: ApiArgs,
+}
+
+impl DeleteArgs {
+    /// The dataplane named, or why `MESH NAME` names none.
+    fn id(&self) -> anyhow::Result<DataplaneId> {
+        let (mesh, name) = (&self.mesh, &self.name);
+        DataplaneId::try_new(mesh, name)
+            .map_err(|e| anyhow::anyhow!("{mesh:?} {name:?} is not a dataplane identity: {e}"))
+    }
+
+    pub(super) fn run(self) -> anyhow::Result<ExitCode> {
+        let id = self.id()?;
+        let api = Api::connect(self.api)?;
+        delete(&api, &id).map_err(|e| anyhow::anyhow!("dataplane {id} not deleted: {e}"))?;
+        println!("dataplane {id} deleted");
+        Ok(ExitCode::SUCCESS)
+    }
+}
 
 /// One document of a file, with its 1-based position.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Document {
-    pub position: usize,
-    pub text: String,
+struct Document {
+    position: usize,
+    text: String,
 }
 
 /// Splits a YAML stream at its `---` lines (a JSON file is one document).
 /// Empty documents are dropped; positions count every document.
-pub fn split_documents(text: &str, format: Format) -> Vec<Document> {
+fn split_documents(text: &str, format: Format) -> Vec<Document> {
     if format == Format::Json {
         return vec![Document {
             position: 1,
@@ -53,7 +111,7 @@ pub fn split_documents(text: &str, format: Format) -> Vec<Document> {
 
 /// The files `apply -f` reads: the file itself, or a directory's
 /// `*.yaml` / `*.yml` / `*.json` files (not hidden, not recursive), in order.
-pub fn files_of(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+fn files_of(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     if !path.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
@@ -73,83 +131,12 @@ pub fn files_of(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// How to reach the API.
-#[derive(Debug, Clone)]
-pub struct Target<'a> {
-    pub agent: &'a ureq::Agent,
-    pub api: &'a str,
-    pub token: Option<&'a str>,
+/// Where the API keeps a dataplane's definition.
+fn path(id: &DataplaneId) -> String {
+    format!("/api/v1/dataplanes/{}/{}", id.mesh, id.name)
 }
 
-impl Target<'_> {
-    fn url(&self, id: &DataplaneId) -> String {
-        format!(
-            "{}/api/v1/dataplanes/{}/{}",
-            self.api.trim_end_matches('/'),
-            id.mesh,
-            id.name
-        )
-    }
-
-    fn authorization(&self) -> Option<String> {
-        self.token.map(|t| format!("Bearer {t}"))
-    }
-
-    /// Sends `method` (`PUT`, `POST` or `DELETE`) to `url` with the token
-    /// and, for `PUT` and `POST`, the JSON `body`: the status and the JSON
-    /// answer (`null` when there is none), whatever the status.
-    pub fn send(
-        &self,
-        method: &str,
-        url: &str,
-        body: Option<&str>,
-    ) -> Result<(u16, serde_json::Value), String> {
-        let auth = self.authorization();
-        let with_body = |request: ureq::RequestBuilder<ureq::typestate::WithBody>| {
-            let mut request = request
-                .config()
-                .http_status_as_error(false)
-                .build()
-                .header("Content-Type", "application/json");
-            if let Some(auth) = &auth {
-                request = request.header("Authorization", auth);
-            }
-            request.send(body.unwrap_or_default())
-        };
-        let response = match method {
-            "PUT" => with_body(self.agent.put(url)),
-            "POST" => with_body(self.agent.post(url)),
-            _ => {
-                let mut request = self
-                    .agent
-                    .delete(url)
-                    .config()
-                    .http_status_as_error(false)
-                    .build();
-                if let Some(auth) = &auth {
-                    request = request.header("Authorization", auth);
-                }
-                request.call()
-            }
-        };
-        outcome(url, response)
-    }
-}
-
-/// An answer of the API: status and its `error` message, if any.
-fn outcome(
-    url: &str,
-    response: Result<http::Response<ureq::Body>, ureq::Error>,
-) -> Result<(u16, serde_json::Value), String> {
-    let mut response = response.map_err(|e| {
-        format!("cannot reach {url}: {e}; is hdsd running, and is --api its api.listen address?")
-    })?;
-    let status = response.status().as_u16();
-    let body = response.body_mut().read_to_string().unwrap_or_default();
-    let value = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
-    Ok((status, value))
-}
-
+/// The API's refusal in words.
 fn message(status: u16, body: &serde_json::Value) -> String {
     let said = body
         .get("error")
@@ -162,28 +149,16 @@ fn message(status: u16, body: &serde_json::Value) -> String {
 }
 
 /// Sends one document; `Ok` names the revision stored.
-pub fn put(
-    target: &Target<'_>,
-    id: &DataplaneId,
-    doc: &str,
-    format: Format,
-) -> Result<u64, String> {
-    let url = target.url(id);
+fn put(api: &Api, id: &DataplaneId, doc: &str, format: Format) -> Result<u64, String> {
     let content_type = match format {
         Format::Json => "application/json",
         Format::Yaml => "application/yaml",
     };
-    let mut request = target
-        .agent
-        .put(&url)
-        .config()
-        .http_status_as_error(false)
-        .build()
-        .header("Content-Type", content_type);
-    if let Some(auth) = target.authorization() {
-        request = request.header("Authorization", &auth);
-    }
-    let (status, body) = outcome(&url, request.send(doc))?;
+    let put = Method::Put {
+        content_type,
+        body: doc.to_string(),
+    };
+    let (status, body) = api.send(put, &path(id))?;
     if status == 200 {
         Ok(body.get("revision").and_then(|r| r.as_u64()).unwrap_or(0))
     } else {
@@ -192,18 +167,8 @@ pub fn put(
 }
 
 /// Deletes one definition.
-pub fn delete(target: &Target<'_>, id: &DataplaneId) -> Result<(), String> {
-    let url = target.url(id);
-    let mut request = target
-        .agent
-        .delete(&url)
-        .config()
-        .http_status_as_error(false)
-        .build();
-    if let Some(auth) = target.authorization() {
-        request = request.header("Authorization", &auth);
-    }
-    let (status, body) = outcome(&url, request.call())?;
+fn delete(api: &Api, id: &DataplaneId) -> Result<(), String> {
+    let (status, body) = api.send(Method::Delete, &path(id))?;
     if status == 204 {
         Ok(())
     } else {
@@ -213,14 +178,14 @@ pub fn delete(target: &Target<'_>, id: &DataplaneId) -> Result<(), String> {
 
 /// What `apply` did, one line per document, and whether everything went in.
 #[derive(Debug, Default)]
-pub struct Applied {
-    pub lines: Vec<String>,
-    pub problems: Vec<String>,
+struct Applied {
+    lines: Vec<String>,
+    problems: Vec<String>,
 }
 
 /// Applies every Dataplane document of `path` (a file or a directory);
 /// documents of other types are skipped and listed, as the files source does.
-pub fn apply(target: &Target<'_>, path: &Path) -> Result<Applied, String> {
+fn apply(api: &Api, path: &Path) -> Result<Applied, String> {
     let files = files_of(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if files.is_empty() {
         return Err(format!(
@@ -259,7 +224,7 @@ pub fn apply(target: &Target<'_>, path: &Path) -> Result<Applied, String> {
                     .push(format!("{place}: warning: {}", w.message));
             }
             for dp in &parsed.dataplanes {
-                match put(target, &dp.id, &doc.text, format) {
+                match put(api, &dp.id, &doc.text, format) {
                     Ok(revision) => applied
                         .lines
                         .push(format!("dataplane {} applied (revision {revision})", dp.id)),
@@ -312,5 +277,41 @@ mod tests {
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names, vec!["a.json", "b.yaml", "e.yml"]);
+        let file = dir.path().join("b.yaml");
+        assert_eq!(files_of(&file).unwrap(), vec![file]);
+    }
+
+    #[test]
+    fn a_refusal_says_what_the_api_said() {
+        let said = serde_json::json!({"error": "dataplanes.source is \"files\""});
+        assert_eq!(
+            message(409, &said),
+            "HTTP 409: dataplanes.source is \"files\""
+        );
+        assert!(message(401, &serde_json::Value::Null).contains("--api-token"));
+        assert_eq!(
+            message(500, &serde_json::Value::Null),
+            "HTTP 500: no message"
+        );
+    }
+
+    #[test]
+    fn delete_names_one_dataplane() {
+        let args = |mesh: &str, name: &str| DeleteArgs {
+            mesh: mesh.into(),
+            name: name.into(),
+            api: ApiArgs {
+                api: "http://h:1".into(),
+                api_token: None,
+                ca: None,
+            },
+        };
+        let id = args("default", "web-01").id().unwrap();
+        assert_eq!(path(&id), "/api/v1/dataplanes/default/web-01");
+        let said = args("default", "Web 01").id().unwrap_err().to_string();
+        assert!(
+            said.starts_with("\"default\" \"Web 01\" is not a dataplane identity: "),
+            "{said}"
+        );
     }
 }

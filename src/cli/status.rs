@@ -1,47 +1,105 @@
-//! `hdsd status`: the readiness table, read from the REST API.
+//! `hdsd status`: the readiness table, read from the REST API (every page
+//! of the dataplanes the filters select, the dataplane files' problems and
+//! the zones), once, as JSON, or refreshed in place every second. The
+//! renderers are plain functions of what was read and the time.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::http::{encode, Api, ClientError};
+use super::ApiArgs;
 use crate::clock::{Clock as _, SystemClock};
 use crate::dataplane::{DataplaneKind, InboundState};
 use crate::readiness::Timestamp;
-use crate::view::{DataplaneItem, Paged};
+use crate::view::DataplaneItem;
 
-/// Why the API could not be read.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot read {url}: {message}; is hdsd running, and is --api its api.listen address?")]
-pub struct FetchError {
-    pub url: String,
-    pub message: String,
+/// `hdsd status`'s arguments.
+#[derive(clap::Args)]
+pub(super) struct StatusArgs {
+    #[command(flatten)]
+    pub(super) api: ApiArgs,
+    /// Refresh the table in place every second.
+    #[arg(long)]
+    watch: bool,
+    /// Only dataplanes of this mesh.
+    #[arg(long)]
+    mesh: Option<String>,
+    /// Only dataplanes with an inbound of this `kuma.io/service`.
+    #[arg(long)]
+    service: Option<String>,
+    /// On a global: only this zone's dataplanes (`local`: the global's own).
+    #[arg(long)]
+    zone: Option<String>,
+    /// Only dataplanes with an inbound that is not ready.
+    #[arg(long)]
+    not_ready: bool,
+    /// Only dataplanes with an inbound in one of these statuses
+    /// (`unhealthy`, `timeout`, `stale`, ...; repeat or separate with commas).
+    #[arg(long, value_delimiter = ',')]
+    status: Vec<String>,
+    /// Print the dataplanes (and the zones) as JSON instead of a table.
+    #[arg(long, conflicts_with = "watch")]
+    json: bool,
 }
 
-/// Fetches every dataplane from the API at `base` (e.g. `http://127.0.0.1:5680`),
-/// page by page, with one of the server's `api.tokens` when it requires one.
-pub fn fetch(base: &str, api_token: Option<&str>) -> Result<Vec<DataplaneItem>, FetchError> {
-    let list = format!("{}/api/v1/dataplanes", base.trim_end_matches('/'));
-    let mut items = Vec::new();
-    let mut page_token: Option<String> = None;
-    loop {
-        let url = crate::cli::http::page_path(&list, page_token.as_deref());
-        let err = |message: String| FetchError {
-            url: url.clone(),
-            message,
-        };
-        let mut request = ureq::get(&url);
-        if let Some(token) = api_token {
-            request = request.header("Authorization", &format!("Bearer {token}"));
+impl StatusArgs {
+    /// The filters the server applies.
+    fn filter(&self) -> Filter {
+        Filter {
+            mesh: self.mesh.clone(),
+            service: self.service.clone(),
+            zone: self.zone.clone(),
+            not_ready: self.not_ready,
+            status: self.status.clone(),
         }
-        let mut response = request.call().map_err(|e| err(e.to_string()))?;
-        let page: Paged<DataplaneItem> = response
-            .body_mut()
-            .read_json()
-            .map_err(|e| err(e.to_string()))?;
-        items.extend(page.items);
-        match page.next_page_token.filter(|t| !t.is_empty()) {
-            Some(next) if page_token.as_deref() != Some(next.as_str()) => page_token = Some(next),
-            _ => return Ok(items),
+    }
+
+    pub(super) fn run(self) -> anyhow::Result<ExitCode> {
+        let filter = self.filter();
+        let api = Api::connect(self.api)?;
+        // An hdsd without zones, or one older than them, answers 404 or an
+        // empty list: the status has no zones part then.
+        let zones = || -> ZonesAnswer { api.get_json("/api/v1/zones").unwrap_or_default() };
+        // Definitions through the API have no files: nothing to list then.
+        let sources =
+            || -> Option<crate::api::SourcesView> { api.get_json("/api/v1/sources").ok() };
+        // Every page the server gives for the filters.
+        let list = || -> Result<Vec<DataplaneItem>, ClientError> { api.list_all(&filter.path()) };
+        if self.json {
+            let files = sources().map(|s| s.files).unwrap_or_default();
+            let warned: Vec<_> = files
+                .iter()
+                .filter(|f| !f.warnings.is_empty())
+                .map(|f| serde_json::json!({ "path": f.path, "warnings": f.warnings }))
+                .collect();
+            let broken: Vec<_> = files.into_iter().filter(|f| f.error.is_some()).collect();
+            let out = serde_json::json!({
+                "items": list()?,
+                "zones": zones(),
+                "brokenFiles": broken,
+                "fileWarnings": warned,
+            });
+            println!("{}", serde_json::to_string_pretty(&out)?);
+            return Ok(ExitCode::SUCCESS);
+        }
+        if !self.watch {
+            print!("{}", render_now(&list()?, sources().as_ref(), &zones()));
+            return Ok(ExitCode::SUCCESS);
+        }
+        let mut stdout = std::io::stdout();
+        loop {
+            let screen = match list() {
+                Ok(items) => render_now(&items, sources().as_ref(), &zones()),
+                Err(e) => format!("{e}\n"),
+            };
+            // Home the cursor and clear the screen, then draw: refresh in place.
+            write!(stdout, "\x1b[H\x1b[2J{screen}")?;
+            stdout.flush()?;
+            std::thread::sleep(Duration::from_secs(1));
         }
     }
 }
@@ -49,18 +107,18 @@ pub fn fetch(base: &str, api_token: Option<&str>) -> Result<Vec<DataplaneItem>, 
 /// Which dataplanes `hdsd status` shows (`--mesh`, `--service`, `--zone`,
 /// `--not-ready`, `--status`): the server filters them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Filter {
-    pub mesh: Option<String>,
-    pub service: Option<String>,
-    pub zone: Option<String>,
-    pub not_ready: bool,
+struct Filter {
+    mesh: Option<String>,
+    service: Option<String>,
+    zone: Option<String>,
+    not_ready: bool,
     /// Inbound status words (`unhealthy`, `stale`, ...): any of them.
-    pub status: Vec<String>,
+    status: Vec<String>,
 }
 
 impl Filter {
     /// The API request that lists them.
-    pub fn path(&self) -> String {
+    fn path(&self) -> String {
         let mut query = Vec::new();
         if let Some(mesh) = &self.mesh {
             query.push(format!("mesh={}", encode(mesh)));
@@ -85,67 +143,54 @@ impl Filter {
     }
 }
 
-/// A query value, percent-encoded but for unreserved characters.
-fn encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// `GET /api/v1/zones` as `hdsd status` reads it: a global's zones, a
 /// zone's uplink (both empty on a standalone hdsd, or an older one).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct ZonesAnswer {
-    pub items: Vec<ZoneLine>,
-    pub uplink: Option<UplinkLine>,
+struct ZonesAnswer {
+    items: Vec<ZoneLine>,
+    uplink: Option<UplinkLine>,
 }
 
 /// One zone of a global.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct ZoneLine {
-    pub name: String,
-    pub state: String,
-    pub since: Option<Timestamp>,
-    pub last_seen: Option<Timestamp>,
-    pub dataplanes: usize,
-    pub inbounds: ZoneInbounds,
-    pub withdrawn: bool,
+struct ZoneLine {
+    name: String,
+    state: String,
+    since: Option<Timestamp>,
+    last_seen: Option<Timestamp>,
+    dataplanes: usize,
+    inbounds: ZoneInbounds,
+    withdrawn: bool,
 }
 
 /// A zone's inbounds, ready and in all.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct ZoneInbounds {
-    pub ready: usize,
-    pub total: usize,
+struct ZoneInbounds {
+    ready: usize,
+    total: usize,
 }
 
 /// A zone's link to its global.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct UplinkLine {
-    pub zone: String,
+struct UplinkLine {
+    zone: String,
     /// `connecting`, `connected`, `disconnected`, `standby` (absent from
     /// an older hdsd).
-    pub state: Option<String>,
-    pub connected: bool,
+    state: Option<String>,
+    connected: bool,
     /// The instance holding the zone's uplink lease.
-    pub holder: Option<String>,
-    pub global: Option<String>,
-    pub problem: Option<String>,
+    holder: Option<String>,
+    global: Option<String>,
+    problem: Option<String>,
 }
 
 /// The zones part of `hdsd status`: one line per zone of a global, or the
 /// zone's link to its global; empty when there is neither.
-pub fn render_zones(zones: &ZonesAnswer, now: Timestamp) -> String {
+fn render_zones(zones: &ZonesAnswer, now: Timestamp) -> String {
     let mut out = String::new();
     if !zones.items.is_empty() {
         let _ = writeln!(out, "\nZones:");
@@ -183,7 +228,7 @@ pub fn render_zones(zones: &ZonesAnswer, now: Timestamp) -> String {
 /// Renders the table: one line per inbound (named `PORT (NAME)` when the
 /// inbound has a name); a dataplane without inbounds (a gateway, a zone proxy)
 /// gets one line saying there is nothing to probe.
-pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
+fn render(items: &[DataplaneItem], now: Timestamp) -> String {
     let mut rows = vec![[
         "DATAPLANE".to_string(),
         "CONNECTED".into(),
@@ -328,159 +373,6 @@ pub fn render(items: &[DataplaneItem], now: Timestamp) -> String {
     out
 }
 
-/// `hdsd explain`: one dataplane, every inbound with what is checked, by
-/// which Envoy, the last reports and why it is not ready.
-pub fn render_explain(d: &DataplaneItem, now: Timestamp) -> String {
-    let mut out = String::new();
-    let counted: Vec<_> = d
-        .inbounds
-        .iter()
-        .filter(|i| i.state != InboundState::Ignored)
-        .collect();
-    let ready = counted.iter().filter(|i| i.health.ready).count();
-    let _ = write!(
-        out,
-        "{}.{}: {} ({ready}/{} inbounds ready)",
-        d.mesh,
-        d.name,
-        if ready == counted.len() {
-            "READY"
-        } else {
-            "NOT READY"
-        },
-        counted.len()
-    );
-    match &d.zone {
-        Some(z) => {
-            let _ = writeln!(out, ", zone {} ({})", z.name, z.state);
-        }
-        None => out.push('\n'),
-    }
-    let c = &d.connection;
-    let _ = writeln!(
-        out,
-        "Envoy: {}{}{}; last report {}",
-        match (c.connected, &c.held_by) {
-            (true, Some(by)) => format!("connected to instance {by}"),
-            (true, None) => "connected".to_string(),
-            (false, _) => "not connected".to_string(),
-        },
-        c.connected_at
-            .filter(|_| c.connected)
-            .map_or(String::new(), |t| format!(
-                " since {} ({})",
-                t.to_rfc3339(),
-                ago(Some(t), now)
-            )),
-        c.envoy_version
-            .as_ref()
-            .map_or(String::new(), |v| format!(", version {v}")),
-        ago(c.last_report_at, now),
-    );
-    if let Some(at) = c.token_expires_at {
-        let _ = writeln!(
-            out,
-            "  token expires at {} ({})",
-            at.to_rfc3339(),
-            until(at, now)
-        );
-    }
-    if let Some(p) = &c.problem {
-        let _ = writeln!(out, "  problem ({}): {}", p.code, p.message);
-    }
-    for i in &d.inbounds {
-        let h = &i.health;
-        let service = i
-            .tags
-            .get("kuma.io/service")
-            .map_or(String::new(), |s| format!(" service {s},"));
-        let _ = writeln!(
-            out,
-            "\ninbound {}{service} app {}:{}: {}, {} since {} ({})",
-            i.port,
-            fmt_ip(i.service_address),
-            i.service_port,
-            if h.ready { "ready" } else { "NOT READY" },
-            h.status,
-            h.since.to_rfc3339(),
-            ago(Some(h.since), now),
-        );
-        match &i.probe {
-            Some(p) => {
-                let _ = writeln!(
-                    out,
-                    "  checked: {}{} of {} every {}, timeout {}, unhealthy after {} failure(s), healthy after {} success(es){}",
-                    p.kind,
-                    p.fallback
-                        .as_ref()
-                        .map_or(String::new(), |f| format!(" (run as {f}: this Envoy cannot run {})", p.kind)),
-                    p.target,
-                    humantime::format_duration(p.interval),
-                    humantime::format_duration(p.timeout),
-                    p.unhealthy_threshold,
-                    p.healthy_threshold,
-                    p.tls.as_ref().map_or(String::new(), |t| format!(
-                        ", over TLS (verify {}{})",
-                        t.verify,
-                        t.sni.as_ref().map_or(String::new(), |s| format!(", SNI {s}"))
-                    )),
-                );
-                let _ = writeln!(out, "  Envoy cluster: {}", p.cluster);
-            }
-            None if i.state == InboundState::Ignored => {
-                let _ = writeln!(out, "  not checked: state Ignored");
-            }
-            None => {
-                let _ = writeln!(out, "  not checked by any probe");
-            }
-        }
-        let _ = writeln!(
-            out,
-            "  reports: last {}{}{}",
-            ago(h.last_report_at, now),
-            match h.failing_reports {
-                0 => String::new(),
-                n => format!(", {n} failing in a row"),
-            },
-            h.last_healthy_at.map_or(String::new(), |t| format!(
-                ", last healthy {}",
-                ago(Some(t), now)
-            )),
-        );
-        if let Some(r) = &h.reason {
-            let _ = writeln!(out, "  why ({}): {}", r.code, r.message);
-        }
-        if !h.changes.is_empty() {
-            let _ = writeln!(out, "  recent changes:");
-            for change in &h.changes {
-                let _ = writeln!(
-                    out,
-                    "    {} -> {} at {} ({})",
-                    change.from,
-                    change.to,
-                    change.at.to_rfc3339(),
-                    ago(Some(change.at), now)
-                );
-            }
-        }
-    }
-    out
-}
-
-/// The API path of one dataplane: the instance's own, or a zone's at a
-/// global.
-pub fn dataplane_path(mesh: &str, name: &str, zone: Option<&str>) -> String {
-    match zone.filter(|z| *z != crate::names::RESERVED_ZONE) {
-        Some(zone) => format!(
-            "/api/v1/zones/{}/dataplanes/{}/{}",
-            encode(zone),
-            encode(mesh),
-            encode(name)
-        ),
-        None => format!("/api/v1/dataplanes/{}/{}", encode(mesh), encode(name)),
-    }
-}
-
 /// `yes`, `yes (on B)` when another instance holds the stream, or `no`.
 fn connected(d: &DataplaneItem) -> String {
     match (&d.connection.held_by, d.connection.connected) {
@@ -496,7 +388,7 @@ fn envoy(d: &DataplaneItem) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-fn fmt_ip(ip: std::net::IpAddr) -> String {
+pub(super) fn fmt_ip(ip: std::net::IpAddr) -> String {
     match ip {
         std::net::IpAddr::V6(v6) => format!("[{v6}]"),
         v4 => v4.to_string(),
@@ -507,7 +399,7 @@ fn yes_no(b: bool) -> String {
     if b { "yes" } else { "no" }.to_string()
 }
 
-fn ago(t: Option<Timestamp>, now: Timestamp) -> String {
+pub(super) fn ago(t: Option<Timestamp>, now: Timestamp) -> String {
     match t {
         None => "never".into(),
         Some(t) => {
@@ -525,7 +417,7 @@ fn ago(t: Option<Timestamp>, now: Timestamp) -> String {
 }
 
 /// How long until `t`: `in 3d 4h`, or `expired` once past.
-fn until(t: Timestamp, now: Timestamp) -> String {
+pub(super) fn until(t: Timestamp, now: Timestamp) -> String {
     match (t - now).to_std() {
         Ok(d) if !d.is_zero() => {
             let secs = d.as_secs();
@@ -542,7 +434,7 @@ fn until(t: Timestamp, now: Timestamp) -> String {
 
 /// The dataplane files that fail to load, as the page's banner lists them
 /// (`GET /api/v1/sources`); empty when none does.
-pub fn render_broken_files(sources: &crate::api::SourcesView) -> String {
+fn render_broken_files(sources: &crate::api::SourcesView) -> String {
     let broken: Vec<_> = sources
         .files
         .iter()
@@ -569,7 +461,7 @@ pub fn render_broken_files(sources: &crate::api::SourcesView) -> String {
 
 /// The dataplane files' warnings (fields ignored, inbounds in no service),
 /// as the page's banner lists them; empty when there are none.
-pub fn render_file_warnings(sources: &crate::api::SourcesView) -> String {
+fn render_file_warnings(sources: &crate::api::SourcesView) -> String {
     let warnings: Vec<_> = sources
         .files
         .iter()
@@ -596,7 +488,7 @@ pub fn render_file_warnings(sources: &crate::api::SourcesView) -> String {
 
 /// `render`, the broken files, their warnings and [`render_zones`] at the
 /// current time.
-pub fn render_now(
+fn render_now(
     items: &[DataplaneItem],
     sources: Option<&crate::api::SourcesView>,
     zones: &ZonesAnswer,
@@ -631,73 +523,6 @@ mod tests {
             ..Filter::default()
         };
         assert_eq!(odd.path(), "/api/v1/dataplanes?mesh=a%20b%26c");
-    }
-
-    /// `hdsd explain` says for each inbound what is checked, by which
-    /// Envoy, the last reports, why it is not ready and its recent changes.
-    #[test]
-    fn explain_tells_what_is_checked_and_why_it_is_not_ready() {
-        let now = chrono::Utc.timestamp_opt(1_700_000_100, 0).unwrap();
-        let item: DataplaneItem = serde_json::from_value(serde_json::json!({
-            "mesh": "shop", "name": "web-01", "address": "10.0.0.5",
-            "connection": {"connected": true, "connectedAt": "2023-11-14T22:13:00Z",
-                           "lastReportAt": "2023-11-14T22:14:58Z", "envoyVersion": "1.38.2",
-                           "heldBy": "hdsd-b/77", "tokenExpiresAt": "2023-11-17T23:15:00Z"},
-            "inbounds": [
-                {"port": 10001, "servicePort": 8080, "serviceAddress": "127.0.0.1",
-                 "tags": {"kuma.io/service": "web"},
-                 "health": {"ready": false, "status": "unhealthy", "since": "2023-11-14T22:14:00Z",
-                            "lastReportAt": "2023-11-14T22:14:58Z", "failingReports": 4,
-                            "lastHealthyAt": "2023-11-14T22:13:50Z",
-                            "changes": [{"from": "healthy", "to": "unhealthy", "at": "2023-11-14T22:14:00Z"}],
-                            "reason": {"code": "probe_failing", "message": "Envoy shop.web-01 reports the http check failing"}},
-                 "probe": {"kind": "http", "cluster": "probe_127.0.0.1:8080", "target": "127.0.0.1:8080",
-                           "interval": "2s", "timeout": "1s", "noTrafficInterval": "2s",
-                           "healthyThreshold": 1, "unhealthyThreshold": 3,
-                           "tls": {"verify": "ca", "sni": "web.internal"}}},
-                {"port": 10002, "servicePort": 9090, "serviceAddress": "127.0.0.1", "tags": {},
-                 "state": "Ignored",
-                 "health": {"ready": true, "status": "ignored", "since": "2023-11-14T22:13:00Z"}}
-            ],
-            "zone": {"name": "eu-1", "state": "online"}
-        }))
-        .unwrap();
-        let text = render_explain(&item, now);
-        for part in [
-            "shop.web-01: NOT READY (0/1 inbounds ready), zone eu-1 (online)",
-            "Envoy: connected to instance hdsd-b/77 since 2023-11-14T22:13:00+00:00 (2m ago), version 1.38.2; last report 2s ago",
-            "inbound 10001 service web, app 127.0.0.1:8080: NOT READY, unhealthy since",
-            "checked: http of 127.0.0.1:8080 every 2s, timeout 1s, unhealthy after 3 failure(s), healthy after 1 success(es), over TLS (verify ca, SNI web.internal)",
-            "reports: last 2s ago, 4 failing in a row, last healthy 70s ago",
-            "token expires at 2023-11-17T23:15:00+00:00 (in 3d 1h)",
-            "why (probe_failing): Envoy shop.web-01 reports the http check failing",
-            "healthy -> unhealthy at 2023-11-14T22:14:00+00:00 (60s ago)",
-            "inbound 10002 app 127.0.0.1:9090: ready, ignored",
-            "not checked: state Ignored",
-        ] {
-            assert!(text.contains(part), "{part}\n---\n{text}");
-        }
-        let table = render(std::slice::from_ref(&item), now);
-        assert!(
-            table.contains(
-                "Earliest token expiry: shop.web-01 at 2023-11-17T23:15:00+00:00 (in 3d 1h)"
-            ),
-            "{table}"
-        );
-        assert_eq!(until(now, now), "expired");
-        assert_eq!(until(now + chrono::Duration::seconds(125), now), "in 2m");
-        assert_eq!(
-            dataplane_path("shop", "web 01", None),
-            "/api/v1/dataplanes/shop/web%2001"
-        );
-        assert_eq!(
-            dataplane_path("shop", "web-01", Some("eu-1")),
-            "/api/v1/zones/eu-1/dataplanes/shop/web-01"
-        );
-        assert_eq!(
-            dataplane_path("shop", "web-01", Some("local")),
-            "/api/v1/dataplanes/shop/web-01"
-        );
     }
 
     /// Broken dataplane files are listed as the page's banner lists them.
