@@ -25,6 +25,7 @@ demo: build
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --all-targets --features fault-injection -- -D warnings
 	@$(CARGO) deny --version >/dev/null 2>&1 || { echo "lint: cargo-deny is missing: scripts/setup.sh installs it" >&2; exit 1; }
 	$(CARGO) deny check --hide-inclusion-graph licenses bans sources
 
@@ -42,8 +43,10 @@ standins-warmup: setup
 
 # The demo stories (single-zone, then --zones) run last, non-interactively,
 # with the debug hdsd that `cargo test` has just built (no extra release build).
+# The tests build with the `fault-injection` feature: the supervision tests
+# (tests/supervision.rs) make tasks of the real binary fail through it.
 test: setup standins-warmup lint
-	ENVOY_BIN="$$(./scripts/setup.sh)" $(CARGO) test --lib --bins --tests -- --test-threads=2
+	ENVOY_BIN="$$(./scripts/setup.sh)" $(CARGO) test --features fault-injection --lib --bins --tests -- --test-threads=2
 	CARGO="$(CARGO)" ./scripts/instructions.py check
 	ENVOY_BIN="$$(./scripts/setup.sh)" ./scripts/demo.py --once --hdsd "$${CARGO_TARGET_DIR:-target}/debug/hdsd"
 	ENVOY_BIN="$$(./scripts/setup.sh)" ./scripts/demo.py --once --zones --hdsd "$${CARGO_TARGET_DIR:-target}/debug/hdsd"

@@ -11,7 +11,6 @@ pub mod definitions;
 mod history;
 mod zones;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
@@ -77,11 +76,24 @@ pub struct Fleet {
     pub sources: watch::Receiver<Arc<Loaded>>,
 }
 
+/// Where the process is in its life, as `/readyz` tells it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Phase {
+    /// Not serving yet.
+    #[default]
+    Starting,
+    /// The listeners are bound, the dataplanes loaded, every task running.
+    Serving,
+    /// A supervised task stopped (the sentence says which and how): hdsd
+    /// drains its streams and exits with code 2.
+    Stopping(String),
+}
+
 /// What `/readyz` says.
 #[derive(Debug, Clone)]
 pub struct Health {
-    /// Set once both listeners are bound and the dataplanes are loaded.
-    pub ready: Arc<AtomicBool>,
+    /// The server's phase, which it alone sets.
+    pub phase: watch::Receiver<Phase>,
     /// Extra lines for `/readyz`'s body (e.g. warnings about the setup).
     pub notes: Arc<Vec<String>>,
     /// Whether the shared store answers; `None` without one.
@@ -449,8 +461,19 @@ async fn sources(State(s): State<Fleet>) -> Json<SourcesView> {
 }
 
 async fn readyz(State(s): State<Health>) -> Response {
-    if !s.ready.load(Ordering::Acquire) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: starting\n").into_response();
+    let phase = s.phase.borrow().clone();
+    match phase {
+        Phase::Serving => {}
+        Phase::Starting => {
+            return (StatusCode::SERVICE_UNAVAILABLE, "not ready: starting\n").into_response()
+        }
+        Phase::Stopping(why) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {why}; hdsd is draining its streams and exits with code 2, for its service manager to start it again\n"),
+            )
+                .into_response()
+        }
     }
     let mut body = String::from("ready\n");
     for note in s.notes.iter() {

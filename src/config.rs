@@ -610,6 +610,20 @@ fn yes() -> bool {
     true
 }
 
+/// The server-wide specifier settings of a configuration.
+impl From<&Config> for crate::specifier::SpecifierSettings {
+    fn from(config: &Config) -> Self {
+        crate::specifier::SpecifierSettings {
+            defaults: config.hds.check.probe_settings(),
+            default_check: config.hds.check.check(),
+            report_interval: config.hds.report_interval,
+            probe_all_inbounds: config.hds.probe_all_inbounds,
+            check_envoy_ready: config.hds.check_envoy_ready,
+            tcp_fallback: config.hds.check.fallback == CheckFallback::Tcp,
+        }
+    }
+}
+
 impl From<&CheckTlsConfig> for Tls {
     fn from(c: &CheckTlsConfig) -> Tls {
         Tls {
@@ -930,13 +944,16 @@ pub const MAX_REPORT_INTERVAL: Duration = Duration::from_secs(3600);
 /// the server: `HDSD_REQUIRE_DOCKER` (CI: the compose test must run),
 /// `HDSD_REQUIRE_POSTGRES` (CI: the PostgreSQL tests must run),
 /// `HDSD_REQUIRE_PARTITIONS` (CI: the partition tests must run),
-/// `HDSD_COMPOSE_BUILD`, `HDSD_CHROMIUM`. They never count as settings.
-pub const TOOLING_ENV: [&str; 5] = [
+/// `HDSD_COMPOSE_BUILD`, `HDSD_CHROMIUM`, and `HDSD_FAULT` (a fault a test
+/// injects, read only by a build with the `fault-injection` feature). They
+/// never count as settings.
+pub const TOOLING_ENV: [&str; 6] = [
     "require_docker",
     "require_postgres",
     "require_partitions",
     "compose_build",
     "chromium",
+    "fault",
 ];
 
 impl Config {

@@ -790,23 +790,39 @@ impl FeedHandle {
 /// Changes read in one go at most: one batch, one broadcast.
 const MAX_BATCH: usize = 4096;
 
-/// Starts the feed's task, its single writer. A watcher may fall `buffer`
-/// batches behind before it gets RESYNC ([`WATCHER_BUFFER`] in hdsd).
+/// Starts the feed's task, its single writer, for a test: hdsd itself
+/// hands the task to its supervisor ([`start`]). A watcher may fall
+/// `buffer` batches behind before it gets RESYNC ([`WATCHER_BUFFER`] in
+/// hdsd).
+#[cfg(test)]
 pub fn spawn(limits: HistoryLimits, buffer: usize) -> FeedHandle {
-    spawn_feed(Feed::new(limits), buffer)
+    let (handle, task) = start(Feed::new(limits), buffer);
+    tokio::spawn(task);
+    handle
 }
 
-/// Starts the task of a given feed (embedded or clustered).
-pub fn spawn_feed(feed: Feed, buffer: usize) -> FeedHandle {
+/// The handle of a given feed (embedded or clustered) and its task, the
+/// feed's single writer, for the caller to run (the server supervises it).
+/// The task ends once every handle is dropped.
+pub fn start(
+    feed: Feed,
+    buffer: usize,
+) -> (
+    FeedHandle,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
     let (tx, rx) = mpsc::unbounded_channel();
     let (events, _) = broadcast::channel(buffer.max(1));
     let (last, broadcast) = tokio::sync::watch::channel(0);
-    tokio::spawn(run(feed, rx, Broadcast { events, last }));
-    FeedHandle {
-        tx,
-        drain: None,
-        broadcast,
-    }
+    let task = run(feed, rx, Broadcast { events, last });
+    (
+        FeedHandle {
+            tx,
+            drain: None,
+            broadcast,
+        },
+        task,
+    )
 }
 
 /// Where the feed's batches go: every subscriber, and the revision of the

@@ -689,19 +689,23 @@ impl HistoryHandle {
     }
 }
 
-/// Starts the history's task, its one writer: it follows the feed (this
-/// hdsd's dataplanes) and, on a global, the hub's view.
-pub fn spawn(
+/// The history's handle and its task, its one writer, for the caller to
+/// run (the server supervises it): it follows the feed (this hdsd's
+/// dataplanes) and, on a global, the hub's view.
+pub fn start(
     registry: Registry,
     feed: FeedHandle,
     zones: Option<watch::Receiver<Arc<ZonesView>>>,
     clock: Arc<dyn Clock>,
     limits: Limits,
-) -> HistoryHandle {
+) -> (
+    HistoryHandle,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
     let (tx, rx) = mpsc::channel(64);
     let history = History::new(limits, clock.now());
-    tokio::spawn(run(registry, feed, zones, clock, history, rx));
-    HistoryHandle { tx }
+    let task = run(registry, feed, zones, clock, history, rx);
+    (HistoryHandle { tx }, task)
 }
 
 fn local(

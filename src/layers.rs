@@ -10,8 +10,8 @@
 pub const LAYERS: &[(&str, &str, &[&str])] = &[
     (
         "leaves",
-        "metrics, names, the clock, the file watcher, the journal's budget, the log's byte budget and the generated protobuf code import nothing of hdsd: callers pass plain numbers, strings and label values",
-        &["metrics", "names", "clock", "fswatch", "pb", "journal", "logging"],
+        "metrics, names, the clock, the file watcher, the journal's budget, the log's byte budget, long-lived tasks as values (and the test-only fault hook) and the generated protobuf code import nothing of hdsd: callers pass plain numbers, strings and label values",
+        &["metrics", "names", "clock", "fswatch", "pb", "journal", "logging", "task"],
     ),
     (
         "core",

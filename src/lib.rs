@@ -41,6 +41,7 @@ pub mod source;
 pub mod specifier;
 pub mod status;
 pub mod store;
+pub mod task;
 pub mod tls;
 pub mod ui;
 pub mod view;

@@ -639,7 +639,7 @@ fn validate(config_path: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut problems = config.validate();
     problems.extend(config.file_problems());
     let mut problems = Config::locate(problems, config_path);
-    let settings = server::specifier_settings(&config);
+    let settings = hdsd::specifier::SpecifierSettings::from(&config);
     let mut dataplanes = 0;
     let mut ignored = String::new();
     let from_api = config.dataplanes.source == hdsd::config::DataplanesSource::Api;

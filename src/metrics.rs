@@ -66,6 +66,7 @@ pub const ZONE_STREAMS: &str = "hdsd_zone_streams_total";
 pub const ZONE_RESUMES: &str = "hdsd_zone_resumes_total";
 pub const ZONE_SNAPSHOTS: &str = "hdsd_zone_snapshots_total";
 pub const ZONE_REFUSALS: &str = "hdsd_zone_refusals_total";
+pub const TASK_PANICS: &str = "hdsd_task_panics_total";
 pub const UPLINK_CONNECTED: &str = "hdsd_uplink_connected";
 pub const UPLINK_DISCONNECTS: &str = "hdsd_uplink_disconnects_total";
 pub const UPLINK_STATE: &str = "hdsd_uplink_state";
@@ -605,21 +606,23 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
     let handle = HANDLE.get_or_init(|| handle).clone();
     // Registered against this recorder, once.
     hot();
-    // The recorder runs without the exporter's own HTTP listener, so its
-    // upkeep (draining histogram samples) is ours to schedule, or samples
-    // pile up between scrapes.
-    let upkeep = handle.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
-        loop {
-            tick.tick().await;
-            upkeep.run_upkeep();
-        }
-    });
     Ok(handle)
 }
 
+/// The recorder's upkeep (draining histogram samples), for the caller to
+/// run (the server supervises it): the recorder runs without the
+/// exporter's own HTTP listener, so its upkeep is ours to schedule, or
+/// samples pile up between scrapes. Never ends.
+pub async fn upkeep(handle: PrometheusHandle) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        tick.tick().await;
+        handle.run_upkeep();
+    }
+}
+
 fn describe() {
+    describe_counter!(TASK_PANICS, "Panics contained in the work of one dataplane or one zone's stream, by work (dataplane, zone_stream): that dataplane or stream is marked failed, the rest is served. Any other task's panic stops hdsd.");
     describe_counter!(ZONE_REFUSALS, "Zone streams the global refused or ended, by code (unauthenticated, zone_unregistered, zone_timeout, ...).");
     describe_gauge!(
         UPLINK_CONNECTED,

@@ -581,6 +581,35 @@ pub fn expire(health: &mut Health, now: Timestamp, window: impl Into<Window>) ->
     outcome
 }
 
+/// Nothing folds this dataplane's reports any more (its task failed):
+/// every inbound reads [`Status::Unknown`] from `now`, so that no reader
+/// routes to what nothing checks.
+pub fn abandon(health: &mut Health, now: Timestamp) -> FoldOutcome {
+    let mut outcome = FoldOutcome::default();
+    let mut changes = Vec::new();
+    for (i, inbound) in health.inbounds.iter_mut().enumerate() {
+        if inbound.status == Status::Unknown {
+            continue;
+        }
+        if inbound.status.is_ready() {
+            outcome.became_not_ready += 1;
+        }
+        changes.push(StatusChange {
+            inbound: i,
+            from: inbound.status,
+            to: Status::Unknown,
+            at: now,
+        });
+        inbound.status = Status::Unknown;
+        inbound.since = now;
+        outcome.changed = true;
+    }
+    for change in changes {
+        health.record(change);
+    }
+    outcome
+}
+
 /// When [`expire`] next has something to do, if ever.
 pub fn next_expiry(health: &Health, window: impl Into<Window>) -> Option<Timestamp> {
     let window = window.into();
@@ -933,6 +962,26 @@ mod tests {
         );
         assert_eq!(o.became_ready, 1);
         assert_eq!(statuses(&h), vec![Status::Healthy, Status::Pending]);
+    }
+
+    #[test]
+    fn an_abandoned_dataplane_reads_unknown_from_then_and_counts_who_stopped_being_ready() {
+        let dp = dataplane(&[(10001, 8080), (10002, 9090)]);
+        let spec = build(&dp, &settings(true)).unwrap();
+        let mut h = rebase(None, &dp, &spec, t(0));
+        fold(
+            &mut h,
+            &spec,
+            &report(&[("probe_127.0.0.1:8080", 8080, H)]),
+            t(1),
+        );
+        let before = h.recorded;
+        let o = abandon(&mut h, t(5));
+        assert_eq!((o.changed, o.became_not_ready), (true, 1));
+        assert_eq!(statuses(&h), vec![Status::Unknown, Status::Unknown]);
+        assert!(h.inbounds.iter().all(|i| i.since == t(5)));
+        assert_eq!(h.recorded_since(before).count(), 2, "both changes recorded");
+        assert!(!abandon(&mut h, t(9)).changed, "unknown stays unknown");
     }
 
     /// Report times read from the store trail the last report by up to the

@@ -8,6 +8,17 @@
 //!   Streams and the registry send it [`Command`]s; everyone else reads
 //!   snapshots from its watch channel. No lock is shared between dataplanes,
 //!   so the report path never contends with other dataplanes.
+//!
+//! The registry task is supervised by the server: if it ends or panics,
+//! hdsd stops (crash-only). The dataplane tasks are not: a definition that
+//! makes one panic is shared by every instance (PostgreSQL), so stopping
+//! would crash-loop the whole cluster at once. Each dataplane task runs
+//! inside [`crate::task::catch_panic`]; a panic is contained there: it is
+//! logged at error, counted (`hdsd_task_panics_total{work="dataplane"}`),
+//! and that dataplane is marked failed: its inbounds read unknown, its
+//! `problem` in the API says why (`dataplane_task_failed`), and its Envoy's
+//! streams end (their commands find no task). The rest of the fleet is
+//! served. The next change of its definition starts a new task.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -124,6 +135,9 @@ pub struct EnvoyRun {
     /// cannot read, and hdsd cannot see its files: this bounds the crash
     /// loop a missing file would cause to the streams that flag it.
     pub tls_withheld: bool,
+    /// The dataplane's task panicked, with this message: nothing serves
+    /// this dataplane until its definition changes (module doc).
+    pub task_failed: Option<String>,
 }
 
 impl EnvoyRun {
@@ -132,8 +146,17 @@ impl EnvoyRun {
         self.rejected_streams >= REJECTED_STREAMS
     }
 
-    /// The reason to show for a dataplane whose Envoy rejects its specifier.
+    /// The reason to show for a dataplane whose task failed, or whose
+    /// Envoy rejects its specifier.
     pub fn problem(&self) -> Option<Reason> {
+        if let Some(message) = &self.task_failed {
+            return Some(Reason {
+                code: "dataplane_task_failed",
+                message: format!(
+                    "hdsd's task for this dataplane panicked ({message}): its Envoy is not served and its inbounds read unknown, the rest of the fleet is served; change its definition (or restart hdsd) to start it again, and report the panic"
+                ),
+            });
+        }
         self.rejects_specifier().then(|| Reason {
             code: "specifier_rejected",
             message: format!(
@@ -283,11 +306,28 @@ pub struct Registry {
 const COMMAND_QUEUE: usize = 64;
 
 impl Registry {
-    /// Starts the registry task, fed by the source's snapshots.
+    /// Starts the registry task, fed by the source's snapshots, for a
+    /// test: hdsd itself hands the task to its supervisor
+    /// ([`Registry::start`]).
+    #[cfg(test)]
     pub fn spawn(sources: watch::Receiver<Arc<Loaded>>, options: RegistryOptions) -> Registry {
+        let (registry, task) = Registry::start(sources, options);
+        tokio::spawn(task);
+        registry
+    }
+
+    /// The registry, fed by the source's snapshots, and its catalog task
+    /// (the catalog's single writer), for the caller to run (the server
+    /// supervises it). The task ends when the sources' sender is dropped.
+    pub fn start(
+        sources: watch::Receiver<Arc<Loaded>>,
+        options: RegistryOptions,
+    ) -> (
+        Registry,
+        impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
         let (tx, rx) = watch::channel(Arc::new(Catalog::new()));
-        tokio::spawn(run_registry(sources, tx, options));
-        Registry { catalog: rx }
+        (Registry { catalog: rx }, run_registry(sources, tx, options))
     }
 
     pub fn catalog(&self) -> Arc<Catalog> {
@@ -507,6 +547,13 @@ async fn reconcile(
             true
         }
         (Some((old, _)), Some(defined)) if old == defined => false,
+        (Some((old, handle)), Some(defined)) if handle.commands.is_closed() => {
+            // Its task failed (module doc): the new definition gets a new one.
+            *old = defined.clone();
+            *handle = spawn_dataplane(defined.clone(), None, options);
+            tracing::info!(dataplane = %id, "dataplane definition changed: its task, which had failed, starts again");
+            true
+        }
         (Some((old, handle)), Some(defined)) => {
             *old = defined.clone();
             handle.send(Command::Define(defined.clone())).await;
@@ -563,7 +610,8 @@ fn spawn_dataplane(
         stored_unreported_attach: false,
         claims: options.claims.clone(),
     };
-    tokio::spawn(task.run(commands_rx));
+    // Per-dataplane work: spawned here, a panic contained (module doc).
+    tokio::spawn(task.run_contained(commands_rx));
     DataplaneHandle {
         commands: commands_tx,
         state: state_rx,
@@ -600,7 +648,49 @@ struct DataplaneTask {
 
 impl DataplaneTask {
     /// Applies commands and expires stale reports until every handle is gone.
+    /// [`Self::run`], with a panic contained: the dataplane is marked
+    /// failed, the rest of the fleet is served (module doc).
+    async fn run_contained(self, commands: mpsc::Receiver<Command>) {
+        let id = self.id.clone();
+        let state = self.state.clone();
+        let feed = self.feed.clone();
+        let incarnation = self.incarnation;
+        let clock = self.clock.clone();
+        let Err(message) = crate::task::catch_panic(self.run(commands)).await else {
+            return;
+        };
+        tracing::error!(
+            dataplane = %id,
+            "the dataplane's task panicked: {message}; this dataplane is marked failed (its problem in the API says so) and is not served, the rest of the fleet is; change its definition or restart hdsd to start it again, and report the panic"
+        );
+        metrics::counter!(crate::metrics::TASK_PANICS, "work" => "dataplane").increment(1);
+        let now = clock.now();
+        let mut outcome = crate::readiness::FoldOutcome::default();
+        state.send_modify(|s| {
+            s.envoy.task_failed = Some(message);
+            s.connection.stream = None;
+            outcome = crate::readiness::abandon(&mut s.health, now);
+        });
+        crate::metrics::transitions(outcome.became_ready, outcome.became_not_ready);
+        let (Some(feed), Some(defined)) = (feed, state.borrow().defined.clone()) else {
+            return;
+        };
+        feed.publish(Change {
+            subject: Subject::Local(defined.dataplane.clone()),
+            incarnation,
+            kind: ChangeKind::Changed,
+            ready: false,
+            at_least: 0,
+        });
+    }
+
     async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        if crate::task::fault::dataplane_panics(&self.id.mesh, &self.id.name) {
+            panic!(
+                "fault injected into the task of dataplane {} (HDSD_FAULT)",
+                self.id
+            );
+        }
         // Created: consumers learn about it.
         self.publish();
         // State restored from the store may already be stale.

@@ -1,9 +1,12 @@
 //! `hdsd serve`: wires the source, the registry, the HDS service and the API
-//! together and runs them until shutdown.
+//! together ([`Server::build`], which starts nothing) and runs them until
+//! shutdown ([`Server::run`]: every long-lived task in one supervised set,
+//! `supervisor`, whose module doc says why hdsd is crash-only).
+
+mod supervisor;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +26,11 @@ use crate::specifier::SpecifierSettings;
 use crate::store::definitions::{self, DefinitionStore};
 use crate::store::postgres::PgStore;
 use crate::store::{ReadinessStore, RedbStore, StoreHandle, StoreStatus};
+use crate::task::Task;
 use crate::tls::TlsHandshake;
+
+pub use supervisor::Stopped;
+use supervisor::Supervisor;
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -54,8 +61,8 @@ pub enum ServeError {
     Zones(tonic::transport::Error),
     #[error("API listener failed: {0}")]
     Api(std::io::Error),
-    #[error("{0} stopped unexpectedly")]
-    Stopped(&'static str),
+    #[error("{0}")]
+    Stopped(Stopped),
     #[error("cannot set up dataplane authentication: {0}")]
     Auth(#[from] crate::auth::GateError),
     #[error(transparent)]
@@ -185,6 +192,7 @@ fn zero_owned_labels() {
         "health",
         &crate::consumers::eds::assignment::EdsHealth::ALL.map(|h| h.as_str()),
     );
+    m::zero_counters(m::TASK_PANICS, "work", &["dataplane", "zone_stream"]);
     m::zero_counters(
         m::WATCH_RESYNCS,
         "reason",
@@ -192,235 +200,362 @@ fn zero_owned_labels() {
     );
 }
 
-/// The server-wide specifier settings of a configuration.
-pub fn specifier_settings(config: &Config) -> SpecifierSettings {
-    SpecifierSettings {
-        defaults: config.hds.check.probe_settings(),
-        default_check: config.hds.check.check(),
-        report_interval: config.hds.report_interval,
-        probe_all_inbounds: config.hds.probe_all_inbounds,
-        check_envoy_ready: config.hds.check_envoy_ready,
-        tcp_fallback: config.hds.check.fallback == crate::config::CheckFallback::Tcp,
+/// The long-lived tasks a build wires, by name, for [`Server::run`] to
+/// supervise.
+#[derive(Default)]
+struct Tasks(Vec<(&'static str, Task)>);
+
+impl Tasks {
+    fn add(&mut self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
+        self.0.push((name, crate::task::task(task)));
     }
 }
 
-/// Runs hdsd until `shutdown` completes: a handful of named steps, each
-/// owning one part of the wiring.
+/// How long the API goes on answering `/readyz` (503, naming the task)
+/// after a supervised task stopped, at least: a probe or an operator
+/// polling it sees why before the process exits. At most half of
+/// `shutdown_timeout`.
+const STOPPED_LINGER: Duration = Duration::from_secs(2);
+
+/// A server built: configuration validated, stores open, cluster picked,
+/// dataplanes loaded, state and listeners wired and bound. Nothing runs
+/// yet: [`Server::run`] spawns every long-lived task into one supervised
+/// set (`supervisor`) beside the listeners.
+pub struct Server {
+    tasks: Tasks,
+    hds: Serving<tonic::transport::Error>,
+    api: Serving<std::io::Error>,
+    zones: Option<Serving<tonic::transport::Error>>,
+    hds_addr: std::net::SocketAddr,
+    api_addr: std::net::SocketAddr,
+    zones_addr: Option<std::net::SocketAddr>,
+    store: StoreHandle,
+    joined: crate::cluster::Joined,
+    phase: watch::Sender<api::Phase>,
+    /// Ends the streams (HDS, EDS, zones, watches).
+    drain: watch::Sender<bool>,
+    /// Ends the API's listener, after the streams.
+    drain_api: watch::Sender<bool>,
+    shutdown_timeout: Duration,
+}
+
+/// Builds hdsd, then runs it until `shutdown` completes.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let mut problems = config.validate();
-    problems.extend(config.file_problems());
-    if !problems.is_empty() {
-        return Err(ServeError::Config(problems));
-    }
-    raise_open_file_limit(&config);
-    let settings = specifier_settings(&config);
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let stores = Stores::open(&config).await?;
-    let cluster = stores.cluster(&config);
-    let instance = cluster.instance().to_string();
-    // A zone's instances take turns at the uplink: one lease for all of them.
-    let uplink_lease = config.zone.is_some().then(|| {
-        crate::cluster::lease::keep(
-            cluster.clone(),
-            crate::cluster::lease::UPLINK,
-            config.cluster.instance_timeout,
-        )
-    });
-    let sources = start_sources(&config, &stores, &settings).await?;
-    // A global's zones: EDS follows them from the start.
-    let hub = match config.global.enabled {
-        true => Some(crate::zone_sync::global::spawn_hub(
-            crate::zones::hub::HubSettings {
-                zone_timeout: config.global.zone_timeout,
-                offline_ttl: config.global.offline_ttl,
-                auto_register: config.global.auto_register,
-            },
-            &config.global.zones,
-            &config.global.disabled,
-            registered_zones(cluster.as_ref()).await,
-            Some(cluster.clone()),
+    Server::build(config).await?.run(shutdown).await
+}
+
+impl Server {
+    /// Validates, opens the stores, picks the cluster, loads the sources,
+    /// wires the state and binds the listeners: a handful of named steps,
+    /// each owning one part of the wiring. Starts no task.
+    pub async fn build(config: Config) -> Result<Server, ServeError> {
+        let mut problems = config.validate();
+        problems.extend(config.file_problems());
+        if !problems.is_empty() {
+            return Err(ServeError::Config(problems));
+        }
+        raise_open_file_limit(&config);
+        let settings = SpecifierSettings::from(&config);
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let mut tasks = Tasks::default();
+        let stores = Stores::open(&config, &mut tasks).await?;
+        let cluster = stores.cluster(&config);
+        let instance = cluster.instance().to_string();
+        // A zone's instances take turns at the uplink: one lease for all of them.
+        let uplink_lease = config.zone.is_some().then(|| {
+            let (lease, keeper) = crate::cluster::lease::keep(
+                cluster.clone(),
+                crate::cluster::lease::UPLINK,
+                config.cluster.instance_timeout,
+            );
+            tasks.add("uplink lease", keeper);
+            lease
+        });
+        let mut sources = start_sources(&config, &stores, &settings).await?;
+        if let Some(watcher) = sources.watcher.take() {
+            tasks.add("dataplane definitions watcher", watcher);
+        }
+        // A global's zones: EDS follows them from the start.
+        let hub = match config.global.enabled {
+            true => Some(crate::zone_sync::global::spawn_hub(
+                crate::zones::hub::HubSettings {
+                    zone_timeout: config.global.zone_timeout,
+                    offline_ttl: config.global.offline_ttl,
+                    auto_register: config.global.auto_register,
+                },
+                &config.global.zones,
+                &config.global.disabled,
+                registered_zones(cluster.as_ref()).await,
+                Some(cluster.clone()),
+                clock.clone(),
+            )),
+            false => None,
+        };
+        let zone_admin = hub.as_ref().map(|hub| {
+            Arc::new(crate::zone_sync::admin::ZoneAdmin::new(
+                hub.clone(),
+                cluster.clone(),
+                &config.global.zones,
+                &config.global.disabled,
+            ))
+        });
+        let state = start_state(
+            &config,
+            &stores,
+            cluster.as_ref(),
+            &sources,
+            hub.as_ref().map(|h| h.subscribe()),
             clock.clone(),
-        )),
-        false => None,
-    };
-    let zone_admin = hub.as_ref().map(|hub| {
-        Arc::new(crate::zone_sync::admin::ZoneAdmin::new(
-            hub.clone(),
-            cluster.clone(),
-            &config.global.zones,
-            &config.global.disabled,
-        ))
-    });
-    let state = start_state(
-        &config,
-        &stores,
-        cluster.as_ref(),
-        &sources,
-        hub.as_ref().map(|h| h.subscribe()),
-        clock.clone(),
-    )
-    .await?;
-    let budget = state.budget.clone();
-    if let Some(hub) = &hub {
-        // The global's watchers hear every zone's changes too.
-        crate::zone_sync::global::feed_zones(hub, state.feed.sender());
-    }
-    let gate = Arc::new(Gate::new(&config.auth, &config.state_dir, clock.now())?);
-    tokio::spawn(gate.clone().watch());
-    let scrape = start_metrics(&state, &sources, &gate, hub.as_ref().map(|h| h.subscribe()))?;
-    let store_status = stores.status(&state.store);
-    let joined = crate::cluster::join(
-        cluster,
-        crate::cluster::Members {
-            registry: state.registry.clone(),
-            feed: state.feed.sender(),
-            gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
-            publisher: match (&stores.pg, config.auth.mode) {
-                (Some(_), AuthMode::Token) => Some(
-                    crate::auth::keys::publisher_id(&config.state_dir)
-                        .map_err(crate::auth::GateError::from)?,
-                ),
-                _ => None,
+            &mut tasks,
+        )
+        .await?;
+        if let Some(hub) = &hub {
+            // The global's watchers hear every zone's changes too.
+            crate::zone_sync::global::feed_zones(hub, state.feed.sender());
+        }
+        let gate = Arc::new(Gate::new(&config.auth, &config.state_dir, clock.now())?);
+        if config.auth.mode == AuthMode::Token {
+            tasks.add("auth gate watcher", gate.clone().watch());
+        }
+        let scrape = start_metrics(&state, &sources, &gate, hub.as_ref().map(|h| h.subscribe()))?;
+        tasks.add(
+            "metrics upkeep",
+            crate::metrics::upkeep(scrape.handle.clone()),
+        );
+        let store_status = stores.status(&state.store);
+        let mut joined = crate::cluster::join(
+            cluster,
+            crate::cluster::Members {
+                registry: state.registry.clone(),
+                feed: state.feed.sender(),
+                gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
+                publisher: match (&stores, config.auth.mode) {
+                    (Stores::Postgres(_), AuthMode::Token) => Some(
+                        crate::auth::keys::publisher_id(&config.state_dir)
+                            .map_err(crate::auth::GateError::from)?,
+                    ),
+                    _ => None,
+                },
+                status: store_status.clone(),
+                instance_timeout: config.cluster.instance_timeout,
             },
-            status: store_status.clone(),
-            instance_timeout: config.cluster.instance_timeout,
-        },
-    );
-    let listeners = Listeners::bind(&config).await?;
-    let (drain_tx, drain_rx) = watch::channel(false);
-    let clock_for_zones = clock.clone();
-    let hds = serve_hds(
-        &config,
-        &state,
-        &gate,
-        clock,
-        listeners.hds,
-        drain_rx.clone(),
-    )?;
-    let zones = start_zones(
-        &config,
-        &state,
-        &gate,
-        (instance, uplink_lease),
-        (hub, listeners.zones),
-        clock_for_zones.clone(),
-        drain_rx.clone(),
-    )?;
-    let ready = Arc::new(AtomicBool::new(false));
-    let api_state = ApiState {
-        fleet: api::Fleet {
-            registry: state.registry.clone(),
-            sources: sources.rx.clone(),
-        },
-        health: api::Health {
-            ready: ready.clone(),
-            notes: Arc::new(setup_notes(&config)),
-            store_status,
-            uplink: zones.uplink.clone(),
-        },
-        zones: api::Zones {
-            hub: zones.hub.clone(),
-            uplink: zones.uplink.clone(),
-            admin: zone_admin,
-        },
-        tokens: api::ApiTokens(Arc::new(config.api.tokens.clone())),
-        watches: crate::consumers::watch::Watches::new((&config.api.limits).into()),
-        bootstraps: api::Bootstraps {
-            gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
-            hds_port: listeners.hds_addr.port(),
-        },
-        metrics: api::Metrics(Some(scrape)),
-        feed: state.feed.clone().until(drain_rx.clone()),
-        definitions: sources.definitions,
-        history: crate::history::spawn(
+        );
+        for (name, task) in std::mem::take(&mut joined.tasks) {
+            tasks.add(name, task);
+        }
+        let listeners = Listeners::bind(&config).await?;
+        let (drain, drain_rx) = watch::channel(false);
+        let (drain_api, drain_api_rx) = watch::channel(false);
+        let hds = serve_hds(
+            &config,
+            &state,
+            &gate,
+            clock.clone(),
+            listeners.hds,
+            drain_rx.clone(),
+            &mut tasks,
+        )?;
+        let zones = start_zones(
+            &config,
+            &state,
+            &gate,
+            ZoneParts {
+                instance,
+                lease: uplink_lease,
+                hub,
+                listener: listeners.zones,
+            },
+            clock.clone(),
+            drain_rx.clone(),
+            &mut tasks,
+        )?;
+        let (phase, phase_rx) = watch::channel(api::Phase::Starting);
+        let zones_view = || zones.hub.as_ref().map(|h| h.subscribe());
+        let (history, recording) = crate::history::start(
             state.registry.clone(),
             state.feed.clone(),
-            zones.hub.as_ref().map(|h| h.subscribe()),
-            clock_for_zones.clone(),
+            zones_view(),
+            clock.clone(),
             crate::history::Limits::default(),
-        ),
-        counts: crate::consumers::counts::spawn(
+        );
+        tasks.add("history", recording);
+        let (counts, counting) = crate::consumers::counts::start(
             state.registry.clone(),
             state.feed.clone(),
-            zones.hub.as_ref().map(|h| h.subscribe()),
-        ),
-    };
-    let api = serve_api(
-        &config,
-        api_state,
-        (listeners.api, budget),
-        drain_rx.clone(),
-    )
-    .await?;
-
-    ready.store(true, Ordering::Release);
-    match zones.addr {
-        Some(z) => {
-            tracing::info!(hds = %listeners.hds_addr, api = %listeners.api_addr, zones = %z, "hdsd listening")
-        }
-        None => {
-            tracing::info!(hds = %listeners.hds_addr, api = %listeners.api_addr, "hdsd listening")
-        }
+            zones_view(),
+        );
+        tasks.add("counts", counting);
+        // Spawns nothing: every task it reads is started above.
+        let api_state = ApiState {
+            fleet: api::Fleet {
+                registry: state.registry.clone(),
+                sources: sources.rx.clone(),
+            },
+            health: api::Health {
+                phase: phase_rx,
+                notes: Arc::new(setup_notes(&config)),
+                store_status,
+                uplink: zones.uplink.clone(),
+            },
+            zones: api::Zones {
+                hub: zones.hub.clone(),
+                uplink: zones.uplink.clone(),
+                admin: zone_admin,
+            },
+            tokens: api::ApiTokens(Arc::new(config.api.tokens.clone())),
+            watches: crate::consumers::watch::Watches::new((&config.api.limits).into()),
+            bootstraps: api::Bootstraps {
+                gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
+                hds_port: listeners.hds_addr.port(),
+            },
+            metrics: api::Metrics(Some(scrape)),
+            // Watches are streams: they end with the others.
+            feed: state.feed.clone().until(drain_rx.clone()),
+            definitions: sources.definitions,
+            history,
+            counts,
+        };
+        let api = serve_api(
+            &config,
+            api_state,
+            ApiListener {
+                listener: listeners.api,
+                budget: state.budget.clone(),
+            },
+            drain_api_rx,
+            &mut tasks,
+        )
+        .await?;
+        Ok(Server {
+            tasks,
+            hds,
+            api,
+            zones: zones.serving,
+            hds_addr: listeners.hds_addr,
+            api_addr: listeners.api_addr,
+            zones_addr: zones.addr,
+            store: state.store,
+            joined,
+            phase,
+            drain,
+            drain_api,
+            shutdown_timeout: config.shutdown_timeout,
+        })
     }
 
-    let mut hds = tokio::spawn(hds);
-    let mut api = tokio::spawn(api);
-    let zones_serving = zones.serving;
-    let mut zone_listener = tokio::spawn(async move {
-        match zones_serving {
-            Some(serving) => serving.await,
-            None => std::future::pending().await,
+    /// Spawns every long-lived task into the supervised set and serves
+    /// until `shutdown` completes, a listener fails, or a supervised task
+    /// ends ([`ServeError::Stopped`]: `/readyz` reads 503 naming it while
+    /// the streams drain). Then drains: the streams first, the readiness
+    /// store flushed, the API last.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let Server {
+            tasks,
+            hds,
+            api,
+            zones,
+            hds_addr,
+            api_addr,
+            zones_addr,
+            store,
+            joined,
+            phase,
+            drain,
+            drain_api,
+            shutdown_timeout,
+        } = self;
+        let mut supervisor = Supervisor::new();
+        for (name, task) in tasks.0 {
+            supervisor.spawn(name, task);
         }
-    });
-    let failure = tokio::select! {
-        () = shutdown => None,
-        _ = sources.watcher => Some(ServeError::Stopped("the dataplane definitions watcher")),
-        r = &mut hds => Some(match r {
-            Ok(Err(e)) => ServeError::Hds(e),
-            _ => ServeError::Stopped("the HDS listener"),
-        }),
-        r = &mut api => Some(match r {
-            Ok(Err(e)) => ServeError::Api(e),
-            _ => ServeError::Stopped("the API listener"),
-        }),
-        r = &mut zone_listener => Some(match r {
-            Ok(Err(e)) => ServeError::Zones(e),
-            _ => ServeError::Stopped("the zone listener"),
-        }),
-    };
-    if let Some(e) = &failure {
-        tracing::error!("{e}; shutting down");
-    }
-    tracing::info!("shutting down: ending streams (GOAWAY) so Envoys reconnect elsewhere");
-    let _ = drain_tx.send(true);
-    let shutdown_timeout = config.shutdown_timeout;
-    let graceful = tokio::time::timeout(shutdown_timeout, async {
-        if !hds.is_finished() {
-            let _ = hds.await;
+        let mut hds = tokio::spawn(hds);
+        let mut api = tokio::spawn(api);
+        let mut zone_listener = tokio::spawn(async move {
+            match zones {
+                Some(serving) => serving.await,
+                None => std::future::pending().await,
+            }
+        });
+        phase.send_replace(api::Phase::Serving);
+        tracing::debug!(
+            tasks = ?supervisor.names().collect::<Vec<_>>(),
+            "supervising"
+        );
+        match zones_addr {
+            Some(z) => {
+                tracing::info!(hds = %hds_addr, api = %api_addr, zones = %z, "hdsd listening")
+            }
+            None => tracing::info!(hds = %hds_addr, api = %api_addr, "hdsd listening"),
         }
-        if !api.is_finished() {
-            let _ = api.await;
+        let failure = tokio::select! {
+            () = shutdown => None,
+            stopped = supervisor.stopped() => Some(ServeError::Stopped(stopped)),
+            r = &mut hds => Some(match r {
+                Ok(Err(e)) => ServeError::Hds(e),
+                _ => ServeError::Stopped(Stopped::returned("HDS listener")),
+            }),
+            r = &mut api => Some(match r {
+                Ok(Err(e)) => ServeError::Api(e),
+                _ => ServeError::Stopped(Stopped::returned("API listener")),
+            }),
+            r = &mut zone_listener => Some(match r {
+                Ok(Err(e)) => ServeError::Zones(e),
+                _ => ServeError::Stopped(Stopped::returned("zone listener")),
+            }),
+        };
+        let failed_at = tokio::time::Instant::now();
+        if let Some(e) = &failure {
+            phase.send_replace(api::Phase::Stopping(e.to_string()));
+            tracing::error!(
+                "{e}; hdsd stops: /readyz reads 503, the streams are drained, and it exits with code 2 for its service manager to start it again"
+            );
         }
-        if !zone_listener.is_finished() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), zone_listener).await;
+        tracing::info!("shutting down: ending streams (GOAWAY) so Envoys reconnect elsewhere");
+        let _ = drain.send(true);
+        let failed = failure.is_some();
+        let graceful = tokio::time::timeout(shutdown_timeout, async {
+            if !hds.is_finished() {
+                let _ = hds.await;
+            }
+            if !zone_listener.is_finished() {
+                let _ = tokio::time::timeout(Duration::from_secs(1), zone_listener).await;
+            }
+            // When the writer is the task that failed, nothing writes what
+            // it had not written yet: the next start restores what it did.
+            let flushed = store.flush().await;
+            if failed {
+                tokio::time::sleep_until(failed_at + STOPPED_LINGER.min(shutdown_timeout / 2))
+                    .await;
+            }
+            let _ = drain_api.send(true);
+            if !api.is_finished() {
+                let _ = api.await;
+            }
+            supervisor.shutdown().await;
+            joined.leave().await;
+            flushed
+        })
+        .await;
+        match graceful {
+            Ok(true) => tracing::info!("stopped; readiness state flushed"),
+            Ok(false) => tracing::warn!(
+                "stopped; the readiness store writer had ended, so the changes it had not written are lost: the next start restores the state it wrote last"
+            ),
+            Err(_) => tracing::warn!(
+                "shutdown took longer than shutdown_timeout ({}); exiting anyway",
+                humantime::format_duration(shutdown_timeout)
+            ),
         }
-        state.store.flush().await;
-        joined.leave().await;
-    })
-    .await;
-    match graceful {
-        Ok(()) => tracing::info!("stopped; readiness state flushed"),
-        Err(_) => tracing::warn!(
-            "shutdown took longer than shutdown_timeout ({}); exiting anyway",
-            humantime::format_duration(shutdown_timeout)
-        ),
-    }
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(()),
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 
@@ -452,18 +587,33 @@ struct Zones {
     addr: Option<std::net::SocketAddr>,
 }
 
+/// What the zones' wiring starts from.
+struct ZoneParts {
+    /// This instance's name in the cluster (the zone's uplink says it).
+    instance: String,
+    /// The uplink lease, on a zone.
+    lease: Option<crate::cluster::lease::LeaseHandle>,
+    /// The hub, on a global.
+    hub: Option<crate::zone_sync::global::HubHandle>,
+    /// `global.listen`, on a global.
+    listener: Option<TcpListener>,
+}
+
 fn start_zones(
     config: &Config,
     state: &State,
     gate: &Arc<Gate>,
-    (instance, lease): (String, Option<crate::cluster::lease::LeaseHandle>),
-    (hub, listener): (
-        Option<crate::zone_sync::global::HubHandle>,
-        Option<TcpListener>,
-    ),
+    parts: ZoneParts,
     clock: Arc<dyn Clock>,
     drain: watch::Receiver<bool>,
+    tasks: &mut Tasks,
 ) -> Result<Zones, ServeError> {
+    let ZoneParts {
+        instance,
+        lease,
+        hub,
+        listener,
+    } = parts;
     use crate::zone_sync::{global, uplink};
     let uplink = config.zone.as_ref().zip(lease).map(|(zone, lease)| {
         uplink::spawn(
@@ -497,17 +647,19 @@ fn start_zones(
     let sync =
         global::ZoneSyncServer::new(hub.clone(), gate.clone(), session, clock, drain.clone())
             .with_certificate_meshes(g.certificate_meshes.clone());
-    let tls = (g.tls.as_ref())
-        .map(|t| {
-            crate::tls::ServerTls::load_and_watch("global.tls", t, crate::tls::Listener::Zones)
-        })
-        .transpose()
-        .map_err(tls_error)?;
+    let tls = load_tls(
+        "global.tls",
+        g.tls.as_ref(),
+        crate::tls::Listener::Zones,
+        tasks,
+    )?;
     if tls.is_none() && !g.listen.ip().is_loopback() {
         tracing::warn!(listen = %g.listen, "zone tokens travel in plaintext; set global.tls");
     }
     let Some(listener) = listener else {
-        return Err(ServeError::Stopped("the zone listener (not bound)"));
+        return Err(ServeError::Stopped(Stopped::returned(
+            "zone listener (not bound)",
+        )));
     };
     let addr = listener.local_addr().map_err(ServeError::Api)?;
     let admission = Admission::new("zones", (&config.hds.limits).into());
@@ -526,66 +678,76 @@ fn start_zones(
     })
 }
 
-/// The stores: this instance's redb file, and the PostgreSQL database when
-/// `store.kind = "postgres"` (definitions, shared readiness, the cluster).
-struct Stores {
-    redb: Arc<RedbStore>,
-    redb_path: std::path::PathBuf,
-    pg: Option<Arc<PgStore>>,
+/// The stores: this instance's redb file alone, or the PostgreSQL
+/// database (`store.kind = "postgres"`: definitions, shared readiness, the
+/// cluster), where no redb file is opened.
+enum Stores {
+    Embedded {
+        redb: Arc<RedbStore>,
+        path: std::path::PathBuf,
+    },
+    Postgres(Arc<PgStore>),
 }
 
 impl Stores {
-    async fn open(config: &Config) -> Result<Stores, ServeError> {
-        let redb_path = config.state_dir.join("readiness.redb");
-        let redb = Arc::new(RedbStore::open(&redb_path)?);
-        let pg = match config.store.kind {
-            StoreKind::Postgres => Some(Arc::new(
-                PgStore::connect(&config.store.postgres)
+    /// Opens the configured store; PostgreSQL's tasks join `tasks`.
+    async fn open(config: &Config, tasks: &mut Tasks) -> Result<Stores, ServeError> {
+        match config.store.kind {
+            StoreKind::Redb => {
+                let path = config.state_dir.join("readiness.redb");
+                let redb = Arc::new(RedbStore::open(&path)?);
+                Ok(Stores::Embedded { redb, path })
+            }
+            StoreKind::Postgres => {
+                let (pg, pg_tasks) = PgStore::open(&config.store.postgres)
                     .await
-                    .map_err(ServeError::Definitions)?,
-            )),
-            StoreKind::Redb => None,
-        };
-        Ok(Stores {
-            redb,
-            redb_path,
-            pg,
-        })
+                    .map_err(ServeError::Definitions)?;
+                tasks.add("PostgreSQL listener", pg_tasks.listen);
+                tasks.add("PostgreSQL claims announcer", pg_tasks.claims);
+                Ok(Stores::Postgres(Arc::new(pg)))
+            }
+        }
     }
 
     /// What this instance shares with others: nothing alone, the database
     /// with PostgreSQL.
     fn cluster(&self, config: &Config) -> Arc<dyn Cluster> {
-        match &self.pg {
-            Some(pg) => Arc::new(PgCluster::new(pg.clone(), config.cluster.resume_slack)),
+        match self {
+            Stores::Postgres(pg) => {
+                Arc::new(PgCluster::new(pg.clone(), config.cluster.resume_slack))
+            }
             // Alone, zones registered through the API live in the redb file.
-            None => Arc::new(Solo::persisting(
+            Stores::Embedded { redb, .. } => Arc::new(Solo::persisting(
                 format!("{}/{}", hostname(), std::process::id()),
-                self.redb.clone(),
+                redb.clone(),
             )),
         }
     }
 
     fn definitions(&self) -> Arc<dyn DefinitionStore> {
-        match &self.pg {
-            Some(pg) => pg.clone(),
-            None => self.redb.clone(),
+        match self {
+            Stores::Postgres(pg) => pg.clone(),
+            Stores::Embedded { redb, .. } => redb.clone(),
         }
     }
 
     fn readiness(&self) -> Arc<dyn ReadinessStore> {
-        match &self.pg {
-            Some(pg) => pg.clone(),
-            None => self.redb.clone(),
+        match self {
+            Stores::Postgres(pg) => pg.clone(),
+            Stores::Embedded { redb, .. } => redb.clone(),
         }
     }
 
     /// Whether the shared store answers (after the metrics recorder is
     /// installed: it sets `hdsd_store_up`); `None` without one.
     fn status(&self, handle: &StoreHandle) -> Option<StoreStatus> {
-        self.pg
-            .as_ref()
-            .map(|pg| StoreStatus::new(DefinitionStore::describe(pg.as_ref()), handle))
+        match self {
+            Stores::Postgres(pg) => Some(StoreStatus::new(
+                DefinitionStore::describe(pg.as_ref()),
+                handle,
+            )),
+            Stores::Embedded { .. } => None,
+        }
     }
 }
 
@@ -602,8 +764,9 @@ fn hostname() -> String {
 /// The dataplane definitions, followed as one watch of `Loaded` snapshots.
 struct Sources {
     rx: watch::Receiver<Arc<Loaded>>,
-    /// Follows the files or the store; ends only on failure.
-    watcher: tokio::task::JoinHandle<()>,
+    /// Follows the files or the store; ends only on failure. Taken by the
+    /// build, for the supervisor.
+    watcher: Option<Task>,
     /// What the API writes to (the store) or refuses (files).
     definitions: api::definitions::Definitions,
 }
@@ -618,65 +781,63 @@ async fn start_sources(
     let dir = config.dataplanes.dir.clone();
     let limits = config.dataplanes.limits();
     let (sources_tx, rx) = watch::channel(Arc::new(Loaded::default()));
-    let (watcher, definitions): (Pin<Box<dyn Future<Output = ()> + Send>>, _) =
-        match config.dataplanes.source {
-            DataplanesSource::Dir => {
-                let initial = source::load(&dir, &Loaded::default(), settings, &limits)?;
-                source::log_problems(&initial, &Loaded::default());
-                tracing::info!(
-                    dir = %dir.display(),
-                    dataplanes = initial.dataplanes.len(),
-                    broken_files = initial.error_count(),
-                    "dataplanes loaded"
-                );
-                sources_tx.send_replace(Arc::new(initial));
-                (
-                    Box::pin(source::watch(
-                        dir.clone(),
-                        settings.clone(),
+    let (watcher, definitions): (Task, _) = match config.dataplanes.source {
+        DataplanesSource::Dir => {
+            let initial = source::load(&dir, &Loaded::default(), settings, &limits)?;
+            source::log_problems(&initial, &Loaded::default());
+            tracing::info!(
+                dir = %dir.display(),
+                dataplanes = initial.dataplanes.len(),
+                broken_files = initial.error_count(),
+                "dataplanes loaded"
+            );
+            sources_tx.send_replace(Arc::new(initial));
+            (
+                Box::pin(source::watch(
+                    dir.clone(),
+                    settings.clone(),
+                    limits,
+                    sources_tx,
+                )?),
+                api::definitions::Definitions::Dir(dir),
+            )
+        }
+        DataplanesSource::Api => {
+            let store = stores.definitions();
+            // Subscribed before the first read: no change falls in between.
+            let changes = store.changes();
+            let initial = definitions::load(store.as_ref(), &Loaded::default(), settings, &limits)
+                .await
+                .map_err(ServeError::Definitions)?;
+            source::log_problems(&initial, &Loaded::default());
+            tracing::info!(
+                store = %store.describe(),
+                dataplanes = initial.dataplanes.len(),
+                broken = initial.error_count(),
+                "dataplanes loaded from the store"
+            );
+            sources_tx.send_replace(Arc::new(initial));
+            (
+                Box::pin(definitions::watch(
+                    store.clone(),
+                    settings.clone(),
+                    limits,
+                    sources_tx,
+                    changes,
+                )),
+                api::definitions::Definitions::Store {
+                    store,
+                    checks: Arc::new(api::definitions::Checks {
+                        settings: settings.clone(),
                         limits,
-                        sources_tx,
-                    )?),
-                    api::definitions::Definitions::Dir(dir),
-                )
-            }
-            DataplanesSource::Api => {
-                let store = stores.definitions();
-                // Subscribed before the first read: no change falls in between.
-                let changes = store.changes();
-                let initial =
-                    definitions::load(store.as_ref(), &Loaded::default(), settings, &limits)
-                        .await
-                        .map_err(ServeError::Definitions)?;
-                source::log_problems(&initial, &Loaded::default());
-                tracing::info!(
-                    store = %store.describe(),
-                    dataplanes = initial.dataplanes.len(),
-                    broken = initial.error_count(),
-                    "dataplanes loaded from the store"
-                );
-                sources_tx.send_replace(Arc::new(initial));
-                (
-                    Box::pin(definitions::watch(
-                        store.clone(),
-                        settings.clone(),
-                        limits,
-                        sources_tx,
-                        changes,
-                    )),
-                    api::definitions::Definitions::Store {
-                        store,
-                        checks: Arc::new(api::definitions::Checks {
-                            settings: settings.clone(),
-                            limits,
-                        }),
-                    },
-                )
-            }
-        };
+                    }),
+                },
+            )
+        }
+    };
     Ok(Sources {
         rx,
-        watcher: tokio::spawn(watcher),
+        watcher: Some(watcher),
         definitions,
     })
 }
@@ -699,29 +860,39 @@ async fn start_state(
     sources: &Sources,
     zones: Option<crate::consumers::eds::index::ZonesRx>,
     clock: Arc<dyn Clock>,
+    tasks: &mut Tasks,
 ) -> Result<State, ServeError> {
     let readiness = stores.readiness();
     let loading = readiness.clone();
     let restored = match tokio::task::spawn_blocking(move || loading.load()).await {
         Ok(Ok(restored)) => restored,
-        Ok(Err(e)) if stores.pg.is_some() => return Err(ServeError::Readiness(e)),
+        Ok(Err(e)) if matches!(stores, Stores::Postgres(_)) => {
+            return Err(ServeError::Readiness(e))
+        }
         Ok(Err(e)) => return Err(e.into()),
-        Err(_) => return Err(ServeError::Stopped("loading the readiness state")),
+        Err(e) => {
+            return Err(ServeError::Stopped(Stopped {
+                task: "readiness state loader",
+                ended: crate::task::Ended::Panicked(e.to_string()),
+            }))
+        }
     };
-    match &stores.pg {
-        Some(pg) => {
+    match stores {
+        Stores::Postgres(pg) => {
             tracing::info!(store = %DefinitionStore::describe(pg.as_ref()), dataplanes = restored.len(), "readiness state restored")
         }
-        None => {
-            tracing::info!(file = %stores.redb_path.display(), dataplanes = restored.len(), "readiness state restored")
+        Stores::Embedded { path, .. } => {
+            tracing::info!(file = %path.display(), dataplanes = restored.len(), "readiness state restored")
         }
     }
-    let store = StoreHandle::spawn(readiness);
-    let feed = crate::feed::spawn_feed(
+    let (store, writer) = StoreHandle::start(readiness);
+    tasks.add("readiness store writer", writer);
+    let (feed, feeding) = crate::feed::start(
         cluster.feed(crate::feed::HistoryLimits::default(), clock.now()),
         crate::feed::WATCHER_BUFFER,
     );
-    let registry = Registry::spawn(
+    tasks.add("feed", feeding);
+    let (registry, cataloguing) = Registry::start(
         sources.rx.clone(),
         RegistryOptions {
             clock: clock.clone(),
@@ -732,7 +903,8 @@ async fn start_state(
             claims: cluster.shared().then(|| cluster.claims()),
         },
     );
-    let assignments = crate::consumers::eds::index::spawn(
+    tasks.add("registry", cataloguing);
+    let (assignments, indexing) = crate::consumers::eds::index::start(
         registry.clone(),
         feed.clone(),
         sources.rx.clone(),
@@ -740,6 +912,7 @@ async fn start_state(
         crate::consumers::eds::EdsOptions::from(&config.eds),
         crate::consumers::eds::Policy::from(&config.eds),
     );
+    tasks.add("EDS index", indexing);
     Ok(State {
         budget: crate::net::budget::MemoryBudget::new(config.limits.client_bytes),
         store,
@@ -840,8 +1013,22 @@ impl Listeners {
     }
 }
 
-fn tls_error(e: crate::tls::TlsError) -> ServeError {
-    ServeError::Config(vec![e.to_string()])
+/// The TLS configuration of `section`, when set; its reloader joins `tasks`.
+fn load_tls(
+    section: &'static str,
+    files: Option<&crate::config::TlsConfig>,
+    listener: crate::tls::Listener,
+    tasks: &mut Tasks,
+) -> Result<Option<crate::tls::ServerTls>, ServeError> {
+    let Some(files) = files else {
+        return Ok(None);
+    };
+    let (tls, reloading) = crate::tls::ServerTls::load_and_watch(section, files, listener)
+        .map_err(|e| ServeError::Config(vec![e.to_string()]))?;
+    if let Some(reloading) = reloading {
+        tasks.add(section, reloading);
+    }
+    Ok(Some(tls))
 }
 
 type Serving<E> = Pin<Box<dyn Future<Output = Result<(), E>> + Send>>;
@@ -855,24 +1042,21 @@ fn serve_hds(
     clock: Arc<dyn Clock>,
     listener: TcpListener,
     drain: watch::Receiver<bool>,
+    tasks: &mut Tasks,
 ) -> Result<Serving<tonic::transport::Error>, ServeError> {
-    let tls = (config.hds.tls.as_ref())
-        .map(|t| crate::tls::ServerTls::load_and_watch("hds.tls", t, crate::tls::Listener::Hds))
-        .transpose()
-        .map_err(tls_error)?;
+    let tls = load_tls(
+        "hds.tls",
+        config.hds.tls.as_ref(),
+        crate::tls::Listener::Hds,
+        tasks,
+    )?;
     if config.auth.mode == AuthMode::Token && tls.is_none() && !config.hds.listen.ip().is_loopback()
     {
         tracing::warn!(listen = %config.hds.listen, "dataplane tokens travel in plaintext; set hds.tls");
     }
     let service = HdsService::new(
         state.registry.clone(),
-        HdsSettings {
-            unknown_dataplane_grace: config.hds.unknown_dataplane_grace,
-            report_interval: config.hds.report_interval,
-            stale_after: config.hds.stale_after(),
-            limits: config.hds.limits.clone(),
-            definitions_from_api: config.dataplanes.source == DataplanesSource::Api,
-        },
+        HdsSettings::from(config),
         gate.clone(),
         clock,
         drain.clone(),
@@ -948,16 +1132,26 @@ fn serve_grpc(
 
 /// REST and gRPC (hdsd.v1) on `api.listen`, routed by content type, until
 /// `drain`.
+/// The API's listening socket and the memory budget its clients share.
+struct ApiListener {
+    listener: TcpListener,
+    budget: Arc<crate::net::budget::MemoryBudget>,
+}
+
 async fn serve_api(
     config: &Config,
     state: ApiState,
-    (listener, budget): (TcpListener, Arc<crate::net::budget::MemoryBudget>),
+    bound: ApiListener,
     drain: watch::Receiver<bool>,
+    tasks: &mut Tasks,
 ) -> Result<Serving<std::io::Error>, ServeError> {
-    let tls = (config.api.tls.as_ref())
-        .map(|t| crate::tls::ServerTls::load_and_watch("api.tls", t, crate::tls::Listener::Api))
-        .transpose()
-        .map_err(tls_error)?;
+    let ApiListener { listener, budget } = bound;
+    let tls = load_tls(
+        "api.tls",
+        config.api.tls.as_ref(),
+        crate::tls::Listener::Api,
+        tasks,
+    )?;
     if config.api.tokens.is_empty() {
         // Beyond loopback, `validate` refused this already.
         tracing::info!(

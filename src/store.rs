@@ -524,12 +524,28 @@ impl std::fmt::Debug for Message {
 }
 
 impl StoreHandle {
-    /// Starts the writer task for `store`.
+    /// Starts the writer task for `store`, for a test: hdsd itself hands
+    /// the task to its supervisor ([`StoreHandle::start`]).
+    #[cfg(test)]
     pub fn spawn(store: Arc<dyn ReadinessStore>) -> StoreHandle {
+        let (handle, task) = StoreHandle::start(store);
+        tokio::spawn(task);
+        handle
+    }
+
+    /// The handle of `store`'s writer and the writer's task, for the caller
+    /// to run (the server supervises it). The task ends once every handle
+    /// is dropped.
+    pub fn start(
+        store: Arc<dyn ReadinessStore>,
+    ) -> (
+        StoreHandle,
+        impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
         let (tx, rx) = mpsc::unbounded_channel();
         let pending = Arc::new(AtomicUsize::new(0));
-        tokio::spawn(run_writer(store, rx, pending.clone()));
-        StoreHandle { tx, pending }
+        let task = run_writer(store, rx, pending.clone());
+        (StoreHandle { tx, pending }, task)
     }
 
     /// Queues the state of one dataplane (`None`: it was deleted).
@@ -537,12 +553,15 @@ impl StoreHandle {
         let _ = self.tx.send(Message::Put(id, value));
     }
 
-    /// Writes everything queued so far; returns when it is on disk.
-    pub async fn flush(&self) {
+    /// Writes everything queued so far; returns when it is on disk. False
+    /// when the writer is gone (its task ended): what was queued since its
+    /// last write is lost.
+    pub async fn flush(&self) -> bool {
         let (tx, rx) = oneshot::channel();
-        if self.tx.send(Message::Flush(tx)).is_ok() {
-            let _ = rx.await;
+        if self.tx.send(Message::Flush(tx)).is_err() {
+            return false;
         }
+        rx.await.is_ok()
     }
 }
 

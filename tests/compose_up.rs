@@ -239,7 +239,7 @@ fn demo_dataplanes() -> BTreeMap<String, BTreeMap<u16, String>> {
 fn detection_time() -> Duration {
     let config = hdsd::config::Config::load(Some(&repo().join("examples/hdsd.toml")))
         .expect("examples/hdsd.toml loads");
-    hdsd::server::specifier_settings(&config)
+    hdsd::specifier::SpecifierSettings::from(&config)
         .defaults
         .worst_case_detection(config.hds.report_interval)
 }

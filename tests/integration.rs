@@ -31,6 +31,9 @@ mod quickstart;
 mod readiness_api;
 mod startup;
 mod store_postgres;
+// The faults need a build with the `fault-injection` feature (`make test`).
+#[cfg(feature = "fault-injection")]
+mod supervision;
 mod tls_envoy;
 mod ui_browser;
 mod zones;

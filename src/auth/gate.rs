@@ -227,17 +227,19 @@ impl Gate {
         self.version.send_modify(|v| *v += 1);
     }
 
-    /// Watches the keys directory and the revocation list and reloads on change.
-    /// Returns when the watcher cannot be set up (logged) or never with auth on.
+    /// Watches the keys directory and the revocation list and reloads on
+    /// change: a long-lived task, for the caller to run (the server
+    /// supervises it). It never ends: with auth off, or when the watcher
+    /// cannot be set up (logged), it only waits.
     pub async fn watch(self: Arc<Self>) {
         if self.mode == AuthMode::None {
-            return;
+            return std::future::pending().await;
         }
         let (mut watching, mut changes) = match fswatch::watch(DEBOUNCE) {
             Ok(w) => w,
             Err(e) => {
                 tracing::error!("cannot watch keys and revocations for changes: {e}; restart hdsd after changing them");
-                return;
+                return std::future::pending().await;
             }
         };
         let keys_dir = self.ring.load().keys_dir().to_path_buf();

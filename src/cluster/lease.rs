@@ -280,15 +280,27 @@ impl LeaseHandle {
 
 /// Keeps the lease `name` for this instance of `cluster` (a holder is
 /// dead once silent for `timeout`) until the handle is released or dropped
-/// (either gives the lease up).
-pub fn keep(cluster: Arc<dyn Cluster>, name: &str, timeout: Duration) -> LeaseHandle {
+/// (either gives the lease up): the handle and the keeper's task, for the
+/// caller to run (the server supervises it). The task ends once the lease
+/// is given up.
+pub fn keep(
+    cluster: Arc<dyn Cluster>,
+    name: &str,
+    timeout: Duration,
+) -> (
+    LeaseHandle,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
     let (tx, status) = watch::channel(LeaseStatus::Unknown);
     let (release, released) = oneshot::channel();
-    tokio::spawn(run(cluster, name.to_string(), timeout, tx, released));
-    LeaseHandle {
-        status,
-        release: Some(release),
-    }
+    let task = run(cluster, name.to_string(), timeout, tx, released);
+    (
+        LeaseHandle {
+            status,
+            release: Some(release),
+        },
+        task,
+    )
 }
 
 async fn run(
@@ -612,7 +624,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn alone_the_lease_is_held_at_once_and_given_up_on_release() {
         let solo = Arc::new(Solo::new("solo/1"));
-        let handle = keep(solo.clone(), UPLINK, T);
+        let (handle, task) = keep(solo.clone(), UPLINK, T);
+        tokio::spawn(task);
         let mut status = handle.status();
         let held = status
             .wait_for(|s| s.held().is_some())

@@ -186,10 +186,12 @@ pub struct Members {
     pub instance_timeout: Duration,
 }
 
-/// The tasks [`join`] started; [`Joined::leave`] ends them.
+/// What [`join`] wired: the tasks, by name, for the caller to run (the
+/// server supervises them; none ends while the cluster is joined), and
+/// [`Joined::leave`] for the end, once they are stopped.
 pub struct Joined {
     cluster: Arc<dyn Cluster>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    pub tasks: Vec<(&'static str, crate::task::Task)>,
 }
 
 /// Wires `cluster` to the registry, the feed and the gate: streams attached
@@ -198,26 +200,35 @@ pub struct Joined {
 /// instance alive and sweep the dead, revocations and public keys are
 /// shared. Alone ([`Solo`]), only what has meaning for one instance runs.
 pub fn join(cluster: Arc<dyn Cluster>, members: Members) -> Joined {
-    let mut tasks = Vec::new();
+    let mut tasks: Vec<(&'static str, crate::task::Task)> = Vec::new();
     if cluster.shared() {
-        tasks.push(tokio::spawn(follow_readiness(
-            cluster.clone(),
-            members.registry.clone(),
-            members.feed.clone(),
-        )));
-        tasks.push(tokio::spawn(follow_notes(
-            cluster.stream_notes(),
-            members.registry.clone(),
-        )));
+        tasks.push((
+            "cluster readiness follower",
+            Box::pin(follow_readiness(
+                cluster.clone(),
+                members.registry.clone(),
+                members.feed.clone(),
+            )),
+        ));
+        tasks.push((
+            "cluster stream notes follower",
+            Box::pin(follow_notes(
+                cluster.stream_notes(),
+                members.registry.clone(),
+            )),
+        ));
         let syncing = members.registry.clone();
         let own = cluster.instance().to_string();
-        tasks.push(tokio::spawn(follow(
-            cluster.clone(),
-            Topic::Holders,
-            |c| c.holders(),
-            move |holders| syncing.sync_holders(&holders, &own),
-            "cannot read the stream holders",
-        )));
+        tasks.push((
+            "cluster stream holders follower",
+            Box::pin(follow(
+                cluster.clone(),
+                Topic::Holders,
+                |c| c.holders(),
+                move |holders| syncing.sync_holders(&holders, &own),
+                "cannot read the stream holders",
+            )),
+        ));
         tracing::info!(
             instance = cluster.instance(),
             store = %cluster.describe(),
@@ -238,53 +249,63 @@ pub fn join(cluster: Arc<dyn Cluster>, members: Members) -> Joined {
                 (claims.0)(&id, Some(at));
             }
         };
-        tasks.push(tokio::spawn(membership(
-            cluster.clone(),
-            members.instance_timeout,
-            status,
-            reclaim,
-        )));
+        tasks.push((
+            "cluster membership",
+            Box::pin(membership(
+                cluster.clone(),
+                members.instance_timeout,
+                status,
+                reclaim,
+            )),
+        ));
     }
     if let (Some(gate), true) = (members.gate, cluster.shared()) {
         // A token revoked through any instance ends its streams on this one.
         let revoking = gate.clone();
-        tasks.push(tokio::spawn(follow(
-            cluster.clone(),
-            Topic::Revocations,
-            |c| c.revocations(),
-            move |all| revoking.set_shared_revocations(all.into_iter().collect()),
-            "cannot read the shared revocations",
-        )));
+        tasks.push((
+            "cluster revocations follower",
+            Box::pin(follow(
+                cluster.clone(),
+                Topic::Revocations,
+                |c| c.revocations(),
+                move |all| revoking.set_shared_revocations(all.into_iter().collect()),
+                "cannot read the shared revocations",
+            )),
+        ));
         // Tokens signed by any instance's key verify on this one: this
         // instance publishes the public keys of its files (and withdraws
         // those it no longer has) and trusts the ones the others publish.
         if let Some(publisher) = members.publisher {
-            tasks.push(tokio::spawn(publish_keys_from(
-                cluster.clone(),
-                publisher,
-                gate.published_keys(),
-                members.instance_timeout,
-            )));
+            tasks.push((
+                "cluster key publisher",
+                Box::pin(publish_keys_from(
+                    cluster.clone(),
+                    publisher,
+                    gate.published_keys(),
+                    members.instance_timeout,
+                )),
+            ));
         }
         let trusting = gate.clone();
-        tasks.push(tokio::spawn(follow(
-            cluster.clone(),
-            Topic::Keys,
-            |c| c.shared_keys(),
-            move |all| trusting.set_shared_keys(all),
-            "cannot read the shared signing keys",
-        )));
+        tasks.push((
+            "cluster signing keys follower",
+            Box::pin(follow(
+                cluster.clone(),
+                Topic::Keys,
+                |c| c.shared_keys(),
+                move |all| trusting.set_shared_keys(all),
+                "cannot read the shared signing keys",
+            )),
+        ));
     }
     Joined { cluster, tasks }
 }
 
 impl Joined {
-    /// Stops heartbeating and following, then leaves the cluster: gone at
-    /// once for the other instances, not after `cluster.instance_timeout`.
+    /// Leaves the cluster: gone at once for the other instances, not after
+    /// `cluster.instance_timeout`. Call it once [`Joined::tasks`] are
+    /// stopped (a heartbeat after it would count this instance in again).
     pub async fn leave(self) {
-        for task in &self.tasks {
-            task.abort();
-        }
         if !self.cluster.shared() {
             return;
         }

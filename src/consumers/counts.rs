@@ -441,22 +441,29 @@ impl CountsHandle {
     }
 }
 
-/// Starts the counts' task, their one writer: it follows the feed (this
-/// hdsd's dataplanes) and, on a global, the hub's view.
-pub fn spawn(
+/// The counts' handle and their task, their one writer, for the caller to
+/// run (the server supervises it): it follows the feed (this hdsd's
+/// dataplanes) and, on a global, the hub's view.
+pub fn start(
     registry: Registry,
     feed: FeedHandle,
     zones: Option<watch::Receiver<Arc<ZonesView>>>,
-) -> CountsHandle {
+) -> (
+    CountsHandle,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
     let (tx, rx) = watch::channel(Arc::new(Counts::default()));
     let catalogs = registry.watch_catalog();
-    tokio::spawn(run(registry, feed.clone(), zones.clone(), tx));
-    CountsHandle {
-        counts: rx,
-        feed,
-        zones,
-        catalogs,
-    }
+    let task = run(registry, feed.clone(), zones.clone(), tx);
+    (
+        CountsHandle {
+            counts: rx,
+            feed,
+            zones,
+            catalogs,
+        },
+        task,
+    )
 }
 
 fn own(registry: &Registry, aggregate: &mut Aggregate, id: &DataplaneId) {

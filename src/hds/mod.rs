@@ -38,6 +38,18 @@ use crate::registry::{Command, DataplaneHandle, DataplaneState, Registry, Stream
 pub use stream::{node_id, HdsSettings};
 use stream::{not_found, Action, Awaiting, End, Event, Stream};
 
+impl From<&crate::config::Config> for HdsSettings {
+    fn from(config: &crate::config::Config) -> Self {
+        HdsSettings {
+            unknown_dataplane_grace: config.hds.unknown_dataplane_grace,
+            report_interval: config.hds.report_interval,
+            stale_after: config.hds.stale_after(),
+            limits: config.hds.limits.clone(),
+            definitions_from_api: config.dataplanes.source == crate::config::DataplanesSource::Api,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct HdsService {
     registry: Registry,

@@ -70,14 +70,15 @@ impl ServerTls {
         })
     }
 
-    /// [`load`](Self::load), then [`watch`](Self::watch); a watch that cannot
-    /// be set up is logged (the listener still serves, without reloads).
-    /// Must be called within a tokio runtime.
+    /// [`load`](Self::load), then [`watch`](Self::watch): the configuration
+    /// and the task that reloads it, for the caller to run (the server
+    /// supervises it). A watch that cannot be set up is logged (the listener
+    /// still serves, without reloads, and there is no task).
     pub fn load_and_watch(
         section: &str,
         files: &TlsConfig,
         alpn: Listener,
-    ) -> Result<ServerTls, TlsError> {
+    ) -> Result<(ServerTls, Option<crate::task::Task>), TlsError> {
         let tls = Self::load(section, files, alpn)?;
         tracing::info!(
             section,
@@ -90,12 +91,16 @@ impl ServerTls {
             alpn = alpn.describe(),
             "TLS enabled"
         );
-        if let Err(e) = tls.watch() {
-            tracing::warn!(
-                "{e}; certificates will not be reloaded: restart hdsd after replacing them"
-            );
-        }
-        Ok(tls)
+        let reloading = match tls.watch() {
+            Ok(task) => Some(crate::task::task(task)),
+            Err(e) => {
+                tracing::warn!(
+                    "{e}; certificates will not be reloaded: restart hdsd after replacing them"
+                );
+                None
+            }
+        };
+        Ok((tls, reloading))
     }
 
     /// The settings section this configuration comes from (`hds.tls`).
@@ -139,10 +144,12 @@ impl ServerTls {
     }
 
     /// Watches the files' directories (tools replace files by renaming, and
-    /// Kubernetes swaps a symlink) and reloads on change. The watch ends when
-    /// the last clone of this `ServerTls` is dropped. Must be called within a
-    /// tokio runtime.
-    pub fn watch(&self) -> Result<(), TlsError> {
+    /// Kubernetes swaps a symlink) and reloads on change: the task that does,
+    /// for the caller to run. It ends when the last clone of this
+    /// `ServerTls` is dropped.
+    pub fn watch(
+        &self,
+    ) -> Result<impl std::future::Future<Output = ()> + Send + 'static, TlsError> {
         let inner = &self.inner;
         let mut dirs: Vec<PathBuf> = Vec::new();
         for file in [
@@ -175,8 +182,7 @@ impl ServerTls {
             })?;
         }
         *inner.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(watching);
-        tokio::spawn(watch_task(Arc::downgrade(inner), changes));
-        Ok(())
+        Ok(watch_task(Arc::downgrade(inner), changes))
     }
 }
 
@@ -264,7 +270,7 @@ mod tests {
         let first = ca.server("first");
         let f = files(&first, None);
         let tls = ServerTls::load("hds.tls", &f.config, Listener::Hds).unwrap();
-        tls.watch().unwrap();
+        tokio::spawn(tls.watch().unwrap());
         let before = tls.current();
 
         // A broken write on the way is not taken (the reload refuses it, see

@@ -457,6 +457,19 @@ impl Hdsd {
         self.spawn();
     }
 
+    /// Waits (at most `timeout`) for hdsd to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().expect("running");
+        let status = wait_for("hdsd to exit", timeout, || {
+            child
+                .try_wait()
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "still running".to_string())
+        });
+        self.child = None;
+        status
+    }
+
     /// Sends SIGTERM and waits (at most `timeout`) for hdsd to exit.
     pub fn terminate(&mut self, timeout: Duration) -> std::process::ExitStatus {
         let ok = Command::new("kill")

@@ -607,23 +607,27 @@ fn health_slot(health: EdsHealth) -> usize {
 /// Reads the assignments. Cheap to clone.
 pub type AssignmentsRx = watch::Receiver<Arc<Assignments>>;
 
-/// Starts the index's task; the receiver sees `synced` once the dataplanes
-/// hdsd loaded at start are all in.
-pub fn spawn(
+/// The assignments and the index's task (their single writer), for the
+/// caller to run (the server supervises it); the receiver sees `synced`
+/// once the dataplanes hdsd loaded at start are all in.
+pub fn start(
     registry: Registry,
     feed: FeedHandle,
     sources: watch::Receiver<Arc<Loaded>>,
     zones: Option<ZonesRx>,
     options: EdsOptions,
     policy: Policy,
-) -> AssignmentsRx {
+) -> (
+    AssignmentsRx,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
     // Milliseconds since the Unix epoch: a new process numbers versions anew.
     let epoch = u64::try_from(SystemClock.now().timestamp_millis()).unwrap_or(0);
     let (tx, rx) = watch::channel(Arc::new(Assignments {
         epoch,
         ..Default::default()
     }));
-    tokio::spawn(run(
+    let task = run(
         registry,
         feed,
         sources,
@@ -631,8 +635,8 @@ pub fn spawn(
         Index::shaped(options, policy),
         epoch,
         tx,
-    ));
-    rx
+    );
+    (rx, task)
 }
 
 /// What a global publishes of its zones.

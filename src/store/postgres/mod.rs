@@ -125,12 +125,31 @@ fn describe(config: &tokio_postgres::Config) -> String {
     format!("PostgreSQL database {db} on {host}")
 }
 
+/// The tasks a [`PgStore`] needs running: the listener that turns the
+/// database's notifications into announcements, and the announcer of
+/// this instance's stream claims. Both end once the store is dropped.
+pub struct PgTasks {
+    pub listen: crate::task::Task,
+    pub claims: crate::task::Task,
+}
+
+impl PgTasks {
+    /// Runs them detached, for a command that runs once and for tests:
+    /// nothing supervises them there (hdsd's server does, [`PgStore::open`]).
+    pub fn detach(self) {
+        tokio::spawn(self.listen);
+        tokio::spawn(self.claims);
+    }
+}
+
 impl PgStore {
     /// Connects, applies the migrations this database lacks (under the
     /// advisory lock), and starts listening for changes: it returns once the
     /// listener's `LISTEN` is in force (or after `connect_timeout`, when the
     /// listener keeps retrying in the background), so that every change
     /// committed afterwards is announced on [`DefinitionStore::changes`].
+    /// Its tasks run detached ([`PgTasks::detach`]); hdsd's server uses
+    /// [`PgStore::open`] and supervises them.
     pub async fn connect(settings: &PostgresConfig) -> Result<PgStore, StoreError> {
         Self::connect_as(settings, instance_name()).await
     }
@@ -141,6 +160,23 @@ impl PgStore {
         settings: &PostgresConfig,
         instance: String,
     ) -> Result<PgStore, StoreError> {
+        let (store, tasks) = Self::open_as(settings, instance).await?;
+        tasks.detach();
+        Ok(store)
+    }
+
+    /// [`PgStore::connect`], handing the store's tasks to the caller to run
+    /// (the server supervises them). The listener already runs while this
+    /// waits for its `LISTEN`: the caller spawns it at once.
+    pub async fn open(settings: &PostgresConfig) -> Result<(PgStore, PgTasks), StoreError> {
+        Self::open_as(settings, instance_name()).await
+    }
+
+    /// [`PgStore::open`] under the instance name `instance`.
+    pub async fn open_as(
+        settings: &PostgresConfig,
+        instance: String,
+    ) -> Result<(PgStore, PgTasks), StoreError> {
         let mut config: tokio_postgres::Config = settings
             .url
             .parse()
@@ -178,7 +214,7 @@ impl PgStore {
         let (listening_flag, _) = watch::channel(false);
         let (replaced, _) = broadcast::channel(CHANGES_BUFFER);
         let (listening_tx, listening) = tokio::sync::oneshot::channel();
-        tokio::spawn(listen(
+        let mut listener: crate::task::Task = Box::pin(listen(
             config,
             listening_tx,
             Announcements {
@@ -196,15 +232,24 @@ impl PgStore {
             settings.reconcile_interval,
             alive_rx,
         ));
-        if tokio::time::timeout(settings.connect_timeout, listening)
-            .await
-            .is_err()
-        {
-            tracing::warn!("{describe}: not listening for changes yet; every definition is read again once it listens");
+        // The listener makes progress here: it must, to reach its LISTEN.
+        let listened = tokio::select! {
+            () = &mut listener => None,
+            listened = tokio::time::timeout(settings.connect_timeout, listening) => Some(listened),
+        };
+        match listened {
+            Some(Ok(_)) => {}
+            Some(Err(_)) => tracing::warn!("{describe}: not listening for changes yet; every definition is read again once it listens"),
+            // It ended (it never does while the store lives): the
+            // supervisor hears of it at once.
+            None => listener = Box::pin(std::future::ready(())),
         }
         let (claims, claims_rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(announce_claims(pool.clone(), instance.clone(), claims_rx));
-        Ok(PgStore {
+        let tasks = PgTasks {
+            listen: listener,
+            claims: Box::pin(announce_claims(pool.clone(), instance.clone(), claims_rx)),
+        };
+        let store = PgStore {
             pool,
             changes,
             readiness_signal,
@@ -221,7 +266,8 @@ impl PgStore {
             listening: listening_flag,
             describe,
             _alive: alive,
-        })
+        };
+        Ok((store, tasks))
     }
 
     /// Poked when stream holders may have changed, and on every reconnect.
