@@ -26,7 +26,7 @@
 //!   answer to a request): its bytes are already encoded, only copied.
 //! - `churn/file/{1000,10000}`: one definition change in a file of 100
 //!   dataplanes, in a fleet of 1,000 or 10,000: the file read again
-//!   (`source::reassemble`), the new snapshot published or not (its revision),
+//!   (`sources::reassemble`), the new snapshot published or not (its revision),
 //!   the registry's diff (`Loaded::changed_since` and each named dataplane's
 //!   comparison), and the previous snapshot dropped. The two counts should be
 //!   close: a change costs its file, not the fleet.
@@ -66,7 +66,7 @@ use hdsd::hds::stream::{Action, Event, Stream};
 use hdsd::hds::{FromEnvoy, HdsSettings};
 use hdsd::readiness::{rebase, Timestamp};
 use hdsd::registry::{publish, Command, Connection, DataplaneState};
-use hdsd::source::Defined;
+use hdsd::sources::Defined;
 use hdsd::specifier::Specifier;
 use prost::bytes::Bytes;
 use prost::Message;
@@ -366,10 +366,10 @@ fn churn(count: usize) -> Box<dyn FnMut()> {
     use std::collections::BTreeMap;
     let settings = common::settings();
     let dir = PathBuf::from("dataplanes");
-    let files: BTreeMap<PathBuf, hdsd::source::FileRead> = (0..count / 100)
+    let files: BTreeMap<PathBuf, hdsd::sources::FileRead> = (0..count / 100)
         .map(|f| (dir.join(format!("f{f:05}.yaml")), Ok(churn_file(f, false))))
         .collect();
-    let mut loaded = hdsd::source::assemble(&dir, files, &Default::default(), &settings);
+    let mut loaded = hdsd::sources::assemble(&dir, files, &Default::default(), &settings);
     assert_eq!(loaded.dataplanes.len(), count);
     // The file in the middle of the fleet, alternating between two contents.
     let f = count / 200;
@@ -380,7 +380,7 @@ fn churn(count: usize) -> Box<dyn FnMut()> {
         odd = !odd;
         let text = texts[usize::from(!odd)].clone();
         let next =
-            hdsd::source::reassemble(&loaded, [(path.clone(), Some(Ok(text)))].into(), &settings);
+            hdsd::sources::reassemble(&loaded, [(path.clone(), Some(Ok(text)))].into(), &settings);
         assert_ne!(next.revision(), loaded.revision(), "the file changed");
         let ids = next
             .changed_since(loaded.revision())

@@ -11,7 +11,7 @@ use hdsd::clock::{Clock as _, SystemClock};
 use hdsd::readiness::{fold_report, rebase};
 use hdsd::registry::{apply, Command, Connection, DataplaneState};
 use hdsd::report::Report;
-use hdsd::source::Defined;
+use hdsd::sources::Defined;
 use std::hint::black_box;
 
 mod common;

@@ -34,7 +34,7 @@ use crate::consumers::paging;
 use crate::auth::{bearer, BearerError};
 use crate::dataplane::{DataplaneId, IgnoredDocument, Warning};
 use crate::registry::Registry;
-use crate::source::{FileError, Loaded};
+use crate::sources::{FileError, Loaded};
 
 /// What the API's handlers need, in parts: each handler takes only the
 /// part it reads (axum's `FromRef` substates).

@@ -2,8 +2,9 @@
 //!
 //! The pure core: [`dataplane`] (the resource), [`probe`] (check settings and
 //! their rules), [`specifier`] (dataplane -> `HealthCheckSpecifier`) and
-//! [`readiness`] (reports -> per-inbound status). State: [`source`] (files ->
-//! definitions), [`store`] (readiness; definitions in redb or PostgreSQL) and
+//! [`readiness`] (reports -> per-inbound status). State: [`sources`] (files or
+//! stored documents -> definitions), [`store`] (readiness; definitions in redb
+//! or PostgreSQL) and
 //! [`registry`] (one writer per dataplane). Edges: [`hds`]
 //! (gRPC), [`api`] (REST), [`consumers`] (the change feed and who reads it:
 //! gRPC `hdsd.v1`, SSE), [`ui`] (the fleet page), [`server`] (wiring).
@@ -36,7 +37,7 @@ pub mod registry;
 pub mod report;
 pub mod scrape;
 pub mod server;
-pub mod source;
+pub mod sources;
 pub mod specifier;
 pub mod store;
 pub mod tls;

@@ -25,7 +25,7 @@ use crate::readiness::{
     apply_support, expire, fold_report, next_expiry, rebase, FoldOutcome, Health, Timestamp, Window,
 };
 use crate::report::Report;
-use crate::source::{Defined, Loaded};
+use crate::sources::{Defined, Loaded};
 use crate::specifier::Specifier;
 use crate::store::{restore, snapshot, StoreHandle, StoredHealth};
 
@@ -1269,7 +1269,7 @@ mod tests {
     /// only sees the last of several snapshots.
     #[tokio::test]
     async fn the_registry_follows_the_changes_the_snapshots_name() {
-        use crate::source::{assemble, reassemble};
+        use crate::sources::{assemble, reassemble};
         use std::path::PathBuf;
         let doc = |name: &str, port: u16| {
             format!("type: Dataplane\nmesh: default\nname: {name}\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: {port}\n")

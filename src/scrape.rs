@@ -16,7 +16,7 @@ use crate::metrics::{
 };
 use crate::readiness::Status;
 use crate::registry::Registry;
-use crate::source::Loaded;
+use crate::sources::Loaded;
 use crate::view::zones::{ZoneState, ZonesView};
 
 /// Renders `/metrics`: refreshes the fleet gauges and process metrics from

@@ -18,9 +18,9 @@ use crate::config::{AuthMode, Config, DataplanesSource, StoreKind};
 use crate::hds::{HdsService, HdsSettings};
 use crate::net::{Admission, Incoming, Plain};
 use crate::registry::{Registry, RegistryOptions};
-use crate::source::{self, Loaded};
+use crate::sources::{self, Sources};
 use crate::specifier::SpecifierSettings;
-use crate::store::definitions::{self, DefinitionStore};
+use crate::store::definitions::DefinitionStore;
 use crate::store::postgres::PgStore;
 use crate::store::{ReadinessStore, RedbStore, StoreHandle, StoreStatus};
 use crate::tls::TlsHandshake;
@@ -31,7 +31,7 @@ pub enum ServeError {
     #[error("invalid configuration:\n  {}", .0.join("\n  "))]
     Config(Vec<String>),
     #[error(transparent)]
-    Dataplanes(#[from] source::DirError),
+    Sources(#[from] sources::SourceError),
     #[error("cannot listen on {what} address {addr}: {source}; choose a free port or stop the process using it")]
     Bind {
         what: &'static str,
@@ -46,8 +46,6 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot watch the dataplanes directory for changes: {0}; check that it exists and that the inotify limits (fs.inotify.max_user_instances, max_user_watches) are not exhausted")]
-    Watch(#[from] notify::Error),
     #[error("HDS listener failed: {0}")]
     Hds(#[from] tonic::transport::Error),
     #[error("zone listener (global.listen) failed: {0}")]
@@ -229,7 +227,8 @@ pub async fn run(
             config.cluster.instance_timeout,
         )
     });
-    let sources = start_sources(&config, &stores, &settings).await?;
+    let (sources, following) = sources::start(&config, &settings, stores.definitions()).await?;
+    let following = tokio::spawn(following);
     // A global's zones: EDS follows them from the start.
     let hub = match config.global.enabled {
         true => Some(crate::zones::global::server::spawn_hub(
@@ -377,7 +376,7 @@ pub async fn run(
     });
     let failure = tokio::select! {
         () = shutdown => None,
-        _ = sources.watcher => Some(ServeError::Stopped("the dataplane definitions watcher")),
+        _ = following => Some(ServeError::Stopped("the dataplane definitions watcher")),
         r = &mut hds => Some(match r {
             Ok(Err(e)) => ServeError::Hds(e),
             _ => ServeError::Stopped("the HDS listener"),
@@ -598,88 +597,6 @@ fn hostname() -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "hdsd".to_string())
-}
-
-/// The dataplane definitions, followed as one watch of `Loaded` snapshots.
-struct Sources {
-    rx: watch::Receiver<Arc<Loaded>>,
-    /// Follows the files or the store; ends only on failure.
-    watcher: tokio::task::JoinHandle<()>,
-    /// What the API writes to (the store) or refuses (files).
-    definitions: api::definitions::Definitions,
-}
-
-/// Loads the definitions (the files of `dataplanes.dir`, or the store) and
-/// starts following them.
-async fn start_sources(
-    config: &Config,
-    stores: &Stores,
-    settings: &SpecifierSettings,
-) -> Result<Sources, ServeError> {
-    let dir = config.dataplanes.dir.clone();
-    let limits = config.dataplanes.limits();
-    let (sources_tx, rx) = watch::channel(Arc::new(Loaded::default()));
-    let (watcher, definitions): (Pin<Box<dyn Future<Output = ()> + Send>>, _) =
-        match config.dataplanes.source {
-            DataplanesSource::Dir => {
-                let initial = source::load(&dir, &Loaded::default(), settings, &limits)?;
-                source::log_problems(&initial, &Loaded::default());
-                tracing::info!(
-                    dir = %dir.display(),
-                    dataplanes = initial.dataplanes.len(),
-                    broken_files = initial.error_count(),
-                    "dataplanes loaded"
-                );
-                sources_tx.send_replace(Arc::new(initial));
-                (
-                    Box::pin(source::watch(
-                        dir.clone(),
-                        settings.clone(),
-                        limits,
-                        sources_tx,
-                    )?),
-                    api::definitions::Definitions::Dir(dir),
-                )
-            }
-            DataplanesSource::Api => {
-                let store = stores.definitions();
-                // Subscribed before the first read: no change falls in between.
-                let changes = store.changes();
-                let initial =
-                    definitions::load(store.as_ref(), &Loaded::default(), settings, &limits)
-                        .await
-                        .map_err(ServeError::Definitions)?;
-                source::log_problems(&initial, &Loaded::default());
-                tracing::info!(
-                    store = %store.describe(),
-                    dataplanes = initial.dataplanes.len(),
-                    broken = initial.error_count(),
-                    "dataplanes loaded from the store"
-                );
-                sources_tx.send_replace(Arc::new(initial));
-                (
-                    Box::pin(definitions::watch(
-                        store.clone(),
-                        settings.clone(),
-                        limits,
-                        sources_tx,
-                        changes,
-                    )),
-                    api::definitions::Definitions::Store {
-                        store,
-                        checks: Arc::new(api::definitions::Checks {
-                            settings: settings.clone(),
-                            limits,
-                        }),
-                    },
-                )
-            }
-        };
-    Ok(Sources {
-        rx,
-        watcher: tokio::spawn(watcher),
-        definitions,
-    })
 }
 
 /// The state every reader follows: the readiness store's writer, the

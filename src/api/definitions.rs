@@ -4,7 +4,6 @@
 //! store's change reaches the registry through the definitions watcher, the
 //! same path as a file change (one writer of the catalog).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -13,31 +12,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::error;
-use crate::dataplane::{DataplaneId, FileLimits};
-use crate::specifier::{build, SpecifierSettings};
-use crate::store::definitions::{
-    check_document, DefinitionStore, DocumentFormat, Precondition, WriteError,
-};
-
-/// Where definitions come from, as the API's write calls see it.
-#[derive(Debug, Clone)]
-pub enum Definitions {
-    /// `dataplanes.source = "dir"`: the files of this directory; writes are refused.
-    Dir(PathBuf),
-    /// `dataplanes.source = "api"`: the store, and how a document is checked.
-    Store {
-        store: Arc<dyn DefinitionStore>,
-        checks: Arc<Checks>,
-    },
-}
-
-/// How a `PUT` document is validated: as a file of the directory would be.
-#[derive(Debug, Clone)]
-pub struct Checks {
-    pub settings: SpecifierSettings,
-    /// `dataplanes.max_*`: a document is held to a file's limits.
-    pub limits: FileLimits,
-}
+use crate::dataplane::DataplaneId;
+pub use crate::sources::Definitions;
+use crate::sources::{check_document, Rules};
+use crate::store::definitions::{DefinitionStore, DocumentFormat, Precondition, WriteError};
 
 /// The `ETag` of a revision.
 pub fn etag(revision: u64) -> HeaderValue {
@@ -92,9 +70,9 @@ fn format_of(headers: &HeaderMap) -> DocumentFormat {
 }
 
 /// The store, or the 409 that says where definitions come from.
-fn store_of(defined: &Definitions) -> Result<(&Arc<dyn DefinitionStore>, &Checks), Box<Response>> {
+fn store_of(defined: &Definitions) -> Result<(&Arc<dyn DefinitionStore>, &Rules), Box<Response>> {
     match defined {
-        Definitions::Store { store, checks } => Ok((store, checks)),
+        Definitions::Store { store, rules } => Ok((store, rules)),
         Definitions::Dir(dir) => Err(Box::new(error(
             StatusCode::CONFLICT,
             &format!(
@@ -144,7 +122,7 @@ pub async fn put(
     headers: HeaderMap,
     body: String,
 ) -> Response {
-    let (store, checks) = match store_of(&defined) {
+    let (store, rules) = match store_of(&defined) {
         Ok(found) => found,
         Err(response) => return *response,
     };
@@ -157,9 +135,7 @@ pub async fn put(
         Err(message) => return error(StatusCode::BAD_REQUEST, &message),
     };
     let format = format_of(&headers);
-    if let Err(rejected) = check_document(&id, format, &body, &checks.limits, &mut |dp| {
-        build(dp, &checks.settings)
-    }) {
+    if let Err(rejected) = check_document(&id, format, &body, rules) {
         let message = format!("dataplane {id} rejected: {}", rejected.problems.join("; "));
         return (
             StatusCode::UNPROCESSABLE_ENTITY,

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use crate::config::{CheckFallback, Config, DataplanesSource, StoreKind};
 use crate::server;
-use crate::source::{self, Loaded};
+use crate::sources::{self, Loaded};
 
 /// `hdsd validate`'s arguments.
 #[derive(clap::Args)]
@@ -72,12 +72,11 @@ fn check(config: &Config, config_path: Option<&Path>) -> Report {
     let mut dataplanes = 0;
     let mut ignored = String::new();
     if problems.is_empty() {
-        match source::load(
-            &config.dataplanes.dir,
-            &Loaded::default(),
-            &settings,
-            &config.dataplanes.limits(),
-        ) {
+        let rules = sources::Rules {
+            specifier: settings.clone(),
+            limits: config.dataplanes.limits(),
+        };
+        match sources::dir::load(&config.dataplanes.dir, &rules) {
             Ok(loaded) => {
                 dataplanes = loaded.dataplanes.len();
                 problems.extend(loaded.problems());

@@ -570,7 +570,7 @@ mod tests {
     use super::*;
     use crate::dataplane::parse_documents;
     use crate::registry::Connection;
-    use crate::source::Defined;
+    use crate::sources::Defined;
     use crate::specifier::{build, SpecifierSettings};
 
     const WEB: &str = "type: Dataplane\nmesh: default\nname: web\nnetworking:\n  address: 127.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    tags: {kuma.io/service: web, team: a}\n";

@@ -596,7 +596,7 @@ mod tests {
     use crate::dataplane::parse_documents;
     use crate::readiness::rebase;
     use crate::registry::Connection;
-    use crate::source::Defined;
+    use crate::sources::Defined;
     use crate::specifier::{build, endpoint, SpecifierSettings};
     use chrono::TimeZone;
     use envoy_types::pb::envoy::config::core::v3::HealthStatus;

@@ -24,7 +24,7 @@ use crate::clock::{Clock as _, SystemClock};
 use crate::dataplane::DataplaneId;
 use crate::feed::{FeedHandle, Filter};
 use crate::registry::{DataplaneState, Registry};
-use crate::source::Loaded;
+use crate::sources::Loaded;
 use crate::view::zones::Dataplanes;
 
 /// One service's assignment as served. It is encoded when a stream first
@@ -788,7 +788,7 @@ mod tests {
     use crate::dataplane::parse_documents;
     use crate::readiness::{rebase, Status};
     use crate::registry::Connection;
-    use crate::source::Defined;
+    use crate::sources::Defined;
     use crate::specifier::{build, SpecifierSettings};
     use chrono::{TimeZone, Utc};
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;

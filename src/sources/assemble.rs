@@ -1,14 +1,12 @@
-//! The dataplane source: a directory of `*.yaml` / `*.yml` / `*.json` files.
+//! The assembler of definitions: pure. It turns what an origin read (the
+//! texts of `*.yaml` / `*.yml` / `*.json` files, or stored documents named as
+//! such files) and the previous snapshot into the new set of dataplanes.
 //! Documents of other Kuma resource types are skipped and listed per file.
 //!
-//! [`assemble`] and [`reassemble`] are pure: they turn the files' texts and
-//! the previous result into the new set of dataplanes, keeping a broken file's
-//! last good definitions. They read no clock and record no metrics: the
-//! `_with` variants take the specifier builder, and the I/O around them
-//! ([`load`], [`watch`]) passes one that is timed and counted. [`read_dir`]
-//! and [`watch`] read the files; the watcher re-reads only the files its
-//! events name, so a change costs what its file costs, not what the directory
-//! costs.
+//! [`assemble`] and [`reassemble`] keep a broken file's last good
+//! definitions. They read no clock, record no metrics and do no I/O: the
+//! `_with` variants take the specifier builder, and the pipeline around them
+//! (`sources`) passes one that is timed and counted.
 //!
 //! The snapshot is made of persistent maps ([`imbl::OrdMap`]): a new one
 //! shares everything but the changed files' entries with the previous one, so
@@ -20,16 +18,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use imbl::OrdMap;
 use serde::Serialize;
-use tokio::sync::watch;
 
 use crate::dataplane::{
     self, Dataplane, DataplaneId, Documents, FileLimits, Format, IgnoredDocument, Limit, Warning,
 };
-use crate::fswatch;
 use crate::specifier::{build, Specifier, SpecifierError, SpecifierSettings};
 
 /// A dataplane as defined by a file, with its specifier already built.
@@ -83,7 +78,7 @@ pub struct FileError {
 }
 
 impl FileError {
-    fn new(line: Option<usize>, message: &str, limit: Option<Limit>) -> FileError {
+    pub(super) fn new(line: Option<usize>, message: &str, limit: Option<Limit>) -> FileError {
         FileError {
             line,
             message: excerpted(message),
@@ -141,9 +136,11 @@ pub fn excerpted(message: &str) -> String {
 /// that fell further behind diffs everything once.
 pub const CHANGE_LOG: usize = 256;
 
-/// The result of loading the directory.
+/// The definitions in force: one snapshot of an origin (the directory, or
+/// the store), as every reader sees it.
 #[derive(Debug, Clone, Default)]
 pub struct Loaded {
+    /// Where the files are: the directory, or the store's description.
     pub dir: PathBuf,
     pub files: OrdMap<PathBuf, Arc<FileState>>,
     /// The dataplanes in force, first file (in path order) wins on a conflict.
@@ -224,6 +221,14 @@ impl Loaded {
 
     pub fn error_count(&self) -> usize {
         self.files.values().filter(|f| f.error.is_some()).count()
+    }
+
+    /// What the files' kept parses hold: bytes and documents (the
+    /// `hdsd_dataplane_document_cache_*` gauges).
+    pub fn document_cache(&self) -> (u64, usize) {
+        self.files.values().fold((0, 0), |(b, d), f| {
+            (b + f.documents.kept_bytes(), d + f.documents.len())
+        })
     }
 
     /// Skipped documents (other resource types), by type, over all files.
@@ -586,280 +591,6 @@ fn parse_file(
         warnings,
         documents: parsed.documents,
     })
-}
-
-/// Why the directory itself cannot be read.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot read the dataplanes directory {dir}: {source}; create it or point dataplanes.dir at an existing directory")]
-pub struct DirError {
-    pub dir: PathBuf,
-    #[source]
-    pub source: std::io::Error,
-}
-
-/// Reads every `*.yaml` / `*.yml` / `*.json` file of `dir` (not recursive,
-/// hidden files and directories skipped) with [`read_file`].
-pub fn read_dir(dir: &Path, max_size: u64) -> Result<BTreeMap<PathBuf, FileRead>, DirError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| DirError {
-        dir: dir.to_path_buf(),
-        source,
-    })?;
-    let mut files = BTreeMap::new();
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if !is_dataplane_file(&path) {
-            continue;
-        }
-        if let Some(read) = read_file(&path, max_size) {
-            files.insert(path, read);
-        }
-    }
-    Ok(files)
-}
-
-/// Reads one dataplane file, or `None` when there is no file to read (it is
-/// gone, or it is a directory). The file is opened without blocking, so a
-/// FIFO never hangs the reader; it must be a regular file (a symlink to one
-/// is fine: the type is checked on the opened file, not on its name); and
-/// at most `max_size` bytes are read, so a symlink to `/dev/zero` or a file
-/// still growing costs no more than that.
-pub fn read_file(path: &Path, max_size: u64) -> Option<FileRead> {
-    use std::io::Read;
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let cannot = |e: std::io::Error| {
-        Some(Err(FileError::new(
-            None,
-            &format!("cannot read file: {e}"),
-            None,
-        )))
-    };
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-    {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-        Err(e) => return cannot(e),
-    };
-    let meta = match file.metadata() {
-        Ok(meta) => meta,
-        Err(e) => return cannot(e),
-    };
-    let kind = meta.file_type();
-    if kind.is_dir() {
-        return None;
-    }
-    if !kind.is_file() {
-        let what = if kind.is_fifo() {
-            "a FIFO"
-        } else if kind.is_char_device() {
-            "a character device"
-        } else if kind.is_block_device() {
-            "a block device"
-        } else if kind.is_socket() {
-            "a socket"
-        } else {
-            "not a regular file"
-        };
-        return Some(Err(FileError::new(
-            None,
-            &format!("this is {what} (or a symlink to one), not a regular file; dataplane files must be regular files (a symlink to a regular file is fine): remove it or give it another extension"),
-            Some(Limit::NotRegularFile),
-        )));
-    }
-    let too_large = || {
-        Some(Err(FileError::new(
-            None,
-            &format!("the file is larger than dataplanes.max_file_size ({max_size} bytes); split it into several files or raise the limit"),
-            Some(Limit::FileSize),
-        )))
-    };
-    if meta.len() > max_size {
-        return too_large();
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    if let Err(e) = file
-        .take(max_size.saturating_add(1))
-        .read_to_end(&mut bytes)
-    {
-        return cannot(e);
-    }
-    if bytes.len() as u64 > max_size {
-        return too_large();
-    }
-    Some(String::from_utf8(bytes).map_err(|e| {
-        FileError::new(
-            None,
-            &format!(
-                "the file is not UTF-8 text (invalid byte at offset {}); save it as UTF-8",
-                e.utf8_error().valid_up_to()
-            ),
-            None,
-        )
-    }))
-}
-
-fn is_dataplane_file(path: &Path) -> bool {
-    let hidden = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .is_none_or(|n| n.starts_with('.'));
-    !hidden && Format::of_path(path).is_some()
-}
-
-/// Loads the directory once.
-pub fn load(
-    dir: &Path,
-    previous: &Loaded,
-    settings: &SpecifierSettings,
-    limits: &FileLimits,
-) -> Result<Loaded, DirError> {
-    Ok(assemble_with(
-        dir,
-        read_dir(dir, limits.max_file_size)?,
-        previous,
-        limits,
-        &mut measured(settings),
-    ))
-}
-
-/// [`build`], timed and counted in the metrics: the builder of the running server.
-fn measured(
-    settings: &SpecifierSettings,
-) -> impl FnMut(&Dataplane) -> Result<Specifier, SpecifierError> + '_ {
-    move |dp| {
-        let started = std::time::Instant::now();
-        let built = build(dp, settings);
-        crate::metrics::specifier_built(built.is_ok(), started.elapsed());
-        built
-    }
-}
-
-/// How long file events are coalesced before the directory is read again.
-const DEBOUNCE: Duration = Duration::from_millis(100);
-
-/// Watches `dir` and publishes every change to `tx`, which must hold the
-/// initial load. Sets the watch up at once (an error here is a startup
-/// failure); the returned future runs until `tx` has no receivers left.
-pub fn watch(
-    dir: PathBuf,
-    settings: SpecifierSettings,
-    limits: FileLimits,
-    tx: watch::Sender<Arc<Loaded>>,
-) -> Result<impl std::future::Future<Output = ()> + Send + 'static, notify::Error> {
-    let (mut watching, mut changes) = fswatch::watch(DEBOUNCE)?;
-    watching.add(&dir)?;
-    Ok(async move {
-        let _watching = watching;
-        while let Some(burst) = changes.next().await {
-            for e in &burst.errors {
-                tracing::warn!(error = %e, "file watch error; reloading the dataplanes directory");
-            }
-            let mut everything = burst.rescan;
-            let mut changed = std::collections::BTreeSet::new();
-            for path in burst.paths {
-                match path.file_name() {
-                    Some(name) if path != dir => {
-                        changed.insert(dir.join(name));
-                    }
-                    _ => everything = true,
-                }
-            }
-            let previous = tx.borrow().clone();
-            let dir2 = dir.clone();
-            let settings = settings.clone();
-            let loaded = if everything {
-                tracing::debug!(dir = %dir.display(), "dataplanes directory changed; reloading");
-                tokio::task::spawn_blocking(move || load(&dir2, &previous, &settings, &limits))
-                    .await
-            } else {
-                let changed: Vec<PathBuf> = changed
-                    .into_iter()
-                    .filter(|p| is_dataplane_file(p))
-                    .collect();
-                if changed.is_empty() {
-                    continue;
-                }
-                tracing::debug!(
-                    files = changed.len(),
-                    "dataplanes directory changed; reloading"
-                );
-                tokio::task::spawn_blocking(move || {
-                    Ok(reassemble_with(
-                        &previous,
-                        read_files(changed, limits.max_file_size),
-                        &limits,
-                        &mut measured(&settings),
-                    ))
-                })
-                .await
-            };
-            match loaded {
-                Ok(Ok(loaded)) => {
-                    log_problems(&loaded, &tx.borrow());
-                    tx.send_if_modified(|current| {
-                        if current.revision == loaded.revision {
-                            return false;
-                        }
-                        *current = Arc::new(loaded);
-                        true
-                    });
-                }
-                Ok(Err(e)) => tracing::error!("{e}; keeping the dataplanes loaded before"),
-                Err(e) => tracing::error!(error = %e, "dataplane loading task failed"),
-            }
-            if tx.is_closed() {
-                break;
-            }
-        }
-    })
-}
-
-/// Reads the named files; `None` for a file that no longer exists.
-fn read_files(paths: Vec<PathBuf>, max_size: u64) -> BTreeMap<PathBuf, Option<FileRead>> {
-    paths
-        .into_iter()
-        .map(|path| {
-            let read = read_file(&path, max_size);
-            (path, read)
-        })
-        .collect()
-}
-
-/// Logs each file error once, when it appears or changes, and a file's
-/// warnings when they change; counts the
-/// limits hit in `hdsd_dataplane_file_limit_hits_total`.
-/// Also sets `hdsd_dataplane_document_cache_bytes` and
-/// `hdsd_dataplane_document_cache_documents`: what the files' kept parses
-/// hold now.
-pub fn log_problems(loaded: &Loaded, before: &Loaded) {
-    let (bytes, documents) = loaded.files.values().fold((0u64, 0usize), |(b, d), f| {
-        (b + f.documents.kept_bytes(), d + f.documents.len())
-    });
-    crate::metrics::document_cache(bytes, documents);
-    for (path, state) in &loaded.files {
-        if before.files.get(path).map(|f| &f.warnings) != Some(&state.warnings) {
-            for w in &state.warnings {
-                tracing::warn!(file = %path.display(), line = w.line, "{}", w.message);
-            }
-        }
-        let Some(error) = &state.error else { continue };
-        if before.files.get(path).and_then(|f| f.error.as_ref()) == Some(error) {
-            continue;
-        }
-        if let Some(limit) = error.limit {
-            crate::metrics::dataplane_file_limit_hit(limit.as_str());
-        }
-        let kept = state.dataplanes.len();
-        tracing::error!(
-            file = %path.display(),
-            line = error.line,
-            kept_dataplanes = kept,
-            "dataplane file rejected: {}; its last good definitions stay in force",
-            error.message
-        );
-    }
 }
 
 #[cfg(test)]
@@ -1335,38 +1066,6 @@ mod tests {
     }
 
     #[test]
-    fn reads_only_yaml_and_json_files() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("a.yaml"), doc("a", 1)).unwrap();
-        std::fs::write(dir.path().join("b.yml"), doc("b", 2)).unwrap();
-        std::fs::write(
-            dir.path().join("c.json"),
-            r#"{"type": "Dataplane", "mesh": "default", "name": "c", "networking": {"address": "127.0.0.1"}}"#,
-        )
-        .unwrap();
-        std::fs::write(dir.path().join("c.txt"), "junk").unwrap();
-        std::fs::write(dir.path().join(".d.yaml.swp"), "junk").unwrap();
-        std::fs::write(dir.path().join(".e.yaml"), "junk").unwrap();
-        let l = load(
-            dir.path(),
-            &Loaded::default(),
-            &settings(),
-            &FileLimits::default(),
-        )
-        .unwrap();
-        assert_eq!(names(&l), vec!["default.a", "default.b", "default.c"]);
-        assert!(load(
-            &dir.path().join("missing"),
-            &Loaded::default(),
-            &settings(),
-            &FileLimits::default()
-        )
-        .unwrap_err()
-        .to_string()
-        .contains("create it or point dataplanes.dir"));
-    }
-
-    #[test]
     fn excerpts_cut_quoted_content_and_escape_control_characters() {
         let secret = "root:x:0:0:root:/root:/bin/bash daemon:x:1:1:daemon:/usr/sbin";
         let m = excerpted(&format!("invalid type: string \"{secret}\", expected x"));
@@ -1379,54 +1078,5 @@ mod tests {
             excerpted(&"y".repeat(1000)).chars().count(),
             MESSAGE_CHARS + 1
         );
-    }
-
-    #[test]
-    fn only_regular_files_are_read_and_never_past_the_cap() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        std::fs::write(d.join("ok.yaml"), doc("a", 1)).unwrap();
-        std::fs::write(d.join("big.yaml"), "#".repeat(2000)).unwrap();
-        std::os::unix::fs::symlink(d.join("ok.yaml"), d.join("link.yaml")).unwrap();
-        std::os::unix::fs::symlink("/dev/zero", d.join("zero.yaml")).unwrap();
-        std::fs::create_dir(d.join("dir.yaml")).unwrap();
-        let fifo = d.join("fifo.yaml");
-        assert!(std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success());
-
-        assert!(read_file(&d.join("ok.yaml"), 1000).unwrap().is_ok());
-        assert!(
-            read_file(&d.join("link.yaml"), 1000).unwrap().is_ok(),
-            "a symlink to a regular file is read"
-        );
-        assert!(read_file(&d.join("dir.yaml"), 1000).is_none());
-        assert!(read_file(&d.join("gone.yaml"), 1000).is_none());
-        let err = |name: &str| read_file(&d.join(name), 1000).unwrap().unwrap_err();
-        // A FIFO with no writer: refused at once, not waited on.
-        let e = err("fifo.yaml");
-        assert_eq!(e.limit, Some(Limit::NotRegularFile));
-        assert!(e.message.contains("a FIFO"), "{e:?}");
-        let e = err("zero.yaml");
-        assert_eq!(e.limit, Some(Limit::NotRegularFile));
-        assert!(e.message.contains("character device"), "{e:?}");
-        let e = err("big.yaml");
-        assert_eq!(e.limit, Some(Limit::FileSize));
-        assert!(
-            e.message.contains("dataplanes.max_file_size (1000 bytes)"),
-            "{e:?}"
-        );
-
-        // The directory read reports them too, beside the good files.
-        let limits = FileLimits {
-            max_file_size: 1000,
-            ..FileLimits::default()
-        };
-        let l = load(d, &Loaded::default(), &settings(), &limits).unwrap();
-        assert_eq!(names(&l), vec!["default.a"]);
-        assert_eq!(l.error_count(), 4, "{:?}", l.problems());
-        assert!(!l.files.contains_key(&d.join("dir.yaml")));
     }
 }
