@@ -15,7 +15,7 @@ pub const LAYERS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "core",
-        "the domain as plain data and pure functions: dataplanes, probes, what each Envoy runs, specifiers, reports, readiness, bootstraps; no task, no network, no settings",
+        "the domain as plain data and pure functions: dataplanes, probes, what each Envoy runs, specifiers, reports, readiness, the operator's word, bootstraps; no task, no network, no settings",
         &[
             "probe",
             "capability",
@@ -23,6 +23,7 @@ pub const LAYERS: &[(&str, &str, &[&str])] = &[
             "report",
             "specifier",
             "readiness",
+            "operator",
             "bootstrap",
         ],
     ),

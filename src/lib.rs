@@ -29,6 +29,7 @@ pub mod logging;
 pub mod metrics;
 pub mod names;
 pub mod net;
+pub mod operator;
 pub mod pb;
 pub mod probe;
 pub mod readiness;

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::front::{Client, Front, FrontOptions};
+use crate::support::front::{hits_of, Client, Front, FrontOptions};
 use crate::support::*;
 
 /// unhealthy_threshold (2) x interval (200ms) + timeout (100ms) + report
@@ -244,4 +244,84 @@ fn signal_hdsd(hdsd: &Hdsd, sig: &str) {
         .status()
         .expect("kill");
     assert!(status.success(), "kill {sig}");
+}
+
+/// A dataplane `web` with one inbound per app; `not_ready` are declared
+/// `state: NotReady`.
+fn web_declaring(apps: &[&HttpApp], not_ready: &[&HttpApp]) -> String {
+    let mut text = "type: Dataplane\nmesh: default\nname: web\nnetworking:\n  address: 127.0.0.1\n  inbound:\n".to_string();
+    for app in apps {
+        text.push_str(&format!(
+            "  - port: {p}\n    servicePort: {p}\n    serviceAddress: 127.0.0.1\n    tags: {{kuma.io/service: web}}\n",
+            p = app.port
+        ));
+        if not_ready.iter().any(|n| n.port == app.port) {
+            text.push_str("    state: NotReady\n");
+        }
+    }
+    text
+}
+
+/// The operator's word reaches EDS: an inbound declared `state: NotReady`
+/// whose checks pass reads not ready in the API and gets no request
+/// through a real front Envoy, which holds it DRAINING. Declared ready
+/// again it gets traffic (it is reachable); NotReady again, none.
+#[test]
+fn a_declared_not_ready_inbound_whose_checks_pass_gets_no_traffic() {
+    let hdsd = Hdsd::start(HdsdOptions::default());
+    let (ready, held) = (HttpApp::start("app-1"), HttpApp::start("app-2"));
+    hdsd.write_dataplane("web.yaml", &web_declaring(&[&ready, &held], &[&held]));
+    let _envoy = Envoy::start(hdsd.hds, "default.web", None);
+    for app in [&ready, &held] {
+        hdsd.wait_inbound("default.web", app.port, "healthy", Duration::from_secs(20));
+    }
+    let dp = hdsd.dataplane("default.web").unwrap();
+    let inbound = dp.inbounds.iter().find(|i| i.port == held.port).unwrap();
+    assert!(!inbound.health.ready, "{inbound:?}");
+    assert_eq!(
+        inbound.operator_word,
+        Some(hdsd::operator::OperatorWord::DeclaredNotReady)
+    );
+
+    let front = Front::start(&hdsd.hds.to_string(), FrontOptions::default());
+    let url = format!("http://127.0.0.1:{}/", front.listener);
+    wait_for(
+        "the front to hold both endpoints",
+        Duration::from_secs(20),
+        || {
+            let host = front.host(ready.port)?;
+            front.host(held.port)?;
+            match host.get("health_flags").map(String::as_str) {
+                Some("healthy") => Ok(()),
+                other => Err(format!("app-1: {other:?}")),
+            }
+        },
+    );
+    let hits = hits_of(&url, 100);
+    assert_eq!(
+        hits.get("app-2"),
+        None,
+        "the declared NotReady inbound got traffic: {hits:?}"
+    );
+    assert_eq!(hits.get("app-1"), Some(&100), "{hits:?}");
+    front.draining(held.port).unwrap();
+
+    // Declared ready again: it is reachable, and gets traffic.
+    hdsd.write_dataplane("web.yaml", &web_declaring(&[&ready, &held], &[]));
+    wait_for("app-2 to get traffic", Duration::from_secs(10), || {
+        let hits = hits_of(&url, 10);
+        hits.get("app-2")
+            .map(|_| ())
+            .ok_or_else(|| format!("{hits:?}"))
+    });
+
+    // NotReady again: once the front holds it draining, not one request.
+    hdsd.write_dataplane("web.yaml", &web_declaring(&[&ready, &held], &[&held]));
+    wait_for(
+        "the front to hold app-2 draining",
+        Duration::from_secs(10),
+        || front.draining(held.port),
+    );
+    let hits = hits_of(&url, 100);
+    assert_eq!(hits.get("app-2"), None, "{hits:?}");
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::support::front::{Client, Front, FrontOptions};
+use crate::support::front::{hits_of, Client, Front, FrontOptions};
 use crate::support::zones::Topology;
 use crate::support::*;
 
@@ -232,4 +232,74 @@ fn a_front_fails_over_to_the_other_zone_by_readiness_without_a_failed_request() 
     assert!(client.failures().is_empty(), "{:?}", client.failures());
     drop(front);
     drop(client);
+}
+
+/// The operator's word crosses zones: eu-1 declares one of its two
+/// inbounds `state: NotReady` while its checks pass; the global reads it
+/// not ready with the word, and its EDS holds it DRAINING, so a front in
+/// eu-1 fed by the global sends it not one request.
+#[test]
+fn a_zone_s_declared_not_ready_inbound_gets_no_traffic_from_the_global() {
+    let (global, [eu]) = Topology::new()
+        .global_with(|c| c.eds.tokens = vec![FRONT_TOKEN.into()])
+        .zone("eu-1")
+        .start();
+    let (eu_a, eu_b) = (HttpApp::start("eu-a"), HttpApp::start("eu-b"));
+    let text = web(&[&eu_a, &eu_b]);
+    let held = format!("servicePort: {}\n", eu_b.port);
+    let text = text.replacen(&held, &format!("{held}    state: NotReady\n"), 1);
+    eu.write_dataplane("web.yaml", &text);
+    let _eu_envoy = Envoy::start(eu.hds, "default.web", None);
+    for app in [&eu_a, &eu_b] {
+        eu.wait_inbound("default.web", app.port, "healthy", CONNECT);
+    }
+    wait_for(
+        "the global to hold eu-b not ready with the word",
+        CONNECT,
+        || {
+            let v = global.get_json("/api/v1/dataplanes?zone=eu-1")?;
+            let inbounds = v["items"][0]["inbounds"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let at = |port: u16| inbounds.iter().find(|i| i["port"] == port).cloned();
+            match (at(eu_a.port), at(eu_b.port)) {
+                (Some(a), Some(b))
+                    if a["health"]["ready"] == true
+                        && b["health"]["ready"] == false
+                        && b["health"]["status"] == "healthy"
+                        && b["operatorWord"]["kind"] == "declared_not_ready" =>
+                {
+                    Ok(())
+                }
+                _ => Err(v.to_string()),
+            }
+        },
+    );
+
+    let front = Front::start(
+        &global.hds.to_string(),
+        FrontOptions {
+            zone: Some("eu-1".into()),
+            token: Some(FRONT_TOKEN.into()),
+        },
+    );
+    let url = format!("http://127.0.0.1:{}/", front.listener);
+    wait_for("the front to hold eu-1's endpoints", CONNECT, || {
+        let host = front.host(eu_a.port)?;
+        front.host(eu_b.port)?;
+        match host.get("health_flags").map(String::as_str) {
+            Some("healthy") => Ok(()),
+            other => Err(format!("eu-a: {other:?}")),
+        }
+    });
+    let hits = hits_of(&url, 100);
+    assert_eq!(
+        hits.get("eu-b"),
+        None,
+        "eu-1's declared NotReady inbound got traffic through the global: {hits:?}"
+    );
+    assert_eq!(hits.get("eu-a"), Some(&100), "{hits:?}");
+    front.draining(eu_b.port).unwrap();
+    drop(front);
 }

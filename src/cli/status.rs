@@ -14,6 +14,7 @@ use super::http::{encode, Api, ClientError};
 use super::ApiArgs;
 use crate::clock::{Clock as _, SystemClock};
 use crate::dataplane::{DataplaneKind, InboundState};
+use crate::operator::OperatorWord;
 use crate::readiness::Timestamp;
 use crate::view::DataplaneItem;
 
@@ -296,8 +297,15 @@ fn render(items: &[DataplaneItem], now: Timestamp) -> String {
                         ""
                     }
                 ),
-                match i.state {
-                    InboundState::NotReady => format!("{} (declared NotReady)", i.health.status),
+                // The operator's word beside the health (an older server
+                // sends no word, only the declared state).
+                match (&i.operator_word, i.state) {
+                    (Some(OperatorWord::Unknown), _) => {
+                        format!("{} (held by its zone)", i.health.status)
+                    }
+                    (Some(OperatorWord::DeclaredNotReady), _) | (None, InboundState::NotReady) => {
+                        format!("{} (declared NotReady)", i.health.status)
+                    }
                     _ => i.health.status.clone(),
                 },
                 yes_no(i.health.ready),
@@ -686,6 +694,8 @@ mod tests {
             service_address: "127.0.0.1".parse().unwrap(),
             tags: [("kuma.io/service".to_string(), "web".to_string())].into(),
             state,
+            operator_word: (state == InboundState::NotReady)
+                .then_some(OperatorWord::DeclaredNotReady),
             health: HealthItem {
                 ready,
                 status: status.into(),

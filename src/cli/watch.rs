@@ -539,6 +539,7 @@ mod tests {
                 service_address: "127.0.0.1".parse().unwrap(),
                 name: None,
                 state: crate::dataplane::InboundState::Ready,
+                operator_word: None,
                 tags: [("kuma.io/service".to_string(), "web".to_string())].into(),
                 health: HealthItem {
                     ready: status == "healthy",

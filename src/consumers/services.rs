@@ -230,6 +230,7 @@ pub(crate) fn test_item(mesh: &str, name: &str, inbounds: &[(&str, &str)]) -> Da
                 service_address: "127.0.0.1".parse().unwrap(),
                 name: None,
                 state: crate::dataplane::InboundState::Ready,
+                operator_word: None,
                 tags: [(SERVICE_TAG.to_string(), service.to_string())].into(),
                 health: HealthItem {
                     ready: matches!(*status, "healthy" | "not_probed" | "ignored"),

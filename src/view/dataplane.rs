@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::dataplane::{DataplaneKind, InboundState, Listener};
+use crate::operator::OperatorWord;
 use crate::readiness::Timestamp;
 use crate::registry::DataplaneState;
 
@@ -161,6 +162,10 @@ pub struct InboundItem {
     /// (not probed, shown as `ignored`, never holds the dataplane back).
     #[serde(default)]
     pub state: InboundState,
+    /// The operator's word that holds it not ready whatever its checks say
+    /// (`{"kind": "declared_not_ready"}`), beside its health; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_word: Option<OperatorWord>,
     pub health: HealthItem,
     /// How Envoy probes this inbound; absent when nobody probes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -292,62 +297,63 @@ impl DataplaneItem {
                 .iter()
                 .zip(&state.health.inbounds)
                 .enumerate()
-                .map(|(i, (inbound, health))| InboundItem {
-                    name: inbound.name.clone(),
-                    port: inbound.port,
-                    service_port: inbound.service_port,
-                    service_address: inbound.service_address,
-                    tags: inbound.tags.clone(),
-                    state: inbound.state,
-                    health: HealthItem {
-                        ready: match inbound.state {
-                            InboundState::Ready => health.status.is_ready(),
-                            InboundState::NotReady => false,
-                            InboundState::Ignored => true,
+                .map(|(i, (inbound, health))| {
+                    let word = OperatorWord::of_inbound(inbound);
+                    InboundItem {
+                        name: inbound.name.clone(),
+                        port: inbound.port,
+                        service_port: inbound.service_port,
+                        service_address: inbound.service_address,
+                        tags: inbound.tags.clone(),
+                        state: inbound.state,
+                        health: HealthItem {
+                            ready: inbound.state == InboundState::Ignored
+                                || crate::operator::ready(word.as_ref(), health.status),
+                            status: match inbound.state {
+                                InboundState::Ignored => "ignored".to_string(),
+                                _ => health.status.as_str().to_string(),
+                            },
+                            since: health.since,
+                            last_report_at: health.last_report_at,
+                            failing_reports: health.failing_reports,
+                            last_healthy_at: health.last_healthy_at,
+                            changes: state
+                                .health
+                                .recent
+                                .iter()
+                                .filter(|c| c.inbound == i)
+                                .map(|c| StatusChangeItem {
+                                    from: c.from.as_str().to_string(),
+                                    to: c.to.as_str().to_string(),
+                                    at: c.at,
+                                })
+                                .collect(),
+                            reason: reason(state, i, word.as_ref(), health.status),
                         },
-                        status: match inbound.state {
-                            InboundState::Ignored => "ignored".to_string(),
-                            _ => health.status.as_str().to_string(),
-                        },
-                        since: health.since,
-                        last_report_at: health.last_report_at,
-                        failing_reports: health.failing_reports,
-                        last_healthy_at: health.last_healthy_at,
-                        changes: state
-                            .health
-                            .recent
-                            .iter()
-                            .filter(|c| c.inbound == i)
-                            .map(|c| StatusChangeItem {
-                                from: c.from.as_str().to_string(),
-                                to: c.to.as_str().to_string(),
-                                at: c.at,
-                            })
-                            .collect(),
-                        reason: reason(state, i, health.status),
-                    },
-                    probe: defined
-                        .specifier
-                        .target_of_inbound
-                        .get(i)
-                        .copied()
-                        .flatten()
-                        .and_then(|t| defined.specifier.targets.get(t))
-                        .map(|t| ProbeItem {
-                            kind: t.check.kind().to_string(),
-                            fallback: state
-                                .reason_of_inbound(i)
-                                .filter(|r| r.code == "probe_fallback")
-                                .map(|_| "tcp".to_string()),
-                            cluster: t.cluster.clone(),
-                            target: t.endpoint,
-                            interval: t.settings.interval,
-                            timeout: t.settings.timeout,
-                            no_traffic_interval: t.settings.no_traffic_interval,
-                            healthy_threshold: t.settings.healthy_threshold,
-                            unhealthy_threshold: t.settings.unhealthy_threshold,
-                            tls: t.check.tls_in_force().map(Into::into),
-                        }),
+                        operator_word: word,
+                        probe: defined
+                            .specifier
+                            .target_of_inbound
+                            .get(i)
+                            .copied()
+                            .flatten()
+                            .and_then(|t| defined.specifier.targets.get(t))
+                            .map(|t| ProbeItem {
+                                kind: t.check.kind().to_string(),
+                                fallback: state
+                                    .reason_of_inbound(i)
+                                    .filter(|r| r.code == "probe_fallback")
+                                    .map(|_| "tcp".to_string()),
+                                cluster: t.cluster.clone(),
+                                target: t.endpoint,
+                                interval: t.settings.interval,
+                                timeout: t.settings.timeout,
+                                no_traffic_interval: t.settings.no_traffic_interval,
+                                healthy_threshold: t.settings.healthy_threshold,
+                                unhealthy_threshold: t.settings.unhealthy_threshold,
+                                tls: t.check.tls_in_force().map(Into::into),
+                            }),
+                    }
                 })
                 .collect(),
         })
@@ -369,23 +375,33 @@ impl DataplaneItem {
             .iter()
             .map(|i| {
                 let health = i.health.clone().unwrap_or_default();
+                let word = OperatorWord::of_remote(i);
                 Some(InboundItem {
                     name: None,
                     port: u16::try_from(i.port).ok()?,
                     service_port: u16::try_from(i.service_port).ok()?,
                     service_address: i.service_address.parse().ok()?,
                     tags: i.tags.clone().into_iter().collect(),
-                    state: InboundState::Ready,
+                    state: match word {
+                        Some(OperatorWord::DeclaredNotReady) => InboundState::NotReady,
+                        _ => InboundState::Ready,
+                    },
                     health: HealthItem {
-                        ready: health.ready && withdrawn.is_none(),
+                        // The zone's verdict (it applied the word), and
+                        // the word again for a zone that did not.
+                        ready: health.ready && word.is_none() && withdrawn.is_none(),
                         status: status_word(health.status),
                         since: health.since.as_ref().and_then(time_of).unwrap_or_default(),
                         last_report_at: health.last_report_at.as_ref().and_then(time_of),
                         failing_reports: 0,
                         last_healthy_at: None,
                         changes: Vec::new(),
-                        reason: withdrawn.clone().or(health.reason.map(Into::into)),
+                        reason: withdrawn
+                            .clone()
+                            .or(health.reason.map(Into::into))
+                            .or_else(|| word.as_ref().map(word_reason)),
                     },
+                    operator_word: word,
                     probe: None,
                 })
             })
@@ -414,26 +430,32 @@ impl DataplaneItem {
     }
 }
 
+/// The reason an operator's word gives.
+fn word_reason(word: &OperatorWord) -> ReasonItem {
+    ReasonItem {
+        code: word.code().into(),
+        message: word.message().into(),
+    }
+}
+
 /// The reason shown for inbound `i`: what this instance knows of its
 /// Envoy; for an `unsupported` inbound whose stream another instance holds
 /// (it only read the status from the store), where to look for the versions.
 fn reason(
     state: &DataplaneState,
     i: usize,
+    word: Option<&OperatorWord>,
     status: crate::readiness::Status,
 ) -> Option<ReasonItem> {
     use crate::readiness::Status as S;
     if let Some(r) = state.reason_of_inbound(i) {
         return Some(r.into());
     }
+    if let Some(word) = word {
+        return Some(word_reason(word));
+    }
     let defined = state.defined.as_ref()?;
     let declared = defined.dataplane.inbounds.get(i).map(|d| d.state);
-    if declared == Some(InboundState::NotReady) {
-        return Some(ReasonItem {
-            code: "declared_not_ready".into(),
-            message: "the dataplane's definition declares this inbound `state: NotReady`: it is not ready whatever Envoy reports; change the definition to make it ready".into(),
-        });
-    }
     if declared == Some(InboundState::Ignored) || status.is_ready() {
         return None;
     }
@@ -827,6 +849,35 @@ mod tests {
             item.inbounds[0].health.reason, None,
             "ready: nothing to say"
         );
+        // The declared NotReady inbound: its checks pass, the word holds it,
+        // shown beside its health; and so at a global, from what its zone
+        // sends.
+        let held = &item.inbounds[1];
+        assert!(held.health.status != "unhealthy", "{held:?}");
+        assert!(!held.health.ready);
+        assert_eq!(held.operator_word, Some(OperatorWord::DeclaredNotReady));
+        let json = serde_json::to_value(held).unwrap();
+        assert_eq!(json["operatorWord"]["kind"], "declared_not_ready");
+        let sent = crate::view::pb::to_pb(&item, 3);
+        assert_eq!(
+            sent.inbounds[1].operator_word,
+            crate::pb::OperatorWord::DeclaredNotReady as i32
+        );
+        let zone = RemoteZoneOf {
+            name: "eu-1",
+            state: "online",
+            withdrawn: false,
+        };
+        let at_global = DataplaneItem::from_remote(zone, &sent).unwrap();
+        let held = &at_global.inbounds[1];
+        assert!(!held.health.ready);
+        assert_eq!(held.state, InboundState::NotReady);
+        assert_eq!(held.operator_word, Some(OperatorWord::DeclaredNotReady));
+        assert_eq!(
+            held.health.reason.as_ref().unwrap().code,
+            "declared_not_ready"
+        );
+        assert!(at_global.inbounds[0].health.ready);
         for at in 3..6 {
             fold(&mut health, HealthStatus::Unhealthy, at);
         }
@@ -930,6 +981,7 @@ mod tests {
                     ..Default::default()
                 }),
                 address: String::new(),
+                operator_word: 0,
             }],
             revision: 7,
             ready,

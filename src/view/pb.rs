@@ -103,6 +103,11 @@ pub fn to_pb(item: &DataplaneItem, revision: u64) -> pb::Dataplane {
                 // The REST item has no inbound address: the zone's uplink
                 // sets it from the definition.
                 address: String::new(),
+                operator_word: i
+                    .operator_word
+                    .as_ref()
+                    .map_or(pb::OperatorWord::Unspecified, |w| w.to_pb())
+                    as i32,
             })
             .collect(),
         revision,

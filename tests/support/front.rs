@@ -206,10 +206,34 @@ impl Front {
             .ok_or_else(|| format!("no {line:?} in /stats: {text:?}"))
     }
 
+    /// Whether the front holds the endpoint on `port` DRAINING (from EDS).
+    pub fn draining(&self, port: u16) -> Result<(), String> {
+        let host = self.host(port)?;
+        match host.get("health_flags") {
+            Some(f) if f.contains("eds_status_draining") => Ok(()),
+            other => Err(format!("health_flags {other:?}")),
+        }
+    }
+
     pub fn connections_to(&self, port: u16) -> u64 {
         self.host(port)
             .ok()
             .and_then(|h| h.get("cx_total")?.parse().ok())
             .unwrap_or(0)
     }
+}
+
+/// Sends `n` requests to `url` one after the other and returns the hits of
+/// each app; every request must be answered.
+pub fn hits_of(url: &str, n: usize) -> BTreeMap<String, u64> {
+    let mut hits = BTreeMap::new();
+    for i in 0..n {
+        let body = ureq::get(url)
+            .call()
+            .map_err(|e| e.to_string())
+            .and_then(|mut r| r.body_mut().read_to_string().map_err(|e| e.to_string()))
+            .unwrap_or_else(|e| panic!("request {i} of {n} failed: {e}"));
+        *hits.entry(body).or_insert(0) += 1;
+    }
+    hits
 }

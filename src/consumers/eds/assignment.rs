@@ -22,6 +22,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 
 use crate::consumers::services::SERVICE_TAG;
 use crate::dataplane::Dataplane;
+use crate::operator::{self, OperatorWord};
 use crate::readiness::{Health, Status};
 
 /// `<mesh>/<service>`: one `ClusterLoadAssignment`.
@@ -120,7 +121,16 @@ impl EdsHealth {
 
 /// The tiers: traffic is not disrupted when only the *checking* is in doubt
 /// (`stale`, by default), and never sent where nothing says the app works.
-pub fn health_of(status: Status, stale_as: StaleAs) -> EdsHealth {
+/// An operator's word comes first: the inbound is DRAINING whatever its
+/// checks say. Envoy (1.30+) then leaves it out of load balancing and out
+/// of its priority's health and panic arithmetic, so the others of its
+/// priority take its share rather than another zone (UNHEALTHY would count
+/// against the priority and spill traffic), and no request reaches it
+/// unless the priority is in panic mode.
+pub fn health_of(word: Option<&OperatorWord>, status: Status, stale_as: StaleAs) -> EdsHealth {
+    if word.is_some() {
+        return EdsHealth::Draining;
+    }
     match status {
         Status::Healthy | Status::NotProbed => EdsHealth::Healthy,
         Status::Unhealthy | Status::Timeout => EdsHealth::Unhealthy,
@@ -158,16 +168,19 @@ pub fn contributions(
         .inbounds
         .iter()
         .zip(&health.inbounds)
-        .filter(|(_, h)| !options.omit_not_ready || h.status.is_ready())
         .filter_map(|(inbound, h)| {
             let service = inbound.tags.get(SERVICE_TAG)?;
+            let word = OperatorWord::of_inbound(inbound);
+            if options.omit_not_ready && !operator::ready(word.as_ref(), h.status) {
+                return None;
+            }
             Some((
                 ServiceKey::new(&dataplane.id.mesh, service),
                 Endpoint {
                     zone: None,
                     address: inbound.address,
                     port: inbound.port,
-                    health: health_of(h.status, options.stale_as),
+                    health: health_of(word.as_ref(), h.status, options.stale_as),
                 },
             ))
         })
@@ -187,7 +200,9 @@ pub enum ZoneLink {
 
 /// The endpoints a dataplane of another zone gives each of its services,
 /// from what its zone sent ([`crate::pb::Dataplane`]): the same tiers as a
-/// local dataplane's, then the offline policy while its zone is offline.
+/// local dataplane's (the operator's word first, as its zone sent it:
+/// [`OperatorWord::of_remote`]), then the offline policy while its zone is
+/// offline.
 pub fn remote_contributions(
     zone: &Arc<str>,
     link: ZoneLink,
@@ -211,10 +226,11 @@ pub fn remote_contributions(
                 .health
                 .as_ref()
                 .map_or(Status::Unknown, |h| status_of(h.status));
-            if options.omit_not_ready && !status.is_ready() {
+            let word = OperatorWord::of_remote(inbound);
+            if options.omit_not_ready && !operator::ready(word.as_ref(), status) {
                 return None;
             }
-            let mut health = health_of(status, options.stale_as);
+            let mut health = health_of(word.as_ref(), status, options.stale_as);
             if link == ZoneLink::Offline {
                 health = match options.offline_zone {
                     OfflineZone::Degraded if health == EdsHealth::Healthy => EdsHealth::Degraded,
@@ -474,6 +490,7 @@ mod tests {
                         ..Default::default()
                     }),
                     address: String::new(),
+                    operator_word: 0,
                 })
                 .collect(),
             ..Default::default()
@@ -773,11 +790,106 @@ mod tests {
         assert_eq!(expected.len(), Status::ALL.len());
         for (status, by_default, strict) in expected {
             assert_eq!(
-                health_of(status, StaleAs::Degraded),
+                health_of(None, status, StaleAs::Degraded),
                 by_default,
                 "{status:?}"
             );
-            assert_eq!(health_of(status, StaleAs::Unhealthy), strict, "{status:?}");
+            assert_eq!(
+                health_of(None, status, StaleAs::Unhealthy),
+                strict,
+                "{status:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_operator_s_word_is_draining_whatever_the_status() {
+        for word in [OperatorWord::DeclaredNotReady, OperatorWord::Unknown] {
+            for status in Status::ALL {
+                for stale_as in [StaleAs::Degraded, StaleAs::Unhealthy] {
+                    assert_eq!(
+                        health_of(Some(&word), status, stale_as),
+                        EdsHealth::Draining,
+                        "{word:?} {status:?} {stale_as:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The bug of a declared `state: NotReady` inbound whose checks pass:
+    /// the API read it not ready, EDS served it HEALTHY.
+    #[test]
+    fn a_declared_not_ready_inbound_whose_checks_pass_is_draining() {
+        let text = "type: Dataplane\nmesh: prod\nname: web-1\nnetworking:\n  address: 10.0.0.1\n  inbound:\n  - port: 10001\n    servicePort: 8080\n    tags: {kuma.io/service: web}\n  - port: 10002\n    servicePort: 8081\n    state: NotReady\n    tags: {kuma.io/service: web}\n";
+        let dp = parse_documents(text).unwrap().remove(0);
+        let healthy = health(&[Status::Healthy, Status::Healthy]);
+        let c = contributions(&dp, &healthy, EdsOptions::default());
+        let got: Vec<_> = c.iter().map(|(_, e)| (e.port, e.health)).collect();
+        assert_eq!(
+            got,
+            [(10001, EdsHealth::Healthy), (10002, EdsHealth::Draining)]
+        );
+        // Failing checks: still the operator's word.
+        let failing = health(&[Status::Healthy, Status::Unhealthy]);
+        let c = contributions(&dp, &failing, EdsOptions::default());
+        assert_eq!(c[1].1.health, EdsHealth::Draining);
+        // `eds.omit_not_ready`: left out, as the API reads it not ready.
+        let options = EdsOptions {
+            omit_not_ready: true,
+            ..Default::default()
+        };
+        let c = contributions(&dp, &healthy, options);
+        let ports: Vec<_> = c.iter().map(|(_, e)| e.port).collect();
+        assert_eq!(ports, [10001]);
+    }
+
+    /// At a global: the word as the zone sent it, and as a zone of an older
+    /// release says it (no word; `ready: false`, reason
+    /// `declared_not_ready`), online or offline.
+    #[test]
+    fn a_remote_inbound_held_by_its_zone_is_draining() {
+        use crate::pb::Status as P;
+        let zone: Arc<str> = Arc::from("eu-1");
+        let mut dp = remote(
+            "default",
+            "web-1",
+            &[(10001, "web", P::Healthy), (10002, "web", P::Healthy)],
+        );
+        let held = &mut dp.inbounds[1];
+        held.operator_word = crate::pb::OperatorWord::DeclaredNotReady as i32;
+        held.health.as_mut().unwrap().ready = false;
+        let mut older = dp.clone();
+        let held = &mut older.inbounds[1];
+        held.operator_word = 0;
+        held.health.as_mut().unwrap().reason = Some(crate::pb::Reason {
+            code: crate::operator::DECLARED_NOT_READY.into(),
+            message: String::new(),
+        });
+        for dp in [&dp, &older] {
+            let healths = |link, options| {
+                remote_contributions(&zone, link, dp, options)
+                    .into_iter()
+                    .map(|(_, e)| (e.port, e.health))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(
+                healths(ZoneLink::Online, EdsOptions::default()),
+                [(10001, EdsHealth::Healthy), (10002, EdsHealth::Draining)]
+            );
+            assert_eq!(
+                healths(ZoneLink::Offline, EdsOptions::default()),
+                [(10001, EdsHealth::Degraded), (10002, EdsHealth::Draining)],
+                "offline_zone = degraded leaves a held inbound draining"
+            );
+            let omit = EdsOptions {
+                omit_not_ready: true,
+                ..Default::default()
+            };
+            assert_eq!(
+                healths(ZoneLink::Online, omit),
+                [(10001, EdsHealth::Healthy)]
+            );
         }
     }
 

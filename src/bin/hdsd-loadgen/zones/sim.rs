@@ -89,6 +89,7 @@ impl SimZone {
                         ]),
                         health: Some(health(true, now)),
                         address: String::new(),
+                        operator_word: 0,
                     })
                     .collect(),
                 revision: i as u64 + 1,
