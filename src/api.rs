@@ -1,4 +1,6 @@
 //! The REST API (axum): dataplanes and their readiness, sources, health.
+//! Every request passes [`browsers`] first (a page of another site writes
+//! nothing, a rebound DNS name reaches no open API).
 //!
 //! Handlers only read snapshots: the catalog, each dataplane's watch value,
 //! and the source snapshot. They never write state; the write calls of
@@ -7,6 +9,7 @@
 //! [`ZoneAdmin`](crate::zone_sync::admin::ZoneAdmin) (the cluster, then the
 //! hub, its one writer).
 
+mod browsers;
 pub mod definitions;
 mod history;
 mod zones;
@@ -27,6 +30,7 @@ pub use crate::view::{
     ConnectionItem, DataplaneItem, HealthItem, InboundItem, List, Paged, ProbeItem, ReasonItem,
     StatusChangeItem,
 };
+pub use browsers::Browsers;
 
 use crate::consumers::paging;
 
@@ -57,6 +61,8 @@ pub struct ApiState {
     pub history: crate::history::HistoryHandle,
     /// The summary's and the services' counts, kept as the fleet changes.
     pub counts: crate::consumers::counts::CountsHandle,
+    /// What keeps a browser from writing for another site ([`browsers`]).
+    pub browsers: Browsers,
 }
 
 /// Zones as this instance sees them: as a global (every zone it holds), as
@@ -128,6 +134,7 @@ substate!(
     zones: Zones,
     history: crate::history::HistoryHandle,
     counts: crate::consumers::counts::CountsHandle,
+    browsers: Browsers,
 );
 
 impl axum::extract::FromRef<ApiState> for crate::ui::PageSettings {
@@ -196,6 +203,12 @@ pub fn router(state: ApiState) -> Router {
                 "no such endpoint; see the REST API reference in docs/api.md",
             )
         })
+        // Before any route, the token check included: a browser's request
+        // for a page of another site writes nothing.
+        .layer(axum::middleware::from_fn_with_state(
+            state.browsers.clone(),
+            browsers::guard,
+        ))
         .with_state(state)
 }
 

@@ -68,12 +68,33 @@ pub struct ZoneConfig {
     pub key: Option<PathBuf>,
 }
 
+impl ZoneConfig {
+    /// The URLs of `zone.global` that are plain `http://`: over them the
+    /// zone token and every answer of the global travel unauthenticated
+    /// (anyone on the path reads the token, or answers as the global).
+    pub fn plaintext_globals(&self) -> impl Iterator<Item = &str> {
+        self.global
+            .iter()
+            .map(String::as_str)
+            .filter(|url| url.starts_with("http://"))
+    }
+}
+
 /// The key of `global.certificate_meshes` for every zone not listed by name.
 pub const ANY_CERTIFICATE_ZONE: &str = "*";
 
 /// The shortest heartbeat interval zones follow (`global.heartbeat_interval`
 /// may not be shorter).
 pub const MIN_ZONE_HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// The longest heartbeat interval zones follow: a zone refuses an
+/// `Accepted` that asks for more (`global.heartbeat_interval` may not be
+/// longer).
+pub const MAX_ZONE_HEARTBEAT: Duration = Duration::from_secs(3600);
+
+/// The longest zone timeout zones follow: a zone refuses an `Accepted` that
+/// names a longer one (`global.zone_timeout` may not be longer).
+pub const MAX_ZONE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// `[global]`: the zone streams this hdsd accepts, and when a zone is offline.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -662,6 +683,12 @@ pub struct ApiConfig {
     pub tls: Option<TlsConfig>,
     /// Static bearer tokens for the REST API (required when it listens beyond loopback).
     pub tokens: Vec<String>,
+    /// Host names (beside IP addresses, `localhost` and `*.localhost`) an
+    /// API without `api.tokens` answers to: a request naming another
+    /// `Host` is refused, so a web page whose DNS name is pointed at this
+    /// machine (DNS rebinding) cannot reach the open API.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_hosts: Vec<String>,
     /// Connection limits of the API listener.
     pub limits: ApiLimits,
 }
@@ -835,6 +862,7 @@ impl Default for ApiConfig {
             listen: "127.0.0.1:5680".parse().expect("valid literal"),
             tls: None,
             tokens: Vec::new(),
+            allowed_hosts: Vec::new(),
             limits: ApiLimits::default(),
         }
     }
@@ -1083,6 +1111,20 @@ impl Config {
                     humantime::format_duration(MIN_ZONE_HEARTBEAT),
                 ));
             }
+            if g.heartbeat_interval > MAX_ZONE_HEARTBEAT {
+                problems.push(format!(
+                    "global.heartbeat_interval is {}: it must be at most {} (zones refuse a longer one; e.g. 5s)",
+                    humantime::format_duration(g.heartbeat_interval),
+                    humantime::format_duration(MAX_ZONE_HEARTBEAT),
+                ));
+            }
+            if g.zone_timeout > MAX_ZONE_TIMEOUT {
+                problems.push(format!(
+                    "global.zone_timeout is {}: it must be at most {} (zones refuse a longer one; e.g. 15s)",
+                    humantime::format_duration(g.zone_timeout),
+                    humantime::format_duration(MAX_ZONE_TIMEOUT),
+                ));
+            }
             if g.offline_ttl < g.zone_timeout {
                 problems.push(format!(
                     "global.offline_ttl is {}: it must be at least global.zone_timeout ({}); it is how long an offline zone keeps its last readiness",
@@ -1112,7 +1154,7 @@ impl Config {
                     }
                 }
             }
-            if g.zone_timeout < g.heartbeat_interval * 2 {
+            if g.zone_timeout < g.heartbeat_interval.saturating_mul(2) {
                 problems.push(format!(
                     "global.zone_timeout is {}: it must be at least twice global.heartbeat_interval ({}), or one late heartbeat takes a zone offline",
                     humantime::format_duration(g.zone_timeout),
@@ -1302,6 +1344,14 @@ impl Config {
                 "api.listen is {}, reachable from other machines, but api.tokens is empty; add at least one bearer token to api.tokens (or HDSD_API__TOKENS) or listen on 127.0.0.1",
                 self.api.listen
             ));
+        }
+        for host in &self.api.allowed_hosts {
+            let name = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.';
+            if host.is_empty() || host.len() > 253 || !host.chars().all(name) {
+                problems.push(format!(
+                    "api.allowed_hosts: {host:?} is not a host name: write the name alone (letters, digits, '-' and '.'; no scheme, port or path), e.g. \"hdsd.internal\""
+                ));
+            }
         }
         if self.cluster.instance_timeout < Duration::from_millis(100) {
             problems.push(format!(
@@ -1547,6 +1597,10 @@ public_keys = []
 listen = "127.0.0.1:5680"
 # Static bearer tokens for the REST API; required when api.listen is not loopback.
 tokens = []
+# Without api.tokens, the API answers only requests whose Host is an IP address, localhost,
+# a name under .localhost or one of these names (a page's DNS name pointed at this machine
+# must not reach the open API); e.g. ["hdsd.internal"].
+allowed_hosts = []
 
 [api.limits]
 # Connections open at once, and from one source IP address; at a cap, a newcomer takes the
@@ -1760,10 +1814,38 @@ mod tests {
             "{problems}"
         );
         let zone = z.zone.as_mut().unwrap();
+        assert_eq!(
+            zone.plaintext_globals().collect::<Vec<_>>(),
+            ["http://global.example:5682"]
+        );
         zone.key = Some(PathBuf::from("zone.key"));
         zone.global = vec!["https://global.example:5682".into()];
         zone.ca = Some(PathBuf::from("global-ca.pem"));
+        assert_eq!(zone.plaintext_globals().count(), 0);
         assert!(z.validate().is_empty(), "{:?}", z.validate());
+    }
+
+    /// The global's timings stay within what zones follow, and a huge one
+    /// is a problem, not an overflow.
+    #[test]
+    fn the_globals_timings_are_bounded_as_zones_bound_them() {
+        let mut c = Config::default();
+        c.global.enabled = true;
+        c.global.heartbeat_interval = MAX_ZONE_HEARTBEAT;
+        c.global.zone_timeout = MAX_ZONE_TIMEOUT;
+        c.global.offline_ttl = MAX_ZONE_TIMEOUT;
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        c.global.heartbeat_interval = Duration::MAX;
+        c.global.zone_timeout = MAX_ZONE_TIMEOUT + Duration::from_secs(1);
+        let problems = c.validate().join("\n");
+        assert!(
+            problems.contains("global.heartbeat_interval is") && problems.contains("at most 1h"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("global.zone_timeout is") && problems.contains("at most 1day"),
+            "{problems}"
+        );
     }
 
     #[test]

@@ -66,6 +66,9 @@ pub const ZONE_STREAMS: &str = "hdsd_zone_streams_total";
 pub const ZONE_RESUMES: &str = "hdsd_zone_resumes_total";
 pub const ZONE_SNAPSHOTS: &str = "hdsd_zone_snapshots_total";
 pub const ZONE_REFUSALS: &str = "hdsd_zone_refusals_total";
+/// API requests refused before any handler for what a browser could do
+/// for another site, by `reason` (`host`, `origin`, `content_type`).
+pub const API_BROWSER_REFUSALS: &str = "hdsd_api_browser_refusals_total";
 pub const UPLINK_CONNECTED: &str = "hdsd_uplink_connected";
 pub const UPLINK_DISCONNECTS: &str = "hdsd_uplink_disconnects_total";
 pub const UPLINK_STATE: &str = "hdsd_uplink_state";
@@ -431,6 +434,11 @@ pub fn render_zones(zones: &[ZoneMetrics<'_>], states: &[&str], out: &mut String
     }
 }
 
+/// An API request refused by the browser rules, by `reason`.
+pub fn api_refused(reason: &'static str) {
+    counter!(API_BROWSER_REFUSALS, "reason" => reason).increment(1);
+}
+
 /// A zone stream refused or ended by the global, by its stable code.
 pub fn zone_refused(code: &str) {
     counter!(ZONE_REFUSALS, "code" => code.to_string()).increment(1);
@@ -621,6 +629,7 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
 
 fn describe() {
     describe_counter!(ZONE_REFUSALS, "Zone streams the global refused or ended, by code (unauthenticated, zone_unregistered, zone_timeout, ...).");
+    describe_counter!(API_BROWSER_REFUSALS, "API requests refused before any handler for what a browser could do for another site: a Host the open API does not answer to, a cross-origin write, a write without a JSON or YAML Content-Type (reason).");
     describe_gauge!(
         UPLINK_CONNECTED,
         "At a zone: 1 while the global accepts this instance's stream, else 0 (0 on a standby instance too: summed over a zone's instances it is 1 while the zone is connected)."

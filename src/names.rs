@@ -58,6 +58,31 @@ pub fn shown(text: &str) -> String {
     }
 }
 
+/// The most characters of a peer's message for people (a global's
+/// refusal, a zone's rejection) that hdsd writes into a log line or a
+/// status ([`message`]).
+pub const MESSAGE_MAX: usize = 1024;
+
+/// A message a peer wrote for people, as hdsd shows it: control characters
+/// and NULs escaped (a newline cannot forge a line), cut to its first
+/// [`MESSAGE_MAX`] characters with how much was left out. Unlike
+/// [`shown`] it is not quoted: it is a sentence, not a name.
+pub fn message(text: &str) -> String {
+    let mut out = String::new();
+    for (n, c) in text.chars().enumerate() {
+        if n == MESSAGE_MAX {
+            out.push_str(&format!("... ({} bytes in all)", text.len()));
+            return out;
+        }
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The zone name no zone may have: the API's word for a global's own
 /// dataplanes.
 pub const RESERVED_ZONE: &str = "local";
@@ -140,6 +165,22 @@ mod tests {
             s.starts_with(&format!("{:?}", "é".repeat(SHOWN_MAX))),
             "{s}"
         );
+    }
+
+    #[test]
+    fn a_peers_message_is_escaped_and_cut_but_not_quoted() {
+        assert_eq!(
+            message("zone \"eu-1\" is disabled"),
+            "zone \"eu-1\" is disabled"
+        );
+        assert_eq!(
+            message("NACK\n2026-01-01T00:00:00Z ERROR hdsd: forged"),
+            "NACK\\n2026-01-01T00:00:00Z ERROR hdsd: forged"
+        );
+        let long = "\u{1}".repeat(500_000);
+        let m = message(&long);
+        assert!(m.len() < 8 * MESSAGE_MAX, "{} bytes", m.len());
+        assert!(m.ends_with("... (500000 bytes in all)"), "{m}");
     }
 
     #[test]

@@ -327,6 +327,7 @@ pub async fn run(
             admin: zone_admin,
         },
         tokens: api::ApiTokens(Arc::new(config.api.tokens.clone())),
+        browsers: api::Browsers::new(&config.api.tokens, &config.api.allowed_hosts),
         watches: crate::consumers::watch::Watches::new((&config.api.limits).into()),
         bootstraps: api::Bootstraps {
             gate: (config.auth.mode == AuthMode::Token).then(|| gate.clone()),
@@ -465,6 +466,12 @@ fn start_zones(
     drain: watch::Receiver<bool>,
 ) -> Result<Zones, ServeError> {
     use crate::zone_sync::{global, uplink};
+    for url in config.zone.iter().flat_map(|z| z.plaintext_globals()) {
+        tracing::warn!(
+            global = url,
+            "zone.global is plain http://: the zone token and the global's answers travel unauthenticated (anyone on the path can read the token or answer as the global); use https:// with zone.ca"
+        );
+    }
     let uplink = config.zone.as_ref().zip(lease).map(|(zone, lease)| {
         uplink::spawn(
             uplink::UplinkOptions {

@@ -482,3 +482,272 @@ fn a_file_of_262000_empty_documents_is_refused() {
         Some(cached)
     );
 }
+
+/// A token whose header names `kid` (anyone's text until the signature
+/// verifies, which it never does).
+fn forged_token(kid: &str) -> String {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    let header = serde_json::json!({ "alg": "EdDSA", "kid": kid }).to_string();
+    format!(
+        "{}.{}.AAAA",
+        URL_SAFE_NO_PAD.encode(header),
+        URL_SAFE_NO_PAD.encode("{}")
+    )
+}
+
+/// Issue 56, item 3: an EDS client's NACK text went into the log raw
+/// (forged lines, 500 KB lines), a token header's `kid` made 15 KB refusal
+/// lines, and the zone listener logged every refusal. Every client-sent
+/// string reaches the log escaped and cut, and the zone listener's
+/// refusals are limited per address.
+#[test]
+fn client_text_reaches_the_log_escaped_cut_and_rate_limited() {
+    use hdsd::pb::zone_sync_service_client::ZoneSyncServiceClient;
+    let hdsd = Hdsd::start(HdsdOptions {
+        auth_mode: "token",
+        zone_listener: true,
+        extra:
+            "[global]\nenabled = true\nzones = [\"eu-1\"]\n\n[eds]\ntokens = [\"front-token\"]\n"
+                .into(),
+        ..Default::default()
+    });
+    hdsd.write_dataplane("web.yaml", &dataplane_yaml("web", &[(10001, 8080)]));
+    let forged = "NACK\n2026-01-01T00:00:00.000000Z ERROR hdsd: forged line";
+    let nack_text = format!("{forged}{}", "x".repeat(500_000));
+    let rt = runtime();
+    rt.block_on(async {
+        // An EDS client that NACKs the first response with the forged text.
+        let mut client = EndpointDiscoveryServiceClient::connect(format!("http://{}", hdsd.hds))
+            .await
+            .expect("EDS on the HDS port")
+            .max_decoding_message_size(1 << 20);
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.send(eds_request(
+            vec!["default/web".into()],
+            &format!("front\n{forged}"),
+        ))
+        .await
+        .unwrap();
+        let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        request
+            .metadata_mut()
+            .insert("authorization", "Bearer front-token".parse().unwrap());
+        let mut inbound = client
+            .stream_endpoints(request)
+            .await
+            .expect("an EDS stream")
+            .into_inner();
+        let first = tokio::time::timeout(SOON, inbound.message())
+            .await
+            .expect("a response in time")
+            .expect("a response")
+            .expect("not ended");
+        let mut nack = eds_request(vec!["default/web".into()], "front");
+        nack.version_info = format!("v\n{forged}");
+        nack.response_nonce = first.nonce.clone();
+        nack.error_detail = Some(envoy_types::pb::google::rpc::Status {
+            code: 3,
+            message: nack_text.clone(),
+            details: Vec::new(),
+        });
+        tx.send(nack).await.unwrap();
+        // Zone streams with a forged token whose kid is 9,000 bytes, 20
+        // times from one address.
+        let token = forged_token(&"k".repeat(9000));
+        for _ in 0..20 {
+            let mut zones = ZoneSyncServiceClient::connect(format!(
+                "http://{}",
+                hdsd.zones.expect("the zone listener")
+            ))
+            .await
+            .expect("the zone listener");
+            let (_ztx, zrx) = tokio::sync::mpsc::channel::<hdsd::pb::ZoneMessage>(1);
+            let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(zrx));
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+            let status = zones.sync(request).await.expect_err("refused");
+            assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+        }
+        drop(tx);
+    });
+    // The same kid on the HDS listener.
+    let grpc = GrpcClient::connect(hdsd.hds);
+    let token = forged_token(&"k".repeat(9000));
+    let _refused = grpc.try_open_with_token(Some(&token)).map(|_| ());
+    wait_for("the NACK logged", SOON, || {
+        match log_lines(&hdsd, "EDS response rejected by the client (NACK)") {
+            1 => Ok(()),
+            n => Err(format!("{n} NACK lines")),
+        }
+    });
+    wait_for("the HDS refusal logged", SOON, || {
+        match log_lines(&hdsd, "stream refused: token header kid") {
+            0 => Err("no HDS refusal line".to_string()),
+            _ => Ok(()),
+        }
+    });
+    let log = hdsd.log();
+    let nack = log
+        .lines()
+        .find(|l| l.contains("(NACK)"))
+        .expect("the NACK line");
+    assert!(
+        nack.contains("bytes in all)") && nack.contains("\\n2026-01-01"),
+        "{nack}"
+    );
+    // No line is forged, and none is long.
+    assert!(
+        !log.lines()
+            .any(|l| l.starts_with("2026-01-01T00:00:00.000000Z")),
+        "a forged line:\n{log}"
+    );
+    let longest = log.lines().map(str::len).max().unwrap_or(0);
+    assert!(longest < 2048, "a log line of {longest} bytes");
+    // 20 refused zone streams, 5 lines (the counter counts all 20).
+    assert_eq!(
+        log_lines(&hdsd, "zone stream refused"),
+        5,
+        "{}",
+        log.lines()
+            .filter(|l| l.contains("zone stream refused"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(
+        hdsd.metric("hdsd_zone_refusals_total{code=\"unauthenticated\"}"),
+        Some(20.0)
+    );
+}
+
+/// One HTTP/1.1 request written as is (any `Host`, any header): the status
+/// and the body.
+fn raw_http(addr: std::net::SocketAddr, head: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(SOON)).unwrap();
+    write!(
+        stream,
+        "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status: {answer}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Issue 56, item 7, over plain HTTP: on an open API, `Host: evil.example`
+/// was answered (`DELETE /api/v1/zones/ap-1` gave 200) and a write from
+/// another origin or with a simple body type went through. Unknown Host
+/// names are refused (probes excepted, and the allowed names answered),
+/// cross-origin writes are refused, writes need JSON, and the CLI's way
+/// (no Origin, JSON) still writes.
+#[test]
+fn the_open_api_refuses_unknown_hosts_cross_origin_writes_and_simple_bodies() {
+    let hdsd = Hdsd::start(HdsdOptions {
+        auth_mode: "token",
+        zone_listener: true,
+        extra: "[global]\nenabled = true\n".into(),
+        env: vec![(
+            "HDSD_API__ALLOWED_HOSTS".into(),
+            "[\"hdsd.internal\"]".into(),
+        )],
+        ..Default::default()
+    });
+    let api = hdsd.api;
+    let own = format!("Host: {api}");
+    let json = "Content-Type: application/json";
+    let send = |request: &str, headers: &[&str], body: &str| {
+        raw_http(
+            api,
+            &format!("{request} HTTP/1.1\r\n{}", headers.join("\r\n")),
+            body,
+        )
+    };
+    // The CLI's way registers and disables ap-1.
+    assert_eq!(send("PUT /api/v1/zones/ap-1", &[&own, json], "{}").0, 200);
+    assert_eq!(
+        send("POST /api/v1/zones/ap-1/disable", &[&own, json], "").0,
+        200
+    );
+
+    // A rebound DNS name: refused, reads and writes alike; probes answer.
+    let (status, body) = send(
+        "DELETE /api/v1/zones/ap-1",
+        &["Host: evil.example:5680"],
+        "",
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("api.allowed_hosts"), "{body}");
+    assert_eq!(
+        send("GET /api/v1/zones", &["Host: evil.example"], "").0,
+        403
+    );
+    assert_eq!(send("GET /readyz", &["Host: lb.example"], "").0, 200);
+    assert_eq!(
+        send("GET /api/v1/zones", &["Host: hdsd.internal:5680"], "").0,
+        200
+    );
+    assert_eq!(send("GET /api/v1/zones", &["Host: localhost"], "").0, 200);
+
+    // Another origin's writes, whatever their body type.
+    for origin in [
+        "Origin: http://evil.example",
+        "Origin: null",
+        "Origin: http://127.0.0.1:1",
+    ] {
+        let (status, body) = send(
+            "POST /api/v1/zones/ap-1/enable",
+            &[&own, origin, json],
+            "{}",
+        );
+        assert_eq!(status, 403, "{origin}: {body}");
+        assert!(body.contains("cross-origin write"), "{body}");
+    }
+    // Simple bodies (what a page sends without a preflight).
+    for ct in [
+        "Content-Type: text/plain",
+        "Content-Type: application/x-www-form-urlencoded",
+        "Content-Type: multipart/form-data; boundary=x",
+        "X-None: none",
+    ] {
+        let (status, body) = send("POST /api/v1/zones/ap-1/enable", &[&own, ct], "{}");
+        assert_eq!(status, 415, "{ct}: {body}");
+        assert!(body.contains("application/json"), "{body}");
+    }
+    let zone = hdsd
+        .get_json("/api/v1/zones/ap-1")
+        .expect("ap-1 is still there");
+    assert_eq!(zone["state"], "disabled", "{zone}");
+    // The API's own origin, and no Origin at all, write.
+    let own_origin = format!("Origin: http://{api}");
+    assert_eq!(
+        send(
+            "POST /api/v1/zones/ap-1/enable",
+            &[&own, &own_origin, json],
+            ""
+        )
+        .0,
+        200
+    );
+    assert_eq!(send("DELETE /api/v1/zones/ap-1", &[&own], "").0, 200);
+    for (reason, at_least) in [("host", 2.0), ("origin", 3.0), ("content_type", 4.0)] {
+        let series = format!("hdsd_api_browser_refusals_total{{reason=\"{reason}\"}}");
+        assert!(
+            hdsd.metric(&series).is_some_and(|n| n >= at_least),
+            "{series}: {:?}",
+            hdsd.metric(&series)
+        );
+    }
+}

@@ -49,8 +49,15 @@ fn run_browser(args: &[String], mut act: impl FnMut(&str)) -> Vec<String> {
 
 /// [`run_browser`], answering each `ACTION` with `DONE` and what `act`
 /// returns (words the script reads).
-fn run_browser_told(args: &[String], mut act: impl FnMut(&str) -> String) -> Vec<String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui/browser_test.py");
+fn run_browser_told(args: &[String], act: impl FnMut(&str) -> String) -> Vec<String> {
+    run_script("browser_test.py", args, act)
+}
+
+/// Runs `tests/ui/<script>` as [`run_browser_told`] does.
+fn run_script(script: &str, args: &[String], mut act: impl FnMut(&str) -> String) -> Vec<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/ui")
+        .join(script);
     let mut child = Command::new(python())
         .arg(script)
         .arg("--chromium")
@@ -594,4 +601,63 @@ fn a_large_fleets_page_holds_only_the_rows_it_shows() {
     let lines = run_browser(&args, |action| panic!("unknown action {action:?}"));
     let checks = lines.iter().filter(|l| l.starts_with("CHECK")).count();
     assert!(checks >= 6, "{lines:?}");
+}
+
+/// Issue 56, item 7: a page of another origin enabled a disabled zone with
+/// `fetch(POST .../enable, {mode: "no-cors"})`, and a page whose DNS name
+/// pointed at this machine deleted a zone (`Host: evil.example` was
+/// answered). In a real Chromium, against a global with an open API: the
+/// cross-origin POSTs (no-cors, text/plain, a form) change nothing, the
+/// rebound DELETE is refused with the fix, and the API's own origin still
+/// writes with JSON (`tests/ui/cross_site.py`).
+#[test]
+fn pages_of_other_sites_write_nothing_through_the_open_api_in_chromium() {
+    let _one = one_browser();
+    let global = Hdsd::start(HdsdOptions {
+        auth_mode: "token",
+        zone_listener: true,
+        extra: "[global]\nenabled = true\n".into(),
+        ..HdsdOptions::default()
+    });
+    for (method, path) in [
+        ("PUT", "/api/v1/zones/ap-1"),
+        ("POST", "/api/v1/zones/ap-1/disable"),
+    ] {
+        let url = global.api_url(path);
+        let request = match method {
+            "PUT" => ureq::put(&url),
+            _ => ureq::post(&url),
+        };
+        let response = request
+            .header("Content-Type", "application/json")
+            .send("{}")
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        assert_eq!(response.status(), 200, "{method} {path}");
+    }
+    let lines = run_script(
+        "cross_site.py",
+        &["--api".to_string(), global.api_url("")],
+        |what| panic!("no action expected: {what}"),
+    );
+    let result = |name: &str| {
+        lines
+            .iter()
+            .find_map(|l| l.strip_prefix(&format!("RESULT {name} ")))
+            .unwrap_or_else(|| panic!("no RESULT {name}: {lines:?}"))
+            .to_string()
+    };
+    assert_eq!(result("after_cross_site"), "disabled");
+    assert_eq!(result("rebound_delete"), "403");
+    assert_ne!(result("after_own"), "disabled");
+    assert!(
+        global
+            .metric("hdsd_api_browser_refusals_total{reason=\"origin\"}")
+            .is_some_and(|n| n >= 3.0),
+        "{}",
+        global.metrics()
+    );
+    assert_eq!(
+        global.metric("hdsd_api_browser_refusals_total{reason=\"host\"}"),
+        Some(1.0)
+    );
 }

@@ -1318,6 +1318,7 @@ fn zones_are_registered_and_deleted_through_the_api_without_a_restart() {
         .config()
         .http_status_as_error(false)
         .build()
+        .header("Content-Type", "application/json")
         .send("")
         .unwrap();
     assert_eq!(bad.status(), 400);
@@ -1741,4 +1742,114 @@ fn a_zone_known_by_its_client_certificate_connects_without_a_token() {
     assert_eq!(ap["state"], "never_connected", "{ap}");
     let z = zone_state(&global, "eu-1").unwrap();
     assert_eq!(z["state"], "online", "eu-1 unaffected: {z}");
+}
+
+/// Issue 56, item 6: with us-1 running, a zone configured as eu-1 holding
+/// a copy of us-1's token superseded us-1 (the global compared no names)
+/// and flapped it online and offline. The Hello names the zone: the global
+/// refuses eu-1's stream with `zone_name_mismatch` before it takes
+/// anything over, and us-1 keeps its one stream throughout.
+#[test]
+fn a_zone_with_another_zones_token_is_refused_before_it_takes_over() {
+    let global = global();
+    let tokens = tempfile::tempdir().unwrap();
+    let us_token = zone_token(&global, "us-1", &tokens);
+    let us = zone(&global, "us-1", &us_token);
+    wait_uplink_state(&us, "connected", None, CONNECT);
+    let impostor = zone(&global, "eu-1", &us_token);
+    let refused = wait_uplink_code(&impostor, "zone_name_mismatch", CONNECT);
+    assert!(
+        problem_of(&refused).contains("zone.name is \"eu-1\"")
+            && problem_of(&refused).contains("names zone \"us-1\""),
+        "{refused}"
+    );
+    assert_eq!(refused["accepted"], 0, "{refused}");
+    // us-1 was never superseded: one stream accepted, online all along.
+    hold_for(
+        "us-1 to keep its one stream",
+        Duration::from_secs(3),
+        || {
+            let u = uplink_of(&us)?;
+            let state = zone_state(&global, "us-1")?;
+            if u["connected"] == true && u["accepted"] == 1 && state["state"] == "online" {
+                Ok(())
+            } else {
+                Err(format!("{u} / {state}"))
+            }
+        },
+    );
+    assert!(
+        global
+            .metric("hdsd_zone_refusals_total{code=\"zone_name_mismatch\"}")
+            .is_some_and(|n| n >= 1.0),
+        "{}",
+        global.metrics()
+    );
+    assert_eq!(
+        global.metric("hdsd_zone_refusals_total{code=\"superseded\"}"),
+        None
+    );
+}
+
+/// Issue 56, item 6: two holders of one credential, both named us-1 (a
+/// cloned machine), dial in turn. The later one takes over once (a
+/// takeover is no storm); the earlier one's retries contest the online
+/// holder, and the third contest within the window is a supersede storm:
+/// refused `uplink_contested`, logged naming both instances, counted. The
+/// holder keeps the zone all along (no flap).
+#[test]
+fn a_supersede_storm_is_refused_naming_both_holders_and_the_zone_does_not_flap() {
+    let global = global();
+    let tokens = tempfile::tempdir().unwrap();
+    let token = zone_token(&global, "us-1", &tokens);
+    let first = zone(&global, "us-1", &token);
+    wait_uplink_state(&first, "connected", None, CONNECT);
+    let second = zone(&global, "us-1", &token);
+    wait_uplink_state(&second, "connected", None, CONNECT);
+    let holder = uplink_of(&second).unwrap()["holder"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let other = uplink_of(&first).unwrap()["holder"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The earlier one retries at the backoff's longest delay (30 s): its
+    // second retry is the third contest.
+    let started = Instant::now();
+    wait_for(
+        "the supersede storm refused",
+        Duration::from_secs(90),
+        || {
+            let u = uplink_of(&second)?;
+            let state = zone_state(&global, "us-1")?;
+            assert!(
+                u["connected"] == true && u["accepted"] == 1 && state["state"] == "online",
+                "the holder lost the zone: {u} / {state}"
+            );
+            match global.metric("hdsd_zone_refusals_total{code=\"uplink_contested\"}") {
+                Some(n) if n >= 1.0 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    );
+    eprintln!(
+        "MEASURE supersede_storm_detected_seconds {:.1}",
+        started.elapsed().as_secs_f64()
+    );
+    let refused = wait_uplink_code(&first, "uplink_contested", CONNECT);
+    let log = global.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("supersede storm"))
+        .unwrap_or_else(|| panic!("no storm line:\n{log}"));
+    assert!(
+        line.contains(&holder) && line.contains(&other) && line.contains("127.0.0.1"),
+        "{line}"
+    );
+    assert!(
+        problem_of(&refused).contains("hdsd token revoke"),
+        "{refused}"
+    );
+    assert_eq!(uplink_of(&second).unwrap()["accepted"], 1);
 }

@@ -14,7 +14,7 @@ pub enum BearerError {
     #[error("no token: send `Bearer <token>`")]
     Missing,
     /// Another scheme, such as `Basic`.
-    #[error("authorization scheme {0:?} is not supported; send `Bearer <token>`")]
+    #[error("authorization scheme {} is not supported; send `Bearer <token>`", crate::names::shown(.0))]
     Scheme(String),
     /// A single word: a token without its scheme.
     #[error("the authorization value has no scheme; send `Bearer <token>` (the word Bearer, one space, the token)")]

@@ -137,19 +137,30 @@ impl Rejection {
     }
 
     /// The longer text for the server log: the short message plus what only
-    /// the server should see (header alg, kid, parser error, jti).
+    /// the server should see (header alg, kid, parser error, jti). What the
+    /// client wrote (alg, kid) is escaped and cut ([`crate::names::shown`]):
+    /// a token's header is anyone's text until its signature verifies.
     pub fn detail(&self) -> String {
         match self {
             Rejection::Missing | Rejection::MultipleTokens => self.to_string(),
             Rejection::Malformed { detail } => format!("malformed token: {detail}"),
             Rejection::DisallowedAlgorithm { alg } => {
-                format!("token header alg {alg:?} is not allowed (only EdDSA is)")
+                format!(
+                    "token header alg {} is not allowed (only EdDSA is)",
+                    crate::names::shown(alg)
+                )
             }
             Rejection::UnknownKey { kid } => {
-                format!("token header kid {kid:?} matches no trusted public key")
+                format!(
+                    "token header kid {} matches no trusted public key",
+                    crate::names::shown(kid)
+                )
             }
             Rejection::BadSignature { kid } => {
-                format!("token signature does not verify with the public key of kid {kid:?}")
+                format!(
+                    "token signature does not verify with the public key of kid {}",
+                    crate::names::shown(kid)
+                )
             }
             Rejection::Expired { .. } | Rejection::NotBefore { .. } => self.to_string(),
             Rejection::NotYetValid { issued_at } => format!(

@@ -260,7 +260,10 @@ impl KeyRing {
                         Rejection::DisallowedAlgorithm { alg: header.alg }
                     }
                     _ => Rejection::Malformed {
-                        detail: format!("token (kid {kid:?}) does not decode: {e}"),
+                        detail: format!(
+                            "token (kid {}) does not decode: {e}",
+                            crate::names::shown(&kid)
+                        ),
                     },
                 })
             }
@@ -357,7 +360,10 @@ impl Parts<'_> {
             Some(serde_json::Value::String(kid)) => Some(kid.clone()),
             Some(other) => {
                 return Err(Rejection::Malformed {
-                    detail: format!("token header kid is not a string: {other}"),
+                    detail: format!(
+                        "token header kid is not a string: {}",
+                        crate::names::shown(&other.to_string())
+                    ),
                 })
             }
         };

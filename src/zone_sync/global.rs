@@ -27,6 +27,7 @@
 //! certificate expires.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +43,7 @@ use crate::clock::{Clock, Timestamp};
 use crate::cluster::Cluster;
 use crate::dataplane::DataplaneId;
 use crate::feed::FeedSender;
+use crate::net::{SharedLogLimiter, REFUSAL_LOG};
 use crate::pb;
 use crate::zones::certificate::{self, zone_of};
 use crate::zones::hub::{Ending, Hub, HubSettings, ZoneRecord, ZoneSummary, ZonesView};
@@ -85,6 +87,9 @@ enum Command {
         stream: StreamId,
         epoch: u64,
         instance: String,
+        /// The address the stream came from (a source is an instance and
+        /// an address: two holders of one credential are told apart).
+        peer: Option<std::net::IpAddr>,
         meshes: Meshes,
         reply: oneshot::Sender<Claim>,
     },
@@ -446,10 +451,11 @@ fn handle(
             stream,
             epoch,
             instance,
+            peer,
             meshes,
             reply,
         } => {
-            let claim = hub.claim(&zone, stream, epoch, &instance, &meshes, clock.now());
+            let claim = hub.claim_from(&zone, stream, epoch, &instance, peer, &meshes, clock.now());
             if let Claim::Won {
                 replaced, pruned, ..
             } = &claim
@@ -521,6 +527,9 @@ pub struct ZoneSyncServer {
     settings: Arc<SessionSettings>,
     clock: Arc<dyn Clock>,
     drain: watch::Receiver<bool>,
+    /// Refusals are logged at most [`REFUSAL_LOG`] lines per address (the
+    /// counter counts every one), as on the HDS listener.
+    log: Arc<SharedLogLimiter>,
 }
 
 impl ZoneSyncServer {
@@ -539,7 +548,17 @@ impl ZoneSyncServer {
             settings: Arc::new(settings),
             clock,
             drain,
+            log: Arc::new(SharedLogLimiter::new(REFUSAL_LOG)),
         }
+    }
+
+    /// Counts a refused stream (every one, by `reason`) and says whether to
+    /// log it: `Some(suppressed)`, the lines left out for `peer` since its
+    /// last one, at most [`REFUSAL_LOG`] lines per address.
+    fn refused(&self, peer: Option<SocketAddr>, reason: &'static str) -> Option<u64> {
+        crate::metrics::zone_refused(reason);
+        self.log
+            .allow(peer.map(|p| p.ip()), tokio::time::Instant::now())
     }
 
     /// Accepts zones known by their client certificate, each syncing the
@@ -557,16 +576,19 @@ impl ZoneSyncServer {
     fn certificate_credential(
         &self,
         der: &[u8],
+        peer: Option<SocketAddr>,
     ) -> Result<(ZoneCredential, Option<Timestamp>), Status> {
         let named = zone_of(der).map_err(|problem| {
-            tracing::warn!("zone stream refused: {problem}");
-            crate::metrics::zone_refused("bad_certificate");
+            if let Some(suppressed) = self.refused(peer, "bad_certificate") {
+                tracing::warn!(peer = %shown_peer(peer), suppressed, "zone stream refused: {problem}");
+            }
             Status::permission_denied(problem.to_string())
         })?;
         let zone = named.zone;
         let Some(meshes) = certificate::meshes_for(&self.certificate_meshes, &zone) else {
-            tracing::warn!(zone, "zone stream refused: its certificate names it, but global.certificate_meshes has no entry for it");
-            crate::metrics::zone_refused("no_certificate_meshes");
+            if let Some(suppressed) = self.refused(peer, "no_certificate_meshes") {
+                tracing::warn!(peer = %shown_peer(peer), suppressed, zone, "zone stream refused: its certificate names it, but global.certificate_meshes has no entry for it");
+            }
             return Err(Status::permission_denied(format!(
                 "the client certificate names zone {zone:?}, but the global's global.certificate_meshes lists no meshes for it: add {zone} = [\"MESH\"] to [global.certificate_meshes] in the global's configuration and restart the global"
             )));
@@ -588,30 +610,38 @@ impl ZoneSyncServer {
     }
 
     /// The zone a stream's token names, or the status that refuses it.
-    fn credential(&self, token: &str) -> Result<(ZoneCredential, Option<Timestamp>), Status> {
+    fn credential(
+        &self,
+        token: &str,
+        peer: Option<SocketAddr>,
+    ) -> Result<(ZoneCredential, Option<Timestamp>), Status> {
         let claims = self
             .gate
             .verify(token, self.clock.now())
             .map_err(|rejection| {
-                tracing::warn!(%rejection, detail = %rejection.detail(), "zone stream refused");
-                crate::metrics::zone_refused("unauthenticated");
+                if let Some(suppressed) = self.refused(peer, "unauthenticated") {
+                    tracing::warn!(peer = %shown_peer(peer), suppressed, %rejection, detail = %rejection.detail(), "zone stream refused");
+                }
                 crate::grpc_auth::status(&rejection)
             })?;
         let expires = claims.expires_at();
         let issued_at = claims.issued_at();
         let Some(zone) = claims.zone else {
-            tracing::warn!(token = %claims.identity(), "zone stream refused: a dataplane token, not a zone token");
-            crate::metrics::zone_refused("not_a_zone_token");
+            if let Some(suppressed) = self.refused(peer, "not_a_zone_token") {
+                tracing::warn!(peer = %shown_peer(peer), suppressed, token = %claims.identity(), "zone stream refused: a dataplane token, not a zone token");
+            }
             return Err(Status::permission_denied(format!(
                 "the token is a dataplane token (for {}); a zone dials with a zone token: run `hdsd token issue --zone NAME --mesh MESH` on the global and put it in the zone's zone.token_file",
                 claims.identity()
             )));
         };
         if let Err(problem) = crate::names::check_zone(&zone) {
-            tracing::warn!(zone, "zone stream refused: {problem}");
-            crate::metrics::zone_refused("invalid_zone");
+            if let Some(suppressed) = self.refused(peer, "invalid_zone") {
+                tracing::warn!(peer = %shown_peer(peer), suppressed, zone = crate::names::shown(&zone), "zone stream refused: {problem}");
+            }
             return Err(Status::permission_denied(format!(
-                "the zone token names zone {zone:?}, which breaks the zone naming rule ({problem}); issue a new one"
+                "the zone token names zone {}, which breaks the zone naming rule ({problem}); issue a new one",
+                crate::names::shown(&zone)
             )));
         }
         Ok((
@@ -623,6 +653,11 @@ impl ZoneSyncServer {
             expires,
         ))
     }
+}
+
+/// A peer's address as the log shows it (empty when unknown).
+fn shown_peer(peer: Option<SocketAddr>) -> String {
+    peer.map(|p| p.to_string()).unwrap_or_default()
 }
 
 type SyncStream = Pin<Box<dyn Stream<Item = Result<pb::GlobalMessage, Status>> + Send>>;
@@ -639,15 +674,17 @@ impl pb::zone_sync_service_server::ZoneSyncService for ZoneSyncServer {
         let certificate = request
             .peer_certs()
             .and_then(|certs| certs.first().map(|c| c.to_vec()));
+        let peer = request.remote_addr();
         let (credential, expires, token) = match crate::grpc_auth::token_from_metadata(
             request.metadata(),
         ) {
             Ok(token) => {
-                let (credential, expires) = self.credential(&token)?;
+                let (credential, expires) = self.credential(&token, peer)?;
                 if let Some(Ok(named)) = certificate.as_deref().map(zone_of) {
                     if named.zone != credential.zone {
-                        tracing::warn!(zone = credential.zone, certificate = named.zone, "zone stream refused: its token and its certificate name different zones");
-                        crate::metrics::zone_refused("credentials_disagree");
+                        if let Some(suppressed) = self.refused(peer, "credentials_disagree") {
+                            tracing::warn!(peer = %shown_peer(peer), suppressed, zone = credential.zone, certificate = named.zone, "zone stream refused: its token and its certificate name different zones");
+                        }
                         return Err(Status::permission_denied(format!(
                                 "the zone token names zone {:?} but the client certificate names zone {:?}: a zone shows one identity; fix zone.token_file or zone.cert",
                                 credential.zone, named.zone
@@ -658,17 +695,20 @@ impl pb::zone_sync_service_server::ZoneSyncService for ZoneSyncServer {
             }
             Err(crate::auth::Rejection::Missing) if certificate.is_some() => {
                 let der = certificate.as_deref().unwrap_or_default();
-                let (credential, expires) = self.certificate_credential(der)?;
+                let (credential, expires) = self.certificate_credential(der, peer)?;
                 (credential, expires, None)
             }
             Err(r) => {
-                crate::metrics::zone_refused("unauthenticated");
+                if let Some(suppressed) = self.refused(peer, "unauthenticated") {
+                    tracing::warn!(peer = %shown_peer(peer), suppressed, reason = r.reason(), "zone stream refused: {}", r.detail());
+                }
                 return Err(crate::grpc_auth::status(&r));
             }
         };
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let task = StreamTask {
             server: self.clone(),
+            peer,
             token,
             credential,
             expires,
@@ -683,6 +723,8 @@ impl pb::zone_sync_service_server::ZoneSyncService for ZoneSyncServer {
 /// One zone stream: its session, the transport, the hub.
 struct StreamTask {
     server: ZoneSyncServer,
+    /// The zone's address, when the transport knows it.
+    peer: Option<SocketAddr>,
     /// The zone token; `None` for a zone known by its certificate.
     token: Option<String>,
     credential: ZoneCredential,
@@ -752,7 +794,7 @@ impl StreamTask {
                         }
                         Ok(()) = keys.changed() => {
                             let Some(token) = &self.token else { continue };
-                            if let Err(status) = self.server.credential(token) {
+                            if let Err(status) = self.server.credential(token, self.peer) {
                                 tracing::warn!(zone, "zone token no longer verifies; ending its stream");
                                 let _ = self.out.send(Err(status)).await;
                                 pending.push_back(Event::Closed { error: Some("token revoked".into()) });
@@ -785,6 +827,7 @@ impl StreamTask {
                                 stream,
                                 epoch,
                                 instance,
+                                peer: self.peer.map(|p| p.ip()),
                                 meshes: self.credential.meshes.clone(),
                                 reply,
                             })
@@ -799,6 +842,15 @@ impl StreamTask {
                             Some(Claim::Lost { epoch, instance }) => {
                                 Event::ClaimLost { epoch, instance }
                             }
+                            Some(Claim::Contested {
+                                holder,
+                                claimant,
+                                contests,
+                            }) => Event::Contested {
+                                holder,
+                                claimant,
+                                contests,
+                            },
                             None => Event::Drain,
                         });
                     }

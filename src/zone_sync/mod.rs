@@ -46,4 +46,13 @@ mod tests {
             crate::zones::uplink::MIN_HEARTBEAT_INTERVAL
         );
     }
+
+    /// The global refuses timings longer than the ones zones follow, so no
+    /// valid global is refused by its zones.
+    #[test]
+    fn the_configured_maximum_timings_are_the_ones_zones_follow() {
+        use crate::zones::uplink::{MAX_HEARTBEAT_INTERVAL, MAX_ZONE_TIMEOUT};
+        assert_eq!(crate::config::MAX_ZONE_HEARTBEAT, MAX_HEARTBEAT_INTERVAL);
+        assert_eq!(crate::config::MAX_ZONE_TIMEOUT, MAX_ZONE_TIMEOUT);
+    }
 }

@@ -492,7 +492,7 @@ impl Driver {
                         if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) {
                             return refused_by_transport(&zone, self.options.token_file.is_some(), &status);
                         }
-                        Event::Closed { error: Some(status.message().to_string()) }
+                        Event::Closed { error: Some(crate::names::message(status.message())) }
                     }
                 },
                 Some(message) = next(&mut feed) => match self.feed_event(message) {
@@ -722,18 +722,18 @@ async fn next(feed: &mut Option<mpsc::Receiver<Message>>) -> Option<Message> {
 /// A stream the global's gRPC layer refused (before any message): a bad
 /// token cannot be fixed by retrying soon.
 fn refused_by_transport(zone: &str, by_token: bool, status: &tonic::Status) -> Ended {
+    // The global's text: escaped and cut before it reaches a line.
+    let message = crate::names::message(status.message());
     match status.code() {
         tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => Ended {
             code: "unauthenticated".to_string(),
             reason: if by_token {
                 format!(
-                    "the global refused the zone token: {}; issue a new one on the global with `hdsd token issue --zone {zone} --mesh MESH` and write it to zone.token_file",
-                    status.message()
+                    "the global refused the zone token: {message}; issue a new one on the global with `hdsd token issue --zone {zone} --mesh MESH` and write it to zone.token_file"
                 )
             } else {
                 format!(
-                    "the global refused the zone's client certificate (zone.cert): {}",
-                    status.message()
+                    "the global refused the zone's client certificate (zone.cert): {message}"
                 )
             },
             retry: false,
@@ -745,7 +745,7 @@ fn refused_by_transport(zone: &str, by_token: bool, status: &tonic::Status) -> E
         },
         _ => Ended::retry(
             "stream_failed",
-            format!("the stream to the global failed: {}", status.message()),
+            format!("the stream to the global failed: {message}"),
         ),
     }
 }

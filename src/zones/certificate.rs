@@ -42,7 +42,7 @@ pub enum CertificateProblem {
     #[error("the client certificate has no URI subject alternative name; a zone's certificate carries exactly one, {URI_PREFIX}NAME (e.g. `openssl req ... -addext \"subjectAltName=URI:{URI_PREFIX}eu-1\"`), or the zone dials with a zone token")]
     NoUri,
     /// Several URI subject alternative names: which zone is meant?
-    #[error("the client certificate has {} URI subject alternative names ({}); a zone's certificate carries exactly one, {URI_PREFIX}NAME", .0.len(), .0.iter().map(|u| crate::names::shown(u)).collect::<Vec<_>>().join(", "))]
+    #[error("the client certificate has {} URI subject alternative names ({}); a zone's certificate carries exactly one, {URI_PREFIX}NAME", .0.len(), some_uris(.0))]
     SeveralUris(Vec<String>),
     /// A URI that does not name a zone.
     #[error("the client certificate's URI {} does not name a zone: it must be {URI_PREFIX}NAME", crate::names::shown(.0))]
@@ -55,6 +55,23 @@ pub enum CertificateProblem {
         /// The rule it breaks.
         problem: String,
     },
+}
+
+/// The most URIs of a certificate a refusal quotes.
+pub const SHOWN_URIS: usize = 3;
+
+/// The first [`SHOWN_URIS`] URIs, each escaped and cut, and how many more
+/// there are: a certificate with thousands of URIs makes a short line (and
+/// a short grpc-message).
+fn some_uris(uris: &[String]) -> String {
+    let mut text = (uris.iter().take(SHOWN_URIS))
+        .map(|u| crate::names::shown(u))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if uris.len() > SHOWN_URIS {
+        text.push_str(&format!(" and {} more", uris.len() - SHOWN_URIS));
+    }
+    text
 }
 
 /// The zone a client certificate (DER, already verified) names.
@@ -143,6 +160,17 @@ mod tests {
                 r#"2 URI subject alternative names ("hdsd://zone/eu-1", "hdsd://zone/us-1")"#
             ),
             "{several}"
+        );
+        // Many long URIs: a few shown, each cut, and how many more.
+        let long: Vec<String> = (0..400)
+            .map(|i| format!("hdsd://zone/{i}-{}", "x".repeat(150)))
+            .collect();
+        let long: Vec<&str> = long.iter().map(String::as_str).collect();
+        let many = text(&long);
+        assert!(many.len() < 1024, "{} bytes: {many}", many.len());
+        assert!(
+            many.contains("400 URI subject alternative names") && many.contains("and 397 more"),
+            "{many}"
         );
         let spiffe = text(&["spiffe://example.org/ns/x"]);
         assert!(spiffe.contains("does not name a zone"), "{spiffe}");

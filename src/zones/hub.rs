@@ -420,6 +420,22 @@ impl Hub {
         allowed: &Meshes,
         now: Timestamp,
     ) -> Claim {
+        self.claim_from(zone, stream, epoch, instance, None, allowed, now)
+    }
+
+    /// [`Hub::claim`] by a stream from `peer` (a source is an instance and
+    /// an address: see [`RemoteZone::claim_from`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn claim_from(
+        &mut self,
+        zone: &str,
+        stream: StreamId,
+        epoch: u64,
+        instance: &str,
+        peer: Option<std::net::IpAddr>,
+        allowed: &Meshes,
+        now: Timestamp,
+    ) -> Claim {
         if self.is_revoked(stream) {
             return Claim::Lost {
                 epoch: 0,
@@ -427,7 +443,9 @@ impl Hub {
             };
         }
         let entry = self.entry(zone);
-        let claim = entry.remote.claim(stream, epoch, instance, allowed, now);
+        let claim = entry
+            .remote
+            .claim_from(stream, epoch, instance, peer, allowed, now);
         if let Claim::Won { resume_from, .. } = &claim {
             entry.counters.streams += 1;
             if resume_from.is_some() {

@@ -86,20 +86,30 @@ pub enum Code {
     /// One dataplane whose mesh or name breaks the naming rules; the stream
     /// goes on (`Rejected`).
     InvalidDataplane,
-    /// At the zone: the global knows it (by its credential) under another
-    /// name than its `zone.name`. Permanent: the token or the setting must
-    /// change.
+    /// The zone's credential names another zone than its `zone.name`: at
+    /// the global, the Hello's `zone` is not the credential's (refused
+    /// before the stream takes anything over); at the zone, the global's
+    /// `Accepted` names another zone (a global that predates the Hello's
+    /// `zone`). Permanent: the token or the setting must change.
     ZoneNameMismatch,
     /// The credential does not open a stream: the global's gRPC layer
     /// refuses a bad, expired or revoked token with this code; the session
     /// refuses one issued before the zone's deletion. Permanent: the zone
     /// needs a new token.
     Unauthenticated,
+    /// A supersede storm: two holders of one zone credential dial in turn;
+    /// the global keeps the online holder and refuses the other. Permanent:
+    /// one credential belongs to one zone.
+    UplinkContested,
+    /// The hello's lease epoch is further ahead of the global's clock than
+    /// any lease gives (an epoch is the lease's time in microseconds, or a
+    /// counter below it). Retryable.
+    EpochAhead,
 }
 
 impl Code {
     /// Every code.
-    pub const ALL: [Code; 14] = [
+    pub const ALL: [Code; 16] = [
         Code::ZoneUnregistered,
         Code::ZoneDisabled,
         Code::VersionIncompatible,
@@ -114,6 +124,8 @@ impl Code {
         Code::InvalidDataplane,
         Code::ZoneNameMismatch,
         Code::Unauthenticated,
+        Code::UplinkContested,
+        Code::EpochAhead,
     ];
 
     /// The stable word of the code (`zone_unregistered`, ...).
@@ -133,6 +145,8 @@ impl Code {
             Code::InvalidDataplane => "invalid_dataplane",
             Code::ZoneNameMismatch => "zone_name_mismatch",
             Code::Unauthenticated => "unauthenticated",
+            Code::UplinkContested => "uplink_contested",
+            Code::EpochAhead => "epoch_ahead",
         }
     }
 
@@ -155,6 +169,7 @@ impl Code {
                 | Code::Superseded
                 | Code::ZoneNameMismatch
                 | Code::Unauthenticated
+                | Code::UplinkContested
         )
     }
 }
@@ -446,7 +461,8 @@ mod tests {
                 "stale_epoch",
                 "superseded",
                 "zone_name_mismatch",
-                "unauthenticated"
+                "unauthenticated",
+                "uplink_contested"
             ]
         );
     }

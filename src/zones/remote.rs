@@ -21,9 +21,19 @@
 //!   superseded stream's late actions are dropped.
 //! - Claiming drops the dataplanes of meshes the stream's credential no
 //!   longer allows.
+//! - A claim from another source (another zone instance, or another
+//!   address) while the holder is online is a contest: one now and then
+//!   is a takeover (a failover). [`STORM_CONTESTS`] within
+//!   [`STORM_WINDOW`] is a supersede storm, two holders of one credential
+//!   dialing in turn: from then on the online holder keeps the uplink and
+//!   the claim is refused ([`Claim::Contested`], naming both sources), so
+//!   the zone does not flap between them; the storm ends once no contest
+//!   came for [`STORM_WINDOW`].
 //!
 //! [`session::Action`]: super::session::Action
 
+use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,13 +80,42 @@ pub enum Claim {
         /// The instance that holds it.
         instance: String,
     },
+    /// A supersede storm: another source holds the uplink, online, and
+    /// claims of other sources came [`STORM_CONTESTS`] times within
+    /// [`STORM_WINDOW`]; the holder keeps it (for
+    /// [`Event::Contested`](super::session::Event::Contested)).
+    Contested {
+        /// The holder, as messages name it (`instance at address`).
+        holder: String,
+        /// The claimant, named the same way.
+        claimant: String,
+        /// Contests within the window, this one included.
+        contests: usize,
+    },
 }
+
+/// Claims from another source while the holder is online, within
+/// [`STORM_WINDOW`], that make a supersede storm.
+pub const STORM_CONTESTS: usize = 3;
+
+/// How far back contests count, and how long a storm outlives its last one.
+pub const STORM_WINDOW: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Holder {
     stream: StreamId,
     epoch: u64,
     instance: String,
+    /// The address the stream came from, when the driver knows it.
+    peer: Option<IpAddr>,
+}
+
+/// A stream's source as messages name it.
+fn source(instance: &str, peer: Option<IpAddr>) -> String {
+    match peer {
+        Some(ip) => format!("instance {} at {ip}", crate::names::shown(instance)),
+        None => format!("instance {}", crate::names::shown(instance)),
+    }
 }
 
 /// A zone's dataplanes as the global holds them: a persistent map, so a
@@ -103,6 +142,9 @@ pub struct RemoteZone {
     /// While another instance of the global holds the zone's stream: that
     /// instance (from the shared store; see [`RemoteZone::observe_link`]).
     elsewhere: Option<String>,
+    /// When claims of another source contested an online holder, within
+    /// [`STORM_WINDOW`] (at most [`STORM_CONTESTS`] kept).
+    contests: VecDeque<Timestamp>,
 }
 
 /// A zone's link as another instance of the global wrote it, its times
@@ -147,6 +189,7 @@ impl RemoteZone {
             epoch: None,
             liveness: LivenessInputs::default(),
             elsewhere: None,
+            contests: VecDeque::new(),
         }
     }
 
@@ -342,7 +385,42 @@ impl RemoteZone {
         allowed: &Meshes,
         now: Timestamp,
     ) -> Claim {
+        self.claim_from(stream, epoch, instance, None, allowed, now)
+    }
+
+    /// [`RemoteZone::claim`] by a stream from `peer`: a source is its
+    /// instance and its address.
+    pub fn claim_from(
+        &mut self,
+        stream: StreamId,
+        epoch: u64,
+        instance: &str,
+        peer: Option<IpAddr>,
+        allowed: &Meshes,
+        now: Timestamp,
+    ) -> Claim {
         let online = self.liveness(now, None).state == ZoneState::Online;
+        let contested = (self.holder.as_ref())
+            .filter(|h| online && h.stream != stream)
+            .filter(|h| {
+                h.instance != instance || (h.peer.is_some() && peer.is_some() && h.peer != peer)
+            })
+            .map(|h| source(&h.instance, h.peer));
+        if let Some(holder) = contested {
+            self.contests
+                .retain(|t| super::elapsed(*t, now).is_some_and(|e| e < STORM_WINDOW));
+            if self.contests.len() == STORM_CONTESTS {
+                self.contests.pop_front();
+            }
+            self.contests.push_back(now);
+            if self.contests.len() >= STORM_CONTESTS {
+                return Claim::Contested {
+                    holder,
+                    claimant: source(instance, peer),
+                    contests: self.contests.len(),
+                };
+            }
+        }
         if let Some((held, by)) = &self.epoch {
             if epoch < *held && (online || self.holder.is_some()) {
                 return Claim::Lost {
@@ -363,6 +441,7 @@ impl RemoteZone {
             stream,
             epoch,
             instance: instance.to_string(),
+            peer,
         });
         self.elsewhere = None;
         self.epoch = Some((epoch, instance.to_string()));
@@ -521,7 +600,7 @@ mod tests {
                 replaced,
                 pruned,
             } => (resume_from, replaced, pruned),
-            Claim::Lost { .. } => panic!("lost: {claim:?}"),
+            Claim::Lost { .. } | Claim::Contested { .. } => panic!("lost: {claim:?}"),
         }
     }
 
@@ -682,6 +761,53 @@ mod tests {
         let (resume_from, _, _) = won(z.claim(2, 2, "zone-b", &Meshes::All, at(1)));
         assert_eq!(resume_from, None);
         assert!(!z.snapshot_in_progress());
+    }
+
+    /// Issue 56, item 6: two holders of one credential dialing in turn.
+    /// A takeover now and then is a failover; the third contest of an
+    /// online holder by another source within the window is a storm: the
+    /// holder keeps the uplink and the claim names both sources, until no
+    /// contest came for the window. The holder reconnecting is no contest.
+    #[test]
+    fn a_supersede_storm_keeps_the_online_holder_and_names_both_sources() {
+        let a: Option<IpAddr> = Some("10.0.0.1".parse().unwrap());
+        let b: Option<IpAddr> = Some("10.0.0.2".parse().unwrap());
+        let mut z = RemoteZone::new("eu-1", TIMEOUT);
+        let claim = |z: &mut RemoteZone, stream, epoch, instance, peer, t| {
+            let claim = z.claim_from(stream, epoch, instance, peer, &Meshes::All, at(t));
+            if matches!(claim, Claim::Won { .. }) {
+                z.apply(stream, &Action::Connected(at(t)));
+            }
+            claim
+        };
+        won(claim(&mut z, 1, 1, "zone-a", a, 0));
+        // Contests 1 and 2: takeovers, each by the higher epoch.
+        let (_, replaced, _) = won(claim(&mut z, 2, 2, "zone-b", b, 10));
+        assert_eq!(replaced, Some(1));
+        let (_, replaced, _) = won(claim(&mut z, 3, 3, "zone-a", a, 20));
+        assert_eq!(replaced, Some(2));
+        // Contest 3 within the window: a storm; the online holder keeps it.
+        let storm = Claim::Contested {
+            holder: "instance \"zone-a\" at 10.0.0.1".into(),
+            claimant: "instance \"zone-b\" at 10.0.0.2".into(),
+            contests: 3,
+        };
+        assert_eq!(claim(&mut z, 4, 4, "zone-b", b, 30), storm);
+        assert_eq!(z.holder(), Some(3));
+        z.apply(3, &Action::Heartbeat(at(40)));
+        assert_eq!(claim(&mut z, 5, 5, "zone-b", b, 45), storm);
+        // The holder itself reconnecting (same instance, same address) is
+        // no contest.
+        let (_, replaced, _) = won(claim(&mut z, 6, 6, "zone-a", a, 50));
+        assert_eq!(replaced, Some(3));
+        // Once the holder is offline, the other source may claim.
+        z.apply(6, &end());
+        won(claim(&mut z, 7, 7, "zone-b", b, 50 + 16));
+        // No contest for the window: a storm no more, a takeover again.
+        let later = 66 + STORM_WINDOW.as_secs();
+        z.apply(7, &Action::Heartbeat(at(later)));
+        let (_, replaced, _) = won(claim(&mut z, 8, 8, "zone-a", a, later));
+        assert_eq!(replaced, Some(7));
     }
 
     #[test]

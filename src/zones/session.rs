@@ -231,6 +231,16 @@ pub enum Event {
         /// The instance that holds it.
         instance: String,
     },
+    /// After [`Action::Claim`]: a supersede storm, another source holds the
+    /// uplink and keeps it ([`Claim::Contested`](super::remote::Claim::Contested)).
+    Contested {
+        /// The holder (`instance ... at address`).
+        holder: String,
+        /// This stream's source, named the same way.
+        claimant: String,
+        /// Contests within the storm window, this one included.
+        contests: usize,
+    },
     /// A newer stream of the zone (`epoch`, from `instance`) took the uplink over.
     Superseded {
         /// The newer stream's epoch.
@@ -460,6 +470,20 @@ impl Session {
                     self.refuse(Code::StaleEpoch, message, actions)
                 }
             }
+            Event::Contested {
+                holder,
+                claimant,
+                contests,
+            } => {
+                if matches!(self.phase, Phase::Claiming) {
+                    let zone = &self.credential.zone;
+                    let message = format!(
+                        "zone {zone:?}: two holders of its credential dial in turn (a supersede storm: {contests} claims within {} contested an online holder): {holder} holds the uplink and keeps it, {claimant} is refused; one zone token (or certificate) belongs to one zone: stop the copy, or revoke the token (`hdsd token revoke JTI`) and issue one per zone (`hdsd token issue --zone NAME --mesh MESH`)",
+                        human(super::remote::STORM_WINDOW)
+                    );
+                    self.refuse(Code::UplinkContested, message, actions)
+                }
+            }
             Event::Superseded { epoch, instance } => {
                 let (own, own_instance) = self.uplink().map_or((0, ""), |(e, i)| (e, i));
                 let message = format!(
@@ -529,7 +553,7 @@ impl Session {
             };
             match &self.phase {
                 Phase::AwaitingHello { .. } => match kind {
-                    zone_message::Kind::Hello(hello) => self.hello(hello, actions),
+                    zone_message::Kind::Hello(hello) => self.hello(hello, now, actions),
                     other => {
                         let what = format!(
                             "the first message of a stream must be a Hello, not {}",
@@ -569,10 +593,23 @@ impl Session {
         }
     }
 
-    fn hello(&mut self, hello: zone_message::Hello, actions: &mut Vec<Action>) {
+    fn hello(&mut self, hello: zone_message::Hello, now: Timestamp, actions: &mut Vec<Action>) {
         let zone = self.credential.zone.clone();
         if let Some(what) = hello_problem(&hello) {
             return self.violation(&what, actions);
+        }
+        // Before anything is claimed or superseded: a zone configured as
+        // another zone than its credential names (a copied token) must not
+        // knock the credential's zone out.
+        if !hello.zone.is_empty() && hello.zone != zone {
+            let named = crate::names::shown(&hello.zone);
+            let message = format!(
+                "the zone's zone.name is {named}, but its token (or client certificate) names zone {zone:?}: a zone dials with a credential for its own name; issue a token for it on the global (`hdsd token issue --zone NAME --mesh MESH`) and put it in zone.token_file (or a certificate with the URI SAN hdsd://zone/NAME), or set zone.name = {zone:?}"
+            );
+            return self.refuse(Code::ZoneNameMismatch, message, actions);
+        }
+        if let Some(ahead) = epoch_ahead(hello.epoch, now) {
+            return self.refuse(Code::EpochAhead, ahead, actions);
         }
         let version = PeerVersion {
             protocol: hello.protocol_version,
@@ -846,6 +883,24 @@ impl Session {
     }
 }
 
+/// How far ahead of the global's clock a Hello's lease epoch may be: an
+/// epoch is the lease's time in microseconds when it was taken (or one
+/// above the last), so more than this is a clock a day off, or a made-up
+/// number that would hold the zone against every real holder.
+pub const MAX_EPOCH_AHEAD: Duration = Duration::from_secs(24 * 3600);
+
+/// Why `epoch` is too far ahead of `now`, if it is.
+fn epoch_ahead(epoch: u64, now: Timestamp) -> Option<String> {
+    let now_micros = u64::try_from(now.timestamp_micros()).unwrap_or(0);
+    let limit = now_micros.saturating_add(MAX_EPOCH_AHEAD.as_micros() as u64);
+    (epoch > limit).then(|| {
+        format!(
+            "the Hello's uplink lease epoch {epoch} is more than {} ahead of the global's clock ({now_micros} microseconds): check the zone's clock (an epoch is the lease's time in microseconds); the zone reconnects",
+            human(MAX_EPOCH_AHEAD)
+        )
+    })
+}
+
 /// What is wrong with a Hello's free text, if anything.
 fn hello_problem(hello: &zone_message::Hello) -> Option<String> {
     let bad =
@@ -917,6 +972,7 @@ mod tests {
             hdsd_version: "0.1.0".into(),
             epoch: 3,
             instance: "zone-a".into(),
+            zone: "eu-1".into(),
         }))
     }
 
@@ -1386,6 +1442,111 @@ mod tests {
             "{}",
             r.message
         );
+    }
+
+    /// Issue 56, item 6: a zone configured as eu-1 holding a copy of
+    /// us-1's token superseded the real us-1 before anyone compared names.
+    /// The Hello's zone is compared first: a mismatch is refused with no
+    /// Claim (nothing is taken over); an empty one (a zone released before
+    /// the field) and the credential's own name go on to claim.
+    #[test]
+    fn a_hello_naming_another_zone_is_refused_before_it_claims_anything() {
+        let mut h = Harness::new(Registration::Registered, false);
+        let mut message = hello();
+        if let Some(zone_message::Kind::Hello(hello)) = &mut message.kind {
+            hello.zone = "us-1".into();
+        }
+        let a = h.receive(vec![message]);
+        assert!(
+            !a.iter().any(|a| matches!(a, Action::Claim { .. })),
+            "claimed: {a:?}"
+        );
+        let r = refused(&a);
+        assert_eq!((r.code.as_str(), r.permanent), ("zone_name_mismatch", true));
+        for part in [
+            "zone.name is \"us-1\"",
+            "names zone \"eu-1\"",
+            "hdsd token issue --zone",
+        ] {
+            assert!(r.message.contains(part), "{part}: {}", r.message);
+        }
+        assert!(h.session.is_ended());
+
+        for zone in ["eu-1", ""] {
+            let mut h = Harness::new(Registration::Registered, false);
+            let mut message = hello();
+            if let Some(zone_message::Kind::Hello(hello)) = &mut message.kind {
+                hello.zone = zone.into();
+            }
+            let a = h.receive(vec![message]);
+            assert!(
+                matches!(a[..], [Action::Claim { epoch: 3, .. }]),
+                "{zone:?}: {a:?}"
+            );
+        }
+    }
+
+    /// An epoch is the lease's time in microseconds (or a counter below
+    /// it): one more than a day ahead of the global's clock (u64::MAX held
+    /// a zone against every real holder) is refused before the claim.
+    #[test]
+    fn an_epoch_far_ahead_of_the_clock_is_refused_before_it_claims() {
+        let now_micros = t0().timestamp_micros() as u64;
+        let day = MAX_EPOCH_AHEAD.as_micros() as u64;
+        for (epoch, claims) in [
+            (u64::MAX, false),
+            (now_micros + day + 1, false),
+            (now_micros + day, true),
+            (now_micros, true),
+            (3, true),
+        ] {
+            let mut h = Harness::new(Registration::Registered, false);
+            let mut message = hello();
+            if let Some(zone_message::Kind::Hello(hello)) = &mut message.kind {
+                hello.epoch = epoch;
+            }
+            let a = h.receive(vec![message]);
+            let claimed = a.iter().any(|a| matches!(a, Action::Claim { .. }));
+            assert_eq!(claimed, claims, "epoch {epoch}: {a:?}");
+            if !claims {
+                let r = refused(&a);
+                assert_eq!((r.code.as_str(), r.permanent), ("epoch_ahead", false));
+                assert!(r.message.contains(&epoch.to_string()), "{}", r.message);
+            }
+        }
+    }
+
+    /// A supersede storm's claim is refused naming both sources; the
+    /// holder keeps the uplink (its session is not told anything).
+    #[test]
+    fn a_contested_claim_is_refused_naming_both_holders() {
+        let mut h = Harness::new(Registration::Registered, false);
+        h.receive(vec![hello()]);
+        let a = h.on(Event::Contested {
+            holder: "instance \"zone-b\" at 10.0.0.2".into(),
+            claimant: "instance \"zone-a\" at 10.0.0.1".into(),
+            contests: 3,
+        });
+        let r = refused(&a);
+        assert_eq!((r.code.as_str(), r.permanent), ("uplink_contested", true));
+        for part in [
+            "\"eu-1\"",
+            "10.0.0.2",
+            "10.0.0.1",
+            "supersede storm",
+            "hdsd token revoke",
+        ] {
+            assert!(r.message.contains(part), "{part}: {}", r.message);
+        }
+        // Only a claiming stream is refused so.
+        let mut h = Harness::synced();
+        assert!(h
+            .on(Event::Contested {
+                holder: "x".into(),
+                claimant: "y".into(),
+                contests: 3,
+            })
+            .is_empty());
     }
 
     #[test]

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use super::{check_versions, elapsed, from_proto_duration, human, plus, Code, PeerVersion};
 use crate::clock::Timestamp;
+use crate::names;
 use crate::pb;
 use crate::pb::global_message::{self, Accepted};
 use crate::pb::zone_message::{self, change};
@@ -43,11 +44,20 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// gets one heartbeat per this.
 pub const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The longest heartbeat interval a zone follows (`global.heartbeat_interval`
+/// may not be longer): an `Accepted` asking for more is a protocol
+/// violation, not a number to compute with.
+pub const MAX_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// The longest zone timeout a zone follows (`global.zone_timeout` may not be
+/// longer): past it, a silent global would hold the zone's uplink unseen.
+pub const MAX_ZONE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
 /// What a zone says of itself, and how it sends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UplinkSettings {
-    /// The zone's name (`[zone] name`), for messages only: the global takes
-    /// it from the credential.
+    /// The zone's name (`[zone] name`), sent in the Hello: the global takes
+    /// the name from the credential and refuses a Hello that names another.
     pub zone: String,
     /// This instance's name, sent in the Hello.
     pub instance: String,
@@ -245,7 +255,7 @@ impl Uplink {
             Phase::AwaitingAccepted { since } => Some(plus(*since, self.settings.hello_timeout)),
             Phase::Accepted(l) => Some(plus(l.last_heartbeat, l.heartbeat_interval).min(plus(
                 l.last_received,
-                l.zone_timeout + Duration::from_nanos(1),
+                l.zone_timeout.saturating_add(Duration::from_nanos(1)),
             ))),
             Phase::Idle | Phase::Closed => None,
         }
@@ -370,6 +380,7 @@ impl Uplink {
             hdsd_version: self.settings.version.hdsd.clone(),
             epoch: self.epoch,
             instance: self.settings.instance.clone(),
+            zone: self.settings.zone.clone(),
         }))
     }
 
@@ -385,12 +396,8 @@ impl Uplink {
             });
         };
         if let Kind::Refused(r) = kind {
-            let code = if r.code.is_empty() {
-                Code::ProtocolViolation.as_str().to_string()
-            } else {
-                r.code
-            };
-            return self.close(&code, r.message, !r.permanent, actions);
+            let (code, message) = peer_code(&r.code, &r.message);
+            return self.close(code, message, !r.permanent, actions);
         }
         match &mut self.phase {
             Phase::Idle | Phase::Closed => {}
@@ -407,6 +414,13 @@ impl Uplink {
             Phase::Accepted(l) => {
                 l.last_received = now;
                 match kind {
+                    Kind::Ack(ack) if ack.revision > l.sent => {
+                        let what = format!(
+                            "the global acknowledged revision {}, but this stream sent changes up to {} only",
+                            ack.revision, l.sent
+                        );
+                        self.violation(what, actions)
+                    }
                     Kind::Ack(ack) => {
                         l.acked = l.acked.max(ack.revision);
                         let mut lags = Vec::new();
@@ -421,10 +435,13 @@ impl Uplink {
                             actions.push(Action::Acknowledged { lags });
                         }
                     }
-                    Kind::Rejected(r) => actions.push(Action::Problem {
-                        code: r.code,
-                        message: r.message,
-                    }),
+                    Kind::Rejected(r) => {
+                        let (code, message) = peer_code(&r.code, &r.message);
+                        actions.push(Action::Problem {
+                            code: code.to_string(),
+                            message,
+                        })
+                    }
                     Kind::Accepted(_) => self.violation(
                         "the global sent a second Accepted on one stream".to_string(),
                         actions,
@@ -436,6 +453,7 @@ impl Uplink {
     }
 
     fn accepted(&mut self, a: Accepted, now: Timestamp, actions: &mut Vec<Action>) {
+        let timings = timings(&a);
         let global = PeerVersion {
             protocol: a.protocol_version,
             hdsd: a.hdsd_version,
@@ -459,25 +477,10 @@ impl Uplink {
                 actions,
             );
         }
-        let Some(interval) = a
-            .heartbeat_interval
-            .as_ref()
-            .and_then(from_proto_duration)
-            .filter(|d| !d.is_zero())
-        else {
-            return self.violation(
-                "the global's Accepted has no valid heartbeat_interval".to_string(),
-                actions,
-            );
+        let (interval, zone_timeout) = match timings {
+            Ok(timings) => timings,
+            Err(what) => return self.violation(what, actions),
         };
-        let interval = interval.max(MIN_HEARTBEAT_INTERVAL);
-        // No (or a too short) zone timeout: three heartbeats.
-        let zone_timeout = a
-            .zone_timeout
-            .as_ref()
-            .and_then(from_proto_duration)
-            .filter(|t| *t > interval)
-            .unwrap_or(interval * 3);
         let resume = a.resume_from.filter(|_| self.settings.resumes());
         let (feed, sent) = match resume {
             Some(r) => (FeedPhase::Resuming, r),
@@ -600,6 +603,63 @@ impl Uplink {
             reason,
             retry,
         });
+    }
+}
+
+/// The heartbeat interval and zone timeout an `Accepted` asks for, checked
+/// against the bounds: a peer's number is validated before anything is
+/// computed with it. A missing or too short zone timeout is three
+/// heartbeats; a too short interval is raised to [`MIN_HEARTBEAT_INTERVAL`].
+fn timings(a: &Accepted) -> Result<(Duration, Duration), String> {
+    let interval = match a.heartbeat_interval.as_ref().map(from_proto_duration) {
+        Some(Some(d)) if !d.is_zero() => d,
+        Some(_) => {
+            return Err(format!(
+                "the global's Accepted has an invalid heartbeat_interval ({}s, {}ns: negative, zero or out of range)",
+                a.heartbeat_interval.as_ref().map_or(0, |d| d.seconds),
+                a.heartbeat_interval.as_ref().map_or(0, |d| d.nanos)
+            ))
+        }
+        None => return Err("the global's Accepted has no heartbeat_interval".to_string()),
+    };
+    if interval > MAX_HEARTBEAT_INTERVAL {
+        return Err(format!(
+            "the global's Accepted asks for a heartbeat_interval of {}, longer than the most a zone follows ({})",
+            human(interval),
+            human(MAX_HEARTBEAT_INTERVAL)
+        ));
+    }
+    let interval = interval.max(MIN_HEARTBEAT_INTERVAL);
+    let zone_timeout = a.zone_timeout.as_ref().and_then(from_proto_duration);
+    if let Some(t) = zone_timeout.filter(|t| *t > MAX_ZONE_TIMEOUT) {
+        return Err(format!(
+            "the global's Accepted has a zone_timeout of {}, longer than the most a zone follows ({})",
+            human(t),
+            human(MAX_ZONE_TIMEOUT)
+        ));
+    }
+    let zone_timeout = zone_timeout
+        .filter(|t| *t > interval)
+        .unwrap_or(interval.saturating_mul(3));
+    Ok((interval, zone_timeout))
+}
+
+/// A global's code and message as the zone keeps them (a metric label, a
+/// log line, the uplink's status): a code this zone does not know counts
+/// as `protocol_violation` and is named, escaped and cut, in the message;
+/// the message is escaped and cut ([`names::message`]).
+fn peer_code(code: &str, message: &str) -> (&'static str, String) {
+    let message = names::message(message);
+    match Code::parse(code) {
+        Some(code) => (code.as_str(), message),
+        None if code.is_empty() => (Code::ProtocolViolation.as_str(), message),
+        None => (
+            Code::ProtocolViolation.as_str(),
+            format!(
+                "{message} (code {}, which this zone does not know)",
+                names::shown(code)
+            ),
+        ),
     }
 }
 
@@ -1077,6 +1137,162 @@ mod tests {
         let (code, reason, retry) = closed(&a);
         assert_eq!((code, retry), ("protocol_violation", true));
         assert!(reason.contains("heartbeat_interval"), "{reason}");
+    }
+
+    /// A rogue (or impersonated) global's numbers: each one out of bounds
+    /// ends the stream to be retried with what was wrong, and nothing
+    /// overflows (a heartbeat every i64::MAX seconds overflowed
+    /// `interval * 3` and killed the uplink's task for good).
+    #[test]
+    fn a_globals_durations_out_of_bounds_are_protocol_violations_not_panics() {
+        let huge = prost_types::Duration {
+            seconds: i64::MAX,
+            nanos: 999_999_999,
+        };
+        let beyond = |d: Duration| to_proto_duration(d + Duration::from_secs(1));
+        let cases: Vec<(
+            &str,
+            Option<prost_types::Duration>,
+            Option<prost_types::Duration>,
+        )> = vec![
+            ("heartbeat_interval", Some(huge), None),
+            ("heartbeat_interval", Some(huge), Some(huge)),
+            (
+                "heartbeat_interval",
+                Some(beyond(MAX_HEARTBEAT_INTERVAL)),
+                None,
+            ),
+            (
+                "zone_timeout",
+                Some(to_proto_duration(Duration::from_secs(5))),
+                Some(huge),
+            ),
+            (
+                "zone_timeout",
+                Some(to_proto_duration(Duration::from_secs(5))),
+                Some(beyond(MAX_ZONE_TIMEOUT)),
+            ),
+            (
+                "heartbeat_interval",
+                Some(prost_types::Duration {
+                    seconds: 5,
+                    nanos: -1,
+                }),
+                None,
+            ),
+            (
+                "heartbeat_interval",
+                Some(prost_types::Duration {
+                    seconds: -5,
+                    nanos: 0,
+                }),
+                None,
+            ),
+        ];
+        for (what, interval, timeout) in cases {
+            let mut h = Harness::new();
+            h.on(Event::Opened);
+            let mut message = accepted(None, 5, 15);
+            if let Some(global_message::Kind::Accepted(a)) = &mut message.kind {
+                a.heartbeat_interval = interval;
+                a.zone_timeout = timeout;
+            }
+            let a = h.on(Event::Received(message));
+            let (code, reason, retry) = closed(&a);
+            assert_eq!(
+                (code, retry),
+                ("protocol_violation", true),
+                "{what}: {reason}"
+            );
+            assert!(reason.contains(what), "{what}: {reason}");
+            assert!(h.uplink.deadline().is_none());
+        }
+        // The longest interval and timeout allowed are followed, and their
+        // deadlines are computed without overflow.
+        let mut h = Harness::new();
+        h.on(Event::Opened);
+        let mut message = accepted(None, 5, 15);
+        if let Some(global_message::Kind::Accepted(a)) = &mut message.kind {
+            a.heartbeat_interval = Some(to_proto_duration(MAX_HEARTBEAT_INTERVAL));
+            a.zone_timeout = None;
+        }
+        h.on(Event::Received(message));
+        assert_eq!(h.uplink.heartbeat_interval(), Some(MAX_HEARTBEAT_INTERVAL));
+        assert_eq!(
+            h.uplink.deadline(),
+            Some(plus(t0(), MAX_HEARTBEAT_INTERVAL))
+        );
+        let mut h = Harness::new();
+        h.on(Event::Opened);
+        h.on(Event::Received(accepted(
+            None,
+            5,
+            MAX_ZONE_TIMEOUT.as_secs(),
+        )));
+        assert!(h.uplink.is_accepted());
+    }
+
+    /// A global's text is escaped and cut, and a code this zone does not
+    /// know never becomes a metric label.
+    #[test]
+    fn a_globals_codes_and_messages_are_kept_escaped_cut_and_known() {
+        let mut h = Harness::new();
+        h.on(Event::Opened);
+        let forged = format!(
+            "no\n2026-01-01T00:00:00Z ERROR hdsd: forged{}",
+            "x".repeat(100_000)
+        );
+        let a = h.on(Event::Received(refused(
+            &"evil".repeat(10_000),
+            &forged,
+            false,
+        )));
+        let (code, reason, retry) = closed(&a);
+        assert_eq!((code, retry), ("protocol_violation", true));
+        assert!(
+            !reason.contains('\n') && reason.len() < 2 * 1024,
+            "{} bytes",
+            reason.len()
+        );
+        assert!(reason.contains("which this zone does not know"), "{reason}");
+        let mut h = Harness::accepted(None);
+        let a = h.on(Event::Received(global(global_message::Kind::Rejected(
+            global_message::Rejected {
+                code: "mesh_not_allowed".into(),
+                message: forged.clone(),
+                ..Default::default()
+            },
+        ))));
+        match &a[..] {
+            [Action::Problem { code, message }] => {
+                assert_eq!(code, "mesh_not_allowed");
+                assert!(!message.contains('\n') && message.len() < 2 * 1024);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// An Ack of a revision the zone never sent is a protocol violation.
+    #[test]
+    fn an_ack_beyond_what_was_sent_is_a_protocol_violation() {
+        let mut h = Harness::accepted(None);
+        h.on(Event::FeedSnapshot {
+            revision: 12,
+            items: vec![dp("web", 12)],
+        });
+        let ack = |revision| global(global_message::Kind::Ack(global_message::Ack { revision }));
+        assert!(h
+            .on(Event::Received(ack(12)))
+            .iter()
+            .all(|a| !matches!(a, Action::Close { .. })));
+        assert_eq!(h.uplink.acked(), 12);
+        let a = h.on(Event::Received(ack(u64::MAX)));
+        let (code, reason, retry) = closed(&a);
+        assert_eq!((code, retry), ("protocol_violation", true));
+        assert!(
+            reason.contains("18446744073709551615") && reason.contains("12"),
+            "{reason}"
+        );
     }
 
     #[test]

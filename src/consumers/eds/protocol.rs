@@ -59,7 +59,7 @@ pub use super::assignment::TYPE_URL;
 pub enum ProtocolError {
     #[error("wildcard EDS subscriptions are not supported: name the ClusterLoadAssignments you want as <mesh>/<service> (e.g. default/web), e.g. with eds_cluster_config.service_name")]
     Wildcard,
-    #[error("this is the EndpointDiscoveryService: type_url {0:?} is not {TYPE_URL}")]
+    #[error("this is the EndpointDiscoveryService: type_url {} is not {TYPE_URL}", crate::names::shown(.0))]
     TypeUrl(String),
 }
 

@@ -320,7 +320,8 @@ async fn pump(
                     }
                 };
                 if let Some(n) = request.node.as_ref().filter(|n| !n.id.is_empty()) {
-                    node.clone_from(&n.id);
+                    // The client's text: escaped and cut in every line.
+                    node = crate::names::shown(&n.id);
                 }
                 // Not `borrow_and_update`: a change published since the
                 // last push must still wake the branch below. A request
@@ -335,7 +336,7 @@ async fn pump(
                     match action {
                         Action::Send { response, unknown } => {
                             for name in unknown {
-                                tracing::debug!(peer, node, resource = name, "EDS resource matches no service: served empty");
+                                tracing::debug!(peer, node, resource = crate::names::shown(&name), "EDS resource matches no service: served empty");
                             }
                             send(out, response).await?;
                         }
@@ -344,7 +345,16 @@ async fn pump(
                         }
                         Action::Nack { version, nonce, message } => {
                             m::eds_nack();
-                            tracing::warn!(peer, node, version, nonce, "EDS response rejected by the client (NACK): {message}");
+                            // Every part is the client's text: escaped and
+                            // cut, so a NACK cannot forge or flood a line.
+                            tracing::warn!(
+                                peer,
+                                node,
+                                version = crate::names::shown(&version),
+                                nonce = crate::names::shown(&nonce),
+                                "EDS response rejected by the client (NACK): {}",
+                                crate::names::shown(&message)
+                            );
                         }
                     }
                 }
